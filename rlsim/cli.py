@@ -1,0 +1,63 @@
+"""The `rlsim` command line. Heavy imports live inside commands so `--help` stays instant.
+
+Any `RlsimError` raised by a command becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import typer
+from typer.core import TyperGroup
+
+from rlsim.errors import RlsimError
+
+
+class _Group(TyperGroup):
+    """Top-level group: turns user errors into one line and exit code 2, never a traceback."""
+
+    def invoke(self, ctx):  # noqa: ANN001 - click's signature
+        try:
+            return super().invoke(ctx)
+        except RlsimError as exc:
+            msg = " ".join(str(exc).split())
+            typer.echo(f"error: {msg}", err=True)
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    help="Simulate and run rollout scheduling policies for LLM RL post-training.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from rlsim import __version__
+
+        typer.echo(f"rlsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """rlsim: how long will RL post-training take, on how many GPUs, under which policy."""
+
+
+def _register() -> None:
+    from rlsim.cli_trace import trace_app
+
+    app.add_typer(trace_app, name="trace")
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

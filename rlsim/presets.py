@@ -1,0 +1,195 @@
+"""Named length presets for `rlsim trace synth`, each fitted to published or logged data.
+
+Every preset is a Gaussian copula over response lengths: sample s of prompt p on visit e has a
+standard-normal latent
+
+    z = sqrt(prompt_share) * a[p, e] + sqrt(1 - prompt_share) * eps[p, e, s]
+    a[p, e] = rho * a[p, e-1] + sqrt(1 - rho^2) * fresh      (a[p, 0] ~ N(0, 1))
+
+and its length is `exp(Q(z)) * growth(e)`, where Q is a monotone log-length quantile function
+(piecewise linear in z between fitted knots, extended linearly beyond them) and growth follows a
+published mean-length curve. `prompt_share` is the share of log-length variance the prompt
+explains; `rho` carries a prompt's difficulty from one visit to the next (no published value
+exists; the default is documented per preset and `rlsim trace inspect` shows its effect as the
+cross-epoch rank correlation of prompt mean length).
+
+The knots and shares below are constants so a fresh clone needs no external data; the functions
+`fit_quantile_knots` and `fit_prompt_share` re-derive them, and tests check that they do.
+
+Sources:
+- dapo-qwen2.5-32b: verl DAPO length logs (PolyTrace, github.com/Zhou-jiecheng/PolyTrace @ 65c0146,
+  `verl/profile/packed_length_log/20260614_023133/`: 576 prompts x 8 samples, most likely
+  Qwen2.5-32B base on DAPO-Math-17k, Apache-2.0) and the mean response length curve of the DAPO
+  paper (arXiv 2503.14476, Fig. 7a, digitised every 100 steps).
+- reasoning-32k: the 4-component Gaussian mixture fitted to 385,024 production math samples of
+  a reasoning model (PolyTrace @ e336eb2,
+  `dataset/workloads/enhanced_task_distribution_parameters.json`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special, stats
+
+QUANTILE_LEVELS = (0.001, 0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99, 0.999)
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """A fitted length model; see the module docstring for the generative story."""
+
+    name: str
+    model: str
+    max_response_len: int
+    prompt_share: float
+    rho: float
+    z_knots: tuple[float, ...]
+    log_len_knots: tuple[float, ...]
+    prompt_len_median: float
+    prompt_len_sigma: float
+    prompt_len_corr: float  # correlation of log prompt length with the prompt latent
+    growth_steps: tuple[int, ...] = ()
+    growth_mean: tuple[float, ...] = ()
+    fitted_to: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.prompt_share <= 1.0:
+            raise ValueError(f"prompt_share must be in [0, 1], got {self.prompt_share}")
+        if not 0.0 <= self.rho <= 1.0:
+            raise ValueError(f"rho must be in [0, 1], got {self.rho}")
+        if len(self.z_knots) != len(self.log_len_knots) or len(self.z_knots) < 2:
+            raise ValueError("z_knots and log_len_knots must have the same length >= 2")
+        if np.any(np.diff(self.z_knots) <= 0) or np.any(np.diff(self.log_len_knots) < 0):
+            raise ValueError("quantile knots must be increasing")
+
+    def log_length(self, z: np.ndarray) -> np.ndarray:
+        """Q(z): log length for standard-normal latents, linear beyond the outer knots."""
+        zk, lk = np.asarray(self.z_knots), np.asarray(self.log_len_knots)
+        out = np.interp(z, zk, lk)
+        lo_slope = (lk[1] - lk[0]) / (zk[1] - zk[0])
+        hi_slope = (lk[-1] - lk[-2]) / (zk[-1] - zk[-2])
+        out = np.where(z < zk[0], lk[0] + (z - zk[0]) * lo_slope, out)
+        return np.where(z > zk[-1], lk[-1] + (z - zk[-1]) * hi_slope, out)
+
+    def growth(self, step: float) -> float:
+        """Mean-length multiplier at a training step, relative to step 0 (1.0 if no curve)."""
+        if not self.growth_steps:
+            return 1.0
+        mean = np.interp(step, self.growth_steps, self.growth_mean)
+        return float(mean / self.growth_mean[0])
+
+
+def fit_quantile_knots(lengths: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Knots (z, log length) at `QUANTILE_LEVELS` of pooled response lengths."""
+    logs = np.log(np.asarray(lengths, dtype=float))
+    z = tuple(round(float(special.ndtri(q)), 4) for q in QUANTILE_LEVELS)
+    lk = tuple(round(float(np.quantile(logs, q)), 4) for q in QUANTILE_LEVELS)
+    return z, lk
+
+
+def fit_prompt_share(lengths_by_prompt: np.ndarray) -> float:
+    """Between-prompt share of the copula latent: one-way random-effects ANOVA on the normal
+    scores of the lengths (prompts x samples). Normal scores are the copula's own scale, so the
+    estimate is not dominated by the few very short responses that swamp a log-scale ANOVA."""
+    x = np.asarray(lengths_by_prompt, dtype=float)
+    ranks = stats.rankdata(x.ravel())
+    z = special.ndtri((ranks - 0.5) / ranks.size).reshape(x.shape)
+    n = z.shape[1]
+    msb = n * z.mean(axis=1).var(ddof=1)
+    msw = z.var(axis=1, ddof=1).mean()
+    between = max((msb - msw) / n, 0.0)
+    return round(float(between / (between + msw)), 4)
+
+
+# Digitised DAPO Fig. 7a (Qwen2.5-32B base, 512 prompts x 16 samples per step), +-30 tokens.
+DAPO_CURVE_STEPS = tuple(range(0, 5001, 100))
+DAPO_CURVE_MEAN = (
+    734, 592, 704, 841, 958, 1033, 1171, 1261, 1299, 1377, 1463, 1524, 1525, 1496, 1655, 1808,
+    1957, 2042, 2206, 2584, 2648, 2567, 2719, 2847, 2872, 2847, 2956, 3369, 3691, 3804, 3719,
+    3844, 3886, 4098, 3985, 4118, 3980, 3879, 3850, 3976, 4412, 4197, 4217, 4307, 4245, 4129,
+    3672, 3755, 3831, 3667, 4112,
+)  # fmt: skip
+
+DAPO_QWEN25_32B = Preset(
+    name="dapo-qwen2.5-32b",
+    model="Qwen2.5-32B",
+    max_response_len=20480,
+    # fit_prompt_share / fit_quantile_knots on the 576 x 8 verl lengths (tests re-derive them).
+    prompt_share=0.0842,
+    rho=0.9,
+    z_knots=(
+        -3.0902, -2.3263, -1.6449, -1.2816, -0.6745, 0.0, 0.6745, 1.2816, 1.6449, 2.3263, 3.0902,
+    ),
+    log_len_knots=(
+        0.6931, 2.0794, 4.5951, 5.1281, 5.6904, 6.1442, 6.5439, 6.946, 7.257, 7.9049, 8.6741,
+    ),
+    # Prompt lengths of the same logs (tokens incl. chat template): median 152, p10 108, p90 224.
+    prompt_len_median=152.0,
+    prompt_len_sigma=0.289,
+    prompt_len_corr=0.156,  # log prompt length vs prompt mean log length in the same logs
+    growth_steps=DAPO_CURVE_STEPS,
+    growth_mean=DAPO_CURVE_MEAN,
+    fitted_to="verl DAPO length logs (PolyTrace 20260614_023133, 4,608 responses) for shape; "
+    "DAPO paper Fig. 7a for growth of the mean over training steps",
+)  # fmt: skip
+
+
+# Production math workload of a reasoning model: GMM over (input, output) tokens.
+REASONING_GMM_WEIGHTS = (
+    0.358504752818907,
+    0.07434340269703671,
+    0.3728319533326389,
+    0.19431989115141732,
+)
+REASONING_GMM_OUT_MEAN = (
+    4959.099111112346,
+    12719.633617453097,
+    9174.831640824232,
+    17654.857156495706,
+)
+REASONING_GMM_OUT_VAR = (
+    4804084.907877425,
+    36813304.20752768,
+    11669296.498556865,
+    27740124.670528445,
+)
+REASONING_INPUT_CORR = 0.11418447975551943  # published input/output correlation
+
+
+def _gmm_log_knots(num: int = 241) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Invert the mixture's output CDF (truncated to >= 1 token) on a dense z grid."""
+    w = np.asarray(REASONING_GMM_WEIGHTS)
+    mu = np.asarray(REASONING_GMM_OUT_MEAN)
+    sd = np.sqrt(np.asarray(REASONING_GMM_OUT_VAR))
+    x = np.linspace(1.0, 60000.0, 60000)
+    cdf = (w * stats.norm.cdf((x[:, None] - mu) / sd)).sum(axis=1)
+    lo = (w * stats.norm.cdf((1.0 - mu) / sd)).sum()
+    cdf = (cdf - lo) / (cdf[-1] - lo)
+    z = np.linspace(-4.0, 4.0, num)
+    q = np.interp(special.ndtr(z), cdf, x)
+    return tuple(float(v) for v in z), tuple(float(math.log(max(v, 1.0))) for v in q)
+
+
+_GMM_Z, _GMM_LOG = _gmm_log_knots()
+
+REASONING_32K = Preset(
+    name="reasoning-32k",
+    model="reasoning-32B",
+    max_response_len=32768,
+    # Assumption: for long-reasoning models the prompt explains most length variance (0.7).
+    prompt_share=0.7,
+    rho=0.9,
+    z_knots=_GMM_Z,
+    log_len_knots=_GMM_LOG,
+    prompt_len_median=141.0,
+    prompt_len_sigma=0.35,
+    prompt_len_corr=REASONING_INPUT_CORR,
+    fitted_to="PolyTrace production math GMM (385,024 samples): output mixture mean 9,575 "
+    "tokens; input median about 141 tokens; input/output correlation 0.114",
+)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (DAPO_QWEN25_32B, REASONING_32K)}

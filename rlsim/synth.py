@@ -1,0 +1,188 @@
+"""Seeded generator of step traces from a named preset (`rlsim trace synth`).
+
+The generative model is in `rlsim.presets`. Prompts either come from a prompt table (real
+prompt ids, token counts and text, such as the DAPO-Math-17k table under traces/sources/) or are
+drawn from the preset's prompt-length distribution. Growth of the mean length over training maps
+epoch e to training steps [e*S, (e+1)*S) with S = ceil(num_prompts / prompts_per_step), and
+scales every length of the epoch by the curve's mean over those steps relative to step 0.
+
+One `numpy.random.Generator` per call, draws in a fixed order: same config and prompts, same
+table, and `rlsim.trace.save` then writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import special
+
+from rlsim.errors import RlsimError
+from rlsim.presets import PRESETS, Preset
+from rlsim.tokens import synth_token_ids
+from rlsim.trace import Trace, TraceMeta
+
+QWEN25_VOCAB = 151_643
+
+
+@dataclass(frozen=True, slots=True)
+class SynthConfig:
+    """Knobs of `rlsim trace synth`; None means "the preset's value"."""
+
+    preset: str = "dapo-qwen2.5-32b"
+    num_prompts: int | None = None
+    samples_per_prompt: int = 16
+    epochs: int = 3
+    prompts_per_step: int = 512
+    max_response_len: int | None = None
+    rho: float | None = None
+    seed: int = 0
+    token_ids: bool = False
+    reuse_fraction: float = 0.85
+    vocab_size: int = QWEN25_VOCAB
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise RlsimError(
+                f"unknown preset {self.preset!r}; choose one of {', '.join(sorted(PRESETS))}"
+            )
+        for name in ("samples_per_prompt", "epochs", "prompts_per_step", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise RlsimError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_prompts is not None and self.num_prompts <= 0:
+            raise RlsimError(f"num_prompts must be positive, got {self.num_prompts}")
+        if self.max_response_len is not None and self.max_response_len <= 0:
+            raise RlsimError(f"max_response_len must be positive, got {self.max_response_len}")
+        if self.rho is not None and not 0.0 <= self.rho <= 1.0:
+            raise RlsimError(f"rho must be between 0 and 1, got {self.rho}")
+        if not 0.0 <= self.reuse_fraction <= 1.0:
+            raise RlsimError(f"reuse_fraction must be between 0 and 1, got {self.reuse_fraction}")
+
+
+def load_prompts(path: str | Path) -> pd.DataFrame:
+    """A prompt table: Parquet with `prompt_id`, `num_prompt_tokens` and optional `prompt_text`."""
+    path = Path(path)
+    try:
+        df = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise RlsimError(f"{path}: no such prompt table") from None
+    except Exception as exc:  # pyarrow raises several types for non-Parquet input
+        raise RlsimError(f"{path} is not a Parquet prompt table ({exc})") from None
+    for col in ("prompt_id", "num_prompt_tokens"):
+        if col not in df.columns:
+            raise RlsimError(f"prompt table {path} is missing column '{col}'")
+    if df["prompt_id"].duplicated().any():
+        raise RlsimError(f"prompt table {path} has duplicate prompt_id values")
+    if (df["num_prompt_tokens"] <= 0).any():
+        raise RlsimError(f"prompt table {path} has num_prompt_tokens <= 0")
+    keep = [c for c in ("prompt_id", "num_prompt_tokens", "prompt_text") if c in df.columns]
+    return df[keep].sort_values("prompt_id").reset_index(drop=True)
+
+
+def epoch_growth(
+    preset: Preset, num_prompts: int, prompts_per_step: int, epochs: int
+) -> list[float]:
+    """Mean-length multiplier per epoch: the growth curve averaged over the epoch's steps."""
+    steps = math.ceil(num_prompts / prompts_per_step)
+    return [
+        float(np.mean([preset.growth(s) for s in range(e * steps, (e + 1) * steps)]))
+        for e in range(epochs)
+    ]
+
+
+def _normal_scores(values: np.ndarray) -> np.ndarray:
+    """Rank-based standard-normal scores (ties broken by position, deterministic)."""
+    ranks = np.argsort(np.argsort(values, kind="stable"), kind="stable")
+    return special.ndtri((ranks + 0.5) / len(values))
+
+
+def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trace:
+    """Generate a trace; `prompts` (see `load_prompts`) fixes prompt ids, lengths and text."""
+    preset = PRESETS[config.preset]
+    rng = np.random.default_rng(config.seed)
+    max_len = config.max_response_len or preset.max_response_len
+    rho = preset.rho if config.rho is None else config.rho
+
+    if prompts is not None:
+        if config.num_prompts is not None:
+            if config.num_prompts > len(prompts):
+                raise RlsimError(
+                    f"num_prompts={config.num_prompts} but the prompt table holds {len(prompts)}"
+                )
+            prompts = prompts.iloc[: config.num_prompts]
+        prompt_ids = prompts["prompt_id"].to_numpy(np.int64)
+        prompt_tokens = prompts["num_prompt_tokens"].to_numpy(np.int64)
+        z_prompt = _normal_scores(np.log(prompt_tokens))
+    else:
+        if config.num_prompts is None:
+            raise RlsimError("give --num-prompts or a --prompts table")
+        prompt_ids = np.arange(config.num_prompts, dtype=np.int64)
+        z_prompt = rng.standard_normal(config.num_prompts)
+        prompt_tokens = np.maximum(
+            1, np.rint(preset.prompt_len_median * np.exp(preset.prompt_len_sigma * z_prompt))
+        ).astype(np.int64)
+
+    n_p, n_s, n_e = len(prompt_ids), config.samples_per_prompt, config.epochs
+    c = preset.prompt_len_corr
+    latent = c * z_prompt + math.sqrt(1.0 - c * c) * rng.standard_normal(n_p)
+    growth = epoch_growth(preset, n_p, config.prompts_per_step, n_e)
+    share = preset.prompt_share
+    lengths = np.empty((n_e, n_p, n_s), dtype=np.int64)
+    for e in range(n_e):
+        if e > 0:
+            latent = rho * latent + math.sqrt(1.0 - rho * rho) * rng.standard_normal(n_p)
+        eps = rng.standard_normal((n_p, n_s))
+        z = math.sqrt(share) * latent[:, None] + math.sqrt(1.0 - share) * eps
+        raw = np.exp(preset.log_length(z)) * growth[e]
+        lengths[e] = np.clip(np.rint(raw), 1, max_len).astype(np.int64)
+
+    table = pd.DataFrame(
+        {
+            "epoch": np.repeat(np.arange(n_e, dtype=np.int32), n_p * n_s),
+            "prompt_id": np.tile(np.repeat(prompt_ids, n_s), n_e),
+            "sample_idx": np.tile(np.arange(n_s, dtype=np.int32), n_e * n_p),
+            "num_prompt_tokens": np.tile(np.repeat(prompt_tokens, n_s), n_e).astype(np.int32),
+            "num_output_tokens": lengths.reshape(-1).astype(np.int32),
+        }
+    )
+    table["finish_reason"] = np.where(table["num_output_tokens"] >= max_len, "length", "stop")
+    if prompts is not None and "prompt_text" in prompts.columns:
+        table["prompt_text"] = np.tile(np.repeat(prompts["prompt_text"].to_numpy(), n_s), n_e)
+
+    params = {k: v for k, v in asdict(config).items() if k not in ("token_ids", "reuse_fraction")}
+    params.update(
+        num_prompts=n_p,
+        rho=rho,
+        max_response_len=max_len,
+        prompt_share=share,
+        epoch_growth=[round(g, 6) for g in growth],
+        prompts="table" if prompts is not None else "synthetic",
+        fitted_to=preset.fitted_to,
+    )
+    token_kind = None
+    if config.token_ids:
+        try:
+            ids, realised = synth_token_ids(lengths, config.reuse_fraction, config.vocab_size, rng)
+        except ValueError as exc:
+            raise RlsimError(str(exc)) from None
+        table["output_token_ids"] = ids
+        token_kind = "synthetic"
+        params["token_ids"] = {
+            "reuse_fraction": config.reuse_fraction,
+            "reuse_fraction_realised": round(realised, 4),
+            "vocab_size": config.vocab_size,
+            "note": "synthetic tokens: random ids with controlled reuse of the previous visit",
+        }
+    meta = TraceMeta(
+        model=config.model or preset.model,
+        max_response_len=max_len,
+        samples_per_prompt=n_s,
+        source=f"synthetic:{preset.name}",
+        source_params=params,
+        output_token_ids=token_kind,
+    )
+    return Trace(table, meta)
