@@ -50,9 +50,11 @@ def _root(
 
 
 def _register() -> None:
+    from rlsim.cli_sim import register
     from rlsim.cli_trace import trace_app
 
     app.add_typer(trace_app, name="trace")
+    register(app)
 
 
 _register()

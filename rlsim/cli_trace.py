@@ -13,9 +13,7 @@ from rich.table import Table
 from rlsim.errors import RlsimError
 from rlsim.ui import console as make_console
 
-trace_app = typer.Typer(
-    help="Generate, inspect, import and compare step traces.", no_args_is_help=True
-)
+trace_app = typer.Typer(help="Generate, inspect, import and compare step traces.", no_args_is_help=True)
 
 
 class PresetName(str, Enum):
@@ -104,9 +102,7 @@ def synth(
     epochs: int = typer.Option(3, help="Visits of every prompt."),
     prompts_per_step: int = typer.Option(512, help="Maps epochs to training steps for growth."),
     max_response_len: int | None = typer.Option(None, help="Cap (default: the preset's)."),
-    rho: float | None = typer.Option(
-        None, help="Cross-epoch correlation of a prompt's latent length."
-    ),
+    rho: float | None = typer.Option(None, help="Cross-epoch correlation of a prompt's latent length."),
     seed: int = typer.Option(0, help="Random seed; same seed, same bytes."),
     token_ids: bool = typer.Option(False, "--token-ids", help="Add synthetic output_token_ids."),
     reuse_fraction: float = typer.Option(0.85, help="Token reuse from the previous visit."),
@@ -207,7 +203,5 @@ def compare(
         table.add_column(col, justify="left" if col in ("scope", "metric") else "right")
     for r in rows:
         diff = "-" if r["rel_diff"] is None else f"{100 * r['rel_diff']:+.1f}%"
-        table.add_row(
-            r["scope"], r["metric"], _fmt(r["a"], r["metric"]), _fmt(r["b"], r["metric"]), diff
-        )
+        table.add_row(r["scope"], r["metric"], _fmt(r["a"], r["metric"]), _fmt(r["b"], r["metric"]), diff)
     make_console().print(table)

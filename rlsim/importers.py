@@ -38,9 +38,7 @@ def detect_format(src: Path) -> str:
         return "polytrace"
     if any(p.stem.isdigit() for p in src.glob("*.jsonl")):
         return "verl"
-    raise RlsimError(
-        f"{src} holds neither PolyTrace packed_lengths_step_*.jsonl nor veRL {{step}}.jsonl files"
-    )
+    raise RlsimError(f"{src} holds neither PolyTrace packed_lengths_step_*.jsonl nor veRL {{step}}.jsonl files")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -99,24 +97,18 @@ def import_polytrace(src: Path, max_response_len: int = 20480, model: str = "Qwe
 
 def _load_tokenizer(path: Path | None):
     if path is None:
-        raise RlsimError(
-            "veRL dumps hold text: give --tokenizer DIR (a local Hugging Face tokenizer)"
-        )
+        raise RlsimError("veRL dumps hold text: give --tokenizer DIR (a local Hugging Face tokenizer)")
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise RlsimError(
-            "the verl importer needs the 'tokenizers' package: pip install tokenizers"
-        ) from None
+        raise RlsimError("the verl importer needs the 'tokenizers' package: pip install tokenizers") from None
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.exists():
         raise RlsimError(f"no tokenizer.json at {path}")
     return Tokenizer.from_file(str(file))
 
 
-def import_verl(
-    src: Path, tokenizer: Path | None, max_response_len: int, model: str = "unknown"
-) -> Trace:
+def import_verl(src: Path, tokenizer: Path | None, max_response_len: int, model: str = "unknown") -> Trace:
     """Read a veRL rollout_data_dir (see module docstring)."""
     tok = _load_tokenizer(tokenizer)
     files = sorted((p for p in src.glob("*.jsonl") if p.stem.isdigit()), key=_step_of)

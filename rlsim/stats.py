@@ -66,9 +66,7 @@ class TraceStats:
         return asdict(self)
 
 
-def _length_stats(
-    df: pd.DataFrame, max_len: int, epoch: int | None, prev_means: pd.Series | None
-) -> LengthStats:
+def _length_stats(df: pd.DataFrame, max_len: int, epoch: int | None, prev_means: pd.Series | None) -> LengthStats:
     out = df["num_output_tokens"].to_numpy(dtype=np.float64)
     grouped = df.groupby(["epoch", "prompt_id"], sort=False)["num_output_tokens"]
     g_mean, g_std = grouped.mean(), grouped.std(ddof=0)
@@ -127,16 +125,12 @@ def compare_stats(a: TraceStats, b: TraceStats) -> list[dict]:
     rows = []
     scopes = [("all", a.overall, b.overall)]
     b_by_epoch = {s.epoch: s for s in b.epochs}
-    scopes += [
-        (f"epoch {s.epoch}", s, b_by_epoch[s.epoch]) for s in a.epochs if s.epoch in b_by_epoch
-    ]
+    scopes += [(f"epoch {s.epoch}", s, b_by_epoch[s.epoch]) for s in a.epochs if s.epoch in b_by_epoch]
     for scope, sa, sb in scopes:
         metrics = COMPARED + (("cross_epoch_spearman",) if scope != "all" else ())
         for m in metrics:
             va, vb = getattr(sa, m), getattr(sb, m)
-            rows.append(
-                {"scope": scope, "metric": m, "a": va, "b": vb, "rel_diff": relative_diff(va, vb)}
-            )
+            rows.append({"scope": scope, "metric": m, "a": va, "b": vb, "rel_diff": relative_diff(va, vb)})
     return rows
 
 

@@ -47,9 +47,7 @@ class SynthConfig:
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
-            raise RlsimError(
-                f"unknown preset {self.preset!r}; choose one of {', '.join(sorted(PRESETS))}"
-            )
+            raise RlsimError(f"unknown preset {self.preset!r}; choose one of {', '.join(sorted(PRESETS))}")
         for name in ("samples_per_prompt", "epochs", "prompts_per_step", "vocab_size"):
             if getattr(self, name) <= 0:
                 raise RlsimError(f"{name} must be positive, got {getattr(self, name)}")
@@ -83,15 +81,10 @@ def load_prompts(path: str | Path) -> pd.DataFrame:
     return df[keep].sort_values("prompt_id").reset_index(drop=True)
 
 
-def epoch_growth(
-    preset: Preset, num_prompts: int, prompts_per_step: int, epochs: int
-) -> list[float]:
+def epoch_growth(preset: Preset, num_prompts: int, prompts_per_step: int, epochs: int) -> list[float]:
     """Mean-length multiplier per epoch: the growth curve averaged over the epoch's steps."""
     steps = math.ceil(num_prompts / prompts_per_step)
-    return [
-        float(np.mean([preset.growth(s) for s in range(e * steps, (e + 1) * steps)]))
-        for e in range(epochs)
-    ]
+    return [float(np.mean([preset.growth(s) for s in range(e * steps, (e + 1) * steps)])) for e in range(epochs)]
 
 
 def _normal_scores(values: np.ndarray) -> np.ndarray:
@@ -110,9 +103,7 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
     if prompts is not None:
         if config.num_prompts is not None:
             if config.num_prompts > len(prompts):
-                raise RlsimError(
-                    f"num_prompts={config.num_prompts} but the prompt table holds {len(prompts)}"
-                )
+                raise RlsimError(f"num_prompts={config.num_prompts} but the prompt table holds {len(prompts)}")
             prompts = prompts.iloc[: config.num_prompts]
         prompt_ids = prompts["prompt_id"].to_numpy(np.int64)
         prompt_tokens = prompts["num_prompt_tokens"].to_numpy(np.int64)

@@ -78,9 +78,7 @@ def synth_token_ids(
         for p in range(prompts):
             row = []
             for s in range(samples):
-                toks, n = compose_response(
-                    int(lengths[e, p, s]), previous[p], reuse, rng, vocab_size
-                )
+                toks, n = compose_response(int(lengths[e, p, s]), previous[p], reuse, rng, vocab_size)
                 row.append(toks)
                 if e > 0:
                     copied += n

@@ -78,9 +78,7 @@ class TraceMeta:
         except TraceError as exc:
             raise TraceError(f"{where}: metadata invalid: {exc}") from None
         except (TypeError, ValueError) as exc:
-            raise TraceError(
-                f"{where}: metadata is not valid rlsim trace metadata ({exc})"
-            ) from None
+            raise TraceError(f"{where}: metadata is not valid rlsim trace metadata ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -113,9 +111,7 @@ def _kind_ok(kind: str, dtype: pa.DataType) -> bool:
             dtype = dtype.value_type
         return pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
     if kind == "list<integer>":
-        return (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) and pa.types.is_integer(
-            dtype.value_type
-        )
+        return (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) and pa.types.is_integer(dtype.value_type)
     raise AssertionError(kind)
 
 
@@ -142,9 +138,7 @@ def _read_table(path: Path, columns: list[str] | None) -> tuple[pa.Table, TraceM
             raise TraceError(f"{where} is missing required column '{name}'")
     for name, (_, kind) in {**REQUIRED_COLUMNS, **OPTIONAL_COLUMNS}.items():
         if name in schema.names and not _kind_ok(kind, schema.field(name).type):
-            raise TraceError(
-                f"{where}: column '{name}' has type {schema.field(name).type}, expected {kind}"
-            )
+            raise TraceError(f"{where}: column '{name}' has type {schema.field(name).type}, expected {kind}")
     wanted = None
     if columns is not None:
         wanted = list(dict.fromkeys([*REQUIRED_COLUMNS, *columns]))
@@ -176,8 +170,7 @@ def validate_table(df: pd.DataFrame, meta: TraceMeta, where: str = "trace") -> N
         bad = df[name].to_numpy() <= 0
         if bad.any():
             raise TraceError(
-                f"{where}: {name} must be positive, but {int(bad.sum())} rows are <= 0 "
-                f"(first at row {_first_bad(bad)})"
+                f"{where}: {name} must be positive, but {int(bad.sum())} rows are <= 0 (first at row {_first_bad(bad)})"
             )
     for name in ("epoch", "prompt_id", "sample_idx"):
         bad = df[name].to_numpy() < 0
@@ -217,8 +210,7 @@ def validate_table(df: pd.DataFrame, meta: TraceMeta, where: str = "trace") -> N
     fewest = int(per_epoch["min"].min())
     if fewest != meta.samples_per_prompt:
         raise TraceError(
-            f"{where}: metadata says samples_per_prompt={meta.samples_per_prompt} but the "
-            f"rows hold {fewest} per prompt"
+            f"{where}: metadata says samples_per_prompt={meta.samples_per_prompt} but the rows hold {fewest} per prompt"
         )
 
 

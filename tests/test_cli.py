@@ -53,9 +53,7 @@ def test_inspect_json_and_plot(tmp_path: Path, small_trace_path: Path) -> None:
 
 def test_compare_reports_relative_differences(tmp_path: Path, small_trace_path: Path) -> None:
     """compare of a trace with itself shows zero difference everywhere."""
-    result = runner.invoke(
-        app, ["trace", "compare", str(small_trace_path), str(small_trace_path), "--json"]
-    )
+    result = runner.invoke(app, ["trace", "compare", str(small_trace_path), str(small_trace_path), "--json"])
     rows = json.loads(result.output)["rows"]
     assert {r["scope"] for r in rows} == {"all", "epoch 0", "epoch 1"}
     assert all(r["rel_diff"] in (0.0, None) for r in rows)
@@ -91,10 +89,7 @@ def test_synth_rejects_bad_knobs(tmp_path: Path) -> None:
         app,
         ["trace", "synth", "-o", str(tmp_path / "x.parquet"), "--num-prompts", "5", "--rho", "2"],
     )
-    assert (
-        result.exit_code == 2
-        and result.stderr.strip() == "error: rho must be between 0 and 1, got 2.0"
-    )
+    assert result.exit_code == 2 and result.stderr.strip() == "error: rho must be between 0 and 1, got 2.0"
 
 
 def test_bundled_trace_is_the_documented_workload() -> None:

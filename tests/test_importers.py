@@ -61,9 +61,7 @@ def _dump(tmp_path: Path) -> Path:
         for name in names:
             for s in range(4):
                 out = " ".join(["so"] * (s + 1) + ["the", "answer", "is", "1"])
-                lines.append(
-                    {"input": prompts[name], "output": out, "score": float(s % 2), "step": step}
-                )
+                lines.append({"input": prompts[name], "output": out, "score": float(s % 2), "step": step})
         (d / f"{step}.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     return d
 
@@ -111,7 +109,5 @@ def test_import_errors_are_one_sentence(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "packed_lengths_step_0.jsonl").write_text("{not json\n")
-    result = CliRunner().invoke(
-        app, ["trace", "import", str(bad), "-o", str(tmp_path / "o.parquet")]
-    )
+    result = CliRunner().invoke(app, ["trace", "import", str(bad), "-o", str(tmp_path / "o.parquet")])
     assert result.exit_code == 2 and "is not valid JSON" in result.stderr

@@ -62,9 +62,7 @@ def test_rho_controls_cross_epoch_rank_correlation() -> None:
     """Higher rho gives a higher Spearman correlation of prompt mean length across epochs."""
 
     def spearman(rho: float) -> float:
-        cfg = SynthConfig(
-            preset="reasoning-32k", num_prompts=600, samples_per_prompt=8, epochs=2, rho=rho, seed=1
-        )
+        cfg = SynthConfig(preset="reasoning-32k", num_prompts=600, samples_per_prompt=8, epochs=2, rho=rho, seed=1)
         return trace_stats(synthesize(cfg)).epochs[1].cross_epoch_spearman
 
     s0, s5, s1 = spearman(0.0), spearman(0.5), spearman(1.0)
@@ -75,11 +73,7 @@ def test_rho_controls_cross_epoch_rank_correlation() -> None:
 
 def test_reasoning_preset_is_long_and_prompt_dominated() -> None:
     """reasoning-32k: mean near 9.6k tokens, cap 32,768, the prompt explains most variance."""
-    trace = synthesize(
-        SynthConfig(
-            preset="reasoning-32k", num_prompts=1500, samples_per_prompt=8, epochs=1, seed=2
-        )
-    )
+    trace = synthesize(SynthConfig(preset="reasoning-32k", num_prompts=1500, samples_per_prompt=8, epochs=1, seed=2))
     out = trace.table["num_output_tokens"]
     assert trace.meta.max_response_len == 32768 and out.max() <= 32768
     assert 9000 < out.mean() < 10200
@@ -97,9 +91,7 @@ def test_growth_follows_dapo_curve() -> None:
 
 def test_cap_sets_finish_reason_length() -> None:
     """Responses reaching max_response_len are marked 'length', all others 'stop'."""
-    trace = synthesize(
-        SynthConfig(num_prompts=300, samples_per_prompt=8, epochs=1, max_response_len=600, seed=0)
-    )
+    trace = synthesize(SynthConfig(num_prompts=300, samples_per_prompt=8, epochs=1, max_response_len=600, seed=0))
     df = trace.table
     assert (df.loc[df.finish_reason == "length", "num_output_tokens"] == 600).all()
     assert (df.loc[df.finish_reason == "stop", "num_output_tokens"] < 600).all()
@@ -125,9 +117,7 @@ def test_token_ids_reuse_previous_visit() -> None:
     for pid in df.prompt_id.unique()[:5]:
         prev = df[(df.epoch == 0) & (df.prompt_id == pid)]
         cur = df[(df.epoch == 1) & (df.prompt_id == pid)]
-        prev_8grams = {
-            tuple(t[i : i + 8]) for t in prev.output_token_ids for i in range(len(t) - 7)
-        }
+        prev_8grams = {tuple(t[i : i + 8]) for t in prev.output_token_ids for i in range(len(t) - 7)}
         t = cur.output_token_ids.iloc[0]
         hits = sum(tuple(t[i : i + 8]) in prev_8grams for i in range(len(t) - 7))
         assert hits / max(1, len(t) - 7) > 0.4

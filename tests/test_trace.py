@@ -43,15 +43,11 @@ def test_optional_columns_round_trip(tmp_path: Path, small_trace: Trace) -> None
     path = save(Trace(df, small_trace.meta), tmp_path / "t.parquet")
     back = load(path)
     assert back.table["reward"].eq(1.0).all()
-    assert list(back.table["output_token_ids"].iloc[0]) == list(
-        range(df["num_output_tokens"].iloc[0])
-    )
+    assert list(back.table["output_token_ids"].iloc[0]) == list(range(df["num_output_tokens"].iloc[0]))
     assert str(back.table["prompt_text"].iloc[0]) == "p" + str(df["prompt_id"].iloc[0])
 
 
-def _write(
-    tmp_path: Path, df: pd.DataFrame, meta: TraceMeta | None, name: str = "bad.parquet"
-) -> Path:
+def _write(tmp_path: Path, df: pd.DataFrame, meta: TraceMeta | None, name: str = "bad.parquet") -> Path:
     table = pa.Table.from_pandas(df, preserve_index=False)
     if meta is not None:
         table = table.replace_schema_metadata({META_KEY: meta.to_json().encode()})

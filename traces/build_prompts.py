@@ -54,11 +54,7 @@ def main(dataset: str) -> None:
     texts = [DAPO_PREFIX + p[0]["content"] + DAPO_SUFFIX for p in raw["prompt"]]
     body = np.array([len(tok.encode(t)) for t in texts])
     real = np.array(
-        [
-            json.loads(line)["input"]
-            for f in glob.glob(str(REAL_LOGS / "packed_*.jsonl"))
-            for line in open(f)
-        ]
+        [json.loads(line)["input"] for f in glob.glob(str(REAL_LOGS / "packed_*.jsonl")) for line in open(f)]
     )
     print(
         f"real verl prompt lengths: mean {real.mean():.1f}  p50 {np.median(real):.0f}  "
@@ -66,9 +62,7 @@ def main(dataset: str) -> None:
     )
     counts = {}
     for name, (head, tail) in CHAT_TEMPLATES.items():
-        extra = len(tok.encode(head, allowed_special="all")) + len(
-            tok.encode(tail, allowed_special="all")
-        )
+        extra = len(tok.encode(head, allowed_special="all")) + len(tok.encode(tail, allowed_special="all"))
         counts[name] = body + extra
         c = counts[name]
         print(
@@ -89,8 +83,4 @@ def main(dataset: str) -> None:
 
 
 if __name__ == "__main__":
-    main(
-        sys.argv[1]
-        if len(sys.argv) > 1
-        else str(HERE.parent.parent / "shared/data/dapo_math_17k.parquet")
-    )
+    main(sys.argv[1] if len(sys.argv) > 1 else str(HERE.parent.parent / "shared/data/dapo_math_17k.parquet"))

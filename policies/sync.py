@@ -1,0 +1,38 @@
+"""Synchronous baseline (veRL-style, on-policy): POLICIES.md section 1.
+
+Each step takes the next `prompts_per_step` (P0) prompts of the epoch order (shuffled once per
+epoch, seeded by the driver), launches `samples_per_prompt` (R0) samples of each, spreads them
+over the rollout instances by the driver's dispatch rule (round-robin by default), waits for all
+P0 x R0 to finish (EOS or `max_response_len`), then trains on all of them. Nothing is aborted,
+nothing is stale: its rollout bubble is the reference every other policy is measured against.
+The last step of an epoch takes whatever prompts remain, so every prompt trains once per epoch.
+"""
+
+from __future__ import annotations
+
+from rlsim.protocol import Action, Event, Finished, Launch, PolicyView, Train
+
+
+class SyncPolicy:
+    """Launch P0 x R0, wait for all, train on all."""
+
+    name = "sync"
+    on_policy = True
+
+    def __init__(self) -> None:
+        self._pending: set[int] = set()
+        self._done: list[int] = []
+        self._expected = 0
+
+    def on_step_start(self, view: PolicyView) -> list[Action]:
+        prompts = view.take_prompts(view.prompts_per_step)
+        self._done = []
+        self._expected = len(prompts) * view.samples_per_prompt
+        return [Launch(p, view.samples_per_prompt) for p in prompts]
+
+    def on_event(self, event: Event, view: PolicyView) -> list[Action]:
+        if isinstance(event, Finished):
+            self._done.append(event.request_id)
+            if len(self._done) == self._expected:
+                return [Train(tuple(self._done))]
+        return []

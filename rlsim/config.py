@@ -1,0 +1,88 @@
+"""Run configuration: frozen, slotted dataclasses validated on construction, one per concern.
+
+Defaults are close to DAPO's recipe (512 prompts x 16 samples per step, 20,480 max response
+tokens, Qwen2.5-32B) on 64 H100s with rollout TP 2, two epochs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rlsim.errors import RlsimError
+
+PLACEMENTS = ("colocated", "disaggregated")
+DISPATCH = ("round_robin", "least_loaded")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """GPUs, the rollout instance cost profile, and how training shares the GPUs."""
+
+    num_gpus: int = 64
+    profile: str = "h100-qwen2.5-32b-tp2"
+    placement: str = "colocated"
+    train_gpus: int = 0  # disaggregated only: GPUs of the training pool
+    dispatch: str = "round_robin"
+
+    def __post_init__(self) -> None:
+        if self.num_gpus <= 0:
+            raise RlsimError(f"num_gpus must be positive, got {self.num_gpus}")
+        if self.placement not in PLACEMENTS:
+            raise RlsimError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if self.dispatch not in DISPATCH:
+            raise RlsimError(f"dispatch must be one of {', '.join(DISPATCH)}, got {self.dispatch!r}")
+        if self.placement == "disaggregated" and not 0 < self.train_gpus < self.num_gpus:
+            raise RlsimError(f"disaggregated placement needs 0 < train_gpus < num_gpus, got {self.train_gpus}")
+        if self.placement == "colocated" and self.train_gpus:
+            raise RlsimError("train_gpus applies only to the disaggregated placement")
+
+    @property
+    def rollout_gpus(self) -> int:
+        return self.num_gpus - self.train_gpus if self.placement == "disaggregated" else self.num_gpus
+
+    @property
+    def training_gpus(self) -> int:
+        return self.train_gpus if self.placement == "disaggregated" else self.num_gpus
+
+    def num_instances(self, tensor_parallel_size: int) -> int:
+        if self.rollout_gpus % tensor_parallel_size:
+            raise RlsimError(
+                f"{self.rollout_gpus} rollout GPUs are not divisible by the profile's tensor "
+                f"parallel size {tensor_parallel_size}"
+            )
+        return self.rollout_gpus // tensor_parallel_size
+
+
+@dataclass(frozen=True, slots=True)
+class RLConfig:
+    """The RL step: batch shape, response cap, run length, reward cost, seed."""
+
+    prompts_per_step: int = 512
+    samples_per_prompt: int = 16
+    max_response_len: int = 20480
+    epochs: int = 2
+    max_steps: int | None = None
+    reward_latency_s: float = 0.05
+    reward_workers: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "prompts_per_step",
+            "samples_per_prompt",
+            "max_response_len",
+            "epochs",
+            "reward_workers",
+        ):
+            if getattr(self, name) <= 0:
+                raise RlsimError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise RlsimError(f"max_steps must be positive, got {self.max_steps}")
+        if self.reward_latency_s < 0:
+            raise RlsimError("reward_latency_s must be >= 0")
+
+
+def config_dict(*configs: Any) -> dict[str, Any]:
+    """Configs as one JSON-ready dict keyed by class name (echoed into every result file)."""
+    return {type(c).__name__: asdict(c) for c in configs}

@@ -1,0 +1,294 @@
+"""The one RL loop: feeds engine events to the policy and policy actions to the engine.
+
+The same `run_loop` drives a `SimEngine` and (later) real vLLM engines. Each step: the policy is
+told the step started, launches samples (the driver turns `Launch` into `Request`s, looking the
+sample's length up in the trace; the policy never sees it), is told every event, and ends the
+step with `Train`. Rewards are scored by a pool of CPU workers as samples finish (overlapping
+rollout); training starts when the rollout decision is made and the batch's rewards are in, costs
+the profile's training time, then weights sync. Under `colocated` placement rollout is paused
+during training and sync (veRL's hybrid engine); under `disaggregated` only during sync.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlsim.config import ClusterConfig, RLConfig
+from rlsim.errors import RlsimError
+from rlsim.profile import Profile
+from rlsim.protocol import (
+    Abort,
+    Aborted,
+    Engine,
+    Finished,
+    Launch,
+    Policy,
+    Preempted,
+    Request,
+    Timer,
+    Train,
+)
+from rlsim.records import Records, StepWindow
+from rlsim.trace import Trace
+
+
+class TraceIndex:
+    """O(1) lookup of a visit's sample lengths: rows are sorted by (epoch, prompt, sample)."""
+
+    def __init__(self, trace: Trace) -> None:
+        df = trace.table
+        self.epochs = trace.epochs
+        self.samples = trace.meta.samples_per_prompt
+        self.out = df["num_output_tokens"].to_numpy(np.int64)
+        self.prompt_tokens = df["num_prompt_tokens"].to_numpy(np.int64)
+        ep, pid = df["epoch"].to_numpy(), df["prompt_id"].to_numpy()
+        starts = np.flatnonzero(np.r_[True, (np.diff(ep) != 0) | (np.diff(pid) != 0)])
+        self.start = {(int(ep[s]), int(pid[s])): int(s) for s in starts}
+        self.prompts_by_epoch = {e: np.unique(pid[ep == e]) for e in self.epochs}
+
+    def length(self, epoch: int, prompt_id: int, sample_idx: int) -> tuple[int, int]:
+        s = self.start[(epoch, prompt_id)] + sample_idx
+        return int(self.out[s]), int(self.prompt_tokens[s])
+
+    def unbiased_mean(self, epoch: int, prompt_id: int, n: int) -> float:
+        s = self.start[(epoch, prompt_id)]
+        return float(self.out[s : s + n].mean())
+
+
+@dataclass
+class View:
+    """The policy's read-only window (`rlsim.protocol.PolicyView`)."""
+
+    prompts_per_step: int
+    samples_per_prompt: int
+    max_response_len: int
+    num_instances: int
+    _driver: Driver
+    step: int = 0
+    now: float = 0.0
+
+    def take_prompts(self, n: int) -> list[int]:
+        return self._driver.take_prompts(n)
+
+    def epoch_of(self, prompt_id: int) -> int:
+        return self._driver.taken_epoch[prompt_id]
+
+    def finished_lengths(self, prompt_id: int) -> list[int]:
+        return list(self._driver.finished.get(prompt_id, ()))
+
+    def history(self, prompt_id: int) -> list[int]:
+        return list(self._driver.history.get(prompt_id, ()))
+
+    def in_flight(self, prompt_id: int) -> list[int]:
+        return sorted(self._driver.in_flight.get(prompt_id, ()))
+
+
+@dataclass
+class Driver:
+    """State of one run; use `run_loop` rather than this class directly."""
+
+    engine: Engine
+    policy: Policy
+    trace: Trace
+    profile: Profile
+    cluster: ClusterConfig
+    rl: RLConfig
+    index: TraceIndex = field(init=False)
+    records: Records = field(init=False)
+
+    def __post_init__(self) -> None:
+        rl = self.rl
+        if rl.samples_per_prompt > self.trace.meta.samples_per_prompt:
+            raise RlsimError(
+                f"samples_per_prompt={rl.samples_per_prompt} but the trace holds only "
+                f"{self.trace.meta.samples_per_prompt} samples per prompt"
+            )
+        if rl.epochs > len(self.trace.epochs):
+            raise RlsimError(f"{rl.epochs} epochs asked but the trace holds {len(self.trace.epochs)}")
+        self.index = TraceIndex(self.trace)
+        first = len(self.index.prompts_by_epoch[self.trace.epochs[0]])
+        if first < rl.prompts_per_step:
+            raise RlsimError(
+                f"the trace holds {first} prompts per epoch, fewer than one step "
+                f"(prompts_per_step={rl.prompts_per_step})"
+            )
+        self.records = Records()
+        rng = np.random.default_rng(rl.seed)
+        self.order = [rng.permutation(self.index.prompts_by_epoch[e]) for e in self.trace.epochs[: rl.epochs]]
+        self.epoch_ptr, self.pos = 0, 0
+        self.taken_epoch: dict[int, int] = {}
+        self.next_sample: dict[tuple[int, int], int] = {}
+        self.finished: dict[int, list[int]] = {}
+        self.history: dict[int, list[int]] = {}
+        self.in_flight: dict[int, set[int]] = {}
+        self.requests: dict[int, Request] = {}
+        self.version = 0
+        self.rr = 0
+        self.reward_free = [0.0] * rl.reward_workers
+        self.reward_done: dict[int, float] = {}
+        self.view = View(
+            rl.prompts_per_step,
+            rl.samples_per_prompt,
+            rl.max_response_len,
+            self.engine.num_instances,
+            self,
+        )
+
+    # ---- data order -----------------------------------------------------------------------
+    def take_prompts(self, n: int) -> list[int]:
+        while self.epoch_ptr < len(self.order) and self.pos >= len(self.order[self.epoch_ptr]):
+            self.epoch_ptr, self.pos = self.epoch_ptr + 1, 0
+        if self.epoch_ptr >= len(self.order):
+            return []
+        order = self.order[self.epoch_ptr]
+        chunk = [int(p) for p in order[self.pos : self.pos + n]]
+        self.pos += len(chunk)
+        epoch = self.trace.epochs[self.epoch_ptr]
+        for p in chunk:
+            if p in self.taken_epoch and p in self.finished:
+                self.history[p] = self.finished.pop(p)
+            self.taken_epoch[p] = epoch
+        return chunk
+
+    # ---- actions --------------------------------------------------------------------------
+    def _instance_for(self, launch: Launch) -> int:
+        if launch.instance is not None:
+            if not 0 <= launch.instance < self.engine.num_instances:
+                raise RlsimError(f"policy chose instance {launch.instance} of {self.engine.num_instances}")
+            return launch.instance
+        if self.cluster.dispatch == "least_loaded" and hasattr(self.engine, "load"):
+            return min(range(self.engine.num_instances), key=self.engine.load)
+        self.rr = (self.rr + 1) % self.engine.num_instances
+        return self.rr
+
+    def apply(self, actions: list) -> Train | None:
+        train = None
+        batch: list[Request] = []
+        for act in actions:
+            if isinstance(act, Launch):
+                batch.extend(self._launch(act))
+            elif isinstance(act, Abort):
+                if batch:
+                    self.engine.submit(batch)
+                    batch = []
+                self.engine.abort(act.request_ids)
+            elif isinstance(act, Train):
+                train = act
+        if batch:
+            self.engine.submit(batch)
+        return train
+
+    def _launch(self, act: Launch) -> list[Request]:
+        epoch = self.taken_epoch.get(act.prompt_id)
+        if epoch is None:
+            raise RlsimError(f"policy launched prompt {act.prompt_id} it never took from the data")
+        max_tokens = min(act.max_tokens or self.rl.max_response_len, self.rl.max_response_len)
+        inst = self._instance_for(act)
+        out = []
+        for _ in range(act.num_samples):
+            s = self.next_sample.get((epoch, act.prompt_id), 0)
+            if s >= self.index.samples:
+                raise RlsimError(
+                    f"policy launched sample {s + 1} of prompt {act.prompt_id} but the trace holds "
+                    f"{self.index.samples} per visit"
+                )
+            self.next_sample[(epoch, act.prompt_id)] = s + 1
+            target, prompt_tokens = self.index.length(epoch, act.prompt_id, s)
+            rid = len(self.requests)
+            req = Request(rid, act.prompt_id, s, epoch, prompt_tokens, max_tokens, target, inst, self.version)
+            self.requests[rid] = req
+            self.in_flight.setdefault(act.prompt_id, set()).add(rid)
+            self.records.launch(req, self.engine.now, self.view.step)
+            out.append(req)
+        return out
+
+    # ---- events ---------------------------------------------------------------------------
+    def _reward(self, rid: int, t: float) -> None:
+        free = heapq.heappop(self.reward_free)
+        done = max(free, t) + self.rl.reward_latency_s
+        heapq.heappush(self.reward_free, done)
+        self.reward_done[rid] = done
+
+    def handle(self, ev) -> None:  # noqa: ANN001 - an Event
+        if isinstance(ev, Finished):
+            req = self.requests[ev.request_id]
+            self.in_flight[req.prompt_id].discard(ev.request_id)
+            self.finished.setdefault(req.prompt_id, []).append(ev.num_output_tokens)
+            first = getattr(self.engine, "first_token", {}).get(ev.request_id)
+            self.records.finish(ev, first, "finished")
+            self._reward(ev.request_id, ev.time)
+        elif isinstance(ev, Aborted):
+            req = self.requests[ev.request_id]
+            self.in_flight[req.prompt_id].discard(ev.request_id)
+            first = getattr(self.engine, "first_token", {}).get(ev.request_id)
+            self.records.finish(ev, first, "aborted")
+        elif isinstance(ev, Preempted):
+            self.records.preempted(ev.request_id)
+
+    def train(self, act: Train, window: StepWindow) -> None:
+        gen_end = self.engine.now
+        window.mark_gen_end(self.engine)
+        ids = act.request_ids
+        reward_end = max((self.reward_done[r] for r in ids), default=gen_end)
+        tokens = sum(self.records.num_output_tokens[r] + self.requests[r].num_prompt_tokens for r in ids)
+        t_train = self.profile.train.seconds(tokens, self.cluster.training_gpus)
+        t_sync = self.profile.weight_sync_s
+        start = max(gen_end, reward_end)
+        if self.cluster.placement == "colocated":
+            self.engine.pause()
+        self.engine.call_at(start + t_train + t_sync, "train_done")
+        while True:
+            events = self.engine.step()
+            if not events:
+                raise RuntimeError("engine stalled while training")
+            done = False
+            for ev in events:
+                if isinstance(ev, Timer) and ev.tag == "train_done":
+                    done = True
+                else:
+                    self.handle(ev)
+                    self.apply(self.policy.on_event(ev, self.view))
+            if done:
+                break
+        self.engine.resume()
+        window.close(gen_end, reward_end, t_train, t_sync, self.engine.now)
+        self.records.step_done(window, ids, self.requests, self.version, self.index, self.rl.samples_per_prompt)
+        self.version += 1
+
+
+def run_loop(
+    engine: Engine,
+    policy: Policy,
+    trace: Trace,
+    profile: Profile,
+    cluster: ClusterConfig,
+    rl: RLConfig,
+    progress=None,  # noqa: ANN001 - optional callable(step, now)
+) -> Records:
+    """Run the RL loop until every epoch is trained (or `max_steps`); return the records."""
+    drv = Driver(engine, policy, trace, profile, cluster, rl)
+    view = drv.view
+    while rl.max_steps is None or view.step < rl.max_steps:
+        view.now = engine.now
+        window = StepWindow(view.step, engine.now, engine)
+        train = drv.apply(policy.on_step_start(view))
+        if not any(drv.in_flight.values()) and train is None:
+            break  # data exhausted and nothing running
+        while train is None:
+            events = engine.step()
+            if not events:
+                raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
+            for ev in events:
+                drv.handle(ev)
+                view.now = engine.now
+                got = drv.apply(policy.on_event(ev, view))
+                train = train or got
+        drv.train(train, window)
+        view.step += 1
+        if progress is not None:
+            progress(view.step, engine.now)
+    drv.records.finalize(drv.requests, engine)
+    return drv.records

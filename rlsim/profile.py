@@ -1,0 +1,163 @@
+"""Profiles: the fitted cost model of one rollout instance (one vLLM engine on TP GPUs).
+
+An engine iteration with B running sequences, C tokens of KV context, N_dec new decode (or
+draft-verification) tokens and N_pre prefill tokens costs
+
+    t = t_w_s + alpha_s * B + beta_s * C + gamma_s * N_dec + prefill_s_per_token * N_pre
+
+(DESIGN.md, "The model of time"). Training of a step costs
+`train.fixed_s + trained_tokens * train.flops_per_token / (gpus * peak_flops * mfu)`, then weight
+sync. Profiles are JSON files (calibrate/profiles/*.json); `load_profile` accepts a path or the
+name of a shipped profile and rejects a malformed one with one sentence.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rlsim.errors import RlsimError
+
+PROFILE_DIR = Path(str(resources.files("calibrate") / "profiles"))
+
+
+@dataclass(frozen=True, slots=True)
+class TrainCost:
+    """Training-stage cost: fixed overhead plus FLOPs per trained token at a stated MFU."""
+
+    flops_per_token: float
+    peak_flops_per_gpu: float
+    mfu: float
+    fixed_s: float
+
+    def seconds(self, tokens: int, gpus: int) -> float:
+        return self.fixed_s + tokens * self.flops_per_token / (gpus * self.peak_flops_per_gpu * self.mfu)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Cost model of one rollout instance plus training and weight-sync costs."""
+
+    name: str
+    hardware: str
+    model: str
+    tensor_parallel_size: int
+    t_w_s: float
+    alpha_s: float
+    beta_s: float
+    gamma_s: float
+    prefill_s_per_token: float
+    kv_capacity_tokens: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    train: TrainCost
+    weight_sync_s: float
+    spec: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    fit_error: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "t_w_s",
+            "alpha_s",
+            "beta_s",
+            "gamma_s",
+            "prefill_s_per_token",
+            "weight_sync_s",
+        ):
+            if getattr(self, name) < 0:
+                raise RlsimError(f"profile {self.name}: {name} must be >= 0")
+        for name in (
+            "tensor_parallel_size",
+            "kv_capacity_tokens",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+        ):
+            if getattr(self, name) <= 0:
+                raise RlsimError(f"profile {self.name}: {name} must be positive")
+        if self.t_w_s + self.alpha_s + self.gamma_s <= 0:
+            raise RlsimError(f"profile {self.name}: an iteration must cost time")
+
+    def iteration_s(self, batch: int, context: int, decode_tokens: int, prefill_tokens: int = 0) -> float:
+        """Time of one engine iteration."""
+        return (
+            self.t_w_s
+            + self.alpha_s * batch
+            + self.beta_s * context
+            + self.gamma_s * decode_tokens
+            + self.prefill_s_per_token * prefill_tokens
+        )
+
+    def decode_throughput(self, batch: int, context_per_seq: int) -> float:
+        """Output tokens per second of a steady decode batch (the README's sanity line)."""
+        return batch / self.iteration_s(batch, batch * context_per_seq, batch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the profiles under calibrate/profiles/."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        return path
+    shipped = PROFILE_DIR / f"{name_or_path}.json"
+    if shipped.exists():
+        return shipped
+    raise RlsimError(f"unknown profile {str(name_or_path)!r}; shipped profiles: {', '.join(shipped_profiles())}")
+
+
+def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
+    """Build a `Profile` from parsed JSON, naming the first missing or bad field."""
+    required = [f.name for f in fields(Profile) if f.name not in ("spec", "provenance", "fit_error")]
+    for name in required:
+        if name not in raw:
+            raise RlsimError(f"{where} is missing field '{name}'")
+    train = raw["train"]
+    if not isinstance(train, dict):
+        raise RlsimError(f"{where}: field 'train' must be an object")
+    for name in ("flops_per_token", "peak_flops_per_gpu", "mfu", "fixed_s"):
+        if name not in train:
+            raise RlsimError(f"{where} is missing field 'train.{name}'")
+    try:
+        kwargs = {k: raw[k] for k in required if k != "train"}
+        for k in (
+            "tensor_parallel_size",
+            "kv_capacity_tokens",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+        ):
+            kwargs[k] = int(kwargs[k])
+        for k in ("t_w_s", "alpha_s", "beta_s", "gamma_s", "prefill_s_per_token", "weight_sync_s"):
+            kwargs[k] = float(kwargs[k])
+        cost = TrainCost(**{k: float(train[k]) for k in ("flops_per_token", "peak_flops_per_gpu", "mfu", "fixed_s")})
+    except (TypeError, ValueError) as exc:
+        raise RlsimError(f"{where}: a field has the wrong type ({exc})") from None
+    return Profile(
+        train=cost,
+        spec=raw.get("spec", {}),
+        provenance=raw.get("provenance", {}),
+        fit_error=raw.get("fit_error", {}),
+        **kwargs,
+    )
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a profile by shipped name (e.g. `h100-qwen2.5-32b-tp2`) or JSON path."""
+    path = _resolve(name_or_path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RlsimError(f"{path}: no such profile file") from None
+    except json.JSONDecodeError as exc:
+        raise RlsimError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(raw, dict):
+        raise RlsimError(f"{path} must hold a JSON object")
+    return profile_from_dict(raw, str(path))

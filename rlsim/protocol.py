@@ -1,0 +1,152 @@
+"""The boundary types between driver, engines and policies: plain frozen dataclasses.
+
+An `Engine` (simulated or real vLLM) accepts `Request`s and returns `Event`s; a `Policy` reads a
+`PolicyView` and answers `Action`s. Nothing here imports simpy or vllm, so policies stay plain
+Python and the same policy object drives both engines (docs/architecture.md maps every policy
+onto these calls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One sample to generate. `target_tokens` is the engine's secret: policies never see it."""
+
+    request_id: int
+    prompt_id: int
+    sample_idx: int
+    epoch: int
+    num_prompt_tokens: int
+    max_tokens: int
+    target_tokens: int
+    instance: int
+    policy_version: int
+
+
+# ---- events (engine -> driver -> policy) -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    request_id: int
+    time: float
+    instance: int
+    num_output_tokens: int
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass(frozen=True, slots=True)
+class Aborted:
+    request_id: int
+    time: float
+    instance: int
+    num_output_tokens: int  # tokens generated before the abort (wasted)
+
+
+@dataclass(frozen=True, slots=True)
+class Preempted:
+    request_id: int
+    time: float
+    instance: int
+    num_output_tokens: int  # generated so far; its KV is dropped and recomputed on readmission
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    tag: str
+    time: float
+
+
+Event = Finished | Aborted | Preempted | Timer
+
+
+# ---- actions (policy -> driver) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Generate `num_samples` more samples of a prompt's current visit."""
+
+    prompt_id: int
+    num_samples: int
+    max_tokens: int | None = None  # default: the run's max_response_len
+    instance: int | None = None  # default: the driver's dispatch rule
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    request_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Train:
+    """Train on these finished samples; this ends the step (weights advance one version)."""
+
+    request_ids: tuple[int, ...]
+
+
+Action = Launch | Abort | Train
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the driver needs from a rollout cluster, simulated or real."""
+
+    num_instances: int
+
+    @property
+    def now(self) -> float: ...
+
+    def submit(self, requests: Sequence[Request]) -> None: ...
+
+    def abort(self, request_ids: Iterable[int]) -> None: ...
+
+    def call_at(self, when: float, tag: str) -> None:
+        """Deliver `Timer(tag)` at time `when` (training, weight sync, reward latency)."""
+
+    def pause(self) -> None:
+        """Stop starting iterations (colocated training holds the GPUs)."""
+
+    def resume(self) -> None: ...
+
+    def step(self) -> list[Event]:
+        """Advance to the next event(s) and return them (empty: nothing can happen)."""
+
+    def busy_time(self, instance: int) -> float:
+        """Seconds this instance has spent running at least one request so far."""
+
+
+class PolicyView(Protocol):
+    """What a policy may read: never a response length before that response finished."""
+
+    step: int
+    prompts_per_step: int
+    samples_per_prompt: int
+    max_response_len: int
+    num_instances: int
+    now: float
+
+    def take_prompts(self, n: int) -> list[int]: ...
+
+    def epoch_of(self, prompt_id: int) -> int: ...
+
+    def finished_lengths(self, prompt_id: int) -> list[int]: ...
+
+    def history(self, prompt_id: int) -> list[int]: ...
+
+    def in_flight(self, prompt_id: int) -> list[int]: ...
+
+
+class Policy(Protocol):
+    """A rollout scheduling policy: told when a step starts and every event, answers actions."""
+
+    name: str
+
+    def on_step_start(self, view: PolicyView) -> list[Action]: ...
+
+    def on_event(self, event: Event, view: PolicyView) -> list[Action]: ...

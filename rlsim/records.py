@@ -1,0 +1,183 @@
+"""What a run records: one row per request and one row per RL step, with veRL's metric names.
+
+Per step (DESIGN.md, "metrics"): `timing_s/gen` (step start to the rollout decision),
+`timing_s/reward` (reward time not hidden behind rollout), `timing_s/update_actor`,
+`timing_s/sync_weights`, `timing_s/step`, `response_length/mean|max|clip_ratio` of trained
+samples, `response/aborted_ratio`, `perf/throughput` (trained tokens / step time / GPUs), plus
+`bubble_ratio` (idle instance-time / (instances x gen time); idle = running no request),
+`wasted_tokens` (generated in this step for samples never trained), `staleness/max|mean`
+(policy versions between launch and training), `trained_length_bias` (mean trained length /
+mean length of the same visits' first R0 samples in the trace) and
+`rollout/first_done_idle_ratio` (share of the gen phase the first instance to go idle stays idle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+REQUEST_FIELDS = (
+    "request_id",
+    "step",
+    "epoch",
+    "prompt_id",
+    "sample_idx",
+    "instance",
+    "policy_version",
+    "num_prompt_tokens",
+    "launch_time",
+    "first_token_time",
+    "finish_time",
+    "num_output_tokens",
+    "finish_reason",
+    "outcome",
+    "trained_step",
+    "staleness",
+    "preemptions",
+)
+
+
+@dataclass
+class StepWindow:
+    """Time marks of one step, and instance busy time at its start and at the rollout decision."""
+
+    step: int
+    start: float
+    engine: object
+    busy_start: list[float] = field(init=False)
+    busy_gen: list[float] = field(default_factory=list)
+    last_busy: list[float] = field(default_factory=list)
+    gen_end: float = 0.0
+    reward_end: float = 0.0
+    t_train: float = 0.0
+    t_sync: float = 0.0
+    end: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = self.engine.num_instances
+        self.busy_start = [self.engine.busy_time(i) for i in range(n)]
+
+    def mark_gen_end(self, engine) -> None:  # noqa: ANN001
+        self.gen_end = engine.now
+        n = engine.num_instances
+        self.busy_gen = [engine.busy_time(i) for i in range(n)]
+        segs = getattr(engine, "segments", None)
+        self.last_busy = []
+        for i in range(n):
+            ends = [min(e, self.gen_end) for s, e in (segs(i) if segs else []) if s < self.gen_end and e > self.start]
+            self.last_busy.append(max(ends) if ends else self.start)
+
+    def close(self, gen_end: float, reward_end: float, t_train: float, t_sync: float, end: float) -> None:
+        self.reward_end, self.t_train, self.t_sync, self.end = reward_end, t_train, t_sync, end
+
+
+class Records:
+    """Columnar per-request records (indexed by request id) and per-step metric rows."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {f: [] for f in REQUEST_FIELDS}
+        self.num_output_tokens = self.cols["num_output_tokens"]
+        self.steps: list[dict] = []
+        self._wasted_since = 0  # request id from which this step's discards are counted
+
+    def launch(self, req, now: float, step: int) -> None:  # noqa: ANN001 - Request
+        c = self.cols
+        for name, value in (
+            ("request_id", req.request_id),
+            ("step", step),
+            ("epoch", req.epoch),
+            ("prompt_id", req.prompt_id),
+            ("sample_idx", req.sample_idx),
+            ("instance", req.instance),
+            ("policy_version", req.policy_version),
+            ("num_prompt_tokens", req.num_prompt_tokens),
+            ("launch_time", now),
+            ("first_token_time", np.nan),
+            ("finish_time", np.nan),
+            ("num_output_tokens", 0),
+            ("finish_reason", ""),
+            ("outcome", "in_flight"),
+            ("trained_step", -1),
+            ("staleness", -1),
+            ("preemptions", 0),
+        ):
+            c[name].append(value)
+
+    def finish(self, ev, first_token: float | None, outcome: str) -> None:  # noqa: ANN001
+        c, r = self.cols, ev.request_id
+        c["finish_time"][r] = ev.time
+        c["num_output_tokens"][r] = ev.num_output_tokens
+        c["outcome"][r] = outcome
+        c["finish_reason"][r] = getattr(ev, "finish_reason", "abort")
+        if first_token is not None:
+            c["first_token_time"][r] = first_token
+
+    def preempted(self, rid: int) -> None:
+        self.cols["preemptions"][rid] += 1
+
+    def step_done(self, w: StepWindow, ids, requests, version: int, index, r0: int) -> None:  # noqa: ANN001
+        c = self.cols
+        lengths = np.array([c["num_output_tokens"][r] for r in ids], dtype=float)
+        reasons = [c["finish_reason"][r] for r in ids]
+        stale = np.array([version - requests[r].policy_version for r in ids], dtype=float)
+        for r, s in zip(ids, stale, strict=True):
+            c["trained_step"][r], c["staleness"][r] = w.step, int(s)
+        visits = {(requests[r].epoch, requests[r].prompt_id) for r in ids}
+        unbiased = np.mean([index.unbiased_mean(e, p, r0) for e, p in visits]) if visits else np.nan
+        gen = w.gen_end - w.start
+        n = len(w.busy_start)
+        busy = sum(b1 - b0 for b0, b1 in zip(w.busy_start, w.busy_gen, strict=True))
+        idle_first = (w.gen_end - min(w.last_busy)) / gen if gen > 0 and w.last_busy else 0.0
+        step_time = w.end - w.start
+        tokens = float(lengths.sum() + sum(requests[r].num_prompt_tokens for r in ids))
+        epochs = [requests[r].epoch for r in ids]
+        self.steps.append(
+            {
+                "step": w.step,
+                "epoch": int(max(set(epochs), key=epochs.count)) if epochs else -1,
+                "time/start": w.start,
+                "time/end": w.end,
+                "timing_s/gen": gen,
+                "timing_s/reward": max(0.0, w.reward_end - w.gen_end),
+                "timing_s/update_actor": w.t_train,
+                "timing_s/sync_weights": w.t_sync,
+                "timing_s/step": step_time,
+                "response_length/mean": float(lengths.mean()) if len(lengths) else np.nan,
+                "response_length/max": float(lengths.max()) if len(lengths) else np.nan,
+                "response_length/clip_ratio": float(np.mean([x == "length" for x in reasons])) if reasons else 0.0,
+                "num_prompts": len({requests[r].prompt_id for r in ids}),
+                "num_samples": len(ids),
+                "perf/throughput": tokens / step_time / max(1, getattr(w.engine, "num_gpus", n)) if step_time else 0.0,
+                "bubble_ratio": 1.0 - busy / (n * gen) if gen > 0 else 0.0,
+                "rollout/first_done_idle_ratio": idle_first,
+                "staleness/max": float(stale.max()) if len(stale) else 0.0,
+                "staleness/mean": float(stale.mean()) if len(stale) else 0.0,
+                "trained_length_bias": float(lengths.mean() / unbiased) if len(lengths) else np.nan,
+            }
+        )
+
+    def finalize(self, requests, engine) -> None:  # noqa: ANN001
+        """Count wasted tokens per step: generated for samples that were never trained."""
+        c = self.cols
+        wasted = np.zeros(len(self.steps) + 1)
+        aborted = np.zeros(len(self.steps) + 1)
+        launched = np.zeros(len(self.steps) + 1)
+        for r in range(len(c["step"])):
+            s = min(c["step"][r], len(self.steps))
+            launched[s] += 1
+            if c["outcome"][r] == "aborted":
+                aborted[s] += 1
+            if c["trained_step"][r] < 0 and c["outcome"][r] != "in_flight":
+                wasted[s] += c["num_output_tokens"][r]
+        for row in self.steps:
+            s = row["step"]
+            row["wasted_tokens"] = float(wasted[s])
+            row["response/aborted_ratio"] = float(aborted[s] / launched[s]) if launched[s] else 0.0
+
+    def requests_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.cols)
+
+    def steps_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.steps)

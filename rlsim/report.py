@@ -1,0 +1,141 @@
+"""Writing results: run directories, the Gantt timeline, the Chrome/Perfetto trace, bar plots.
+
+A run directory holds `config.json`, `steps.parquet`, `requests.parquet`, `summary.json`,
+`timeline.png` (busy intervals of every rollout instance, step boundaries dashed) and
+`trace.json` (Chrome trace-event format: open it in ui.perfetto.dev or chrome://tracing; one
+track per instance, one slice per busy interval, steps on their own track). Files are written
+to a temporary name and renamed, so an interrupted write never leaves a half file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rlsim.simulate import Result
+
+
+def _atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(_clean(obj), indent=2, default=str)
+
+
+def perfetto_trace(result: Result) -> dict[str, Any]:
+    """Chrome trace events: instance busy slices and step slices (microseconds)."""
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"rlsim {result.policy}"}},
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "RL steps"}},
+    ]
+    for _, row in result.steps.iterrows():
+        events.append(
+            {
+                "name": f"step {int(row['step'])}",
+                "ph": "X",
+                "pid": 0,
+                "tid": 0,
+                "ts": row["time/start"] * 1e6,
+                "dur": (row["time/end"] - row["time/start"]) * 1e6,
+                "args": {k: row[k] for k in ("timing_s/gen", "bubble_ratio", "num_samples")},
+            }
+        )
+    for i, segs in enumerate(result.segments):
+        events.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": 0,
+                "tid": i + 1,
+                "args": {"name": f"instance {i}"},
+            }
+        )
+        events += [
+            {
+                "name": "rollout",
+                "ph": "X",
+                "pid": 0,
+                "tid": i + 1,
+                "ts": s * 1e6,
+                "dur": (e - s) * 1e6,
+            }
+            for s, e in segs
+        ]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def plot_timeline(result: Result, out: Path) -> Path:
+    """Gantt chart of instance busy intervals with step boundaries."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(result.segments)
+    fig, ax = plt.subplots(figsize=(10, 1.5 + 0.18 * n), dpi=110)
+    for i, segs in enumerate(result.segments):
+        ax.broken_barh([(s, e - s) for s, e in segs], (i - 0.4, 0.8), color="tab:blue")
+    for t in result.steps["time/start"]:
+        ax.axvline(t, color="grey", ls="--", lw=0.6)
+    ax.set_xlabel("simulated time (s); dashed: step starts")
+    ax.set_ylabel("rollout instance")
+    ax.set_ylim(-0.6, n - 0.4)
+    ax.set_title(f"{result.policy}: instance busy time (blue), bubble ratio {result.summary['bubble_ratio']:.0%}")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def write_run_dir(result: Result, out: Path) -> Path:
+    """Write every file of a run directory."""
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / "config.json", to_json(result.config).encode())
+    for name, frame in (("steps", result.steps), ("requests", result.requests)):
+        tmp = out / f"{name}.parquet.tmp"
+        frame.to_parquet(tmp, compression="zstd", index=False)
+        tmp.replace(out / f"{name}.parquet")
+    _atomic(out / "summary.json", to_json(result.summary).encode())
+    _atomic(out / "trace.json", json.dumps(perfetto_trace(result)).encode())
+    plot_timeline(result, out / "timeline.png")
+    return out
+
+
+def plot_compare(rows: list[dict[str, Any]], out: Path) -> Path:
+    """Bars of epoch time per policy (one bar group per epoch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    epochs = sorted({e for r in rows for e in r["epoch_time_s"]})
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    width = 0.8 / max(1, len(rows))
+    for k, r in enumerate(rows):
+        x = np.arange(len(epochs)) + k * width
+        ax.bar(x, [r["epoch_time_s"].get(e, 0) / 3600 for e in epochs], width, label=r["policy"])
+    ax.set_xticks(np.arange(len(epochs)) + width * (len(rows) - 1) / 2, [f"epoch {e}" for e in epochs])
+    ax.set_ylabel("epoch wall time (hours)")
+    ax.set_title("Epoch time per policy")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out

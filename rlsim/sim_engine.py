@@ -1,0 +1,338 @@
+"""SimEngine: a SimPy rollout cluster with vLLM continuous-batching semantics.
+
+One SimPy process per rollout instance (one vLLM engine on TP GPUs). Each instance keeps vLLM's
+`waiting` queue and `running` list: at every iteration boundary it admits waiting requests
+(FCFS) while `max_num_seqs`, the token budget `max_num_batched_tokens` (chunked prefill) and the
+KV capacity allow; when decode growth would overflow the KV cache it preempts the most recently
+admitted request (its KV is dropped; it is recomputed, prompt plus generated tokens, on
+readmission); a request finishes at its target length, `finish_reason = length` when that is
+its `max_tokens` cap.
+
+Event jumping: between events the decode batch is fixed (B sequences, KV context C growing by B
+per iteration), so k iterations cost `k*(t_w + (alpha+gamma)*B + beta*C) + beta*B*k*(k-1)/2`.
+An instance runs iterations one at a time only while a prefill or an admission is pending, and
+otherwise jumps straight to the next finish or KV exhaustion. A submit or abort arriving mid-jump
+interrupts it: the iterations already done (and the one in progress) are committed, and the
+instance re-plans at the next iteration boundary. `exact=True` runs every iteration one at a
+time: the reference that proves the fast path.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import simpy
+
+from rlsim.profile import Profile
+from rlsim.protocol import Aborted, Event, Finished, Preempted, Request, Timer
+
+
+@dataclass(slots=True)
+class _Seq:
+    req: Request
+    target: int  # tokens to generate: min(trace length, max_tokens)
+    generated: int = 0  # committed at the last (re)start or preemption
+    prefilled: int = 0  # KV tokens already computed since the last admission
+    start_iter: int = 0  # instance iteration count when decoding (re)started
+    decoding: bool = False
+    preemptions: int = 0
+
+
+@dataclass(slots=True)
+class _Instance:
+    idx: int
+    waiting: deque = field(default_factory=deque)
+    running: dict = field(default_factory=dict)  # rid -> _Seq, admission order
+    heap: list = field(default_factory=list)  # (finish_iter, rid) of decoding sequences
+    iters: int = 0
+    kv: int = 0  # KV tokens held
+    n_dec: int = 0
+    aborts: set = field(default_factory=set)
+    proc: simpy.Process | None = None
+    wake: simpy.Event | None = None
+    jumping: bool = False
+    busy: float = 0.0
+    run_start: float | None = None  # start of the iteration or jump in progress
+    segments: list = field(default_factory=list)  # merged (start, end) busy intervals
+
+
+class SimEngine:
+    """Simulated rollout instances behind the `Engine` protocol."""
+
+    def __init__(self, profile: Profile, num_instances: int, exact: bool = False) -> None:
+        self.profile = profile
+        self.num_instances = num_instances
+        self.exact = exact
+        self.env = simpy.Environment()
+        self._outbox: list[Event] = []
+        self._paused = False
+        self._resume = self.env.event()
+        self._where: dict[int, int] = {}
+        self.first_token: dict[int, float] = {}
+        self.instances = [_Instance(i) for i in range(num_instances)]
+        for inst in self.instances:
+            inst.proc = self.env.process(self._run(inst))
+
+    # ---- Engine protocol ------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        touched = set()
+        for req in requests:
+            inst = self.instances[req.instance]
+            inst.waiting.append(_Seq(req, min(req.target_tokens, req.max_tokens)))
+            self._where[req.request_id] = req.instance
+            touched.add(req.instance)
+        for i in touched:
+            self._poke(self.instances[i])
+
+    def abort(self, request_ids: Iterable[int]) -> None:
+        for rid in request_ids:
+            i = self._where.get(rid)
+            if i is None:
+                continue
+            inst = self.instances[i]
+            for seq in inst.waiting:
+                if seq.req.request_id == rid:
+                    inst.waiting.remove(seq)
+                    del self._where[rid]
+                    self._outbox.append(Aborted(rid, self.env.now, i, seq.generated))
+                    break
+            else:
+                inst.aborts.add(rid)
+                self._poke(inst)
+
+    def call_at(self, when: float, tag: str) -> None:
+        def fire(_: simpy.Event) -> None:
+            self._outbox.append(Timer(tag, self.env.now))
+
+        self.env.timeout(max(0.0, when - self.env.now)).callbacks.append(fire)
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        if not self._resume.triggered:
+            self._resume.succeed()
+        self._resume = self.env.event()
+
+    def step(self) -> list[Event]:
+        env = self.env
+        while not self._outbox:
+            if env.peek() == math.inf:
+                return []
+            env.step()
+        now = env.now
+        while env.peek() <= now:  # everything else happening at this instant
+            env.step()
+        out, self._outbox = self._outbox, []
+        return out
+
+    def busy_time(self, instance: int) -> float:
+        inst = self.instances[instance]
+        extra = self.env.now - inst.run_start if inst.run_start is not None else 0.0
+        return inst.busy + extra
+
+    def segments(self, instance: int) -> list[tuple[float, float]]:
+        return list(self.instances[instance].segments)
+
+    def load(self, instance: int) -> int:
+        inst = self.instances[instance]
+        return len(inst.waiting) + len(inst.running)
+
+    # ---- internals ------------------------------------------------------------------------
+    def _poke(self, inst: _Instance) -> None:
+        if inst.wake is not None and not inst.wake.triggered:
+            inst.wake.succeed()
+        elif inst.jumping:
+            inst.jumping = False  # one interrupt per jump
+            inst.proc.interrupt()
+
+    def _generated(self, inst: _Instance, seq: _Seq) -> int:
+        return seq.generated + (inst.iters - seq.start_iter if seq.decoding else 0)
+
+    def _busy(self, inst: _Instance, start: float, end: float) -> None:
+        inst.run_start = None
+        inst.busy += end - start
+        if inst.segments and inst.segments[-1][1] >= start - 1e-12:
+            inst.segments[-1] = (inst.segments[-1][0], end)
+        else:
+            inst.segments.append((start, end))
+
+    def _drop(self, inst: _Instance, seq: _Seq) -> int:
+        """Remove a running sequence, free its KV, return the tokens it generated."""
+        gen = self._generated(inst, seq)
+        del inst.running[seq.req.request_id]
+        inst.kv -= seq.prefilled + (gen - seq.generated if seq.decoding else 0)
+        if seq.decoding:
+            inst.n_dec -= 1
+        return gen
+
+    def _apply_aborts(self, inst: _Instance) -> None:
+        for rid in list(inst.aborts):
+            seq = inst.running.get(rid)
+            if seq is not None:
+                gen = self._drop(inst, seq)
+                self._outbox.append(Aborted(rid, self.env.now, inst.idx, gen))
+                self._where.pop(rid, None)
+        inst.aborts.clear()
+
+    def _preempt_for(self, inst: _Instance, need: int) -> int:
+        """Preempt the most recently admitted requests until `need` more KV tokens fit."""
+        cap = self.profile.kv_capacity_tokens
+        count = 0
+        while inst.running and inst.kv + need > cap:
+            rid, seq = next(reversed(inst.running.items()))
+            gen = self._drop(inst, seq)
+            need -= 1 if seq.decoding else 0
+            seq.generated, seq.prefilled, seq.decoding = gen, 0, False
+            seq.preemptions += 1
+            inst.waiting.appendleft(seq)
+            self._outbox.append(Preempted(rid, self.env.now, inst.idx, gen))
+            count += 1
+        return count
+
+    def _finish_due(self, inst: _Instance) -> None:
+        heap = inst.heap
+        while heap and heap[0][0] <= inst.iters:
+            _, rid = heapq.heappop(heap)
+            seq = inst.running.get(rid)
+            if seq is None or not seq.decoding or seq.start_iter + seq.target - seq.generated != inst.iters:
+                continue  # stale entry (aborted or preempted)
+            gen = self._drop(inst, seq)
+            reason = "length" if gen >= seq.req.max_tokens else "stop"
+            self._outbox.append(Finished(rid, self.env.now, inst.idx, gen, reason))
+            self._where.pop(rid, None)
+
+    def _start_decoding(self, inst: _Instance, seq: _Seq) -> None:
+        seq.decoding = True
+        seq.start_iter = inst.iters
+        inst.n_dec += 1
+        heapq.heappush(inst.heap, (inst.iters + seq.target - seq.generated, seq.req.request_id))
+
+    def _one_iteration(self, inst: _Instance) -> tuple[float, list[tuple[_Seq, int]]]:
+        """Schedule one iteration (decodes, then admissions/prefill chunks); return its cost."""
+        p = self.profile
+        preempted = self._preempt_for(inst, inst.n_dec)
+        budget = p.max_num_batched_tokens - inst.n_dec
+        chunks: list[tuple[_Seq, int]] = []
+        for seq in inst.running.values():  # continue partial prefills first
+            if not seq.decoding and budget > 0:
+                need = seq.req.num_prompt_tokens + seq.generated - seq.prefilled
+                take = min(need, budget, p.kv_capacity_tokens - inst.kv - inst.n_dec)
+                if take > 0:
+                    chunks.append((seq, take))
+                    budget -= take
+                    inst.kv += take
+        # As in vLLM, no admissions in an iteration that had to preempt.
+        while not preempted and inst.waiting and budget > 0 and len(inst.running) < p.max_num_seqs:
+            seq = inst.waiting[0]
+            need = seq.req.num_prompt_tokens + seq.generated
+            take = min(need, budget)
+            if inst.kv + inst.n_dec + take > p.kv_capacity_tokens:
+                break
+            inst.waiting.popleft()
+            inst.running[seq.req.request_id] = seq
+            chunks.append((seq, take))
+            budget -= take
+            inst.kv += take
+        prefill = sum(t for _, t in chunks)
+        batch = inst.n_dec + len(chunks)
+        dt = p.iteration_s(batch, inst.kv, inst.n_dec, prefill)
+        return dt, chunks
+
+    def _jump_plan(self, inst: _Instance) -> int:
+        """Iterations until the next finish or KV exhaustion (0: run one exact iteration)."""
+        if self.exact or not inst.heap or inst.n_dec != len(inst.running):
+            return 0
+        if inst.waiting and len(inst.running) < self.profile.max_num_seqs:
+            seq = inst.waiting[0]
+            first = min(seq.req.num_prompt_tokens + seq.generated, self.profile.max_num_batched_tokens)
+            if inst.kv + inst.n_dec + first <= self.profile.kv_capacity_tokens:
+                return 0  # an admission is possible now
+        k_finish = inst.heap[0][0] - inst.iters
+        k_kv = (self.profile.kv_capacity_tokens - inst.kv) // inst.n_dec
+        return max(0, min(k_finish, k_kv))
+
+    def _jump_cost(self, inst: _Instance, k: int) -> tuple[float, float]:
+        p, b = self.profile, inst.n_dec
+        a = p.t_w_s + (p.alpha_s + p.gamma_s) * b + p.beta_s * inst.kv
+        q = p.beta_s * b
+        return a * k + q * k * (k - 1) / 2, q  # (total, per-iteration increment)
+
+    def _iters_done(self, inst: _Instance, elapsed: float, k: int) -> int:
+        """Whole iterations of a jump completed after `elapsed` seconds (at most k)."""
+        total, q = self._jump_cost(inst, 1)
+        a = total
+        if q == 0:
+            n = int(elapsed / a)
+        else:  # q/2 n^2 + (a - q/2) n - elapsed = 0
+            bq = a - q / 2
+            n = int((-bq + math.sqrt(bq * bq + 2 * q * elapsed)) / q)
+        while n > 0 and self._jump_cost(inst, n)[0] > elapsed + 1e-12:
+            n -= 1
+        while n + 1 <= k and self._jump_cost(inst, n + 1)[0] <= elapsed:
+            n += 1
+        return min(n, k)
+
+    def _advance(self, inst: _Instance, k: int) -> None:
+        inst.iters += k
+        inst.kv += k * inst.n_dec
+
+    def _run(self, inst: _Instance):  # noqa: ANN202 - SimPy generator
+        env = self.env
+        while True:
+            if self._paused:
+                yield self._resume
+                continue
+            self._apply_aborts(inst)
+            if not inst.running and not inst.waiting:
+                inst.wake = env.event()
+                yield inst.wake
+                inst.wake = None
+                continue
+            k = self._jump_plan(inst)
+            start = inst.run_start = env.now
+            if k == 0:
+                dt, chunks = self._one_iteration(inst)
+                if not chunks and inst.n_dec == 0:  # nothing schedulable (KV too small)
+                    raise RuntimeError(
+                        f"instance {inst.idx}: request needs more KV than the capacity "
+                        f"{self.profile.kv_capacity_tokens}"
+                    )
+                yield env.timeout(dt)
+                self._advance(inst, 1)
+                for seq, take in chunks:
+                    seq.prefilled += take
+                    if seq.prefilled >= seq.req.num_prompt_tokens + seq.generated:
+                        seq.generated += 1  # the prefill iteration samples the first token
+                        seq.prefilled += 1
+                        inst.kv += 1
+                        self._start_decoding(inst, seq)
+                        self.first_token.setdefault(seq.req.request_id, env.now)
+                self._busy(inst, start, env.now)
+            else:
+                total, _ = self._jump_cost(inst, k)
+                inst.jumping = True
+                try:
+                    yield env.timeout(total)
+                    done = k
+                except simpy.Interrupt:
+                    done = self._iters_done(inst, env.now - start, k)
+                    if done < k:
+                        done += 1  # the iteration in progress completes
+                    end = start + self._jump_cost(inst, done)[0]
+                    inst.jumping = False
+                    if end > env.now:
+                        yield env.timeout(end - env.now)
+                inst.jumping = False
+                self._advance(inst, done)
+                self._busy(inst, start, env.now)
+            self._finish_due(inst)

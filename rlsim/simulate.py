@@ -1,0 +1,90 @@
+"""`simulate(...)`: one policy on one trace and cluster, returning a `Result` (no files written).
+
+The caller decides what to write (`rlsim.report.write_run_dir`). Same config and seed, same
+numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from policies.registry import make_policy
+from rlsim.config import ClusterConfig, RLConfig, config_dict
+from rlsim.driver import run_loop
+from rlsim.profile import Profile, load_profile
+from rlsim.sim_engine import SimEngine
+from rlsim.trace import Trace
+
+
+@dataclass
+class Result:
+    """Per-request and per-step tables, the summary, and what produced them."""
+
+    policy: str
+    config: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict[str, Any]
+    segments: list[list[tuple[float, float]]] = field(default_factory=list)
+
+
+def summarize(steps: pd.DataFrame, requests: pd.DataFrame, num_instances: int, num_gpus: int) -> dict[str, Any]:
+    """Run-level figures: epoch times, rollout share, time-weighted bubble, waste, staleness."""
+    epoch_time = steps.groupby("epoch")["timing_s/step"].sum()
+    gen = steps["timing_s/gen"]
+    trained = requests[requests.trained_step >= 0]
+    total = float(steps["timing_s/step"].sum())
+    return {
+        "epoch_time_s": {int(e): float(t) for e, t in epoch_time.items()},
+        "total_time_s": total,
+        "gpu_hours": total * num_gpus / 3600,
+        "num_steps": len(steps),
+        "rollout_share": float(gen.sum() / total) if total else 0.0,
+        "bubble_ratio": float((steps["bubble_ratio"] * gen).sum() / gen.sum()) if gen.sum() else 0.0,
+        "first_done_idle_ratio": float((steps["rollout/first_done_idle_ratio"] * gen).sum() / gen.sum())
+        if gen.sum()
+        else 0.0,
+        "wasted_tokens": float(steps["wasted_tokens"].sum()),
+        "staleness_max": float(steps["staleness/max"].max()),
+        "staleness_mean": float(trained.staleness.mean()) if len(trained) else 0.0,
+        "trained_length_bias": float(np.average(steps["trained_length_bias"], weights=steps["num_samples"])),
+        "num_requests": len(requests),
+        "trained_samples": len(trained),
+        "preemptions": int(requests.preemptions.sum()),
+        "num_instances": num_instances,
+    }
+
+
+def simulate(
+    trace: Trace,
+    policy: str = "sync",
+    cluster: ClusterConfig | None = None,
+    rl: RLConfig | None = None,
+    profile: Profile | str | None = None,
+    exact: bool = False,
+    progress=None,  # noqa: ANN001 - optional callable(step, sim_time)
+) -> Result:
+    """Simulate `policy` on `trace`; see `rlsim.config` for the knobs and their defaults."""
+    cluster = cluster or ClusterConfig()
+    rl = rl or RLConfig()
+    prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
+    n = cluster.num_instances(prof.tensor_parallel_size)
+    engine = SimEngine(prof, n, exact=exact)
+    engine.num_gpus = cluster.num_gpus
+    pol = make_policy(policy)
+    t0 = time.perf_counter()
+    records = run_loop(engine, pol, trace, prof, cluster, rl, progress)
+    wall = time.perf_counter() - t0
+    steps, requests = records.steps_frame(), records.requests_frame()
+    summary = summarize(steps, requests, n, cluster.num_gpus)
+    summary["sim_wall_s"] = wall
+    config = config_dict(cluster, rl) | {
+        "policy": policy, "exact": exact, "profile": prof.to_dict(),
+        "trace": {"source": trace.meta.source, "model": trace.meta.model},
+    }  # fmt: skip
+    return Result(policy, config, requests, steps, summary, [engine.segments(i) for i in range(n)])

@@ -1,0 +1,229 @@
+"""The RL loop with the synchronous baseline: invariants, fast path vs --exact, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from rlsim.cli import app
+from rlsim.config import ClusterConfig, RLConfig
+from rlsim.errors import RlsimError
+from rlsim.paths import default_trace
+from rlsim.profile import PROFILE_DIR, load_profile
+from rlsim.simulate import simulate
+from rlsim.synth import SynthConfig, synthesize
+from rlsim.trace import load, save
+
+runner = CliRunner()
+
+
+def _trace(prompts: int = 64, samples: int = 4, epochs: int = 2, seed: int = 0, max_len: int = 20480):
+    return synthesize(
+        SynthConfig(
+            num_prompts=prompts,
+            samples_per_prompt=samples,
+            epochs=epochs,
+            seed=seed,
+            max_response_len=max_len,
+        )
+    )
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompts=st.integers(8, 40),
+    samples=st.integers(1, 4),
+    pps=st.integers(4, 8),
+    gpus=st.sampled_from([2, 4, 8]),
+    seed=st.integers(0, 1000),
+    kv=st.sampled_from([4000, 20000, 10**6]),
+)
+def test_sync_invariants(prompts: int, samples: int, pps: int, gpus: int, seed: int, kv: int) -> None:
+    """Every sample ends once, tokens are conserved, 0 <= bubble <= 1, on-policy staleness 0."""
+    tr = _trace(prompts, samples, 1, seed, max_len=2048)
+    prof = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), kv_capacity_tokens=kv)
+    res = simulate(
+        tr,
+        cluster=ClusterConfig(num_gpus=gpus),
+        profile=prof,
+        rl=RLConfig(prompts_per_step=pps, samples_per_prompt=samples, epochs=1, max_response_len=2048),
+    )
+    req = res.requests
+    assert len(req) == prompts * samples and req.request_id.is_unique
+    assert (req.outcome == "finished").all() and (req.trained_step >= 0).all()
+    expected = tr.table.num_output_tokens.sum()
+    assert req.num_output_tokens.sum() == expected
+    assert ((res.steps.bubble_ratio >= -1e-9) & (res.steps.bubble_ratio <= 1 + 1e-9)).all()
+    assert res.summary["staleness_max"] == 0 and res.summary["wasted_tokens"] == 0
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 500), gpus=st.sampled_from([1, 2, 4]))
+def test_more_gpus_never_slow_the_baseline(seed: int, gpus: int) -> None:
+    """Doubling GPUs never makes the synchronous baseline slower."""
+    tr = _trace(32, 4, 1, seed, max_len=4096)
+    rl = RLConfig(prompts_per_step=16, samples_per_prompt=4, epochs=1, max_response_len=4096)
+    small = simulate(tr, cluster=ClusterConfig(num_gpus=gpus, profile="h100-qwen2.5-7b-tp1"), rl=rl)
+    big = simulate(tr, cluster=ClusterConfig(num_gpus=2 * gpus, profile="h100-qwen2.5-7b-tp1"), rl=rl)
+    assert big.summary["total_time_s"] <= small.summary["total_time_s"] * (1 + 1e-9)
+
+
+def test_same_seed_same_result() -> None:
+    """Two runs with the same config give identical tables."""
+    tr = _trace()
+    rl = RLConfig(prompts_per_step=16, samples_per_prompt=4, epochs=2)
+    a = simulate(tr, cluster=ClusterConfig(num_gpus=8), rl=rl)
+    b = simulate(tr, cluster=ClusterConfig(num_gpus=8), rl=rl)
+    assert a.steps.equals(b.steps) and a.requests.equals(b.requests)
+
+
+@pytest.mark.parametrize("kv", [10**6, 30000])
+def test_fast_path_matches_exact_within_half_percent(kv: int) -> None:
+    """Event jumping and the iteration-by-iteration reference agree on the makespan (<0.5%)."""
+    tr = _trace(96, 4, 1, seed=3)
+    prof = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), kv_capacity_tokens=kv)
+    rl = RLConfig(prompts_per_step=32, samples_per_prompt=4, epochs=1)
+    fast = simulate(tr, cluster=ClusterConfig(num_gpus=2), rl=rl, profile=prof)
+    exact = simulate(tr, cluster=ClusterConfig(num_gpus=2), rl=rl, profile=prof, exact=True)
+    assert fast.summary["total_time_s"] == pytest.approx(exact.summary["total_time_s"], rel=0.005)
+
+
+def test_bundled_trace_reproduces_published_shape() -> None:
+    """Sync on math17k at DAPO-like defaults: rollout dominates the step and the first instance
+    to finish idles most of the rollout phase (RollPacker 66-72%, RhymeRL about 76%)."""
+    tr = load(default_trace(), columns=[])
+    res = simulate(tr, rl=RLConfig(max_steps=4))
+    assert 0.6 < res.summary["rollout_share"] < 0.95
+    assert res.summary["first_done_idle_ratio"] > 0.6
+    assert res.steps["num_samples"].eq(512 * 16).all()
+
+
+def test_epoch_trains_every_prompt_once() -> None:
+    """An epoch trains every prompt of the trace exactly once (the last step is partial)."""
+    tr = _trace(50, 2, 2)
+    res = simulate(
+        tr,
+        cluster=ClusterConfig(num_gpus=4),
+        rl=RLConfig(prompts_per_step=16, samples_per_prompt=2),
+    )
+    trained = res.requests[res.requests.trained_step >= 0]
+    assert trained.groupby("epoch").prompt_id.nunique().tolist() == [50, 50]
+    assert res.steps.num_prompts.tolist() == [16, 16, 16, 2] * 2
+
+
+def test_simulate_cli_writes_run_directory(tmp_path: Path) -> None:
+    """`rlsim simulate` writes config, tables, summary, timeline and a Perfetto trace."""
+    path = save(_trace(), tmp_path / "t.parquet")
+    out = tmp_path / "run"
+    args = [
+        "simulate",
+        "--trace",
+        str(path),
+        "--gpus",
+        "8",
+        "--prompts-per-step",
+        "16",
+        "--samples-per-prompt",
+        "4",
+        "-o",
+        str(out),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for name in (
+        "config.json",
+        "steps.parquet",
+        "requests.parquet",
+        "summary.json",
+        "timeline.png",
+        "trace.json",
+    ):
+        assert (out / name).stat().st_size > 0
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert any(e.get("name") == "rollout" for e in events)
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "already holds files" in again.stderr
+
+
+def test_compare_cli_json(tmp_path: Path) -> None:
+    """`rlsim compare --json` reports every registered policy with its speedup over sync."""
+    path = save(_trace(), tmp_path / "t.parquet")
+    result = runner.invoke(
+        app,
+        [
+            "compare",
+            "--trace",
+            str(path),
+            "--gpus",
+            "8",
+            "--prompts-per-step",
+            "16",
+            "--samples-per-prompt",
+            "4",
+            "--json",
+        ],
+    )
+    rows = json.loads(result.output)
+    assert rows[0]["policy"] == "sync" and rows[0]["speedup_vs_sync"] == 1.0
+
+
+def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    path = str(save(_trace(), tmp_path / "t.parquet"))
+    broken = tmp_path / "broken.json"
+    raw = json.loads((PROFILE_DIR / "h100-qwen2.5-7b-tp1.json").read_text())
+    del raw["kv_capacity_tokens"]
+    broken.write_text(json.dumps(raw))
+    common = ["--trace", path, "--prompts-per-step", "16", "--samples-per-prompt", "4"]
+    return {
+        "unknown policy": (["compare", *common, "--policies", "nope"], "unknown policy 'nope'"),
+        "profile missing field": (
+            ["compare", *common, "--profile", str(broken)],
+            "missing field 'kv_capacity_tokens'",
+        ),
+        "gpus not divisible": (
+            ["compare", *common, "--gpus", "7"],
+            "not divisible by the profile's tensor parallel size 2",
+        ),
+        "too many samples": (
+            ["compare", "--trace", path, "--prompts-per-step", "16", "--samples-per-prompt", "8"],
+            "the trace holds only 4 samples per prompt",
+        ),
+        "fewer prompts than a step": (
+            ["compare", "--trace", path, "--samples-per-prompt", "4"],
+            "fewer than one step",
+        ),
+        "unknown profile": (["compare", *common, "--profile", "nope"], "unknown profile 'nope'"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown policy",
+        "profile missing field",
+        "gpus not divisible",
+        "too many samples",
+        "fewer prompts than a step",
+        "unknown profile",
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
+    """Each bad input gives one sentence on stderr and exit code 2."""
+    args, expected = _bad(tmp_path)[case]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_config_validation() -> None:
+    """Impossible configs raise RlsimError naming the knob."""
+    with pytest.raises(RlsimError, match="train_gpus"):
+        ClusterConfig(placement="disaggregated")
+    with pytest.raises(RlsimError, match="prompts_per_step must be positive"):
+        RLConfig(prompts_per_step=0)
