@@ -227,3 +227,27 @@ def test_config_validation() -> None:
         ClusterConfig(placement="disaggregated")
     with pytest.raises(RlsimError, match="prompts_per_step must be positive"):
         RLConfig(prompts_per_step=0)
+
+
+def test_disaggregated_placement_trains_on_its_own_pool() -> None:
+    """Disaggregated: rollout on num_gpus - train_gpus, training on train_gpus (slower training)."""
+    tr = _trace()
+    rl = RLConfig(prompts_per_step=16, samples_per_prompt=4, epochs=1)
+    colo = simulate(tr, cluster=ClusterConfig(num_gpus=8), rl=rl)
+    dis = simulate(tr, cluster=ClusterConfig(num_gpus=8, placement="disaggregated", train_gpus=4), rl=rl)
+    assert dis.summary["num_instances"] == 2 and colo.summary["num_instances"] == 4
+    assert (dis.steps["timing_s/update_actor"] > colo.steps["timing_s/update_actor"]).all()
+
+
+def test_user_policy_by_module_path() -> None:
+    """`--policy module:Class` loads a user's policy class."""
+    tr = _trace()
+    res = simulate(
+        tr,
+        policy="policies.sync:SyncPolicy",
+        cluster=ClusterConfig(num_gpus=8),
+        rl=RLConfig(prompts_per_step=16, samples_per_prompt=4, epochs=1),
+    )
+    assert res.summary["trained_samples"] == 64 * 4
+    with pytest.raises(RlsimError, match="cannot load policy"):
+        simulate(tr, policy="policies.sync:Nope")
