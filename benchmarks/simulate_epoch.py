@@ -45,13 +45,16 @@ def main() -> None:
     exact = simulate(trace, cluster=cl, rl=sl, exact=True)
     t_exact = time.perf_counter() - t0
     diff = abs(fast.summary["total_time_s"] / exact.summary["total_time_s"] - 1)
-    print(f"slice (2 steps, 8 GPUs): fast {t_fast:.2f} s, exact {t_exact:.2f} s, "
-          f"speed ratio {t_exact / t_fast:.0f}x, makespan difference {diff:.2e}")
+    print(
+        f"slice (2 steps, 8 GPUs): fast {t_fast:.2f} s, exact {t_exact:.2f} s, "
+        f"speed ratio {t_exact / t_fast:.0f}x, makespan difference {diff:.2e}"
+    )
 
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "rlsim.cli", "compare"], check=True, capture_output=True)
-    print(f"rlsim compare (defaults, 2 epochs, all registered policies): {time.perf_counter() - t0:.1f} s "
-          f"(target < 30 s)")
+    print(
+        f"rlsim compare (defaults, 2 epochs, all registered policies): {time.perf_counter() - t0:.1f} s (target < 30 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -13,27 +13,35 @@ from rich.table import Table
 from rlsim.errors import RlsimError
 from rlsim.ui import console as make_console
 
-TRACE_HELP = "Parquet trace (default: the bundled traces/math17k.parquet)."
+# Options shared by `simulate` and `compare` (one definition, one help text).
+TRACE = typer.Option(None, help="Parquet trace (default: the bundled traces/math17k.parquet).")
+GPUS = typer.Option(64, help="Total GPUs.")
+PROFILE = typer.Option("h100-qwen2.5-32b-tp2", help="Shipped profile name or JSON path.")
+PLACEMENT = typer.Option("colocated", help="colocated or disaggregated.")
+TRAIN_GPUS = typer.Option(0, help="Training GPUs (disaggregated only).")
+DISPATCH = typer.Option("round_robin", help="round_robin or least_loaded.")
+PROMPTS_PER_STEP = typer.Option(512, help="P0: prompts per step.")
+SAMPLES_PER_PROMPT = typer.Option(16, help="R0: samples per prompt (GRPO group).")
+MAX_RESPONSE_LEN = typer.Option(20480, help="Response cap in tokens.")
+EPOCHS = typer.Option(2, help="Epochs over the trace's prompts.")
+MAX_STEPS = typer.Option(None, help="Stop after this many steps.")
+SEED = typer.Option(0, help="Seed of the data order.")
 
 
-def _configs(gpus, profile, placement, train_gpus, dispatch, pps, spp, max_len, epochs, max_steps, seed):  # noqa: ANN001
+def _configs(opts: dict):  # noqa: ANN202
+    """ClusterConfig and RLConfig from a command's shared options (its locals())."""
     from rlsim.config import ClusterConfig, RLConfig
 
     cluster = ClusterConfig(
-        num_gpus=gpus,
-        profile=profile,
-        placement=placement,
-        train_gpus=train_gpus,
-        dispatch=dispatch,
+        num_gpus=opts["gpus"],
+        profile=opts["profile"],
+        placement=opts["placement"],
+        train_gpus=opts["train_gpus"],
+        dispatch=opts["dispatch"],
     )
-    rl = RLConfig(
-        prompts_per_step=pps,
-        samples_per_prompt=spp,
-        max_response_len=max_len,
-        epochs=epochs,
-        max_steps=max_steps,
-        seed=seed,
-    )
+    rl = RLConfig(**{k: opts[k] for k in (
+        "prompts_per_step", "samples_per_prompt", "max_response_len", "epochs", "max_steps", "seed"
+    )})  # fmt: skip
     return cluster, rl
 
 
@@ -77,19 +85,19 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def simulate(
         policy: str = typer.Option("sync", help="Registered policy name or module:Class."),
-        trace: Path | None = typer.Option(None, help=TRACE_HELP),
+        trace: Path | None = TRACE,
         out: Path = typer.Option(Path("runs/sim"), "--out", "-o", help="Run directory to write."),
-        gpus: int = typer.Option(64, help="Total GPUs."),
-        profile: str = typer.Option("h100-qwen2.5-32b-tp2", help="Shipped profile name or JSON path."),
-        placement: str = typer.Option("colocated", help="colocated or disaggregated."),
-        train_gpus: int = typer.Option(0, help="Training GPUs (disaggregated only)."),
-        dispatch: str = typer.Option("round_robin", help="round_robin or least_loaded."),
-        prompts_per_step: int = typer.Option(512, help="P0: prompts per step."),
-        samples_per_prompt: int = typer.Option(16, help="R0: samples per prompt (GRPO group)."),
-        max_response_len: int = typer.Option(20480, help="Response cap in tokens."),
-        epochs: int = typer.Option(2, help="Epochs over the trace's prompts."),
-        max_steps: int | None = typer.Option(None, help="Stop after this many steps."),
-        seed: int = typer.Option(0, help="Seed of the data order."),
+        gpus: int = GPUS,
+        profile: str = PROFILE,
+        placement: str = PLACEMENT,
+        train_gpus: int = TRAIN_GPUS,
+        dispatch: str = DISPATCH,
+        prompts_per_step: int = PROMPTS_PER_STEP,
+        samples_per_prompt: int = SAMPLES_PER_PROMPT,
+        max_response_len: int = MAX_RESPONSE_LEN,
+        epochs: int = EPOCHS,
+        max_steps: int | None = MAX_STEPS,
+        seed: int = SEED,
         exact: bool = typer.Option(False, "--exact", help="Iteration-by-iteration reference mode."),
         force: bool = typer.Option(False, "--force", help="Write into an existing run directory."),
     ) -> None:
@@ -99,19 +107,7 @@ def register(app: typer.Typer) -> None:
 
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
-        cluster, rl = _configs(
-            gpus,
-            profile,
-            placement,
-            train_gpus,
-            dispatch,
-            prompts_per_step,
-            samples_per_prompt,
-            max_response_len,
-            epochs,
-            max_steps,
-            seed,
-        )
+        cluster, rl = _configs(locals())
         tr = _load(trace)
         _check_len(tr, max_response_len)
         prog, cb = _progress(_expected_steps(tr, rl), f"simulating {policy}")
@@ -125,18 +121,18 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def compare(
         policies: str = typer.Option("", help="Comma-separated policies (default: all registered)."),
-        trace: Path | None = typer.Option(None, help=TRACE_HELP),
-        gpus: int = typer.Option(64, help="Total GPUs."),
-        profile: str = typer.Option("h100-qwen2.5-32b-tp2", help="Shipped profile name or JSON path."),
-        placement: str = typer.Option("colocated", help="colocated or disaggregated."),
-        train_gpus: int = typer.Option(0, help="Training GPUs (disaggregated only)."),
-        dispatch: str = typer.Option("round_robin", help="round_robin or least_loaded."),
-        prompts_per_step: int = typer.Option(512, help="P0: prompts per step."),
-        samples_per_prompt: int = typer.Option(16, help="R0: samples per prompt (GRPO group)."),
-        max_response_len: int = typer.Option(20480, help="Response cap in tokens."),
-        epochs: int = typer.Option(2, help="Epochs over the trace's prompts."),
-        max_steps: int | None = typer.Option(None, help="Stop after this many steps."),
-        seed: int = typer.Option(0, help="Seed of the data order."),
+        trace: Path | None = TRACE,
+        gpus: int = GPUS,
+        profile: str = PROFILE,
+        placement: str = PLACEMENT,
+        train_gpus: int = TRAIN_GPUS,
+        dispatch: str = DISPATCH,
+        prompts_per_step: int = PROMPTS_PER_STEP,
+        samples_per_prompt: int = SAMPLES_PER_PROMPT,
+        max_response_len: int = MAX_RESPONSE_LEN,
+        epochs: int = EPOCHS,
+        max_steps: int | None = MAX_STEPS,
+        seed: int = SEED,
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
         plot: Path | None = typer.Option(None, help="Write a bar chart of epoch time per policy."),
     ) -> None:
@@ -146,19 +142,7 @@ def register(app: typer.Typer) -> None:
         from rlsim.simulate import simulate as run
 
         names = [p.strip() for p in policies.split(",") if p.strip()] or list(REGISTRY)
-        cluster, rl = _configs(
-            gpus,
-            profile,
-            placement,
-            train_gpus,
-            dispatch,
-            prompts_per_step,
-            samples_per_prompt,
-            max_response_len,
-            epochs,
-            max_steps,
-            seed,
-        )
+        cluster, rl = _configs(locals())
         tr = _load(trace)
         _check_len(tr, max_response_len)
         rows = []

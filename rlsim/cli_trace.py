@@ -173,9 +173,9 @@ def import_(
     from rlsim.trace import save
 
     _refuse_overwrite(out, force)
-    kind = detect_format(src) if fmt is ImportFormat.auto else fmt.value
     if not src.is_dir():
         raise RlsimError(f"{src} is not a directory of logs")
+    kind = detect_format(src) if fmt is ImportFormat.auto else fmt.value
     if kind == "polytrace":
         trace = import_polytrace(src, max_response_len, model)
     else:

@@ -116,6 +116,7 @@ class Driver:
                 f"(prompts_per_step={rl.prompts_per_step})"
             )
         self.records = Records()
+        self.first_token: dict[int, float] = getattr(self.engine, "first_token", {})  # engines that track it
         rng = np.random.default_rng(rl.seed)
         self.order = [rng.permutation(self.index.prompts_by_epoch[e]) for e in self.trace.epochs[: rl.epochs]]
         self.epoch_ptr, self.pos = 0, 0
@@ -217,13 +218,13 @@ class Driver:
             req = self.requests[ev.request_id]
             self.in_flight[req.prompt_id].discard(ev.request_id)
             self.finished.setdefault(req.prompt_id, []).append(ev.num_output_tokens)
-            first = getattr(self.engine, "first_token", {}).get(ev.request_id)
+            first = self.first_token.get(ev.request_id)
             self.records.finish(ev, first, "finished")
             self._reward(ev.request_id, ev.time)
         elif isinstance(ev, Aborted):
             req = self.requests[ev.request_id]
             self.in_flight[req.prompt_id].discard(ev.request_id)
-            first = getattr(self.engine, "first_token", {}).get(ev.request_id)
+            first = self.first_token.get(ev.request_id)
             self.records.finish(ev, first, "aborted")
         elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
@@ -254,8 +255,10 @@ class Driver:
             if done:
                 break
         self.engine.resume()
-        window.close(gen_end, reward_end, t_train, t_sync, self.engine.now)
-        self.records.step_done(window, ids, self.requests, self.version, self.index, self.rl.samples_per_prompt)
+        window.close(reward_end, t_train, t_sync, self.engine.now)
+        self.records.step_done(
+            window, ids, self.requests, self.version, self.index, self.rl.samples_per_prompt, self.cluster.num_gpus
+        )
         self.version += 1
 
 
@@ -290,5 +293,5 @@ def run_loop(
         view.step += 1
         if progress is not None:
             progress(view.step, engine.now)
-    drv.records.finalize(drv.requests, engine)
+    drv.records.finalize()
     return drv.records

@@ -69,7 +69,7 @@ class StepWindow:
             ends = [min(e, self.gen_end) for s, e in (segs(i) if segs else []) if s < self.gen_end and e > self.start]
             self.last_busy.append(max(ends) if ends else self.start)
 
-    def close(self, gen_end: float, reward_end: float, t_train: float, t_sync: float, end: float) -> None:
+    def close(self, reward_end: float, t_train: float, t_sync: float, end: float) -> None:
         self.reward_end, self.t_train, self.t_sync, self.end = reward_end, t_train, t_sync, end
 
 
@@ -122,7 +122,7 @@ class Records:
     def preempted(self, rid: int) -> None:
         self.cols["preemptions"][rid] += 1
 
-    def step_done(self, w: StepWindow, ids, requests, version: int, index, r0: int) -> None:  # noqa: ANN001
+    def step_done(self, w: StepWindow, ids, requests, version: int, index, r0: int, num_gpus: int) -> None:  # noqa: ANN001
         c = self.cols
         lengths = np.array([c["num_output_tokens"][r] for r in ids], dtype=float)
         reasons = [c["finish_reason"][r] for r in ids]
@@ -154,7 +154,7 @@ class Records:
                 "response_length/clip_ratio": float(np.mean([x == "length" for x in reasons])) if reasons else 0.0,
                 "num_prompts": len({requests[r].prompt_id for r in ids}),
                 "num_samples": len(ids),
-                "perf/throughput": tokens / step_time / max(1, getattr(w.engine, "num_gpus", n)) if step_time else 0.0,
+                "perf/throughput": tokens / step_time / num_gpus if step_time else 0.0,
                 "bubble_ratio": 1.0 - busy / (n * gen) if gen > 0 else 0.0,
                 "rollout/first_done_idle_ratio": idle_first,
                 "staleness/max": float(stale.max()) if len(stale) else 0.0,
@@ -163,19 +163,17 @@ class Records:
             }
         )
 
-    def finalize(self, requests, engine) -> None:  # noqa: ANN001
+    def finalize(self) -> None:
         """Count wasted tokens per step: generated for samples that were never trained."""
         c = self.cols
-        wasted = np.zeros(len(self.steps) + 1)
-        aborted = np.zeros(len(self.steps) + 1)
-        launched = np.zeros(len(self.steps) + 1)
-        for r in range(len(c["step"])):
-            s = min(c["step"][r], len(self.steps))
-            launched[s] += 1
-            if c["outcome"][r] == "aborted":
-                aborted[s] += 1
-            if c["trained_step"][r] < 0 and c["outcome"][r] != "in_flight":
-                wasted[s] += c["num_output_tokens"][r]
+        n = len(self.steps) + 1
+        step = np.minimum(np.asarray(c["step"], dtype=np.int64), len(self.steps))
+        outcome = np.asarray(c["outcome"])
+        tokens = np.asarray(c["num_output_tokens"], dtype=float)
+        wasted_mask = (np.asarray(c["trained_step"]) < 0) & (outcome != "in_flight")
+        launched = np.bincount(step, minlength=n)
+        aborted = np.bincount(step, weights=(outcome == "aborted").astype(float), minlength=n)
+        wasted = np.bincount(step, weights=np.where(wasted_mask, tokens, 0.0), minlength=n)
         for row in self.steps:
             s = row["step"]
             row["wasted_tokens"] = float(wasted[s])

@@ -75,7 +75,6 @@ def simulate(
     prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
     n = cluster.num_instances(prof.tensor_parallel_size)
     engine = SimEngine(prof, n, exact=exact)
-    engine.num_gpus = cluster.num_gpus
     pol = make_policy(policy)
     t0 = time.perf_counter()
     records = run_loop(engine, pol, trace, prof, cluster, rl, progress)
