@@ -188,22 +188,23 @@ class Driver:
             raise RlsimError(f"policy launched prompt {act.prompt_id} it never took from the data")
         max_tokens = min(act.max_tokens or self.rl.max_response_len, self.rl.max_response_len)
         inst = self._instance_for(act)
+        first = self.next_sample.get((epoch, act.prompt_id), 0)
+        if first + act.num_samples > self.index.samples:
+            raise RlsimError(
+                f"policy launched sample {first + act.num_samples} of prompt {act.prompt_id} but the trace "
+                f"holds {self.index.samples} per visit"
+            )
+        self.next_sample[(epoch, act.prompt_id)] = first + act.num_samples
+        flight = self.in_flight.setdefault(act.prompt_id, set())
         out = []
-        for _ in range(act.num_samples):
-            s = self.next_sample.get((epoch, act.prompt_id), 0)
-            if s >= self.index.samples:
-                raise RlsimError(
-                    f"policy launched sample {s + 1} of prompt {act.prompt_id} but the trace holds "
-                    f"{self.index.samples} per visit"
-                )
-            self.next_sample[(epoch, act.prompt_id)] = s + 1
+        for s in range(first, first + act.num_samples):
             target, prompt_tokens = self.index.length(epoch, act.prompt_id, s)
             rid = len(self.requests)
             req = Request(rid, act.prompt_id, s, epoch, prompt_tokens, max_tokens, target, inst, self.version)
             self.requests[rid] = req
-            self.in_flight.setdefault(act.prompt_id, set()).add(rid)
-            self.records.launch(req, self.engine.now, self.view.step)
+            flight.add(rid)
             out.append(req)
+        self.records.launch(out, self.engine.now, self.view.step)
         return out
 
     # ---- events ---------------------------------------------------------------------------

@@ -79,36 +79,27 @@ class Records:
     def __init__(self) -> None:
         self.cols: dict[str, list] = {f: [] for f in REQUEST_FIELDS}
         self.num_output_tokens = self.cols["num_output_tokens"]
-        self._columns = [self.cols[f] for f in REQUEST_FIELDS]
         self.steps: list[dict] = []
-        self._wasted_since = 0  # request id from which this step's discards are counted
 
-    def launch(self, req, now: float, step: int) -> None:  # noqa: ANN001 - Request
-        # One append per column, in REQUEST_FIELDS order (the hot path of a full epoch).
-        for col, value in zip(
-            self._columns,
-            (
-                req.request_id,
-                step,
-                req.epoch,
-                req.prompt_id,
-                req.sample_idx,
-                req.instance,
-                req.policy_version,
-                req.num_prompt_tokens,
-                now,
-                np.nan,
-                np.nan,
-                0,
-                "",
-                "in_flight",
-                -1,
-                -1,
-                0,
-            ),
-            strict=True,
+    def launch(self, reqs, now: float, step: int) -> None:  # noqa: ANN001 - list[Request]
+        """Record a batch of launched requests (one extend per column: the hot path of an epoch)."""
+        c, k = self.cols, len(reqs)
+        for name in (
+            "request_id",
+            "epoch",
+            "prompt_id",
+            "sample_idx",
+            "instance",
+            "policy_version",
+            "num_prompt_tokens",
         ):
-            col.append(value)
+            c[name].extend([getattr(q, name) for q in reqs])
+        for name, value in (
+            ("step", step), ("launch_time", now), ("first_token_time", np.nan), ("finish_time", np.nan),
+            ("num_output_tokens", 0), ("finish_reason", ""), ("outcome", "in_flight"),
+            ("trained_step", -1), ("staleness", -1), ("preemptions", 0),
+        ):  # fmt: skip
+            c[name].extend([value] * k)
 
     def finish(self, ev, first_token: float | None, outcome: str) -> None:  # noqa: ANN001
         c, r = self.cols, ev.request_id
