@@ -1,35 +1,167 @@
-"""The policy registry: a dict plus a `str` Enum for CLI choices, and `module:Class` for users'
-own policies (a class with no required constructor arguments)."""
+"""The policy registry: a dict plus a `str` Enum for CLI choices, `module:Class` for users' own
+policies, and one small grammar for knobs and the HistoSpec engine feature:
+
+    NAME[(knob=value,...)][+histospec[(knob=value,...)]]
+
+e.g. `rollpacker(eta_p=1.5)+histospec`, `sortedrl(mode=partial,max_staleness=2)`,
+`mypkg.mod:MyPolicy`. Knobs are the fields of the policy's `Config` dataclass; values are
+converted to the field's type and validated by the dataclass.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
+from policies.async_partial import AsyncPartialPolicy
+from policies.histopipe import HistoPipePolicy
+from policies.one_step_off import OneStepOffPolicy
+from policies.oracle import OraclePolicy
+from policies.rollpacker import RollPackerPolicy
+from policies.sortedrl import SortedRLPolicy
 from policies.sync import SyncPolicy
 from rlsim.errors import RlsimError
+from rlsim.speculation import SpecConfig
 
-REGISTRY: dict[str, Callable[[], object]] = {
+REGISTRY: dict[str, Callable[..., object]] = {
     "sync": SyncPolicy,
+    "rollpacker": RollPackerPolicy,
+    "sortedrl": SortedRLPolicy,
+    "histopipe": HistoPipePolicy,
+    "async_partial": AsyncPartialPolicy,
+    "one_step_off": OneStepOffPolicy,
+    "oracle": OraclePolicy,
 }
+
+# What `rlsim compare` runs by default: every policy, the HistoSpec combinations, the oracle last.
+COMPARE_DEFAULT = (
+    "sync",
+    "rollpacker",
+    "sortedrl",
+    "histopipe",
+    "async_partial",
+    "one_step_off",
+    "sync+histospec",
+    "rollpacker+histospec",
+    "histopipe+histospec",
+    "oracle",
+)
 
 
 class PolicyName(str, Enum):
     """Registered policy names (CLI choices)."""
 
     sync = "sync"
+    rollpacker = "rollpacker"
+    sortedrl = "sortedrl"
+    histopipe = "histopipe"
+    async_partial = "async_partial"
+    one_step_off = "one_step_off"
+    oracle = "oracle"
 
 
-def make_policy(name: str) -> object:
-    """A fresh policy object by registered name or `package.module:Class`."""
+@dataclass(frozen=True)
+class PolicySpec:
+    """A parsed policy string: the policy, its knobs, and HistoSpec's config (None: off)."""
+
+    name: str
+    knobs: dict[str, Any]
+    histospec: SpecConfig | None
+
+
+_PART = re.compile(r"^\s*([A-Za-z_][\w.:]*)\s*(?:\((.*)\))?\s*$")
+
+
+def _split_plus(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "+" and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*parts, cur]
+
+
+def _convert(cls: type, knobs: dict[str, str], what: str) -> dict[str, Any]:
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    out: dict[str, Any] = {}
+    for key, raw in knobs.items():
+        if key not in types:
+            raise RlsimError(f"{what} has no knob {key!r}; knobs: {', '.join(types) or 'none'}")
+        typ = types[key]
+        try:
+            if raw.lower() == "none" and "None" in typ:
+                out[key] = None
+            elif typ.startswith("bool"):
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(raw)
+                out[key] = raw.lower() in ("true", "1")
+            elif typ.startswith("int"):
+                out[key] = int(raw)
+            elif typ.startswith("float"):
+                out[key] = float(raw)
+            else:
+                out[key] = raw
+        except ValueError:
+            raise RlsimError(f"{what} knob {key}={raw!r} is not a valid {typ}") from None
+    return out
+
+
+def _parse_part(part: str) -> tuple[str, dict[str, str]]:
+    m = _PART.match(part)
+    if not m:
+        raise RlsimError(f"cannot parse policy {part.strip()!r}; expected NAME or NAME(knob=value,...)")
+    knobs: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in (m.group(2) or "").split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise RlsimError(f"policy knob {item!r} must read knob=value")
+        knobs[key.strip()] = value.strip()
+    return m.group(1), knobs
+
+
+def _policy_class(name: str) -> type:
     if name in REGISTRY:
-        return REGISTRY[name]()
+        return REGISTRY[name]
     if ":" in name:
         module, _, cls = name.partition(":")
         try:
-            obj = getattr(importlib.import_module(module), cls)
+            return getattr(importlib.import_module(module), cls)
         except (ImportError, AttributeError) as exc:
             raise RlsimError(f"cannot load policy {name!r}: {exc}") from None
-        return obj()
     raise RlsimError(f"unknown policy {name!r}; registered: {', '.join(REGISTRY)} (or module:Class)")
+
+
+def parse_policy(text: str) -> PolicySpec:
+    """Parse `NAME[(knobs)][+histospec[(knobs)]]`, checking every knob."""
+    base, *features = _split_plus(text)
+    name, raw = _parse_part(base)
+    cls = _policy_class(name)
+    config_cls = getattr(cls, "Config", None)
+    if raw and config_cls is None:
+        raise RlsimError(f"policy {name!r} takes no knobs")
+    knobs = _convert(config_cls, raw, f"policy {name!r}") if raw else {}
+    spec = None
+    for feat in features:
+        fname, fraw = _parse_part(feat)
+        if fname != "histospec":
+            raise RlsimError(f"unknown engine feature {fname!r} in {text!r}; available: histospec")
+        spec = SpecConfig(**_convert(SpecConfig, fraw, "histospec"))
+    return PolicySpec(name, knobs, spec)
+
+
+def make_policy(text: str) -> object:
+    """A fresh policy object from a policy string (see the module docstring)."""
+    spec = parse_policy(text)
+    cls = _policy_class(spec.name)
+    try:
+        return cls(**spec.knobs)
+    except TypeError as exc:
+        raise RlsimError(f"cannot build policy {spec.name!r}: {exc}") from None

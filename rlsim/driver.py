@@ -28,6 +28,7 @@ from rlsim.protocol import (
     Policy,
     Preempted,
     Request,
+    RequestInfo,
     Timer,
     Train,
 )
@@ -58,32 +59,70 @@ class TraceIndex:
         return float(self.out[s : s + n].mean())
 
 
-@dataclass
 class View:
-    """The policy's read-only window (`rlsim.protocol.PolicyView`)."""
+    """The policy's read-only window (`rlsim.protocol.PolicyView`).
 
-    prompts_per_step: int
-    samples_per_prompt: int
-    max_response_len: int
-    num_instances: int
-    _driver: Driver
-    step: int = 0
-    now: float = 0.0
+    It answers only what a real system could know at that moment. Asking it for anything else
+    (a target length, the trace, the driver) raises `RlsimError` naming the attribute; only a
+    policy whose class sets `oracle = True` may call `oracle_lengths`.
+    """
+
+    __slots__ = (
+        "_drv", "_oracle", "_policy", "step", "version", "now", "prompts_per_step", "samples_per_prompt",
+        "max_response_len", "num_instances", "profile",
+    )  # fmt: skip
+
+    def __init__(self, drv: Driver, policy: Policy) -> None:
+        self._drv = drv
+        self._policy = getattr(policy, "name", type(policy).__name__)
+        self._oracle = getattr(policy, "oracle", False) is True
+        self.step, self.version, self.now = 0, 0, 0.0
+        self.prompts_per_step = drv.rl.prompts_per_step
+        self.samples_per_prompt = drv.rl.samples_per_prompt
+        self.max_response_len = drv.rl.max_response_len
+        self.num_instances = drv.engine.num_instances
+        self.profile = drv.profile
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - only reached for names the view lacks
+        raise RlsimError(
+            f"policy {self._policy} asked the view for {name!r}: a policy sees prompts, finished "
+            "samples and earlier visits only (POLICIES.md)"
+        )
 
     def take_prompts(self, n: int) -> list[int]:
-        return self._driver.take_prompts(n)
+        return self._drv.take_prompts(n)
 
     def epoch_of(self, prompt_id: int) -> int:
-        return self._driver.taken_epoch[prompt_id]
+        return self._drv.taken_epoch[prompt_id]
+
+    def prompt_tokens(self, prompt_id: int) -> int:
+        return self._drv.index.length(self._drv.taken_epoch[prompt_id], prompt_id, 0)[1]
 
     def finished_lengths(self, prompt_id: int) -> list[int]:
-        return list(self._driver.finished.get(prompt_id, ()))
+        drv = self._drv
+        return list(drv.finished.get((drv.taken_epoch.get(prompt_id), prompt_id), ()))
 
     def history(self, prompt_id: int) -> list[int]:
-        return list(self._driver.history.get(prompt_id, ()))
+        return list(self._drv.history.get(prompt_id, ()))
 
     def in_flight(self, prompt_id: int) -> list[int]:
-        return sorted(self._driver.in_flight.get(prompt_id, ()))
+        return sorted(self._drv.in_flight.get(prompt_id, ()))
+
+    def request(self, request_id: int) -> RequestInfo:
+        q = self._drv.requests[request_id]
+        return RequestInfo(
+            q.request_id, q.prompt_id, q.sample_idx, q.epoch, q.num_prompt_tokens, q.instance, q.policy_version
+        )
+
+    def oracle_lengths(self, prompt_id: int) -> list[int]:
+        if not self._oracle:
+            raise RlsimError(
+                f"policy {self._policy} read response lengths before they finished; only a policy "
+                "marked oracle = True (a lower bound, not a real system) may"
+            )
+        drv = self._drv
+        epoch = drv.taken_epoch[prompt_id]
+        return [drv.index.length(epoch, prompt_id, s)[0] for s in range(drv.index.samples)]
 
 
 @dataclass
@@ -120,38 +159,42 @@ class Driver:
         rng = np.random.default_rng(rl.seed)
         self.order = [rng.permutation(self.index.prompts_by_epoch[e]) for e in self.trace.epochs[: rl.epochs]]
         self.epoch_ptr, self.pos = 0, 0
-        self.taken_epoch: dict[int, int] = {}
+        self.taken_epoch: dict[int, int] = {}  # prompt -> epoch of its current visit
+        self.pending: set[tuple[int, int]] = set()  # visits (epoch, prompt) taken, not yet trained
         self.next_sample: dict[tuple[int, int], int] = {}
-        self.finished: dict[int, list[int]] = {}
-        self.history: dict[int, list[int]] = {}
+        self.finished: dict[tuple[int, int], list[int]] = {}  # visit -> finished lengths
+        self.history: dict[int, list[int]] = {}  # prompt -> finished lengths of its previous visit
         self.in_flight: dict[int, set[int]] = {}
         self.requests: dict[int, Request] = {}
         self.version = 0
         self.rr = 0
+        self.reused_samples = 0
         self.reward_free = [0.0] * rl.reward_workers
         self.reward_done: dict[int, float] = {}
-        self.view = View(
-            rl.prompts_per_step,
-            rl.samples_per_prompt,
-            rl.max_response_len,
-            self.engine.num_instances,
-            self,
-        )
+        self.view = View(self, self.policy)
 
     # ---- data order -----------------------------------------------------------------------
     def take_prompts(self, n: int) -> list[int]:
-        while self.epoch_ptr < len(self.order) and self.pos >= len(self.order[self.epoch_ptr]):
+        """The next prompts of the seeded epoch order. An epoch is a barrier: the next epoch's
+        prompts are handed out only once every prompt taken in this one has trained, so a
+        prompt never has two visits open at once."""
+        order = self.order
+        while self.epoch_ptr < len(order) and self.pos >= len(order[self.epoch_ptr]):
+            epoch = self.trace.epochs[self.epoch_ptr]
+            if any(e == epoch for e, _ in self.pending):
+                return []
             self.epoch_ptr, self.pos = self.epoch_ptr + 1, 0
-        if self.epoch_ptr >= len(self.order):
+        if self.epoch_ptr >= len(order) or n <= 0:
             return []
-        order = self.order[self.epoch_ptr]
-        chunk = [int(p) for p in order[self.pos : self.pos + n]]
+        chunk = [int(p) for p in order[self.epoch_ptr][self.pos : self.pos + n]]
         self.pos += len(chunk)
         epoch = self.trace.epochs[self.epoch_ptr]
         for p in chunk:
-            if p in self.taken_epoch and p in self.finished:
-                self.history[p] = self.finished.pop(p)
+            prev = self.taken_epoch.get(p)
+            if prev is not None:
+                self.history[p] = self.finished.pop((prev, p), [])
             self.taken_epoch[p] = epoch
+            self.pending.add((epoch, p))
         return chunk
 
     # ---- actions --------------------------------------------------------------------------
@@ -184,20 +227,22 @@ class Driver:
 
     def _launch(self, act: Launch) -> list[Request]:
         epoch = self.taken_epoch.get(act.prompt_id)
-        if epoch is None:
-            raise RlsimError(f"policy launched prompt {act.prompt_id} it never took from the data")
+        if epoch is None or (epoch, act.prompt_id) not in self.pending:
+            raise RlsimError(f"policy launched prompt {act.prompt_id}, which it has not taken for this visit")
         max_tokens = min(act.max_tokens or self.rl.max_response_len, self.rl.max_response_len)
         inst = self._instance_for(act)
-        first = self.next_sample.get((epoch, act.prompt_id), 0)
-        if first + act.num_samples > self.index.samples:
-            raise RlsimError(
-                f"policy launched sample {first + act.num_samples} of prompt {act.prompt_id} but the trace "
-                f"holds {self.index.samples} per visit"
-            )
-        self.next_sample[(epoch, act.prompt_id)] = first + act.num_samples
+        visit = (epoch, act.prompt_id)
+        if act.restart:
+            self.next_sample[visit] = 0
+            self.finished[visit] = []
+        first = self.next_sample.get(visit, 0)
+        self.next_sample[visit] = first + act.num_samples
         flight = self.in_flight.setdefault(act.prompt_id, set())
         out = []
-        for s in range(first, first + act.num_samples):
+        for k in range(first, first + act.num_samples):
+            # Past the trace's samples, reuse them cyclically (counted in the summary).
+            s = k % self.index.samples
+            self.reused_samples += k >= self.index.samples
             target, prompt_tokens = self.index.length(epoch, act.prompt_id, s)
             rid = len(self.requests)
             req = Request(rid, act.prompt_id, s, epoch, prompt_tokens, max_tokens, target, inst, self.version)
@@ -218,7 +263,7 @@ class Driver:
         if isinstance(ev, Finished):
             req = self.requests[ev.request_id]
             self.in_flight[req.prompt_id].discard(ev.request_id)
-            self.finished.setdefault(req.prompt_id, []).append(ev.num_output_tokens)
+            self.finished.setdefault((req.epoch, req.prompt_id), []).append(ev.num_output_tokens)
             first = self.first_token.get(ev.request_id)
             self.records.finish(ev, first, "finished")
             self._reward(ev.request_id, ev.time)
@@ -261,6 +306,10 @@ class Driver:
             window, ids, self.requests, self.version, self.index, self.rl.samples_per_prompt, self.cluster.num_gpus
         )
         self.version += 1
+        self.view.version = self.version
+        for r in ids:
+            q = self.requests[r]
+            self.pending.discard((q.epoch, q.prompt_id))
 
 
 def run_loop(
@@ -295,4 +344,5 @@ def run_loop(
         if progress is not None:
             progress(view.step, engine.now)
     drv.records.finalize()
+    drv.records.reused_samples = drv.reused_samples
     return drv.records

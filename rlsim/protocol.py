@@ -28,6 +28,19 @@ class Request:
     policy_version: int
 
 
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What a policy may know about a launched request (no `target_tokens`)."""
+
+    request_id: int
+    prompt_id: int
+    sample_idx: int
+    epoch: int
+    num_prompt_tokens: int
+    instance: int
+    policy_version: int
+
+
 # ---- events (engine -> driver -> policy) -------------------------------------------------
 
 
@@ -76,6 +89,7 @@ class Launch:
     num_samples: int
     max_tokens: int | None = None  # default: the run's max_response_len
     instance: int | None = None  # default: the driver's dispatch rule
+    restart: bool = False  # forget the visit's earlier samples and draw again from its first sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,16 +136,29 @@ class Engine(Protocol):
 
 
 class PolicyView(Protocol):
-    """What a policy may read: never a response length before that response finished."""
+    """What a policy may read: never a response length before that response finished.
+
+    `profile` is the calibrated cost model (a policy may plan with it); `version` is the number
+    of training steps done. Only a policy whose class sets `oracle = True` may call
+    `oracle_lengths`; for any other it raises.
+    """
 
     step: int
+    version: int
     prompts_per_step: int
     samples_per_prompt: int
     max_response_len: int
     num_instances: int
     now: float
+    profile: object
 
     def take_prompts(self, n: int) -> list[int]: ...
+
+    def prompt_tokens(self, prompt_id: int) -> int: ...
+
+    def request(self, request_id: int) -> RequestInfo: ...
+
+    def oracle_lengths(self, prompt_id: int) -> list[int]: ...
 
     def epoch_of(self, prompt_id: int) -> int: ...
 

@@ -80,6 +80,7 @@ class Records:
         self.cols: dict[str, list] = {f: [] for f in REQUEST_FIELDS}
         self.num_output_tokens = self.cols["num_output_tokens"]
         self.steps: list[dict] = []
+        self.reused_samples = 0  # samples launched past the trace's count, reusing its samples
 
     def launch(self, reqs, now: float, step: int) -> None:  # noqa: ANN001 - list[Request]
         """Record a batch of launched requests (one extend per column: the hot path of an epoch)."""

@@ -15,6 +15,11 @@ otherwise jumps straight to the next finish or KV exhaustion. A submit or abort 
 interrupts it: the iterations already done (and the one in progress) are committed, and the
 instance re-plans at the next iteration boundary. `exact=True` runs every iteration one at a
 time: the reference that proves the fast path.
+
+Speculative decoding (HistoSpec, `rlsim.speculation`) gives a request a mean of `rate` tokens
+per iteration with `verify` tokens per iteration under verification: the KV context then grows
+by the batch's summed rate per iteration and the iteration charges `gamma` per verified token,
+so the closed form still holds.
 """
 
 from __future__ import annotations
@@ -38,8 +43,11 @@ class _Seq:
     generated: int = 0  # committed at the last (re)start or preemption
     prefilled: int = 0  # KV tokens already computed since the last admission
     start_iter: int = 0  # instance iteration count when decoding (re)started
+    finish_iter: int = 0
     decoding: bool = False
     preemptions: int = 0
+    rate: float = 1.0  # tokens per decode iteration (> 1 under speculative decoding)
+    verify: float = 1.0  # tokens per iteration under verification
 
 
 @dataclass(slots=True)
@@ -49,8 +57,10 @@ class _Instance:
     running: dict = field(default_factory=dict)  # rid -> _Seq, admission order
     heap: list = field(default_factory=list)  # (finish_iter, rid) of decoding sequences
     iters: int = 0
-    kv: int = 0  # KV tokens held
+    kv: float = 0  # KV tokens held
     n_dec: int = 0
+    rate_sum: float = 0.0  # KV growth per iteration of the decoding sequences
+    verify_sum: float = 0.0  # tokens computed per iteration by the decoding sequences
     aborts: set = field(default_factory=set)
     proc: simpy.Process | None = None
     wake: simpy.Event | None = None
@@ -63,10 +73,11 @@ class _Instance:
 class SimEngine:
     """Simulated rollout instances behind the `Engine` protocol."""
 
-    def __init__(self, profile: Profile, num_instances: int, exact: bool = False) -> None:
+    def __init__(self, profile: Profile, num_instances: int, exact: bool = False, spec=None) -> None:  # noqa: ANN001
         self.profile = profile
         self.num_instances = num_instances
         self.exact = exact
+        self.spec = spec  # rlsim.speculation.SpecModel or None
         self.env = simpy.Environment()
         self._outbox: list[Event] = []
         self._paused = False
@@ -86,7 +97,11 @@ class SimEngine:
         touched = set()
         for req in requests:
             inst = self.instances[req.instance]
-            inst.waiting.append(_Seq(req, min(req.target_tokens, req.max_tokens)))
+            target = min(req.target_tokens, req.max_tokens)
+            seq = _Seq(req, target)
+            if self.spec is not None:
+                seq.rate, seq.verify = self.spec.plan(req.epoch, req.prompt_id, req.sample_idx, target)
+            inst.waiting.append(seq)
             self._where[req.request_id] = req.instance
             touched.add(req.instance)
         for i in touched:
@@ -106,7 +121,10 @@ class SimEngine:
                     break
             else:
                 inst.aborts.add(rid)
-                self._poke(inst)
+                if inst.run_start is None:  # between iterations (idle or paused): abort now
+                    self._apply_aborts(inst)
+                else:
+                    self._poke(inst)
 
     def call_at(self, when: float, tag: str) -> None:
         def fire(_: simpy.Event) -> None:
@@ -156,7 +174,10 @@ class SimEngine:
             inst.proc.interrupt()
 
     def _generated(self, inst: _Instance, seq: _Seq) -> int:
-        return seq.generated + (inst.iters - seq.start_iter if seq.decoding else 0)
+        if not seq.decoding:
+            return seq.generated
+        done = int((inst.iters - seq.start_iter) * seq.rate + 1e-9)
+        return seq.generated + min(done, seq.target - seq.generated)
 
     def _busy(self, inst: _Instance, start: float, end: float) -> None:
         inst.run_start = None
@@ -170,9 +191,13 @@ class SimEngine:
         """Remove a running sequence, free its KV, return the tokens it generated."""
         gen = self._generated(inst, seq)
         del inst.running[seq.req.request_id]
-        inst.kv -= seq.prefilled + (gen - seq.generated if seq.decoding else 0)
+        inst.kv -= seq.prefilled + ((inst.iters - seq.start_iter) * seq.rate if seq.decoding else 0)
         if seq.decoding:
             inst.n_dec -= 1
+            inst.rate_sum -= seq.rate
+            inst.verify_sum -= seq.verify
+            if inst.n_dec == 0:  # no float drift left behind
+                inst.rate_sum = inst.verify_sum = 0.0
         return gen
 
     def _apply_aborts(self, inst: _Instance) -> None:
@@ -184,14 +209,14 @@ class SimEngine:
                 self._where.pop(rid, None)
         inst.aborts.clear()
 
-    def _preempt_for(self, inst: _Instance, need: int) -> int:
+    def _preempt_for(self, inst: _Instance, need: float) -> int:
         """Preempt the most recently admitted requests until `need` more KV tokens fit."""
         cap = self.profile.kv_capacity_tokens
         count = 0
         while inst.running and inst.kv + need > cap:
             rid, seq = next(reversed(inst.running.items()))
             gen = self._drop(inst, seq)
-            need -= 1 if seq.decoding else 0
+            need -= seq.rate if seq.decoding else 0
             seq.generated, seq.prefilled, seq.decoding = gen, 0, False
             seq.preemptions += 1
             inst.waiting.appendleft(seq)
@@ -204,7 +229,7 @@ class SimEngine:
         while heap and heap[0][0] <= inst.iters:
             _, rid = heapq.heappop(heap)
             seq = inst.running.get(rid)
-            if seq is None or not seq.decoding or seq.start_iter + seq.target - seq.generated != inst.iters:
+            if seq is None or not seq.decoding or seq.finish_iter != inst.iters:
                 continue  # stale entry (aborted or preempted)
             gen = self._drop(inst, seq)
             reason = "length" if gen >= seq.req.max_tokens else "stop"
@@ -214,19 +239,22 @@ class SimEngine:
     def _start_decoding(self, inst: _Instance, seq: _Seq) -> None:
         seq.decoding = True
         seq.start_iter = inst.iters
+        seq.finish_iter = inst.iters + math.ceil((seq.target - seq.generated) / seq.rate - 1e-9)
         inst.n_dec += 1
-        heapq.heappush(inst.heap, (inst.iters + seq.target - seq.generated, seq.req.request_id))
+        inst.rate_sum += seq.rate
+        inst.verify_sum += seq.verify
+        heapq.heappush(inst.heap, (seq.finish_iter, seq.req.request_id))
 
     def _one_iteration(self, inst: _Instance) -> tuple[float, list[tuple[_Seq, int]]]:
         """Schedule one iteration (decodes, then admissions/prefill chunks); return its cost."""
         p = self.profile
-        preempted = self._preempt_for(inst, inst.n_dec)
-        budget = p.max_num_batched_tokens - inst.n_dec
+        preempted = self._preempt_for(inst, inst.rate_sum)
+        budget = p.max_num_batched_tokens - math.ceil(inst.verify_sum)
         chunks: list[tuple[_Seq, int]] = []
         for seq in inst.running.values():  # continue partial prefills first
             if not seq.decoding and budget > 0:
                 need = seq.req.num_prompt_tokens + seq.generated - seq.prefilled
-                take = min(need, budget, p.kv_capacity_tokens - inst.kv - inst.n_dec)
+                take = min(need, budget, int(p.kv_capacity_tokens - inst.kv - inst.rate_sum))
                 if take > 0:
                     chunks.append((seq, take))
                     budget -= take
@@ -236,7 +264,7 @@ class SimEngine:
             seq = inst.waiting[0]
             need = seq.req.num_prompt_tokens + seq.generated
             take = min(need, budget)
-            if inst.kv + inst.n_dec + take > p.kv_capacity_tokens:
+            if inst.kv + inst.rate_sum + take > p.kv_capacity_tokens:
                 break
             inst.waiting.popleft()
             inst.running[seq.req.request_id] = seq
@@ -245,7 +273,7 @@ class SimEngine:
             inst.kv += take
         prefill = sum(t for _, t in chunks)
         batch = inst.n_dec + len(chunks)
-        dt = p.iteration_s(batch, inst.kv, inst.n_dec, prefill)
+        dt = p.iteration_s(batch, inst.kv, inst.verify_sum, prefill)
         return dt, chunks
 
     def _jump_plan(self, inst: _Instance) -> int:
@@ -255,16 +283,16 @@ class SimEngine:
         if inst.waiting and len(inst.running) < self.profile.max_num_seqs:
             seq = inst.waiting[0]
             first = min(seq.req.num_prompt_tokens + seq.generated, self.profile.max_num_batched_tokens)
-            if inst.kv + inst.n_dec + first <= self.profile.kv_capacity_tokens:
+            if inst.kv + inst.rate_sum + first <= self.profile.kv_capacity_tokens:
                 return 0  # an admission is possible now
         k_finish = inst.heap[0][0] - inst.iters
-        k_kv = (self.profile.kv_capacity_tokens - inst.kv) // inst.n_dec
+        k_kv = int((self.profile.kv_capacity_tokens - inst.kv) // inst.rate_sum)
         return max(0, min(k_finish, k_kv))
 
     def _jump_cost(self, inst: _Instance, k: int) -> tuple[float, float]:
         p, b = self.profile, inst.n_dec
-        a = p.t_w_s + (p.alpha_s + p.gamma_s) * b + p.beta_s * inst.kv
-        q = p.beta_s * b
+        a = p.t_w_s + p.alpha_s * b + p.gamma_s * inst.verify_sum + p.beta_s * inst.kv
+        q = p.beta_s * inst.rate_sum
         return a * k + q * k * (k - 1) / 2, q  # (total, per-iteration increment)
 
     def _iters_done(self, inst: _Instance, elapsed: float, k: int) -> int:
@@ -284,15 +312,15 @@ class SimEngine:
 
     def _advance(self, inst: _Instance, k: int) -> None:
         inst.iters += k
-        inst.kv += k * inst.n_dec
+        inst.kv += k * inst.rate_sum
 
     def _run(self, inst: _Instance):  # noqa: ANN202 - SimPy generator
         env = self.env
         while True:
+            self._apply_aborts(inst)
             if self._paused:
                 yield self._resume
                 continue
-            self._apply_aborts(inst)
             if not inst.running and not inst.waiting:
                 inst.wake = env.event()
                 yield inst.wake

@@ -6,6 +6,7 @@ numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,11 +14,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from policies.registry import make_policy
+from policies.registry import make_policy, parse_policy
 from rlsim.config import ClusterConfig, RLConfig, config_dict
 from rlsim.driver import run_loop
 from rlsim.profile import Profile, load_profile
 from rlsim.sim_engine import SimEngine
+from rlsim.speculation import SpecModel
 from rlsim.trace import Trace
 
 
@@ -74,7 +76,9 @@ def simulate(
     rl = rl or RLConfig()
     prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
     n = cluster.num_instances(prof.tensor_parallel_size)
-    engine = SimEngine(prof, n, exact=exact)
+    parsed = parse_policy(policy)
+    spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
+    engine = SimEngine(prof, n, exact=exact, spec=spec)
     pol = make_policy(policy)
     t0 = time.perf_counter()
     records = run_loop(engine, pol, trace, prof, cluster, rl, progress)
@@ -82,8 +86,13 @@ def simulate(
     steps, requests = records.steps_frame(), records.requests_frame()
     summary = summarize(steps, requests, n, cluster.num_gpus)
     summary["sim_wall_s"] = wall
+    summary["reused_samples"] = records.reused_samples
+    if spec is not None:
+        summary["histospec"] = {"source": spec.source, "acceptance_prob": spec.acceptance_prob}
     config = config_dict(cluster, rl) | {
-        "policy": policy, "exact": exact, "profile": prof.to_dict(),
+        "policy": policy, "policy_knobs": getattr(pol, "config", None) and dataclasses.asdict(pol.config),
+        "histospec": parsed.histospec and dataclasses.asdict(parsed.histospec), "exact": exact,
+        "profile": prof.to_dict(),
         "trace": {"source": trace.meta.source, "model": trace.meta.model},
     }  # fmt: skip
     return Result(policy, config, requests, steps, summary, [engine.segments(i) for i in range(n)])
