@@ -19,7 +19,8 @@ R0 = 8), `seed` for the long round's shuffle. With eta_p = 1.25 a short round qu
 0.25 x P0 prompts, so the period is 4 short rounds then 1 long round. Aborted prompts restart
 from scratch in the long round (their partial tokens count as `wasted_tokens`); a short round
 keeps a prompt's fastest R0 of its eta_r x R0 samples, which shows as `trained_length_bias` < 1.
-When the data runs out (end of an epoch) the queue drains in a final, smaller long round.
+When the epoch's data runs out, its last new prompts join the queue and everything drains in
+long rounds of at most P0 prompts (the next epoch starts once every prompt has trained).
 Not modelled: reward scheduling, the parallelism planner, the stream trainer, and the optional
 DAPO dynamic-sampling filter (paper section 7).
 """
@@ -68,8 +69,10 @@ class RollPackerPolicy:
         self.finished, self.complete, self.trained = {}, {}, False
         if len(self.long_queue) >= p0:
             return self._long_round(list(self.long_queue)[:p0], r0)
-        prompts = view.take_prompts(int(self.config.eta_p * p0))
-        if not prompts:  # data exhausted for now: drain the queue
+        want = int(self.config.eta_p * p0)
+        prompts = view.take_prompts(want)
+        if len(prompts) < want:  # the epoch's data runs out: drain new and queued prompts in long rounds
+            self.long_queue.update(dict.fromkeys(prompts))
             return self._long_round(list(self.long_queue)[:p0], r0) if self.long_queue else []
         self.long_round = False
         self.long_queue.update(dict.fromkeys(prompts))

@@ -1,0 +1,204 @@
+"""Each policy driven by the real driver against a fake engine (no SimPy): its algorithm, step by step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from policies.registry import make_policy, parse_policy
+from rlsim.config import ClusterConfig, RLConfig
+from rlsim.driver import run_loop
+from rlsim.errors import RlsimError
+from rlsim.profile import load_profile
+from rlsim.protocol import Finished, Launch, Train
+from rlsim.trace import Trace, TraceMeta, validate_table
+from tests.fake_engine import FakeEngine
+
+PROFILE = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), weight_sync_s=0.0)
+
+
+def make_trace(lengths: np.ndarray, max_len: int = 10_000) -> Trace:
+    """A trace from an array of lengths shaped (epochs, prompts, samples)."""
+    e, p, s = lengths.shape
+    idx = np.indices(lengths.shape).reshape(3, -1)
+    df = pd.DataFrame(
+        {
+            "epoch": idx[0].astype("int32"),
+            "prompt_id": idx[1].astype("int64"),
+            "sample_idx": idx[2].astype("int32"),
+            "num_prompt_tokens": np.full(e * p * s, 100, dtype="int32"),
+            "num_output_tokens": lengths.reshape(-1).astype("int32"),
+            "finish_reason": np.where(lengths.reshape(-1) >= max_len, "length", "stop"),
+        }
+    )
+    meta = TraceMeta("test", max_len, s, "synthetic:test")
+    validate_table(df, meta)
+    return Trace(df, meta)
+
+
+def run(policy: str, trace: Trace, p0: int, r0: int, instances: int = 4, epochs: int = 1, **cl):  # noqa: ANN003, ANN201
+    engine = FakeEngine(instances, dt=0.01)
+    cap = trace.meta.max_response_len
+    rl = RLConfig(prompts_per_step=p0, samples_per_prompt=r0, epochs=epochs, max_response_len=cap)
+    rec = run_loop(engine, make_policy(policy), trace, PROFILE, ClusterConfig(num_gpus=instances, **cl), rl)
+    return rec.requests_frame(), rec.steps_frame(), engine
+
+
+def trained_prompts(req: pd.DataFrame) -> pd.Series:
+    return req[req.trained_step >= 0].groupby("trained_step").prompt_id.nunique()
+
+
+def test_sync_trains_each_batch_whole() -> None:
+    """Sync launches P0 x R0, trains on all of them, aborts nothing."""
+    rng = np.random.default_rng(0)
+    tr = make_trace(rng.integers(10, 1000, (1, 16, 4)))
+    req, steps, _ = run("sync", tr, 4, 4)
+    assert steps.num_samples.tolist() == [16] * 4 and (req.outcome == "finished").all()
+
+
+def test_rollpacker_period_is_four_short_rounds_then_one_long() -> None:
+    """eta_p = 1.25: each short round queues P0/4 prompts, so every fifth round is long; a long
+    round restarts its prompts from their first sample and waits for all of them."""
+    rng = np.random.default_rng(1)
+    tr = make_trace(rng.integers(10, 2000, (1, 200, 10)))
+    req, steps, _ = run("rollpacker", tr, 8, 8)
+    assert (steps.num_samples == 64).all() and (steps.num_prompts == 8).all()
+    launched = req.groupby("step").size()
+    kinds = ["long" if n == 64 else "short" for n in launched.iloc[:10]]
+    assert kinds == ["short"] * 4 + ["long"] + ["short"] * 4 + ["long"]
+    short = steps.step.isin(launched[launched == 10 * 10].index)
+    assert launched.iloc[0] == 10 * 10  # int(1.25 * 8) prompts x ceil(1.25 * 8) samples
+    assert (steps.loc[short, "trained_length_bias"] < 1).all()  # keeps the fastest R0 of 10
+    assert (steps["staleness/max"] == 0).all() and steps.wasted_tokens.sum() > 0
+    long_rounds = req[req.step.isin([4, 9])]
+    assert (long_rounds.sample_idx < 8).all() and (long_rounds.outcome == "finished").all()
+
+
+def test_rollpacker_eta_r_alone_never_queues() -> None:
+    """With eta_p = 1 every prompt of a short round must complete: no queue, no long round."""
+    tr = make_trace(np.random.default_rng(2).integers(10, 2000, (1, 40, 10)))
+    req, steps, _ = run("rollpacker(eta_p=1)", tr, 8, 8)
+    assert (req.groupby("step").size() == 80).all() and len(steps) == 5
+
+
+def test_sortedrl_trains_shortest_groups_first_on_policy() -> None:
+    """On-policy SortedRL trains the first P0 groups to complete (short ones), aborts and
+    regenerates the rest after the update, and never trains a stale sample."""
+    lengths = np.repeat(np.arange(1, 33)[None, :, None] * 50, 4, axis=2)  # prompt i: 50*(i+1) tokens
+    tr = make_trace(lengths)
+    req, steps, _ = run("sortedrl", tr, 4, 4)
+    first = req[req.trained_step == 0]
+    taken_first = req[req.step == 0].prompt_id.unique()
+    assert sorted(first.prompt_id.unique()) == sorted(sorted(taken_first)[:4])
+    assert steps["staleness/max"].max() == 0 and (req.outcome == "aborted").any()
+    assert trained_prompts(req).sum() == 32
+
+
+def test_sortedrl_partial_mode_bounds_staleness() -> None:
+    """Partial mode keeps unfinished samples across updates: staleness appears, bounded."""
+    rng = np.random.default_rng(3)
+    tr = make_trace(rng.integers(10, 3000, (1, 64, 6)))
+    req, steps, _ = run("sortedrl(mode=partial,max_staleness=2)", tr, 4, 4)
+    assert 0 < steps["staleness/max"].max() <= 2
+    assert trained_prompts(req).sum() == 64
+
+
+def test_async_partial_keeps_over_provisioned_prompts_in_flight() -> None:
+    """async_partial keeps 1.5 x P0 prompts in flight and trains P0 complete groups per step."""
+    rng = np.random.default_rng(4)
+    tr = make_trace(rng.integers(10, 3000, (1, 64, 6)))
+    req, steps, _ = run("async_partial", tr, 8, 4)
+    assert req[req.step == 0].prompt_id.nunique() == 12
+    assert (steps.num_prompts.iloc[:-1] == 8).all() and 0 < steps["staleness/max"].max() <= 1
+    assert trained_prompts(req).sum() == 64
+
+
+def test_one_step_off_launches_next_batch_before_training() -> None:
+    """one_step_off launches step t+1 at step t's rollout decision: staleness 1 from step 1 on,
+    and under disaggregated placement the next batch generates during training."""
+    rng = np.random.default_rng(5)
+    tr = make_trace(rng.integers(10, 1000, (1, 32, 4)))
+    req, steps, _ = run("one_step_off", tr, 4, 4, instances=4, placement="disaggregated", train_gpus=2)
+    assert steps["staleness/max"].tolist() == [0] + [1] * 7
+    launch1 = req[req.step == 0].launch_time.max()
+    assert launch1 > 0  # the second batch was launched during step 0, before its training
+
+
+def test_histopipe_places_long_predicted_groups_on_more_instances() -> None:
+    """From the second visit on, HistoPipe sorts prompts by their previous mean length and gives
+    the long ranking group more instances (fewer samples per instance) than the short one."""
+    base = np.repeat(np.array([2000] * 4 + [50] * 12)[None, :, None], 4, axis=2)
+    tr = make_trace(np.concatenate([base, base]))
+    req, steps, _ = run("histopipe(cross_step=false,num_groups=4)", tr, 16, 4, instances=8, epochs=2)
+    second = req[(req.epoch == 1)]
+    long_inst = set(second[second.prompt_id < 4].instance)
+    short_inst = set(second[second.prompt_id >= 4].instance)
+    assert len(long_inst) > 2 and not long_inst & short_inst
+    assert steps["staleness/max"].max() == 0
+
+
+def test_histopipe_cross_step_carries_the_tail() -> None:
+    """Tier 2 trains the unfinished tail in the next step with staleness 1."""
+    rng = np.random.default_rng(6)
+    tr = make_trace(rng.integers(10, 3000, (2, 40, 4)))
+    req, steps, _ = run("histopipe(tail_fraction=0.25)", tr, 8, 4, epochs=2)
+    assert steps["staleness/max"].max() == 1
+    assert trained_prompts(req).sum() == 80
+
+
+def test_oracle_lpt_beats_round_robin_on_a_skewed_step() -> None:
+    """The oracle spreads the long samples over instances instead of stacking a prompt's samples."""
+    lengths = np.full((1, 8, 4), 10)
+    lengths[0, 0, :] = 1000  # one long prompt: sync puts all four samples on one instance
+    tr = make_trace(lengths)
+    _, oracle, _ = run("oracle", tr, 8, 4)
+    _, sync, _ = run("sync", tr, 8, 4)
+    assert oracle["timing_s/gen"].iloc[0] <= sync["timing_s/gen"].iloc[0]
+
+
+class PeekingPolicy:
+    """A policy that tries to read a length before it is generated."""
+
+    name = "peeking"
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def on_step_start(self, view):  # noqa: ANN001, ANN201
+        prompts = view.take_prompts(view.prompts_per_step)
+        if self.how == "oracle":
+            view.oracle_lengths(prompts[0])
+        else:
+            view.target_tokens(prompts[0])
+        return [Launch(p, view.samples_per_prompt) for p in prompts]
+
+    def on_event(self, event, view):  # noqa: ANN001, ANN201
+        return [Train((event.request_id,))] if isinstance(event, Finished) else []
+
+
+@pytest.mark.parametrize("how", ["oracle", "attribute"])
+def test_view_refuses_future_lengths(how: str) -> None:
+    """A policy reading a response length before it finished fails with one sentence."""
+    tr = make_trace(np.full((1, 8, 4), 10))
+    rl = RLConfig(prompts_per_step=4, samples_per_prompt=4, epochs=1)
+    with pytest.raises(RlsimError, match="peeking"):
+        run_loop(FakeEngine(2), PeekingPolicy(how), tr, PROFILE, ClusterConfig(num_gpus=2), rl)
+
+
+def test_policy_strings_parse_knobs_and_histospec() -> None:
+    """`NAME(knobs)+histospec(knobs)` parses, converts types and rejects unknown knobs."""
+    spec = parse_policy("rollpacker(eta_p=1.5)+histospec(acceptance_prob=0.8)")
+    assert spec.knobs == {"eta_p": 1.5} and spec.histospec.acceptance_prob == 0.8
+    assert make_policy("sortedrl(mode=partial)").config.mode == "partial"
+    for bad, msg in [
+        ("rollpacker(nope=1)", "has no knob 'nope'"),
+        ("rollpacker(eta_p=x)", "not a valid float"),
+        ("sync+turbo", "unknown engine feature"),
+        ("sortedrl(mode=sideways)", "mode must be one of"),
+        ("sync(x=1)", "takes no knobs"),
+    ]:
+        with pytest.raises(RlsimError, match=msg.replace("(", r"\(")):
+            parse_policy(bad) if "mode=" not in bad else make_policy(bad)
