@@ -50,18 +50,21 @@ class HistoPipeConfig:
             raise RlsimError("histopipe tail_fraction must lie in [0, 1)")
 
 
-def group_time(profile, lengths: list[float], prompt_tokens: list[int], k: int) -> float:  # noqa: ANN001
-    """Predicted time of samples with these lengths spread over k instances (iteration model
-    summed over a batch that shrinks as samples finish; concurrency capped by max_num_seqs and
-    by what the KV capacity holds)."""
+def group_cost(profile, lengths: list[float], prompt_tokens: list[int]):  # noqa: ANN001, ANN201
+    """k -> predicted time of samples with these lengths spread over k instances (the iteration
+    model summed over a batch that shrinks as samples finish; concurrency capped by
+    max_num_seqs and by how many samples' final KV the capacity holds)."""
     tokens = sum(lengths)
     ctx = sum(p * n + n * n / 2 for p, n in zip(prompt_tokens, lengths, strict=True))
-    mean_kv = (sum(prompt_tokens) + tokens) / max(len(lengths), 1)  # KV a sample holds at its end
+    mean_kv = (sum(prompt_tokens) + tokens) / max(len(lengths), 1)
     conc = max(1.0, min(profile.max_num_seqs, profile.kv_capacity_tokens / max(mean_kv, 1.0)))
-    return (
-        profile.t_w_s * max(max(lengths, default=0.0), tokens / (k * conc))
-        + ((profile.alpha_s + profile.gamma_s) * tokens + profile.beta_s * ctx) / k
-    )
+    longest = max(lengths, default=0.0)
+    per_token = (profile.alpha_s + profile.gamma_s) * tokens + profile.beta_s * ctx
+
+    def cost(k: int) -> float:
+        return profile.t_w_s * max(longest, tokens / (k * conc)) + per_token / k
+
+    return cost
 
 
 def allocate(costs: list, n: int) -> list[int]:  # noqa: ANN001 - callables k -> predicted time
@@ -101,6 +104,7 @@ class HistoPipePolicy:
         self.carried: set[int] = set()
         self.done: dict[int, list[int]] = {}
         self.need_current = 0
+        self.complete: list[int] = []  # prompts of this step whose group finished, in order
         self.seen_tokens = self.seen_samples = 0
         self.trained = False
 
@@ -117,6 +121,7 @@ class HistoPipePolicy:
         prompts = view.take_prompts(view.prompts_per_step)
         self.trained = False
         self.current = set(prompts)
+        self.complete = []
         for p in prompts:
             self.done[p] = []
         tail = self.config.tail_fraction if self.config.cross_step and len(prompts) == view.prompts_per_step else 0
@@ -127,11 +132,14 @@ class HistoPipePolicy:
         ranked = sorted(prompts, key=lambda p: (-pred[p], p))
         g = min(self.config.num_groups, n, len(ranked))
         groups = [ranked[i * len(ranked) // g : (i + 1) * len(ranked) // g] for i in range(g)]
-        costs = []
-        for grp in groups:
-            lengths = [pred[p] for p in grp for _ in range(r0)]
-            ptoks = [view.prompt_tokens(p) for p in grp for _ in range(r0)]
-            costs.append(lambda k, lengths=lengths, ptoks=ptoks: group_time(view.profile, lengths, ptoks, k))
+        costs = [
+            group_cost(
+                view.profile,
+                [pred[p] for p in grp for _ in range(r0)],
+                [view.prompt_tokens(p) for p in grp for _ in range(r0)],
+            )
+            for grp in groups
+        ]
         ks = allocate(costs, n)
         # Longest groups on the instances with the least carried work (tier 2 pairs loads).
         carried_load = [0] * n
@@ -159,13 +167,15 @@ class HistoPipePolicy:
         p = view.request(event.request_id).prompt_id
         if p in self.done and (p in self.current or p in self.carried):
             self.done[p].append(event.request_id)
+            if p in self.current and len(self.done[p]) == view.samples_per_prompt:
+                self.complete.append(p)
         return [] if self.trained else self._maybe_train(view)
 
     def _maybe_train(self, view: PolicyView) -> list[Action]:
         r0 = view.samples_per_prompt
         if any(len(self.done[p]) < r0 for p in self.carried):
             return []
-        complete = [p for p in self.current if len(self.done[p]) >= r0]
+        complete = self.complete
         if len(complete) < self.need_current or not (complete or self.carried):
             return []
         self.trained = True

@@ -4,22 +4,47 @@ The only policy allowed to read response lengths before they are generated (`ora
 unlocks `view.oracle_lengths`). Each step it takes the same P0 prompts as `sync`, launches the
 same P0 x R0 samples and trains on all of them, but places every sample on an instance by
 longest-processing-time first (LPT) with the profile's cost model: samples in decreasing length,
-each to the instance whose predicted finish time grows least. An instance's predicted time for
+each to the instance with the least predicted time so far. An instance's predicted time for
 samples of lengths L_j with prompts P_j is
 
     t_w * max(max_j L_j, sum_j L_j / c) + (alpha + gamma) * sum_j L_j + beta * sum_j (P_j L_j + L_j^2 / 2)
 
 (the iteration model summed over the iterations of a batch that shrinks as samples finish), with
-c the concurrency the instance can hold (`max_num_seqs`, or what its KV capacity fits). Longer
+c the concurrency the instance can hold (`max_num_seqs`, or how many samples' final KV fit). Longer
 samples are also launched first so FCFS admission starts them first. It bounds what knowing
 lengths buys a synchronous step; asynchronous policies can beat it.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import heapq
+from dataclasses import dataclass
 
 from rlsim.protocol import Action, Event, Finished, Launch, PolicyView, Train
+
+
+@dataclass
+class _Load:
+    """One instance's assigned samples, summarised for the predicted-time formula."""
+
+    longest: float = 0.0
+    tokens: float = 0.0
+    ctx: float = 0.0  # sum of P*L + L^2/2
+    kv: float = 0.0  # sum of final KV (P + L)
+    count: int = 0
+
+    def add(self, length: int, prompt: int, prof) -> float:  # noqa: ANN001 - a Profile
+        self.longest = max(self.longest, length)
+        self.tokens += length
+        self.ctx += prompt * length + length * length / 2
+        self.kv += prompt + length
+        self.count += 1
+        conc = max(1.0, min(prof.max_num_seqs, prof.kv_capacity_tokens * self.count / self.kv))
+        return (
+            prof.t_w_s * max(self.longest, self.tokens / conc)
+            + (prof.alpha_s + prof.gamma_s) * self.tokens
+            + prof.beta_s * self.ctx
+        )
 
 
 class OraclePolicy:
@@ -39,23 +64,14 @@ class OraclePolicy:
         self.done, self.expected = [], len(prompts) * r0
         lengths = {p: [min(x, view.max_response_len) for x in view.oracle_lengths(p)[:r0]] for p in prompts}
         work = sorted(((n, p, s) for p in prompts for s, n in enumerate(lengths[p])), key=lambda x: (-x[0], x[1], x[2]))
-        prof, n_inst = view.profile, view.num_instances
-        max_len, tokens, ctx, kv, count = (np.zeros(n_inst) for _ in range(5))
+        prof = view.profile
+        loads = [_Load() for _ in range(view.num_instances)]
+        heap = [(0.0, i) for i in range(view.num_instances)]
         where: dict[tuple[int, int], int] = {}
-        for length, p, s in work:
-            prompt = view.prompt_tokens(p)
-            new_tokens, new_kv, new_count = tokens + length, kv + prompt + length / 2, count + 1
-            conc = np.clip(prof.kv_capacity_tokens * new_count / new_kv, 1, prof.max_num_seqs)
-            t = (
-                prof.t_w_s * np.maximum(np.maximum(max_len, length), new_tokens / conc)
-                + (prof.alpha_s + prof.gamma_s) * new_tokens
-                + prof.beta_s * (ctx + prompt * length + length * length / 2)
-            )
-            i = int(np.argmin(t))
+        for length, p, s in work:  # LPT: next longest sample to the least loaded instance
+            _, i = heapq.heappop(heap)
             where[(p, s)] = i
-            max_len[i] = max(max_len[i], length)
-            tokens[i], kv[i], count[i] = new_tokens[i], new_kv[i], new_count[i]
-            ctx[i] += prompt * length + length * length / 2
+            heapq.heappush(heap, (loads[i].add(length, view.prompt_tokens(p), prof), i))
         # The driver numbers a prompt's samples in launch order, so each prompt launches its
         # samples in order; prompts go longest first so FCFS admission starts long work first.
         order = sorted(prompts, key=lambda p: (-max(lengths[p], default=0), p))

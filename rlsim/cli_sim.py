@@ -45,11 +45,21 @@ def _configs(opts: dict):  # noqa: ANN202
     return cluster, rl
 
 
-def _load(trace: Path | None):  # noqa: ANN202
+def _load(trace: Path | None, policies: list[str] = ()):  # noqa: ANN202
+    """The trace with only the columns the run needs (token ids only for HistoSpec)."""
+    import pyarrow.parquet as pq
+
     from rlsim.paths import default_trace
     from rlsim.trace import load
 
-    return load(trace or default_trace(), columns=[])
+    path = trace or default_trace()
+    cols = []
+    if any("histospec" in p for p in policies) and path.is_file():
+        try:
+            cols = [c for c in ("output_token_ids",) if c in pq.read_schema(path).names]
+        except Exception:  # noqa: BLE001 - load() below names what is wrong with the file
+            cols = []
+    return load(path, columns=cols)
 
 
 def _check_len(trace, max_len: int) -> None:  # noqa: ANN001
@@ -84,7 +94,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def simulate(
-        policy: str = typer.Option("sync", help="Registered policy name or module:Class."),
+        policy: str = typer.Option(
+            "sync", help="Policy string: NAME[(knob=value,...)][+histospec], or module:Class (see `rlsim policies`)."
+        ),
         trace: Path | None = TRACE,
         out: Path = typer.Option(Path("runs/sim"), "--out", "-o", help="Run directory to write."),
         gpus: int = GPUS,
@@ -108,7 +120,7 @@ def register(app: typer.Typer) -> None:
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         cluster, rl = _configs(locals())
-        tr = _load(trace)
+        tr = _load(trace, [policy])
         _check_len(tr, max_response_len)
         prog, cb = _progress(_expected_steps(tr, rl), f"simulating {policy}")
         with prog:
@@ -120,7 +132,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def compare(
-        policies: str = typer.Option("", help="Comma-separated policies (default: all registered)."),
+        policies: str = typer.Option(
+            "", help="Comma-separated policy strings, e.g. 'sync,rollpacker(eta_p=1.5)+histospec' (default: all)."
+        ),
         trace: Path | None = TRACE,
         gpus: int = GPUS,
         profile: str = PROFILE,
@@ -133,27 +147,30 @@ def register(app: typer.Typer) -> None:
         epochs: int = EPOCHS,
         max_steps: int | None = MAX_STEPS,
         seed: int = SEED,
+        workers: int = typer.Option(0, help="Processes to simulate policies in parallel (0: one per core)."),
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
         plot: Path | None = typer.Option(None, help="Write a bar chart of epoch time per policy."),
     ) -> None:
-        """Several policies on the same trace, cluster and work: epoch time, speedup, bubble..."""
-        from policies.registry import REGISTRY
+        """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
+        from policies.registry import COMPARE_DEFAULT
+        from rlsim.compare import compare as run_all
         from rlsim.report import plot_compare
-        from rlsim.simulate import simulate as run
 
-        names = [p.strip() for p in policies.split(",") if p.strip()] or list(REGISTRY)
+        names = _split_policies(policies) or list(COMPARE_DEFAULT)
         cluster, rl = _configs(locals())
-        tr = _load(trace)
+        tr = _load(trace, names)
         _check_len(tr, max_response_len)
-        rows = []
-        for name in names:
-            prog, cb = _progress(_expected_steps(tr, rl), f"simulating {name}")
-            with prog:
-                res = run(tr, name, cluster, rl, progress=cb)
-            rows.append({"policy": name, **res.summary})
-        base = next((r for r in rows if r["policy"] == "sync"), None)
-        for r in rows:
-            r["speedup_vs_sync"] = base["total_time_s"] / r["total_time_s"] if base else None
+        prog = Progress(
+            TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
+            TextColumn("{task.description}"), TimeElapsedColumn(), console=make_console(), transient=True,
+        )  # fmt: skip
+        task = prog.add_task("", total=len(names))
+
+        def done(name: str) -> None:
+            prog.update(task, advance=1, description=f"(last: {name})")
+
+        with prog:
+            rows = run_all(tr, names, cluster, rl, workers or None, on_done=done)
         if plot is not None:
             plot_compare(rows, plot)
         if as_json:
@@ -162,6 +179,19 @@ def register(app: typer.Typer) -> None:
         _print_compare(rows, tr, cluster, rl)
         if plot is not None:
             make_console().print(f"plot written to {plot}")
+
+
+def _split_policies(text: str) -> list[str]:
+    """Split on commas outside parentheses (knob lists contain commas)."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [p for p in [*parts, cur.strip()] if p]
 
 
 def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
@@ -180,25 +210,29 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         "wasted tok",
         "staleness",
         "length bias",
+        "order bias",
     ]
     for c in cols:
         table.add_column(c, justify="left" if c == "policy" else "right")
     for r in rows:
         sp = "-" if r["speedup_vs_sync"] is None else f"{r['speedup_vs_sync']:.2f}x"
         table.add_row(
-            r["policy"],
+            "oracle (lower bound)" if r["policy"] == "oracle" else r["policy"],
             *[f"{r['epoch_time_s'].get(e, float('nan')) / 3600:.2f}" for e in epochs],
             sp,
             f"{r['rollout_share']:.0%}",
             f"{r['bubble_ratio']:.0%}",
             f"{r['wasted_tokens']:,.0f}",
             f"{r['staleness_max']:.0f}/{r['staleness_mean']:.2f}",
-            f"{r['trained_length_bias']:.3f}",
+            "{:.2f} ({:.2f}-{:.2f})".format(r["trained_length_bias"], *r["trained_length_bias_range"]),
+            "{:.2f}-{:.2f}".format(*r["length_order_bias_range"]),
         )
     table.caption = (
         "speedup: total time of sync / this policy; rollout share: gen time / step time; bubble: idle "
         "instance-time / (instances x gen time); wasted tok: tokens generated for samples never trained; "
         "staleness: max/mean policy versions between launch and training; length bias: mean trained "
-        "length / mean length of the same prompts' samples"
+        "length / mean length of the same prompts' samples, run mean (step min-max); order bias: step mean trained "
+        "length / epoch mean, min-max over steps; oracle: knows every "
+        "length in advance, a lower bound for synchronous steps, not a real system"
     )
     make_console().print(table)

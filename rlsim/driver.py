@@ -39,8 +39,9 @@ from rlsim.trace import Trace
 class TraceIndex:
     """O(1) lookup of a visit's sample lengths: rows are sorted by (epoch, prompt, sample)."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, cap: int | None = None) -> None:
         df = trace.table
+        self.cap = cap or trace.meta.max_response_len
         self.epochs = trace.epochs
         self.samples = trace.meta.samples_per_prompt
         self.out = df["num_output_tokens"].to_numpy(np.int64)
@@ -49,14 +50,26 @@ class TraceIndex:
         starts = np.flatnonzero(np.r_[True, (np.diff(ep) != 0) | (np.diff(pid) != 0)])
         self.start = {(int(ep[s]), int(pid[s])): int(s) for s in starts}
         self.prompts_by_epoch = {e: np.unique(pid[ep == e]) for e in self.epochs}
+        self._epoch_mean: dict[tuple[int, int], float] = {}
 
     def length(self, epoch: int, prompt_id: int, sample_idx: int) -> tuple[int, int]:
         s = self.start[(epoch, prompt_id)] + sample_idx
         return int(self.out[s]), int(self.prompt_tokens[s])
 
     def unbiased_mean(self, epoch: int, prompt_id: int, n: int) -> float:
+        """Mean length (at the run's cap) of a visit's first n samples: what training on that
+        prompt without selection would see."""
         s = self.start[(epoch, prompt_id)]
-        return float(self.out[s : s + n].mean())
+        return float(np.minimum(self.out[s : s + n], self.cap).mean())
+
+    def epoch_mean(self, epoch: int, n: int) -> float:
+        """Mean length (at the run's cap) of the first n samples of every prompt of an epoch."""
+        key = (epoch, n)
+        if key not in self._epoch_mean:
+            starts = np.array([s for (e, _), s in self.start.items() if e == epoch])
+            rows = (starts[:, None] + np.arange(n)[None, :]).ravel()
+            self._epoch_mean[key] = float(np.minimum(self.out[rows], self.cap).mean())
+        return self._epoch_mean[key]
 
 
 class View:
@@ -147,7 +160,7 @@ class Driver:
             )
         if rl.epochs > len(self.trace.epochs):
             raise RlsimError(f"{rl.epochs} epochs asked but the trace holds {len(self.trace.epochs)}")
-        self.index = TraceIndex(self.trace)
+        self.index = TraceIndex(self.trace, rl.max_response_len)
         first = len(self.index.prompts_by_epoch[self.trace.epochs[0]])
         if first < rl.prompts_per_step:
             raise RlsimError(
@@ -211,18 +224,23 @@ class Driver:
     def apply(self, actions: list) -> Train | None:
         train = None
         batch: list[Request] = []
+        launched: list[Request] = []
         for act in actions:
             if isinstance(act, Launch):
                 batch.extend(self._launch(act))
             elif isinstance(act, Abort):
                 if batch:
                     self.engine.submit(batch)
+                    launched += batch
                     batch = []
                 self.engine.abort(act.request_ids)
             elif isinstance(act, Train):
                 train = act
         if batch:
             self.engine.submit(batch)
+            launched += batch
+        if launched:  # one columnar append per batch of actions (the hot path of an epoch)
+            self.records.launch(launched, self.engine.now, self.view.step)
         return train
 
     def _launch(self, act: Launch) -> list[Request]:
@@ -249,7 +267,6 @@ class Driver:
             self.requests[rid] = req
             flight.add(rid)
             out.append(req)
-        self.records.launch(out, self.engine.now, self.view.step)
         return out
 
     # ---- events ---------------------------------------------------------------------------

@@ -7,7 +7,9 @@ samples, `response/aborted_ratio`, `perf/throughput` (trained tokens / step time
 `bubble_ratio` (idle instance-time / (instances x gen time); idle = running no request),
 `wasted_tokens` (generated in this step for samples never trained), `staleness/max|mean`
 (policy versions between launch and training), `trained_length_bias` (mean trained length /
-mean length of the same visits' first R0 samples in the trace) and
+mean length of the same visits' first R0 samples in the trace: which samples of a prompt
+train), `length_order_bias` (mean trained length / mean over every prompt of the epoch: which
+prompts train when, e.g. SortedRL's short-first micro-curriculum) and
 `rollout/first_done_idle_ratio` (share of the gen phase the first instance to go idle stays idle).
 """
 
@@ -152,6 +154,9 @@ class Records:
                 "staleness/max": float(stale.max()) if len(stale) else 0.0,
                 "staleness/mean": float(stale.mean()) if len(stale) else 0.0,
                 "trained_length_bias": float(lengths.mean() / unbiased) if len(lengths) else np.nan,
+                "length_order_bias": float(lengths.mean() / index.epoch_mean(max(set(epochs), key=epochs.count), r0))
+                if len(lengths)
+                else np.nan,
             }
         )
 

@@ -251,7 +251,8 @@ class SimEngine:
         preempted = self._preempt_for(inst, inst.rate_sum)
         budget = p.max_num_batched_tokens - math.ceil(inst.verify_sum)
         chunks: list[tuple[_Seq, int]] = []
-        for seq in inst.running.values():  # continue partial prefills first
+        partial = inst.running.values() if len(inst.running) > inst.n_dec else ()  # skip the scan when none
+        for seq in partial:  # continue partial prefills first
             if not seq.decoding and budget > 0:
                 need = seq.req.num_prompt_tokens + seq.generated - seq.prefilled
                 take = min(need, budget, int(p.kv_capacity_tokens - inst.kv - inst.rate_sum))

@@ -41,6 +41,7 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, num_instances: int, n
     gen = steps["timing_s/gen"]
     trained = requests[requests.trained_step >= 0]
     total = float(steps["timing_s/step"].sum())
+    bias, order = steps["trained_length_bias"], steps["length_order_bias"]
     return {
         "epoch_time_s": {int(e): float(t) for e, t in epoch_time.items()},
         "total_time_s": total,
@@ -55,6 +56,8 @@ def summarize(steps: pd.DataFrame, requests: pd.DataFrame, num_instances: int, n
         "staleness_max": float(steps["staleness/max"].max()),
         "staleness_mean": float(trained.staleness.mean()) if len(trained) else 0.0,
         "trained_length_bias": float(np.average(steps["trained_length_bias"], weights=steps["num_samples"])),
+        "trained_length_bias_range": [float(bias.min()), float(bias.max())],
+        "length_order_bias_range": [float(order.min()), float(order.max())],
         "num_requests": len(requests),
         "trained_samples": len(trained),
         "preemptions": int(requests.preemptions.sum()),
