@@ -152,11 +152,8 @@ class HistoPipePolicy:
         for grp, k in zip(groups, ks, strict=True):
             mine = instances[start : start + k]
             start += k
-            j = 0
-            for p in grp:
-                for _ in range(r0):
-                    actions.append(Launch(p, 1, instance=mine[j % k]))
-                    j += 1
+            for j, p in enumerate(grp):
+                actions.append(Launch(p, r0, instance=tuple(mine[(j * r0 + s) % k] for s in range(r0))))
         return actions
 
     def on_event(self, event: Event, view: PolicyView) -> list[Action]:

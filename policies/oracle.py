@@ -75,7 +75,9 @@ class OraclePolicy:
         # The driver numbers a prompt's samples in launch order, so each prompt launches its
         # samples in order; prompts go longest first so FCFS admission starts long work first.
         order = sorted(prompts, key=lambda p: (-max(lengths[p], default=0), p))
-        actions: list[Action] = [Launch(p, 1, instance=where[(p, s)]) for p in order for s in range(len(lengths[p]))]
+        actions: list[Action] = [
+            Launch(p, len(lengths[p]), instance=tuple(where[(p, s)] for s in range(len(lengths[p])))) for p in order
+        ]
         return actions
 
     def on_event(self, event: Event, view: PolicyView) -> list[Action]:

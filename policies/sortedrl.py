@@ -16,7 +16,9 @@ training starts long before the whole rollout batch is done.
 
 Parameters (the paper's values are not public; defaults are assumptions):
 - `rollout_batch`: prompts kept in flight; default None = 2 x P0.
-- `mode`: `on_policy` (default; staleness always 0) or `partial` (staleness <= max_staleness).
+- `mode`: `on_policy` (default; staleness 0, but every update aborts and regenerates what is in
+  flight, which wastes many tokens) or `partial` (the abstract's cache-based control of
+  off-policyness; staleness <= max_staleness, far less waste).
 - `max_staleness`: 1 (partial mode only).
 A group that becomes ready beyond the P0 of an update is, in on-policy mode, regenerated after
 the update (it is stale); partial mode keeps it while its staleness allows. At the end of the

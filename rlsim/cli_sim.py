@@ -205,7 +205,7 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         "policy",
         *[f"epoch {e} (h)" for e in epochs],
         "speedup",
-        "rollout share",
+        "rollout",
         "bubble",
         "wasted tok",
         "staleness",
@@ -213,7 +213,7 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         "order bias",
     ]
     for c in cols:
-        table.add_column(c, justify="left" if c == "policy" else "right")
+        table.add_column(c, justify="left" if c == "policy" else "right", no_wrap=True)
     for r in rows:
         sp = "-" if r["speedup_vs_sync"] is None else f"{r['speedup_vs_sync']:.2f}x"
         table.add_row(
@@ -224,14 +224,14 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
             f"{r['bubble_ratio']:.0%}",
             f"{r['wasted_tokens']:,.0f}",
             f"{r['staleness_max']:.0f}/{r['staleness_mean']:.2f}",
-            "{:.2f} ({:.2f}-{:.2f})".format(r["trained_length_bias"], *r["trained_length_bias_range"]),
+            f"{r['trained_length_bias']:.2f}",
             "{:.2f}-{:.2f}".format(*r["length_order_bias_range"]),
         )
     table.caption = (
-        "speedup: total time of sync / this policy; rollout share: gen time / step time; bubble: idle "
+        "speedup: total time of sync / this policy; rollout: gen time / step time; bubble: idle "
         "instance-time / (instances x gen time); wasted tok: tokens generated for samples never trained; "
         "staleness: max/mean policy versions between launch and training; length bias: mean trained "
-        "length / mean length of the same prompts' samples, run mean (step min-max); order bias: step mean trained "
+        "length / mean length of the same prompts' samples; order bias: step mean trained "
         "length / epoch mean, min-max over steps; oracle: knows every "
         "length in advance, a lower bound for synchronous steps, not a real system"
     )

@@ -211,10 +211,13 @@ class Driver:
         return chunk
 
     # ---- actions --------------------------------------------------------------------------
-    def _instance_for(self, launch: Launch) -> int:
+    def _instance_for(self, launch: Launch) -> int | tuple[int, ...]:
         if launch.instance is not None:
-            if not 0 <= launch.instance < self.engine.num_instances:
-                raise RlsimError(f"policy chose instance {launch.instance} of {self.engine.num_instances}")
+            chosen = launch.instance if isinstance(launch.instance, tuple) else (launch.instance,)
+            if isinstance(launch.instance, tuple) and len(chosen) != launch.num_samples:
+                raise RlsimError(f"policy gave {len(chosen)} instances for {launch.num_samples} samples")
+            if not all(0 <= i < self.engine.num_instances for i in chosen):
+                raise RlsimError(f"policy chose instance {max(chosen)} of {self.engine.num_instances}")
             return launch.instance
         if self.cluster.dispatch == "least_loaded" and hasattr(self.engine, "load"):
             return min(range(self.engine.num_instances), key=self.engine.load)
@@ -256,6 +259,7 @@ class Driver:
         first = self.next_sample.get(visit, 0)
         self.next_sample[visit] = first + act.num_samples
         flight = self.in_flight.setdefault(act.prompt_id, set())
+        per_sample = isinstance(inst, tuple)
         out = []
         for k in range(first, first + act.num_samples):
             # Past the trace's samples, reuse them cyclically (counted in the summary).
@@ -263,7 +267,8 @@ class Driver:
             self.reused_samples += k >= self.index.samples
             target, prompt_tokens = self.index.length(epoch, act.prompt_id, s)
             rid = len(self.requests)
-            req = Request(rid, act.prompt_id, s, epoch, prompt_tokens, max_tokens, target, inst, self.version)
+            where = inst[k - first] if per_sample else inst
+            req = Request(rid, act.prompt_id, s, epoch, prompt_tokens, max_tokens, target, where, self.version)
             self.requests[rid] = req
             flight.add(rid)
             out.append(req)
@@ -277,18 +282,20 @@ class Driver:
         self.reward_done[rid] = done
 
     def handle(self, ev) -> None:  # noqa: ANN001 - an Event
-        if isinstance(ev, Finished):
-            req = self.requests[ev.request_id]
-            self.in_flight[req.prompt_id].discard(ev.request_id)
+        kind = type(ev)
+        if kind is Finished:
+            rid = ev.request_id
+            req = self.requests[rid]
+            self.in_flight[req.prompt_id].discard(rid)
             self.finished.setdefault((req.epoch, req.prompt_id), []).append(ev.num_output_tokens)
-            first = self.first_token.get(ev.request_id)
-            self.records.finish(ev, first, "finished")
-            self._reward(ev.request_id, ev.time)
-        elif isinstance(ev, Aborted):
-            req = self.requests[ev.request_id]
-            self.in_flight[req.prompt_id].discard(ev.request_id)
-            first = self.first_token.get(ev.request_id)
-            self.records.finish(ev, first, "aborted")
+            self.records.finish(
+                rid, ev.time, ev.num_output_tokens, ev.finish_reason, self.first_token.get(rid), "finished"
+            )
+            self._reward(rid, ev.time)
+        elif kind is Aborted:
+            rid = ev.request_id
+            self.in_flight[self.requests[rid].prompt_id].discard(rid)
+            self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.get(rid), "aborted")
         elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
 
@@ -309,12 +316,15 @@ class Driver:
             if not events:
                 raise RuntimeError("engine stalled while training")
             done = False
+            self.view.now = self.engine.now
             for ev in events:
                 if isinstance(ev, Timer) and ev.tag == "train_done":
                     done = True
                 else:
                     self.handle(ev)
-                    self.apply(self.policy.on_event(ev, self.view))
+                    acts = self.policy.on_event(ev, self.view)
+                    if acts:
+                        self.apply(acts)
             if done:
                 break
         self.engine.resume()
@@ -351,11 +361,12 @@ def run_loop(
             events = engine.step()
             if not events:
                 raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
+            view.now = engine.now
             for ev in events:
                 drv.handle(ev)
-                view.now = engine.now
-                got = drv.apply(policy.on_event(ev, view))
-                train = train or got
+                acts = policy.on_event(ev, view)
+                if acts:
+                    train = drv.apply(acts) or train
         drv.train(train, window)
         view.step += 1
         if progress is not None:

@@ -1,4 +1,7 @@
-"""The boundary types between driver, engines and policies: plain frozen dataclasses.
+"""The boundary types between driver, engines and policies: plain immutable data.
+
+Requests and events are `NamedTuple`s (one is made per sample, so they must be cheap to create);
+actions are frozen dataclasses.
 
 An `Engine` (simulated or real vLLM) accepts `Request`s and returns `Event`s; a `Policy` reads a
 `PolicyView` and answers `Action`s. Nothing here imports simpy or vllm, so policies stay plain
@@ -10,11 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     """One sample to generate. `target_tokens` is the engine's secret: policies never see it."""
 
     request_id: int
@@ -28,8 +30,7 @@ class Request:
     policy_version: int
 
 
-@dataclass(frozen=True, slots=True)
-class RequestInfo:
+class RequestInfo(NamedTuple):
     """What a policy may know about a launched request (no `target_tokens`)."""
 
     request_id: int
@@ -44,8 +45,7 @@ class RequestInfo:
 # ---- events (engine -> driver -> policy) -------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
+class Finished(NamedTuple):
     request_id: int
     time: float
     instance: int
@@ -53,24 +53,21 @@ class Finished:
     finish_reason: str  # "stop" or "length"
 
 
-@dataclass(frozen=True, slots=True)
-class Aborted:
+class Aborted(NamedTuple):
     request_id: int
     time: float
     instance: int
     num_output_tokens: int  # tokens generated before the abort (wasted)
 
 
-@dataclass(frozen=True, slots=True)
-class Preempted:
+class Preempted(NamedTuple):
     request_id: int
     time: float
     instance: int
     num_output_tokens: int  # generated so far; its KV is dropped and recomputed on readmission
 
 
-@dataclass(frozen=True, slots=True)
-class Timer:
+class Timer(NamedTuple):
     tag: str
     time: float
 
@@ -88,7 +85,7 @@ class Launch:
     prompt_id: int
     num_samples: int
     max_tokens: int | None = None  # default: the run's max_response_len
-    instance: int | None = None  # default: the driver's dispatch rule
+    instance: int | tuple[int, ...] | None = None  # one for all samples, one per sample, or dispatch
     restart: bool = False  # forget the visit's earlier samples and draw again from its first sample
 
 

@@ -104,12 +104,12 @@ class Records:
         ):  # fmt: skip
             c[name].extend([value] * k)
 
-    def finish(self, ev, first_token: float | None, outcome: str) -> None:  # noqa: ANN001
-        c, r = self.cols, ev.request_id
-        c["finish_time"][r] = ev.time
-        c["num_output_tokens"][r] = ev.num_output_tokens
+    def finish(self, r: int, time: float, tokens: int, reason: str, first_token: float | None, outcome: str) -> None:
+        c = self.cols
+        c["finish_time"][r] = time
+        c["num_output_tokens"][r] = tokens
         c["outcome"][r] = outcome
-        c["finish_reason"][r] = getattr(ev, "finish_reason", "abort")
+        c["finish_reason"][r] = reason
         if first_token is not None:
             c["first_token_time"][r] = first_token
 

@@ -143,13 +143,15 @@ class SimEngine:
 
     def step(self) -> list[Event]:
         env = self.env
-        while not self._outbox:
-            if env.peek() == math.inf:
+        outbox, peek, advance = self._outbox, env.peek, env.step
+        while not outbox:
+            if peek() == math.inf:
                 return []
-            env.step()
+            advance()
+            outbox = self._outbox
         now = env.now
-        while env.peek() <= now:  # everything else happening at this instant
-            env.step()
+        while peek() <= now:  # everything else happening at this instant
+            advance()
         out, self._outbox = self._outbox, []
         return out
 
@@ -318,7 +320,8 @@ class SimEngine:
     def _run(self, inst: _Instance):  # noqa: ANN202 - SimPy generator
         env = self.env
         while True:
-            self._apply_aborts(inst)
+            if inst.aborts:
+                self._apply_aborts(inst)
             if self._paused:
                 yield self._resume
                 continue

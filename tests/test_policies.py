@@ -89,7 +89,7 @@ def test_sortedrl_trains_shortest_groups_first_on_policy() -> None:
     regenerates the rest after the update, and never trains a stale sample."""
     lengths = np.repeat(np.arange(1, 33)[None, :, None] * 50, 4, axis=2)  # prompt i: 50*(i+1) tokens
     tr = make_trace(lengths)
-    req, steps, _ = run("sortedrl", tr, 4, 4)
+    req, steps, _ = run("sortedrl(mode=on_policy)", tr, 4, 4)
     first = req[req.trained_step == 0]
     taken_first = req[req.step == 0].prompt_id.unique()
     assert sorted(first.prompt_id.unique()) == sorted(sorted(taken_first)[:4])
