@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from policies.groups import GroupCache
 from rlsim.errors import RlsimError
-from rlsim.protocol import Action, Event, Finished, PolicyView, Train
+from rlsim.protocol import Action, Event, PolicyView, Train
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +63,14 @@ class AsyncPartialPolicy:
         return actions + self._maybe_train(view)
 
     def on_event(self, event: Event, view: PolicyView) -> list[Action]:
-        if not isinstance(event, Finished) or self.cache is None:
+        if self.cache is None:
             return []
-        info = view.request(event.request_id)
-        self.cache.finished(info.prompt_id, event.request_id, info.policy_version)
+        self.cache.book(event, view)
         return [] if self.training else self._maybe_train(view)
 
     def _maybe_train(self, view: PolicyView) -> list[Action]:
         cache, p0 = self.cache, view.prompts_per_step
-        if not cache.ready or not (len(cache.ready) >= p0 or (self.starved and cache.all_ready())):
+        if not cache.update_due(p0, self.starved):
             return []
         self.training = True
         ids = cache.take_ready(p0)

@@ -9,7 +9,7 @@ cross-step tier; it only books what the policy was told, never a length it could
 
 from __future__ import annotations
 
-from rlsim.protocol import Abort, Launch, PolicyView
+from rlsim.protocol import Abort, Event, Finished, Launch, PolicyView
 
 
 class GroupCache:
@@ -49,6 +49,16 @@ class GroupCache:
 
     def all_ready(self) -> bool:
         return len(self.ready) == len(self.prompts)
+
+    def book(self, event: Event, view: PolicyView) -> None:
+        """Book a `Finished` event of one of the cached prompts (other events are ignored)."""
+        if isinstance(event, Finished):
+            info = view.request(event.request_id)
+            self.finished(info.prompt_id, event.request_id, info.policy_version)
+
+    def update_due(self, prompts_per_step: int, starved: bool) -> bool:
+        """P0 groups are ready, or the data ran out and every cached group is ready."""
+        return bool(self.ready) and (len(self.ready) >= prompts_per_step or (starved and self.all_ready()))
 
     def take_ready(self, n: int) -> list[int]:
         """Request ids of the first n ready groups (completion order); they leave the cache."""
