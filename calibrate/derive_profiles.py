@@ -46,21 +46,18 @@ OPS = (
     "add",
 )
 
-# name: (params, layers, hidden, kv_heads, head_dim, vocab, tp, measured reference)
+# name: (params, layers, hidden, kv_heads, head_dim, vocab, measured reference)
 MODELS = {
-    "qwen2.5-7b": (7.62e9, 28, 3584, 4, 128, 152064, 1, "meta-llama/Llama-2-7b-hf"),
-    "qwen2.5-14b": (14.7e9, 48, 5120, 8, 128, 152064, 2, "codellama/CodeLlama-34b-Instruct-hf"),
-    "qwen2.5-32b": (32.5e9, 64, 5120, 8, 128, 152064, 2, "codellama/CodeLlama-34b-Instruct-hf"),
+    "qwen2.5-7b": (7.62e9, 28, 3584, 4, 128, 152064, "meta-llama/Llama-2-7b-hf"),
+    "qwen2.5-14b": (14.7e9, 48, 5120, 8, 128, 152064, "codellama/CodeLlama-34b-Instruct-hf"),
+    "qwen2.5-32b": (32.5e9, 64, 5120, 8, 128, 152064, "codellama/CodeLlama-34b-Instruct-hf"),
 }
+# (model, rollout TP) pairs shipped; TP4 for 32B is what veRL's DAPO recipe uses at 20k+ lengths.
+SHIPPED = (("qwen2.5-7b", 1), ("qwen2.5-14b", 2), ("qwen2.5-32b", 2), ("qwen2.5-32b", 4))
 REFERENCE = {
     "meta-llama/Llama-2-7b-hf": (6.74e9, 32),
     "codellama/CodeLlama-34b-Instruct-hf": (33.7e9, 48),
 }
-
-
-def _train(params: float) -> dict:
-    """(6 + 2) x params FLOPs per trained token at 35% MFU of an H100's dense bf16 peak, 5 s fixed."""
-    return {"flops_per_token": 8 * params, "peak_flops_per_gpu": H100_BF16, "mfu": 0.35, "fixed_s": 5.0}
 
 
 def _train(params: float) -> dict:
@@ -75,10 +72,10 @@ def _linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return float(c0), float(c1), mape
 
 
-def derive_h100(name: str, vidur: Path) -> dict:
+def derive_h100(name: str, tp: int, vidur: Path) -> dict:
     import pandas as pd
 
-    params, layers, hidden, kv_heads, head_dim, vocab, tp, ref = MODELS[name]
+    params, layers, hidden, kv_heads, head_dim, vocab, ref = MODELS[name]
     ref_params, ref_layers = REFERENCE[ref]
     table = pd.read_csv(vidur / "h100" / ref / "mlp.csv")
     rows = table[table.num_tensor_parallel_workers == tp].sort_values("num_tokens")
@@ -155,7 +152,7 @@ def main() -> None:
     ap.add_argument("--vidur", type=Path, default=default)
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    profiles = [derive_h100(m, args.vidur) for m in MODELS] + [h200_llama_8b()]
+    profiles = [derive_h100(m, tp, args.vidur) for m, tp in SHIPPED] + [h200_llama_8b()]
     for prof in profiles:
         (OUT / f"{prof['name']}.json").write_text(json.dumps(prof, indent=2) + "\n")
         print(f"wrote {prof['name']}")

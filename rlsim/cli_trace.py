@@ -103,6 +103,13 @@ def synth(
     prompts_per_step: int = typer.Option(512, help="Maps epochs to training steps for growth."),
     max_response_len: int | None = typer.Option(None, help="Cap (default: the preset's)."),
     rho: float | None = typer.Option(None, help="Cross-epoch correlation of a prompt's latent length."),
+    prompt_share: float | None = typer.Option(
+        None, help="Share of length variance the prompt explains (default: the preset's)."
+    ),
+    start_step: int = typer.Option(0, help="Training step the trace starts at (lengths grow with steps)."),
+    clip_ratio: float | None = typer.Option(
+        None, help="Raise the tail so at least this share of responses hit the cap (runaway responses)."
+    ),
     seed: int = typer.Option(0, help="Random seed; same seed, same bytes."),
     token_ids: bool = typer.Option(False, "--token-ids", help="Add synthetic output_token_ids."),
     reuse_fraction: float = typer.Option(0.85, help="Token reuse from the previous visit."),
@@ -123,6 +130,9 @@ def synth(
         prompts_per_step=prompts_per_step,
         max_response_len=max_response_len,
         rho=rho,
+        prompt_share=prompt_share,
+        start_step=start_step,
+        clip_ratio=clip_ratio,
         seed=seed,
         token_ids=token_ids,
         reuse_fraction=reuse_fraction,

@@ -39,6 +39,9 @@ class SynthConfig:
     prompts_per_step: int = 512
     max_response_len: int | None = None
     rho: float | None = None
+    prompt_share: float | None = None
+    start_step: int = 0
+    clip_ratio: float | None = None
     seed: int = 0
     token_ids: bool = False
     reuse_fraction: float = 0.85
@@ -57,6 +60,12 @@ class SynthConfig:
             raise RlsimError(f"max_response_len must be positive, got {self.max_response_len}")
         if self.rho is not None and not 0.0 <= self.rho <= 1.0:
             raise RlsimError(f"rho must be between 0 and 1, got {self.rho}")
+        if self.prompt_share is not None and not 0.0 <= self.prompt_share <= 1.0:
+            raise RlsimError(f"prompt_share must be between 0 and 1, got {self.prompt_share}")
+        if self.clip_ratio is not None and not 0.0 < self.clip_ratio < 0.5:
+            raise RlsimError(f"clip_ratio must be between 0 and 0.5, got {self.clip_ratio}")
+        if self.start_step < 0:
+            raise RlsimError(f"start_step must be >= 0, got {self.start_step}")
         if not 0.0 <= self.reuse_fraction <= 1.0:
             raise RlsimError(f"reuse_fraction must be between 0 and 1, got {self.reuse_fraction}")
 
@@ -81,16 +90,39 @@ def load_prompts(path: str | Path) -> pd.DataFrame:
     return df[keep].sort_values("prompt_id").reset_index(drop=True)
 
 
-def epoch_growth(preset: Preset, num_prompts: int, prompts_per_step: int, epochs: int) -> list[float]:
-    """Mean-length multiplier per epoch: the growth curve averaged over the epoch's steps."""
+def epoch_growth(
+    preset: Preset, num_prompts: int, prompts_per_step: int, epochs: int, start_step: int = 0
+) -> list[float]:
+    """Mean-length multiplier per epoch: the growth curve averaged over the epoch's steps, the
+    first epoch starting `start_step` training steps into the run."""
     steps = math.ceil(num_prompts / prompts_per_step)
-    return [float(np.mean([preset.growth(s) for s in range(e * steps, (e + 1) * steps)])) for e in range(epochs)]
+    first = start_step
+    return [
+        float(np.mean([preset.growth(s) for s in range(first + e * steps, first + (e + 1) * steps)]))
+        for e in range(epochs)
+    ]
 
 
 def _normal_scores(values: np.ndarray) -> np.ndarray:
     """Rank-based standard-normal scores (ties broken by position, deterministic)."""
     ranks = np.argsort(np.argsort(values, kind="stable"), kind="stable")
     return special.ndtri((ranks + 0.5) / len(values))
+
+
+def stretch_tail(preset: Preset, z: np.ndarray, clip_ratio: float, log_cap: float) -> np.ndarray:
+    """Raise the upper tail so that at least `clip_ratio` of responses reach the cap.
+
+    Between the quantile levels 1 - 5 * clip_ratio (z_a) and 1 - clip_ratio (z_c) the log length
+    rises linearly from the preset's value at z_a to the cap; above z_c it is at the cap. Below
+    z_a the preset is unchanged, and nothing is ever made shorter. This is how RL runs look when a
+    share of responses run away (repetition loops) until truncated, veRL's
+    `response_length/clip_ratio`."""
+    z_c = float(special.ndtri(1.0 - clip_ratio))
+    z_a = float(special.ndtri(1.0 - min(5.0 * clip_ratio, 0.5)))
+    log_len = preset.log_length(z)
+    base_a = float(preset.log_length(np.array([z_a]))[0])
+    stretched = base_a + (z - z_a) / (z_c - z_a) * (log_cap - base_a)
+    return np.where(z > z_a, np.maximum(log_len, stretched), log_len)
 
 
 def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trace:
@@ -120,15 +152,19 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
     n_p, n_s, n_e = len(prompt_ids), config.samples_per_prompt, config.epochs
     c = preset.prompt_len_corr
     latent = c * z_prompt + math.sqrt(1.0 - c * c) * rng.standard_normal(n_p)
-    growth = epoch_growth(preset, n_p, config.prompts_per_step, n_e)
-    share = preset.prompt_share
+    growth = epoch_growth(preset, n_p, config.prompts_per_step, n_e, config.start_step)
+    share = preset.prompt_share if config.prompt_share is None else config.prompt_share
     lengths = np.empty((n_e, n_p, n_s), dtype=np.int64)
     for e in range(n_e):
         if e > 0:
             latent = rho * latent + math.sqrt(1.0 - rho * rho) * rng.standard_normal(n_p)
         eps = rng.standard_normal((n_p, n_s))
         z = math.sqrt(share) * latent[:, None] + math.sqrt(1.0 - share) * eps
-        raw = np.exp(preset.log_length(z)) * growth[e]
+        if config.clip_ratio is None:
+            log_len = preset.log_length(z)
+        else:
+            log_len = stretch_tail(preset, z, config.clip_ratio, math.log(max_len / growth[e]))
+        raw = np.exp(log_len) * growth[e]
         lengths[e] = np.clip(np.rint(raw), 1, max_len).astype(np.int64)
 
     table = pd.DataFrame(
@@ -144,7 +180,12 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
     if prompts is not None and "prompt_text" in prompts.columns:
         table["prompt_text"] = np.tile(np.repeat(prompts["prompt_text"].to_numpy(), n_s), n_e)
 
-    params = {k: v for k, v in asdict(config).items() if k not in ("token_ids", "reuse_fraction")}
+    # Knobs left at "off" are not recorded, so traces made before they existed keep their bytes.
+    params = {
+        k: v
+        for k, v in asdict(config).items()
+        if k not in ("token_ids", "reuse_fraction") and not (k in ("start_step", "clip_ratio") and not v)
+    }
     params.update(
         num_prompts=n_p,
         rho=rho,
@@ -154,6 +195,8 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
         prompts="table" if prompts is not None else "synthetic",
         fitted_to=preset.fitted_to,
     )
+    if config.clip_ratio is not None:
+        params["clip_ratio_realised"] = round(float((lengths >= max_len).mean()), 5)
     token_kind = None
     if config.token_ids:
         try:

@@ -89,6 +89,35 @@ def test_growth_follows_dapo_curve() -> None:
     assert means[0] > means[2]
 
 
+def test_start_step_moves_along_the_growth_curve() -> None:
+    """start_step=2000 scales lengths by DAPO's mean at step 2000 over step 0 (2,648 / 734)."""
+    cfg = dict(num_prompts=512, samples_per_prompt=4, epochs=1, seed=0, prompts_per_step=512)
+    early = synthesize(SynthConfig(**cfg)).table["num_output_tokens"]
+    late = synthesize(SynthConfig(**cfg, start_step=2000, max_response_len=10**6)).table["num_output_tokens"]
+    assert late.median() / early.median() == pytest.approx(2648 / 734, rel=0.02)
+
+
+def test_prompt_share_override_sets_the_between_prompt_share() -> None:
+    """A prompt_share override is what fit_prompt_share measures back (within sampling error)."""
+    for share in (0.2, 0.9):
+        trace = synthesize(SynthConfig(num_prompts=1500, samples_per_prompt=8, epochs=1, seed=1, prompt_share=share))
+        measured = fit_prompt_share(trace.table["num_output_tokens"].to_numpy().reshape(1500, 8))
+        assert measured == pytest.approx(share, abs=0.06)
+        assert trace.meta.source_params["prompt_share"] == share
+
+
+def test_clip_ratio_raises_only_the_tail() -> None:
+    """clip_ratio=0.01 caps about 1% of responses; the body of the distribution is unchanged."""
+    cfg = dict(num_prompts=2000, samples_per_prompt=8, epochs=1, seed=4, max_response_len=32768)
+    plain = synthesize(SynthConfig(**cfg)).table["num_output_tokens"].to_numpy()
+    tail = synthesize(SynthConfig(**cfg, clip_ratio=0.01)).table["num_output_tokens"].to_numpy()
+    assert (plain >= 32768).mean() < 0.001
+    assert 0.008 < (tail >= 32768).mean() < 0.012
+    assert (tail >= plain).all()
+    body = plain <= np.quantile(plain, 0.94)  # the stretch starts at the 95th percentile
+    assert (tail[body] == plain[body]).all()
+
+
 def test_cap_sets_finish_reason_length() -> None:
     """Responses reaching max_response_len are marked 'length', all others 'stop'."""
     trace = synthesize(SynthConfig(num_prompts=300, samples_per_prompt=8, epochs=1, max_response_len=600, seed=0))
@@ -155,6 +184,12 @@ def test_bad_config_is_a_clear_error() -> None:
     """Impossible knobs raise RlsimError naming the knob."""
     with pytest.raises(RlsimError, match="rho must be between 0 and 1"):
         SynthConfig(rho=1.5)
+    with pytest.raises(RlsimError, match="clip_ratio must be between 0 and 0.5"):
+        SynthConfig(clip_ratio=0.7)
+    with pytest.raises(RlsimError, match="prompt_share must be between 0 and 1"):
+        SynthConfig(prompt_share=-0.1)
+    with pytest.raises(RlsimError, match="start_step must be >= 0"):
+        SynthConfig(start_step=-1)
     with pytest.raises(RlsimError, match="unknown preset"):
         SynthConfig(preset="nope")
     with pytest.raises(RlsimError, match="give --num-prompts"):
