@@ -73,6 +73,11 @@ def check_records_dir(out: Path, model: str) -> None:
 
 def check_grid(cfg: DecodeConfig, facts: dict) -> None:
     """The largest cell must fit the engine's KV cache and context limit."""
+    if max(cfg.batch_sizes) > facts["max_num_seqs"]:
+        raise RlsimError(
+            f"batch size {max(cfg.batch_sizes)} exceeds the engine's max_num_seqs "
+            f"{facts['max_num_seqs']}; shrink the grid"
+        )
     cap = facts["kv_capacity_tokens"]
     need = max(cfg.batch_sizes) * (max(cfg.prompt_lens) + cfg.output_len)
     if need > cap:
@@ -113,7 +118,11 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
     check_records_dir(cfg.out, cfg.model)
     max_len = max(cfg.prompt_lens) + max(cfg.output_len, 8 * cfg.workload_median) + 16
     eng = Engine(
-        cfg.model, tp=cfg.tp, seed=cfg.seed, max_model_len=max_len, max_num_seqs=max(256, max(cfg.batch_sizes))
+        cfg.model,
+        tp=cfg.tp,
+        seed=cfg.seed,
+        max_model_len=max_len,
+        max_num_seqs=min(max(256, max(cfg.batch_sizes)), 1024),
     )
     facts = dict(eng.facts)
     facts["vocab_size"] = int(eng.engine.vllm_config.model_config.get_vocab_size())

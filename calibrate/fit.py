@@ -114,7 +114,17 @@ def _bucket(b: float) -> str:
 
 def fit_iterations(df: pd.DataFrame, seed: int = 0, holdout: float = 0.25) -> FitResult:
     """NNLS on relative error over the model-running iterations; held-out MAPE."""
-    rows = df[df["phase"].isin(["grid", "spec"]) & ((df["num_generation_requests"] + df["num_ctx_requests"]) > 0)]
+    usable = (df["num_generation_requests"] + df["num_ctx_requests"]) > 0
+    spec = df["phase"] == "spec"
+    if spec.any():
+        # HistoSpec's verify steps only (other drafters' own costs are not the model's), and not
+        # the first iterations of each fresh engine (warm-up, JIT compilation).
+        first = df[spec].groupby(["method", "visit"]).cumcount() < 2
+        keep_spec = spec & (df.get("method") == "histospec")
+        keep_spec.loc[first[first].index] = False
+    else:
+        keep_spec = spec
+    rows = df[usable & ((df["phase"] == "grid") | keep_spec)]
     if len(rows) < 20:
         raise RlsimError(f"only {len(rows)} usable iterations; run a larger grid")
     x, y = features(rows), rows["step_s"].to_numpy(float)
@@ -166,6 +176,20 @@ def train_cost(train: dict[str, Any] | None) -> tuple[dict[str, float], float, s
     )
 
 
+def acceptance_prob(summary: dict[str, Any]) -> float | None:
+    """Per-token acceptance probability of the simulator's chain model from vLLM's per-position
+    counters: accepted tokens at position i over the drafts that reached i with every earlier
+    token accepted (estimated as accepted(i-1) x drafted(i) / drafted(i-1))."""
+    counts = summary.get("per_pos_counts", [])
+    acc = [a for a, _ in counts]
+    dr = [d for _, d in counts]
+    if not dr or dr[0] == 0:
+        return None
+    trials = dr[0] + sum(acc[i - 1] * dr[i] / dr[i - 1] for i in range(1, len(dr)) if dr[i - 1])
+    p = sum(acc) / trials if trials else 0.0
+    return min(max(p, 0.0), 0.99)
+
+
 def build_profile(rec: Records, fit: FitResult, name: str | None = None) -> dict[str, Any]:
     """The profile JSON: fitted coefficients, engine facts, training cost, provenance."""
     f = rec.facts
@@ -206,9 +230,12 @@ def build_profile(rec: Records, fit: FitResult, name: str | None = None) -> dict
         },
     }
     if rec.spec:
-        prof["spec"] = {
-            k: rec.spec[k] for k in ("mean_acceptance_length", "acceptance_rate", "per_position") if k in rec.spec
-        }
+        keys = ("mean_acceptance_length", "acceptance_rate", "per_position")
+        prof["spec"] = {k: rec.spec[k] for k in keys if k in rec.spec}
+        p = acceptance_prob(rec.spec["results"]["histospec"].get("visit2", {}))
+        if p is not None:
+            prof["spec"]["acceptance_prob"] = round(p, 4)
+            prof["spec"]["source"] = "HistoSpec drafter under vLLM, second visit (calibrate.spec)"
     return prof
 
 

@@ -1,0 +1,93 @@
+"""The HistoSpec drafter (`rlsim.drafter`) behind vLLM's `custom_class` speculative hook.
+
+    speculative_config={"method": "custom_class",
+                        "model": "calibrate.histospec_proposer.HistoSpecProposer",
+                        "num_speculative_tokens": 16}
+
+History comes from the JSON Lines file named by `RLSIM_HISTOSPEC_HISTORY` (one line per prompt:
+`{"prompt_token_ids": [...], "responses": [[...], ...]}`), the previous visit's responses. A
+request whose prompt has no history gets no drafts, as on a prompt's first visit. vLLM hands the
+proposer each running row's tokens (prompt + output so far) without request ids, so the prompt is
+recognised by matching the row's prefix against the history's prompts. The per-request draft
+length adapts as in HistoSpec (2..16, double on full acceptance, halve otherwise); acceptance of
+the previous draft is read from how many tokens the row gained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rlsim.drafter import AdaptiveDraftLength, DrafterConfig, SuffixDrafter
+
+HISTORY_ENV = "RLSIM_HISTOSPEC_HISTORY"
+
+
+def load_history(path: str | Path | None) -> dict[tuple[int, ...], list[list[int]]]:
+    if not path or not Path(path).exists():
+        return {}
+    out: dict[tuple[int, ...], list[list[int]]] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out.setdefault(tuple(row["prompt_token_ids"]), []).extend(row["responses"])
+    return out
+
+
+class HistoSpecProposer:
+    """A vLLM proposer: `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)`."""
+
+    def __init__(self, vllm_config) -> None:  # noqa: ANN001 - vLLM's VllmConfig
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        self.config = DrafterConfig(max_draft=max(2, min(16, self.k)), init_draft=2)
+        history = load_history(os.environ.get(HISTORY_ENV))
+        self.drafters = {p: SuffixDrafter(r, self.config) for p, r in history.items()}
+        self.prompt_lens = sorted({len(p) for p in history}, reverse=True)
+        # row -> (prompt key, tokens at the last proposal, draft length, adaptive state)
+        self.rows: dict[int, tuple[tuple[int, ...] | None, int, int, AdaptiveDraftLength]] = {}
+
+    def load_model(self, *args, **kwargs) -> None:  # no weights
+        pass
+
+    def _prompt_of(self, row_tokens) -> tuple[int, ...] | None:  # noqa: ANN001
+        for n in self.prompt_lens:
+            if len(row_tokens) > n:
+                key = tuple(int(t) for t in row_tokens[:n])
+                if key in self.drafters:
+                    return key
+        return None
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):  # noqa: ANN001
+        drafts: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            n = int(num_tokens_no_spec[i])
+            if not len(sampled) or not self.drafters:
+                drafts.append([])
+                continue
+            tokens = token_ids_cpu[i, :n]
+            state = self.rows.get(i)
+            if (
+                state is None
+                or state[0] is None
+                or n <= state[1]
+                or tuple(int(t) for t in tokens[: len(state[0])]) != state[0]
+            ):
+                key = self._prompt_of(tokens)
+                state = (key, n, 0, AdaptiveDraftLength(self.config))
+            else:
+                key, last_n, last_k, length = state
+                if last_k:
+                    length.update(last_k, max(0, min(last_k, n - last_n - 1)))
+                state = (key, n, 0, length)
+            key, _, _, length = state
+            if key is None:
+                self.rows[i] = state
+                drafts.append([])
+                continue
+            context = [int(t) for t in tokens[max(len(key), n - self.config.max_match) : n]]
+            draft = self.drafters[key].propose(context, min(length.k, self.k))
+            self.rows[i] = (key, n, len(draft), length)
+            drafts.append(draft)
+        return drafts

