@@ -203,7 +203,7 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
     return cfg.out
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def parse_ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             model=args.model,
             out=args.out,
             tp=args.tp,
-            batch_sizes=_ints(args.batch_sizes) if args.batch_sizes else b,
-            prompt_lens=_ints(args.prompt_lens) if args.prompt_lens else p,
+            batch_sizes=parse_ints(args.batch_sizes) if args.batch_sizes else b,
+            prompt_lens=parse_ints(args.prompt_lens) if args.prompt_lens else p,
             output_len=args.output_len or n,
             seed=args.seed,
         )

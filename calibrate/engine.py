@@ -66,7 +66,6 @@ class _Sink:
 
     def __init__(self) -> None:
         self.details: list[Any] = []
-        self.kv_usage: list[float] = []
         self.spec = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "per_pos": []}
 
 
@@ -82,7 +81,6 @@ def _logger_factory(sink: _Sink):
                 return
             if scheduler_stats.iteration_details is not None:
                 self.sink.details.append(scheduler_stats.iteration_details)
-                self.sink.kv_usage.append(scheduler_stats.kv_cache_usage)
             sd = scheduler_stats.spec_decoding_stats
             if sd is not None:
                 s = self.sink.spec
@@ -123,7 +121,7 @@ class Engine:
         from vllm import EngineArgs, LLMEngine
 
         self.sink = _Sink()
-        on_cpu = "cpu" in vllm.__version__ or _is_cpu_build()
+        on_cpu = _is_cpu_build()
         kwargs: dict[str, Any] = dict(
             model=model,
             tensor_parallel_size=tp,

@@ -115,23 +115,23 @@ def _bucket(b: float) -> str:
 def fit_iterations(df: pd.DataFrame, seed: int = 0, holdout: float = 0.25) -> FitResult:
     """NNLS on relative error over the model-running iterations; held-out MAPE."""
     usable = (df["num_generation_requests"] + df["num_ctx_requests"]) > 0
-    spec = df["phase"] == "spec"
-    if spec.any():
+    keep = df["phase"] == "grid"
+    if "method" in df.columns:
         # HistoSpec's verify steps only (other drafters' own costs are not the model's), and not
         # the first iterations of each fresh engine (warm-up, JIT compilation).
-        first = df[spec].groupby(["method", "visit"]).cumcount() < 2
-        keep_spec = spec & (df.get("method") == "histospec")
-        keep_spec.loc[first[first].index] = False
-    else:
-        keep_spec = spec
-    rows = df[usable & ((df["phase"] == "grid") | keep_spec)]
+        spec = (df["phase"] == "spec") & (df["method"] == "histospec")
+        warm = df[spec].groupby(["method", "visit"]).cumcount() < 2
+        keep |= spec & ~warm.reindex(df.index, fill_value=True)
+    rows = df[usable & keep]
     if len(rows) < 20:
         raise RlsimError(f"only {len(rows)} usable iterations; run a larger grid")
     x, y = features(rows), rows["step_s"].to_numpy(float)
     rng = np.random.default_rng(seed)
     test = rng.random(len(rows)) < holdout
     notes = []
-    alpha_ok = bool(np.any(x[:, 3] > x[:, 1] - x[:, 4].clip(0, 1) * rows["num_ctx_requests"].to_numpy() + 0.5))
+    # Decode-only steps compute one token per sequence, so B and N_dec move together; verify
+    # steps (N_dec > decode sequences) are what tell alpha from gamma.
+    alpha_ok = bool((rows["num_generation_tokens"] > rows["num_generation_requests"]).any())
     cols = [0, 1, 2, 3, 4] if alpha_ok else [0, 2, 3, 4]
     if not alpha_ok:
         notes.append("alpha not identifiable without speculative iterations (B = N_dec): folded into gamma")

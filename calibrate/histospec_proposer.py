@@ -17,11 +17,23 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlsim.drafter import AdaptiveDraftLength, DrafterConfig, SuffixDrafter
 
 HISTORY_ENV = "RLSIM_HISTOSPEC_HISTORY"
+FINGERPRINT = 16  # leading tokens compared to tell a row's request from its successor
+
+
+@dataclass(slots=True)
+class _Row:
+    """What the proposer remembers of one row of vLLM's input batch."""
+
+    prompt: tuple[int, ...] | None  # history key, None when the prompt has no history
+    seen: int  # tokens in the row at the last proposal
+    drafted: int  # tokens drafted then
+    length: AdaptiveDraftLength
 
 
 def load_history(path: str | Path | None) -> dict[tuple[int, ...], list[list[int]]]:
@@ -45,8 +57,7 @@ class HistoSpecProposer:
         history = load_history(os.environ.get(HISTORY_ENV))
         self.drafters = {p: SuffixDrafter(r, self.config) for p, r in history.items()}
         self.prompt_lens = sorted({len(p) for p in history}, reverse=True)
-        # row -> (prompt key, tokens at the last proposal, draft length, adaptive state)
-        self.rows: dict[int, tuple[tuple[int, ...] | None, int, int, AdaptiveDraftLength]] = {}
+        self.rows: dict[int, _Row] = {}
 
     def load_model(self, *args, **kwargs) -> None:  # no weights
         pass
@@ -67,27 +78,28 @@ class HistoSpecProposer:
                 drafts.append([])
                 continue
             tokens = token_ids_cpu[i, :n]
-            state = self.rows.get(i)
-            if (
-                state is None
-                or state[0] is None
-                or n <= state[1]
-                or tuple(int(t) for t in tokens[: len(state[0])]) != state[0]
-            ):
-                key = self._prompt_of(tokens)
-                state = (key, n, 0, AdaptiveDraftLength(self.config))
+            row = self.rows.get(i)
+            if row is not None and self._same_request(row, tokens, n):
+                if row.drafted:  # the row gained accepted + 1 tokens since the last draft
+                    row.length.update(row.drafted, max(0, min(row.drafted, n - row.seen - 1)))
             else:
-                key, last_n, last_k, length = state
-                if last_k:
-                    length.update(last_k, max(0, min(last_k, n - last_n - 1)))
-                state = (key, n, 0, length)
-            key, _, _, length = state
-            if key is None:
-                self.rows[i] = state
+                row = _Row(self._prompt_of(tokens), n, 0, AdaptiveDraftLength(self.config))
+                self.rows[i] = row
+            row.seen, row.drafted = n, 0
+            if row.prompt is None:
                 drafts.append([])
                 continue
-            context = [int(t) for t in tokens[max(len(key), n - self.config.max_match) : n]]
-            draft = self.drafters[key].propose(context, min(length.k, self.k))
-            self.rows[i] = (key, n, len(draft), length)
+            context = [int(t) for t in tokens[max(len(row.prompt), n - self.config.max_match) : n]]
+            draft = self.drafters[row.prompt].propose(context, min(row.length.k, self.k))
+            row.drafted = len(draft)
             drafts.append(draft)
         return drafts
+
+    @staticmethod
+    def _same_request(row: _Row, tokens, n: int) -> bool:  # noqa: ANN001
+        """The row grew and still starts like its prompt: a cheap check on the first tokens,
+        because it runs for every row at every step."""
+        if row.prompt is None or n <= row.seen:
+            return False
+        head = min(FINGERPRINT, len(row.prompt))
+        return [int(t) for t in tokens[:head]] == list(row.prompt[:head])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -61,12 +61,8 @@ def build(out: str | Path, config: TinyModelConfig = TinyModelConfig()) -> Path:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
     fast.save_pretrained(out)
-    (out / "rlsim_tiny_model.json").write_text(json.dumps({"built_by": "calibrate.tiny_model", **vars_of(config)}))
+    (out / "rlsim_tiny_model.json").write_text(json.dumps({"built_by": "calibrate.tiny_model", **asdict(config)}))
     return out
-
-
-def vars_of(config: TinyModelConfig) -> dict:
-    return {f: getattr(config, f) for f in config.__dataclass_fields__}
 
 
 def prompt_text(ids: list[int]) -> str:

@@ -108,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
     try:
-        from calibrate.decode import _ints, check_records_dir
+        from calibrate.decode import check_records_dir, parse_ints
 
         args.out.mkdir(parents=True, exist_ok=True)
         check_records_dir(args.out, args.model)
-        rec = measure(args.model, args.seq_len, _ints(args.batches), args.repeats)
+        rec = measure(args.model, args.seq_len, parse_ints(args.batches), args.repeats)
     except RlsimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -114,3 +114,29 @@ def test_fit_refuses_a_noisy_profile_unless_forced(tmp_path: Path) -> None:
 def test_fit_of_a_missing_directory_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["calibrate", "fit", str(tmp_path / "nope"), "-o", str(tmp_path / "p.json")])
     assert result.exit_code == 2 and result.stderr.strip().startswith("error: ") and "Traceback" not in result.output
+
+
+def test_histospec_proposer_drafts_the_previous_visit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM proposer, driven as vLLM drives it: no history, no drafts; with history, the
+    previous response is drafted and the draft length doubles while every token is accepted."""
+    from types import SimpleNamespace
+
+    from calibrate.histospec_proposer import HISTORY_ENV, HistoSpecProposer
+
+    prompt, response = list(range(100, 120)), list(range(200, 260))
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=16))
+    monkeypatch.setenv(HISTORY_ENV, str(tmp_path / "none.jsonl"))
+    assert HistoSpecProposer(cfg).propose([[1]], np.array([25]), np.array([prompt + response[:5]])) == [[]]
+
+    history = tmp_path / "h.jsonl"
+    history.write_text(json.dumps({"prompt_token_ids": prompt, "responses": [response]}) + "\n")
+    monkeypatch.setenv(HISTORY_ENV, str(history))
+    proposer = HistoSpecProposer(cfg)
+    n, lengths = 5, []
+    while n < 40:
+        row = np.array([prompt + response + [0] * 20])
+        (draft,) = proposer.propose([[1]], np.array([len(prompt) + n]), row)
+        assert draft == response[n : n + len(draft)]
+        lengths.append(len(draft))
+        n += len(draft) + 1  # all accepted, plus the bonus token
+    assert lengths[:4] == [2, 4, 8, 16]
