@@ -116,53 +116,11 @@ class Engine:
         dtype: str | None = None,
         max_num_seqs: int | None = None,
     ) -> None:
-        vllm = require_vllm()
-        check_model(model)
-        from vllm import EngineArgs, LLMEngine
-
         self.sink = _Sink()
-        on_cpu = _is_cpu_build()
-        kwargs: dict[str, Any] = dict(
-            model=model,
-            tensor_parallel_size=tp,
-            seed=seed,
-            enable_prefix_caching=False,
-            disable_log_stats=False,
-            enable_logging_iteration_details=True,
-            dtype=dtype or ("float32" if on_cpu else "auto"),
+        self.engine, self.facts = create_engine(
+            model, tp, seed, max_model_len, speculative_config, dtype, max_num_seqs, [_logger_factory(self.sink)]
         )
-        if max_model_len:
-            kwargs["max_model_len"] = max_model_len
-        if max_num_seqs:
-            kwargs["max_num_seqs"] = max_num_seqs
-        if speculative_config:
-            kwargs["speculative_config"] = speculative_config
-        t0 = time.perf_counter()
-        try:
-            self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=[_logger_factory(self.sink)])
-        except Exception as exc:  # vLLM raises many types for a model it cannot load
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise RlsimError(f"vLLM could not load model {model} ({first})") from None
-        self.start_s = time.perf_counter() - t0
-        cfg = self.engine.vllm_config
-        self.facts = {
-            "model": model,
-            "served_model": cfg.model_config.model,
-            "tensor_parallel_size": tp,
-            "dtype": str(cfg.model_config.dtype).replace("torch.", ""),
-            "num_gpu_blocks": int(cfg.cache_config.num_gpu_blocks or 0),
-            "block_size": int(cfg.cache_config.block_size),
-            "kv_capacity_tokens": int(cfg.cache_config.num_gpu_blocks or 0) * int(cfg.cache_config.block_size),
-            "max_num_seqs": int(cfg.scheduler_config.max_num_seqs),
-            "max_num_batched_tokens": int(cfg.scheduler_config.max_num_batched_tokens),
-            "max_model_len": int(cfg.model_config.max_model_len),
-            "vllm_version": vllm.__version__,
-            "torch_version": _torch_version(),
-            "hardware": hardware(),
-            "engine_start_s": round(self.start_s, 2),
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "host": platform.node(),
-        }
+        self.start_s = self.facts["engine_start_s"]
 
     def run(self, requests: list[dict], phase: str = "") -> Recording:
         """Submit `requests` (dicts: request_id, prompt_token_ids, max_tokens[, min_tokens]) at
@@ -252,6 +210,69 @@ class Engine:
                 }
             )
             t_prev = t_now
+
+
+def create_engine(
+    model: str,
+    tp: int = 1,
+    seed: int = 0,
+    max_model_len: int | None = None,
+    speculative_config: dict | None = None,
+    dtype: str | None = None,
+    max_num_seqs: int | None = None,
+    stat_loggers: list | None = None,
+    **extra: Any,
+) -> tuple[Any, dict[str, Any]]:
+    """An in-process `LLMEngine` (prefix caching off, stats on) and the facts that describe it:
+    KV capacity (`num_gpu_blocks x block_size`), scheduler limits, versions, hardware. Shared by
+    calibration and real runs, so a profile fitted here describes the engine a run uses."""
+    vllm = require_vllm()
+    check_model(model)
+    from vllm import EngineArgs, LLMEngine
+
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        tensor_parallel_size=tp,
+        seed=seed,
+        enable_prefix_caching=False,
+        disable_log_stats=False,
+        enable_logging_iteration_details=True,
+        dtype=dtype or ("float32" if _is_cpu_build() else "auto"),
+    )
+    if max_model_len:
+        kwargs["max_model_len"] = max_model_len
+    if max_num_seqs:
+        kwargs["max_num_seqs"] = max_num_seqs
+    if speculative_config:
+        kwargs["speculative_config"] = speculative_config
+    kwargs.update(extra)
+    t0 = time.perf_counter()
+    try:
+        engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=stat_loggers)
+    except Exception as exc:  # vLLM raises many types for a model it cannot load
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise RlsimError(f"vLLM could not load model {model} ({first})") from None
+    cfg = engine.vllm_config
+    facts = {
+        "model": model,
+        "served_model": cfg.model_config.model,
+        "tensor_parallel_size": tp,
+        "dtype": str(cfg.model_config.dtype).replace("torch.", ""),
+        "num_gpu_blocks": int(cfg.cache_config.num_gpu_blocks or 0),
+        "block_size": int(cfg.cache_config.block_size),
+        "kv_capacity_tokens": int(cfg.cache_config.num_gpu_blocks or 0) * int(cfg.cache_config.block_size),
+        "max_num_seqs": int(cfg.scheduler_config.max_num_seqs),
+        "max_num_batched_tokens": int(cfg.scheduler_config.max_num_batched_tokens),
+        "max_model_len": int(cfg.model_config.max_model_len),
+        "vocab_size": int(cfg.model_config.get_vocab_size()),
+        "vllm_version": vllm.__version__,
+        "torch_version": _torch_version(),
+        "hardware": hardware(),
+        "engine_start_s": round(time.perf_counter() - t0, 2),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+    }
+    return engine, facts
 
 
 def _is_cpu_build() -> bool:

@@ -8,7 +8,9 @@ History comes from the JSON Lines file named by `RLSIM_HISTOSPEC_HISTORY` (one l
 `{"prompt_token_ids": [...], "responses": [[...], ...]}`), the previous visit's responses. A
 request whose prompt has no history gets no drafts, as on a prompt's first visit. vLLM hands the
 proposer each running row's tokens (prompt + output so far) without request ids, so the prompt is
-recognised by matching the row's prefix against the history's prompts. The per-request draft
+recognised by matching the row's prefix against the history's prompts. The file may grow while the engine runs
+(a real RL run publishes a prompt's responses when its next visit starts): new lines are read
+when the file's size changes. The per-request draft
 length adapts as in HistoSpec (2..16, double on full acceptance, halve otherwise); acceptance of
 the previous draft is read from how many tokens the row gained.
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlsim.drafter import AdaptiveDraftLength, DrafterConfig, SuffixDrafter
 
@@ -36,17 +37,6 @@ class _Row:
     length: AdaptiveDraftLength
 
 
-def load_history(path: str | Path | None) -> dict[tuple[int, ...], list[list[int]]]:
-    if not path or not Path(path).exists():
-        return {}
-    out: dict[tuple[int, ...], list[list[int]]] = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            out.setdefault(tuple(row["prompt_token_ids"]), []).extend(row["responses"])
-    return out
-
-
 class HistoSpecProposer:
     """A vLLM proposer: `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)`."""
 
@@ -54,10 +44,39 @@ class HistoSpecProposer:
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.config = DrafterConfig(max_draft=max(2, min(16, self.k)), init_draft=2)
-        history = load_history(os.environ.get(HISTORY_ENV))
-        self.drafters = {p: SuffixDrafter(r, self.config) for p, r in history.items()}
-        self.prompt_lens = sorted({len(p) for p in history}, reverse=True)
+        self.path = os.environ.get(HISTORY_ENV)
+        self.read_bytes = 0
+        self.history: dict[tuple[int, ...], list[list[int]]] = {}
+        self.drafters: dict[tuple[int, ...], SuffixDrafter] = {}
+        self.prompt_lens: list[int] = []
         self.rows: dict[int, _Row] = {}
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Read history lines appended since the last read (one stat call when nothing changed)."""
+        if not self.path:
+            return
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            return
+        if size <= self.read_bytes:
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.read_bytes)
+            chunk = f.read(size - self.read_bytes)
+        end = chunk.rfind(b"\n") + 1  # a line still being written is read next time
+        self.read_bytes += end
+        changed = set()
+        for line in chunk[:end].splitlines():
+            if line.strip():
+                row = json.loads(line)
+                key = tuple(row["prompt_token_ids"])
+                self.history.setdefault(key, []).extend(row["responses"])
+                changed.add(key)
+        for key in changed:
+            self.drafters[key] = SuffixDrafter(self.history[key], self.config)
+        self.prompt_lens = sorted({len(p) for p in self.history}, reverse=True)
 
     def load_model(self, *args, **kwargs) -> None:  # no weights
         pass
@@ -71,6 +90,7 @@ class HistoSpecProposer:
         return None
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):  # noqa: ANN001
+        self._refresh()
         drafts: list[list[int]] = []
         for i, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[i])

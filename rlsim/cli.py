@@ -51,12 +51,14 @@ def _root(
 
 def _register() -> None:
     from rlsim.cli_calibrate import calibrate_app
+    from rlsim.cli_real import register as register_real
     from rlsim.cli_sim import register
     from rlsim.cli_trace import trace_app
 
     app.add_typer(trace_app, name="trace")
     app.add_typer(calibrate_app, name="calibrate")
     register(app)
+    register_real(app)
 
 
 _register()

@@ -110,6 +110,9 @@ def synth(
     clip_ratio: float | None = typer.Option(
         None, help="Raise the tail so at least this share of responses hit the cap (runaway responses)."
     ),
+    length_scale: float = typer.Option(
+        1.0, help="Multiply response lengths and the preset's cap (a small real run on a CPU keeps the shape)."
+    ),
     seed: int = typer.Option(0, help="Random seed; same seed, same bytes."),
     token_ids: bool = typer.Option(False, "--token-ids", help="Add synthetic output_token_ids."),
     reuse_fraction: float = typer.Option(0.85, help="Token reuse from the previous visit."),
@@ -133,6 +136,7 @@ def synth(
         prompt_share=prompt_share,
         start_step=start_step,
         clip_ratio=clip_ratio,
+        length_scale=length_scale,
         seed=seed,
         token_ids=token_ids,
         reuse_fraction=reuse_fraction,

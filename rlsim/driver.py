@@ -186,6 +186,31 @@ class Driver:
         self.reward_done: dict[int, float] = {}
         self.view = View(self, self.policy)
 
+    # ---- checkpoints (real runs resume from the last finished step) ------------------------
+    _NOT_STATE = ("engine", "trace", "index", "view", "profile", "cluster", "rl", "first_token")
+
+    def snapshot(self) -> dict:
+        """Everything the run has decided so far (data order position, visits, requests,
+        records, the policy object and its state) at a step boundary; picklable."""
+        state = {k: v for k, v in vars(self).items() if k not in self._NOT_STATE}
+        state["view"] = (self.view.step, self.view.version, self.view.now)
+        return state
+
+    @classmethod
+    def restore(cls, state: dict, engine: Engine, trace: Trace, profile: Profile, cluster, rl) -> Driver:  # noqa: ANN001
+        """A driver continuing from `snapshot()` on a new engine. Requests that were in flight
+        at the snapshot are submitted again (with their ids) and run from their first token."""
+        state = dict(state)
+        drv = cls(engine, state.pop("policy"), trace, profile, cluster, rl)
+        step, version, now = state.pop("view")
+        vars(drv).update(state)
+        drv.view = View(drv, drv.policy)
+        drv.view.step, drv.view.version, drv.view.now = step, version, now
+        flying = sorted(r for ids in drv.in_flight.values() for r in ids)
+        if flying:
+            engine.submit([drv.requests[r] for r in flying])
+        return drv
+
     # ---- data order -----------------------------------------------------------------------
     def take_prompts(self, n: int) -> list[int]:
         """The next prompts of the seeded epoch order. An epoch is a barrier: the next epoch's
@@ -347,10 +372,14 @@ def run_loop(
     cluster: ClusterConfig,
     rl: RLConfig,
     progress=None,  # noqa: ANN001 - optional callable(step, now)
+    driver: Driver | None = None,
+    on_step=None,  # noqa: ANN001 - optional callable(driver) after every step
 ) -> Records:
-    """Run the RL loop until every epoch is trained (or `max_steps`); return the records."""
-    drv = Driver(engine, policy, trace, profile, cluster, rl)
-    view = drv.view
+    """Run the RL loop until every epoch is trained (or `max_steps`); return the records.
+    `driver` continues a restored run (`Driver.restore`); `on_step` sees the driver after each
+    step (a real run checkpoints there)."""
+    drv = driver or Driver(engine, policy, trace, profile, cluster, rl)
+    policy, view = drv.policy, drv.view
     while rl.max_steps is None or view.step < rl.max_steps:
         view.now = engine.now
         window = StepWindow(view.step, engine.now, engine)
@@ -369,6 +398,8 @@ def run_loop(
                     train = drv.apply(acts) or train
         drv.train(train, window)
         view.step += 1
+        if on_step is not None:
+            on_step(drv)
         if progress is not None:
             progress(view.step, engine.now)
     drv.records.finalize()

@@ -42,6 +42,7 @@ class SynthConfig:
     prompt_share: float | None = None
     start_step: int = 0
     clip_ratio: float | None = None
+    length_scale: float = 1.0  # multiplies response lengths and the preset's cap (small real runs)
     seed: int = 0
     token_ids: bool = False
     reuse_fraction: float = 0.85
@@ -64,6 +65,8 @@ class SynthConfig:
             raise RlsimError(f"prompt_share must be between 0 and 1, got {self.prompt_share}")
         if self.clip_ratio is not None and not 0.0 < self.clip_ratio < 0.5:
             raise RlsimError(f"clip_ratio must be between 0 and 0.5, got {self.clip_ratio}")
+        if not 0.0 < self.length_scale <= 1.0:
+            raise RlsimError(f"length_scale must be in (0, 1], got {self.length_scale}")
         if self.start_step < 0:
             raise RlsimError(f"start_step must be >= 0, got {self.start_step}")
         if not 0.0 <= self.reuse_fraction <= 1.0:
@@ -129,7 +132,8 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
     """Generate a trace; `prompts` (see `load_prompts`) fixes prompt ids, lengths and text."""
     preset = PRESETS[config.preset]
     rng = np.random.default_rng(config.seed)
-    max_len = config.max_response_len or preset.max_response_len
+    scale = config.length_scale
+    max_len = config.max_response_len or max(1, round(preset.max_response_len * scale))
     rho = preset.rho if config.rho is None else config.rho
 
     if prompts is not None:
@@ -163,8 +167,8 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
         if config.clip_ratio is None:
             log_len = preset.log_length(z)
         else:
-            log_len = stretch_tail(preset, z, config.clip_ratio, math.log(max_len / growth[e]))
-        raw = np.exp(log_len) * growth[e]
+            log_len = stretch_tail(preset, z, config.clip_ratio, math.log(max_len / growth[e] / scale))
+        raw = np.exp(log_len) * growth[e] * scale
         lengths[e] = np.clip(np.rint(raw), 1, max_len).astype(np.int64)
 
     table = pd.DataFrame(
@@ -184,7 +188,9 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
     params = {
         k: v
         for k, v in asdict(config).items()
-        if k not in ("token_ids", "reuse_fraction") and not (k in ("start_step", "clip_ratio") and not v)
+        if k not in ("token_ids", "reuse_fraction")
+        and not (k in ("start_step", "clip_ratio") and not v)
+        and not (k == "length_scale" and v == 1.0)
     }
     params.update(
         num_prompts=n_p,

