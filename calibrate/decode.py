@@ -38,6 +38,10 @@ GRIDS = {
 }
 
 
+# RL rollouts sample at temperature 1 (DAPO, veRL defaults); sampling costs a little more than
+# greedy decoding on a CPU, so the grid samples as the runs it models do.
+SAMPLING_TEMPERATURE = 1.0
+
 @dataclass(frozen=True, slots=True)
 class DecodeConfig:
     model: str
@@ -106,6 +110,7 @@ def workload_requests(cfg: DecodeConfig, vocab: int, rng: np.random.Generator) -
                     "sample_idx": s,
                     "prompt_token_ids": prompt,
                     "max_tokens": n,
+                    "temperature": SAMPLING_TEMPERATURE,
                 }
             )
     return reqs
@@ -163,6 +168,7 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
                 "request_id": f"g{k}_{i}",
                 "prompt_token_ids": rng.integers(2, vocab, p).tolist(),
                 "max_tokens": cfg.output_len,
+                "temperature": SAMPLING_TEMPERATURE,
             }
             for i in range(b)
         ]

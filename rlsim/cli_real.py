@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
             )  # fmt: skip
             run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile)
         total = run_.rl.max_steps or _steps_in(run_)
-        prog, cb = _progress(total, f"real run: {run_.policy}")
+        prog, cb = _progress(total, f"real run: {run_.policy}", auto_refresh=False)
         con = make_console()
         try:
             with prog:

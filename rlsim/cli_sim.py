@@ -70,7 +70,10 @@ def _check_len(trace, max_len: int) -> None:  # noqa: ANN001
         )
 
 
-def _progress(total_steps: int, label: str):  # noqa: ANN202
+def _progress(total_steps: int, label: str, auto_refresh: bool = True):  # noqa: ANN202
+    """A step progress bar and its callback. Real runs pass `auto_refresh=False`: the bar then
+    redraws only when a step ends, since a refresh thread would compete with the engine for the
+    CPU and slow the very iterations being timed."""
     prog = Progress(
         TextColumn(label),
         BarColumn(),
@@ -78,9 +81,16 @@ def _progress(total_steps: int, label: str):  # noqa: ANN202
         TimeElapsedColumn(),
         console=make_console(),
         transient=True,
+        auto_refresh=auto_refresh,
     )
     task = prog.add_task(label, total=total_steps)
-    return prog, lambda step, now: prog.update(task, completed=step)
+
+    def update(step: int, now: float) -> None:
+        prog.update(task, completed=step)
+        if not auto_refresh:
+            prog.refresh()
+
+    return prog, update
 
 
 def _expected_steps(trace, rl) -> int:  # noqa: ANN001

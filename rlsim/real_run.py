@@ -115,13 +115,17 @@ class RealRun:
         real: RealConfig,
         profile: str,
     ) -> RealRun:
+        from calibrate.engine import check_model, require_vllm
         from policies.registry import parse_policy
 
-        parse_policy(policy)  # unknown policy or knob: fail before any engine starts
+        # Everything checkable is checked before the run directory is touched.
+        parse_policy(policy)
         if (out / "config.json").exists():
             raise RlsimError(f"{out} already holds a run; continue it with --resume or choose another --out")
         prof = load_profile(profile)
         num_instances(cluster, real.rollout_tp)
+        require_vllm()
+        check_model(real.model)
         config = config_dict(cluster, rl, real) | {
             "mode": "real",
             "policy": policy,
@@ -197,11 +201,12 @@ class RealRun:
             records = run_loop(
                 engine, make_policy(self.policy), trace, prof, self.cluster, self.rl, progress, driver, on_step
             )
+            stats = [backend.call(i, "stats") for i in range(self.n)]
         finally:
             if gc_was:
                 gc.enable()
             backend.close()
-        return self._finish(records, engine, facts)
+        return self._finish(records, engine, facts, stats)
 
     def _start_engines(self, histospec: bool):  # noqa: ANN202
         from rlsim.real_engine import _LocalBackend, _RayBackend
@@ -237,10 +242,10 @@ class RealRun:
         if self.real.lengths == "free":
             row["output_token_ids"] = f["output_token_ids"]
             truth = self.answers.get(req.prompt_id)
-            if truth is not None and f.get("text") is not None:
+            if truth is not None:  # an empty response has no answer line: scored wrong
                 from rlsim.rewards import score
 
-                row["reward"] = score(f["text"], truth)
+                row["reward"] = score(f.get("text") or "", truth)
         self.engine_rows[req.request_id] = row
 
     # ---- files ----------------------------------------------------------------------------
@@ -302,7 +307,7 @@ class RealRun:
         state.driver = blob["driver"]
         return state
 
-    def _finish(self, records, engine: RealEngine, facts: list[dict]) -> dict[str, Any]:  # noqa: ANN001
+    def _finish(self, records, engine: RealEngine, facts: list[dict], stats: list[dict]) -> dict[str, Any]:  # noqa: ANN001
         from rlsim.report import write_run_dir
         from rlsim.simulate import Result, summarize
 
@@ -312,6 +317,13 @@ class RealRun:
         summary["mode"] = "real"
         summary["lengths"] = self.real.lengths
         summary["num_gpu_blocks"] = [f["num_gpu_blocks"] for f in facts]
+        summary["engine_iterations"] = [s["iterations"] for s in stats]
+        spec = {k: sum(s["spec"][k] for s in stats) for k in stats[0]["spec"]} if stats else {}
+        if spec.get("num_drafts"):
+            spec["acceptance_rate"] = spec["num_accepted_tokens"] / max(1, spec["num_draft_tokens"])
+            spec["mean_acceptance_length"] = 1 + spec["num_accepted_tokens"] / spec["num_drafts"]
+        if spec:
+            summary["spec_decoding"] = spec
         if self.real.lengths == "free" and "reward" in self.engine_rows.get(next(iter(self.engine_rows), -1), {}):
             rewards = [r["reward"] for r in self.engine_rows.values() if "reward" in r]
             summary["reward_mean"] = float(np.mean(rewards)) if rewards else None

