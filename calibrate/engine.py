@@ -226,8 +226,8 @@ def create_engine(
     """An in-process `LLMEngine` (prefix caching off, stats on) and the facts that describe it:
     KV capacity (`num_gpu_blocks x block_size`), scheduler limits, versions, hardware. Shared by
     calibration and real runs, so a profile fitted here describes the engine a run uses."""
+    check_model(model)  # before importing vLLM, whose import logs to stderr
     vllm = require_vllm()
-    check_model(model)
     from vllm import EngineArgs, LLMEngine
 
     kwargs: dict[str, Any] = dict(

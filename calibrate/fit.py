@@ -163,6 +163,8 @@ def train_cost(train: dict[str, Any] | None) -> tuple[dict[str, float], float, s
     """(profile `train` block, weight_sync_s, provenance line) from calibrate.train's record."""
     if train is None:
         raise RlsimError("no train.json in the records; run python -m calibrate.train --model ... --out DIR")
+    if float(train.get("achieved_flops_per_device", 0)) <= 0:
+        raise RlsimError("train.json holds no positive training cost; run python -m calibrate.train again")
     return (
         {
             "flops_per_token": float(train["flops_per_token"]),

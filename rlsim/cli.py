@@ -51,6 +51,7 @@ def _root(
 
 def _register() -> None:
     from rlsim.cli_calibrate import calibrate_app
+    from rlsim.cli_plan import register as register_plan
     from rlsim.cli_real import register as register_real
     from rlsim.cli_sim import register
     from rlsim.cli_trace import trace_app
@@ -59,6 +60,7 @@ def _register() -> None:
     app.add_typer(calibrate_app, name="calibrate")
     register(app)
     register_real(app)
+    register_plan(app)
 
 
 _register()
