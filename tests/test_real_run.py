@@ -42,6 +42,14 @@ def _run(out: Path, model: Path, trace: Path, *extra: str) -> subprocess.Complet
                       "--trace", str(trace), *extra)  # fmt: skip
 
 
+def _steps_written(path: Path) -> int:
+    """Steps in a run's steps.parquet; 0 while it is absent or caught mid-replace."""
+    try:
+        return len(pd.read_parquet(path))
+    except (OSError, ValueError):
+        return 0
+
+
 def _check_run(out: Path, trace: Path, steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run directory holds the simulator's tables; replayed samples have the trace's lengths;
     every trained sample finished, and every trained visit trained its R0 samples in one step."""
@@ -133,12 +141,12 @@ def test_killed_run_resumes_with_every_sample_once(calibrated: dict, tmp_path: P
                             start_new_session=True)  # fmt: skip
     deadline = time.time() + 300
     steps_file = out / "steps.parquet"
-    while time.time() < deadline and proc.poll() is None:
-        if steps_file.exists() and len(pd.read_parquet(steps_file)) >= 2:
-            break
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        while time.time() < deadline and proc.poll() is None and _steps_written(steps_file) < 2:
+            time.sleep(0.02)
+    finally:  # never leave the run going: it would share the CPU with the next test's engine
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     done_before = len(pd.read_parquet(steps_file))
     assert 2 <= done_before < 8, "the run must be killed mid-run"
     with_flight = pd.read_parquet(out / "requests.parquet")
