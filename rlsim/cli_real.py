@@ -118,6 +118,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _fmt(x: float) -> str:
+    x = 0.0 if abs(x) < 5e-4 else x  # no "-0.000"
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3f}"
 
 

@@ -169,7 +169,7 @@ class RealRun:
             raise RlsimError(
                 f"max_response_len={self.rl.max_response_len} exceeds the trace's cap {trace.meta.max_response_len}"
             )
-        prof = run_profile(Profile_from(self.config["profile"]), self.real.train)
+        prof = run_profile(_profile_from(self.config["profile"]), self.real.train)
         state = self._load_checkpoint()
         backend, facts = self._start_engines(parsed.histospec is not None)
         texts = None
@@ -187,6 +187,10 @@ class RealRun:
         if state is not None:
             self.engine_rows = state.engine_rows
             engine.responses, engine.prompt_ids = state.responses, state.prompt_ids
+            its = self.out / "iterations.parquet"
+            if its.exists():  # keep the iterations recorded before the interruption
+                old = pd.read_parquet(its)
+                engine.iterations = list(old[old["time"] <= state.clock].itertuples(index=False, name=None))
             driver = Driver.restore(state.driver, engine, trace, prof, self.cluster, self.rl)
 
         def on_step(drv: Driver) -> None:
@@ -332,7 +336,7 @@ class RealRun:
         return summary
 
 
-def Profile_from(raw: dict) -> Profile:  # noqa: N802 - reads like the constructor it wraps
+def _profile_from(raw: dict) -> Profile:
     from rlsim.profile import profile_from_dict
 
     return profile_from_dict(raw, "run config profile")

@@ -154,6 +154,8 @@ def test_killed_run_resumes_with_every_sample_once(calibrated: dict, tmp_path: P
     run_python("-m", "rlsim.cli", "run", "--real", "--resume", "--out", str(out))
     st, _ = _check_run(out, trace, 8)
     assert (st["time/start"].diff().dropna() > 0).all()
+    its = pd.read_parquet(out / "iterations.parquet")  # the engine iterations of the first steps survive
+    assert its["time"].min() < st["time/end"].iloc[0] and its["time"].is_monotonic_increasing
 
 
 def test_validate_against_the_profile_calibrated_here(calibrated: dict, tmp_path: Path, capsys) -> None:  # noqa: ANN001
