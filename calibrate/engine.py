@@ -116,10 +116,9 @@ class Engine:
         dtype: str | None = None,
         max_num_seqs: int | None = None,
     ) -> None:
-        check_model(model)  # before the stat logger's import of vLLM, which logs to stderr
         self.sink = _Sink()
         self.engine, self.facts = create_engine(
-            model, tp, seed, max_model_len, speculative_config, dtype, max_num_seqs, [_logger_factory(self.sink)]
+            model, tp, seed, max_model_len, speculative_config, dtype, max_num_seqs, self.sink
         )
         self.start_s = self.facts["engine_start_s"]
 
@@ -233,12 +232,13 @@ def create_engine(
     speculative_config: dict | None = None,
     dtype: str | None = None,
     max_num_seqs: int | None = None,
-    stat_loggers: list | None = None,
+    sink: _Sink | None = None,
     **extra: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """An in-process `LLMEngine` (prefix caching off, stats on) and the facts that describe it:
     KV capacity (`num_gpu_blocks x block_size`), scheduler limits, versions, hardware. Shared by
-    calibration and real runs, so a profile fitted here describes the engine a run uses."""
+    calibration and real runs, so a profile fitted here describes the engine a run uses. With a
+    `sink`, a stat logger records every iteration's details and speculative counters into it."""
     check_model(model)  # before importing vLLM, whose import logs to stderr
     vllm = require_vllm()
     from vllm import EngineArgs, LLMEngine
@@ -261,7 +261,8 @@ def create_engine(
     kwargs.update(extra)
     t0 = time.perf_counter()
     try:
-        engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=stat_loggers)
+        loggers = [_logger_factory(sink)] if sink is not None else None
+        engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=loggers)
     except Exception as exc:  # vLLM raises many types for a model it cannot load
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise RlsimError(f"vLLM could not load model {model} ({first})") from None

@@ -33,18 +33,10 @@ def register(app: typer.Typer) -> None:
         ray_address: str | None = typer.Option(None, help="Address of a running Ray cluster (ray executor)."),
     ) -> None:
         """Simulate every point of a grid; rows are saved as points finish, and a rerun resumes."""
-        from rlsim.sweep import load_grid, make_executor, point_id, run_sweep
+        from rlsim.sweep import done_points, load_grid, make_executor, run_sweep
 
         g = load_grid(grid)
-        done = 0
-        if out.exists():
-            import pandas as pd
-
-            try:
-                have = set(pd.read_parquet(out, columns=["point_id"])["point_id"])
-            except Exception:  # noqa: BLE001 - run_sweep names what is wrong with the file
-                have = set()
-            done = sum(point_id(p) in have for p in g.points)
+        done = len(done_points(g, out))
         pool = make_executor(executor, workers or None, ray_address)
         prog, task = _bar(f"sweep ({executor})", len(g.points))
         prog.update(task, completed=done)

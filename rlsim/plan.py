@@ -11,6 +11,7 @@ change how a batch splits), so every candidate is simulated rather than bisected
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -69,17 +70,11 @@ def _estimate(trace_path: str, policy: str, gpus: int, profile: str, rl: RLConfi
     trace = _trace_for(json.dumps({"trace": trace_path}))
     cluster = ClusterConfig(num_gpus=gpus, profile=profile)
     n_steps = steps_per_epoch(trace, rl.prompts_per_step)
-    run_rl = RLConfig(**{**_asdict(rl), "epochs": 1, "max_steps": min(steps, n_steps) if steps else None})
+    run_rl = dataclasses.replace(rl, epochs=1, max_steps=min(steps, n_steps) if steps else None)
     s = simulate(trace, policy, cluster, run_rl, tables=False).summary
     epoch_s = s["total_time_s"] / s["num_steps"] * n_steps
     return {"policy": policy, "gpus": gpus, "epoch_hours": epoch_s / 3600, "gpu_hours": epoch_s / 3600 * gpus,
             "steps_simulated": s["num_steps"], "steps_per_epoch": n_steps}  # fmt: skip
-
-
-def _asdict(rl: RLConfig) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(rl)
 
 
 def plan(

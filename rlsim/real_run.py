@@ -65,6 +65,20 @@ class RealConfig:
             raise RlsimError(f"rollout_tp must be positive, got {self.rollout_tp}")
 
 
+def read_run_config(run_dir: Path, missing: str = "is not a run directory") -> dict[str, Any]:
+    """A real run's config.json, or one sentence saying why `run_dir` does not hold one."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        raise RlsimError(f"{run_dir} {missing} (no config.json)")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise RlsimError(f"{path} is not valid JSON ({exc.msg})") from None
+    if config.get("mode") != "real":
+        raise RlsimError(f"{run_dir} is not a real run (rlsim run --real writes one)")
+    return config
+
+
 def num_instances(cluster: ClusterConfig, rollout_tp: int) -> int:
     if cluster.rollout_gpus % rollout_tp:
         raise RlsimError(f"{cluster.rollout_gpus} rollout GPUs are not divisible by --rollout-tp {rollout_tp}")
@@ -124,8 +138,8 @@ class RealRun:
             raise RlsimError(f"{out} already holds a run; continue it with --resume or choose another --out")
         prof = load_profile(profile)
         num_instances(cluster, real.rollout_tp)
-        require_vllm()
         check_model(real.model)
+        require_vllm()
         config = config_dict(cluster, rl, real) | {
             "mode": "real",
             "policy": policy,
@@ -140,18 +154,10 @@ class RealRun:
 
     @classmethod
     def resume(cls, out: Path, max_steps: int | None = None) -> RealRun:
-        path = out / "config.json"
-        if not path.exists():
-            raise RlsimError(f"{out} holds no run to resume (no config.json)")
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise RlsimError(f"{path} is not valid JSON ({exc.msg})") from None
-        if config.get("mode") != "real":
-            raise RlsimError(f"{out} is not a real run directory")
+        config = read_run_config(out, "holds no run to resume")
         if max_steps is not None:
             config["RLConfig"]["max_steps"] = max_steps
-            _atomic(path, to_json(config).encode())
+            _atomic(out / "config.json", to_json(config).encode())
         return cls(out, config)
 
     # ---- the run --------------------------------------------------------------------------
@@ -328,9 +334,9 @@ class RealRun:
             spec["mean_acceptance_length"] = 1 + spec["num_accepted_tokens"] / spec["num_drafts"]
         if spec:
             summary["spec_decoding"] = spec
-        if self.real.lengths == "free" and "reward" in self.engine_rows.get(next(iter(self.engine_rows), -1), {}):
-            rewards = [r["reward"] for r in self.engine_rows.values() if "reward" in r]
-            summary["reward_mean"] = float(np.mean(rewards)) if rewards else None
+        rewards = [r["reward"] for r in self.engine_rows.values() if "reward" in r]
+        if rewards:
+            summary["reward_mean"] = float(np.mean(rewards))
         segments = [engine.segments(i) for i in range(self.n)]
         write_run_dir(Result(self.policy, self.config, requests, steps, summary, segments), self.out)
         return summary

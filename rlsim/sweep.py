@@ -281,13 +281,19 @@ def _write_rows(out: Path, rows: list[dict[str, Any]], order: dict[str, int]) ->
     tmp.replace(out)
 
 
+def done_points(grid: Grid, out: Path) -> list[dict[str, Any]]:
+    """Rows of `grid`'s points already in `out` (an earlier, maybe interrupted, run)."""
+    order = {point_id(p) for p in grid.points}
+    return [r for r in _read_rows(out) if r.get("point_id") in order]
+
+
 def run_sweep(
     grid: Grid, out: Path, executor: Executor | None = None, on_done: Callable[[dict], None] | None = None
 ) -> list[dict[str, Any]]:
     """Run every point of `grid` not already in `out`; rows land in `out` as they finish.
     Returns every row (earlier and new), in grid order. `executor=None` runs in this process."""
     order = {point_id(p): i for i, p in enumerate(grid.points)}
-    rows = [r for r in _read_rows(out) if r.get("point_id") in order]
+    rows = done_points(grid, out)
     done = {r["point_id"] for r in rows}
     todo = [p for p in grid.points if point_id(p) not in done]
     out.parent.mkdir(parents=True, exist_ok=True)

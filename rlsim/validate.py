@@ -10,7 +10,6 @@ launched each request. Diff% = (simulated - real) / real.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -61,19 +60,12 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     """Simulate the run in `run_dir` and return real, simulated and Diff% per metric."""
     from rlsim.config import ClusterConfig, RLConfig
     from rlsim.profile import load_profile, profile_from_dict
-    from rlsim.real_run import num_instances, run_profile
+    from rlsim.real_run import num_instances, read_run_config, run_profile
     from rlsim.simulate import simulate
     from rlsim.trace import load
 
+    config = read_run_config(run_dir)
     cfg_path = run_dir / "config.json"
-    if not cfg_path.exists():
-        raise RlsimError(f"{run_dir} is not a run directory (no config.json)")
-    try:
-        config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise RlsimError(f"{cfg_path} is not valid JSON ({exc.msg})") from None
-    if config.get("mode") != "real":
-        raise RlsimError(f"{run_dir} is not a real run (rlsim run --real writes one)")
     real = config["RealConfig"]
     if real["lengths"] != "replay":
         raise RlsimError(

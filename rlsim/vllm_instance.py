@@ -10,6 +10,7 @@ its drafter (`calibrate.histospec_proposer`) reads while the engine runs.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -34,9 +35,8 @@ class VllmInstance:
     """A vLLM engine behind four calls: `add`, `abort`, `step`, `publish_history`."""
 
     def __init__(self, cfg: InstanceConfig, index: int = 0) -> None:
-        from calibrate.engine import _logger_factory, _Sink, check_model, create_engine
+        from calibrate.engine import _Sink, create_engine
 
-        check_model(cfg.model)
         self.index = index
         self.history_path = None
         spec = None
@@ -58,7 +58,7 @@ class VllmInstance:
             spec,
             cfg.dtype,
             cfg.max_num_seqs,
-            [_logger_factory(self.sink)],
+            self.sink,
             # TP workers as local processes on this actor's GPUs (Ray has set CUDA_VISIBLE_DEVICES).
             **({"distributed_executor_backend": "mp"} if cfg.tensor_parallel_size > 1 else {}),
         )
@@ -149,8 +149,6 @@ class VllmInstance:
     def publish_history(self, rows: list[dict]) -> None:
         """Append previous-visit responses (`{"prompt_token_ids", "responses"}`) for the drafter."""
         if self.history_path and rows:
-            import json
-
             with open(self.history_path, "a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in rows))
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from rlsim.cli import app
 from rlsim.config import ClusterConfig, RLConfig
+from rlsim.errors import RlsimError
 from rlsim.paths import default_trace
 from rlsim.plan import PlanConfig, candidates, plan
 from rlsim.simulate import simulate
@@ -127,7 +128,7 @@ def test_bad_grid_files_are_one_sentence_and_exit_2(tmp_path: Path, doc, words: 
 
 def test_missing_grid_file(tmp_path: Path) -> None:
     assert "no such grid file" in _err(["sweep", str(tmp_path / "none.yaml")])
-    with pytest.raises(Exception, match="no such grid file"):
+    with pytest.raises(RlsimError, match="no such grid file"):
         load_grid(tmp_path / "none.yaml")
 
 
