@@ -233,9 +233,11 @@ def create_engine(
     dtype: str | None = None,
     max_num_seqs: int | None = None,
     sink: _Sink | None = None,
+    enable_prefix_caching: bool = False,
     **extra: Any,
 ) -> tuple[Any, dict[str, Any]]:
-    """An in-process `LLMEngine` (prefix caching off, stats on) and the facts that describe it:
+    """An in-process `LLMEngine` (stats on; prefix caching off unless asked: calibration measures
+    every token it schedules, real runs follow their EngineConfig) and the facts that describe it:
     KV capacity (`num_gpu_blocks x block_size`), scheduler limits, versions, hardware. Shared by
     calibration and real runs, so a profile fitted here describes the engine a run uses. With a
     `sink`, a stat logger records every iteration's details and speculative counters into it."""
@@ -247,7 +249,7 @@ def create_engine(
         model=model,
         tensor_parallel_size=tp,
         seed=seed,
-        enable_prefix_caching=False,
+        enable_prefix_caching=enable_prefix_caching,
         disable_log_stats=False,
         enable_logging_iteration_details=True,
         dtype=dtype or ("float32" if _is_cpu_build() else "auto"),
@@ -277,6 +279,7 @@ def create_engine(
         "kv_capacity_tokens": int(cfg.cache_config.num_gpu_blocks or 0) * int(cfg.cache_config.block_size),
         "max_num_seqs": int(cfg.scheduler_config.max_num_seqs),
         "max_num_batched_tokens": int(cfg.scheduler_config.max_num_batched_tokens),
+        "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
         "max_model_len": int(cfg.model_config.max_model_len),
         "vocab_size": int(cfg.model_config.get_vocab_size()),
         "vllm_version": vllm.__version__,

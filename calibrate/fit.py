@@ -245,7 +245,7 @@ def replay_workload(rec: Records, profile: dict[str, Any]) -> tuple[float, float
     """(measured, simulated) total time of the held-out workload phase, or None if absent."""
     if not rec.workload:
         return None
-    from rlsim.config import ClusterConfig, RLConfig
+    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
     from rlsim.profile import profile_from_dict
     from rlsim.simulate import simulate
     from rlsim.trace import Trace, TraceMeta
@@ -278,5 +278,7 @@ def replay_workload(rec: Records, profile: dict[str, Any]) -> tuple[float, float
     rl = RLConfig(
         prompts_per_step=n_p, samples_per_prompt=n_s, max_response_len=cap, epochs=1, max_steps=1, reward_latency_s=0.0
     )
-    res = simulate(trace, "sync", cluster, rl, profile=prof)
+    # The calibration engine ran with prefix caching off and never slept: so does the replay.
+    engine_cfg = EngineConfig(enable_prefix_caching=False, free_cache_engine=False)
+    res = simulate(trace, "sync", cluster, rl, profile=prof, engine_cfg=engine_cfg)
     return float(rec.workload["measured_total_s"]), float(res.steps["timing_s/gen"].iloc[0])

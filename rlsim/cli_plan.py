@@ -10,6 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rlsim.cli_sim import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, PROFILE
 from rlsim.ui import console as make_console
 
 
@@ -55,7 +56,10 @@ def register(app: typer.Typer) -> None:
     def plan(
         target_epoch_hours: float = typer.Option(..., help="Wall-clock hours one epoch may take."),
         trace: Path | None = typer.Option(None, help="Parquet trace (default: the bundled math17k)."),
-        profile: str = typer.Option("h100-qwen2.5-32b-tp2", help="Shipped profile name or JSON path."),
+        profile: str = PROFILE,
+        gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
+        max_num_seqs: int | None = MAX_NUM_SEQS,
+        max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
         gpus: str = typer.Option("8..256", help="GPU range to search, e.g. 8..256."),
         policies: str = typer.Option("", help="Comma-separated policies (default: every registered one but oracle)."),
         prompts_per_step: int = typer.Option(512, help="P0: prompts per step."),
@@ -72,13 +76,14 @@ def register(app: typer.Typer) -> None:
 
         from policies.registry import REGISTRY
         from rlsim.cli_sim import _split_policies
-        from rlsim.config import RLConfig
+        from rlsim.config import EngineConfig, RLConfig
         from rlsim.paths import default_trace
         from rlsim.plan import PlanConfig, candidates, parse_range, plot_plan
         from rlsim.plan import plan as run_plan
         from rlsim.profile import load_profile
         from rlsim.trace import load
 
+        engine = EngineConfig(gpu_memory_utilization, max_num_seqs, max_num_batched_tokens)
         lo, hi = parse_range(gpus)
         cfg = PlanConfig(target_epoch_hours, lo, hi, steps)
         # HistoSpec variants are left out by default: a plan estimates an epoch from its first
@@ -93,7 +98,9 @@ def register(app: typer.Typer) -> None:
         pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1)
         try:
             with prog:
-                res = run_plan(path, names, profile, rl, cfg, pool, on_done=lambda _: prog.update(task, advance=1))
+                res = run_plan(
+                    path, names, profile, rl, cfg, pool, on_done=lambda _: prog.update(task, advance=1), engine=engine
+                )
         finally:
             pool.shutdown(cancel_futures=True)
         if plot is not None:

@@ -16,10 +16,33 @@ from rlsim.ui import console as make_console
 # Options shared by `simulate` and `compare` (one definition, one help text).
 TRACE = typer.Option(None, help="Parquet trace (default: the bundled traces/math17k.parquet).")
 GPUS = typer.Option(64, help="Total GPUs.")
-PROFILE = typer.Option("h100-qwen2.5-32b-tp2", help="Shipped profile name or JSON path.")
+PROFILE = typer.Option(
+    "h100-qwen2.5-32b-tp4", help="Shipped profile name or JSON path (default: rollout TP 4, as veRL's DAPO recipe)."
+)
 PLACEMENT = typer.Option("colocated", help="colocated or disaggregated.")
 TRAIN_GPUS = typer.Option(0, help="Training GPUs (disaggregated only).")
-DISPATCH = typer.Option("round_robin", help="round_robin or least_loaded.")
+DISPATCH = typer.Option(
+    "least_loaded",
+    help="least_loaded (each sample to the instance with the fewest unfinished requests, as veRL's agent loop), "
+    "round_robin (sample by sample) or per_prompt (a prompt's samples together).",
+)
+GPU_MEMORY_UTILIZATION = typer.Option(
+    None, help="vLLM gpu_memory_utilization; re-derives KV capacity (default: the profile's, veRL's 0.5)."
+)
+MAX_NUM_SEQS = typer.Option(None, help="vLLM max_num_seqs (default: the profile's, veRL's 1024).")
+MAX_NUM_BATCHED_TOKENS = typer.Option(
+    None, help="vLLM max_num_batched_tokens (default: the profile's, veRL's 8192)."
+)
+PREFIX_CACHING = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching", help="vLLM prefix caching.")
+FREE_CACHE_ENGINE = typer.Option(
+    True,
+    "--free-cache-engine/--no-free-cache-engine",
+    help="Colocated engines sleep through training (KV freed, weights offloaded), as veRL's hybrid engine.",
+)
+REWARD_LATENCY = typer.Option(
+    0.05, "--reward-latency", help="Seconds to score one sample (a trace's reward_time_s column overrides it)."
+)
+USE_KL_LOSS = typer.Option(False, "--use-kl-loss", help="KL term on: a reference model scores every batch.")
 PROMPTS_PER_STEP = typer.Option(512, help="P0: prompts per step.")
 SAMPLES_PER_PROMPT = typer.Option(16, help="R0: samples per prompt (GRPO group).")
 MAX_RESPONSE_LEN = typer.Option(20480, help="Response cap in tokens.")
@@ -29,8 +52,8 @@ SEED = typer.Option(0, help="Seed of the data order.")
 
 
 def _configs(opts: dict):  # noqa: ANN202
-    """ClusterConfig and RLConfig from a command's shared options (its locals())."""
-    from rlsim.config import ClusterConfig, RLConfig
+    """ClusterConfig, RLConfig and EngineConfig from a command's shared options (its locals())."""
+    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 
     cluster = ClusterConfig(
         num_gpus=opts["gpus"],
@@ -40,9 +63,13 @@ def _configs(opts: dict):  # noqa: ANN202
         dispatch=opts["dispatch"],
     )
     rl = RLConfig(**{k: opts[k] for k in (
-        "prompts_per_step", "samples_per_prompt", "max_response_len", "epochs", "max_steps", "seed"
+        "prompts_per_step", "samples_per_prompt", "max_response_len", "epochs", "max_steps", "seed", "use_kl_loss"
+    )}, reward_latency_s=opts["reward_latency"])  # fmt: skip
+    engine = EngineConfig(**{k: opts[k] for k in (
+        "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+        "free_cache_engine",
     )})  # fmt: skip
-    return cluster, rl
+    return cluster, rl, engine
 
 
 def _load(trace: Path | None, policies: list[str] = ()):  # noqa: ANN202
@@ -120,6 +147,13 @@ def register(app: typer.Typer) -> None:
         epochs: int = EPOCHS,
         max_steps: int | None = MAX_STEPS,
         seed: int = SEED,
+        gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
+        max_num_seqs: int | None = MAX_NUM_SEQS,
+        max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+        enable_prefix_caching: bool = PREFIX_CACHING,
+        free_cache_engine: bool = FREE_CACHE_ENGINE,
+        reward_latency: float = REWARD_LATENCY,
+        use_kl_loss: bool = USE_KL_LOSS,
         exact: bool = typer.Option(False, "--exact", help="Iteration-by-iteration reference mode."),
         force: bool = typer.Option(False, "--force", help="Write into an existing run directory."),
     ) -> None:
@@ -129,12 +163,12 @@ def register(app: typer.Typer) -> None:
 
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
-        cluster, rl = _configs(locals())
+        cluster, rl, engine = _configs(locals())
         tr = _load(trace, [policy])
         _check_len(tr, max_response_len)
         prog, cb = _progress(_expected_steps(tr, rl), f"simulating {policy}")
         with prog:
-            result = run(tr, policy, cluster, rl, exact=exact, progress=cb)
+            result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine)
         write_run_dir(result, out)
         con = make_console()
         con.print(to_json(result.summary))
@@ -157,6 +191,13 @@ def register(app: typer.Typer) -> None:
         epochs: int = EPOCHS,
         max_steps: int | None = MAX_STEPS,
         seed: int = SEED,
+        gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
+        max_num_seqs: int | None = MAX_NUM_SEQS,
+        max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+        enable_prefix_caching: bool = PREFIX_CACHING,
+        free_cache_engine: bool = FREE_CACHE_ENGINE,
+        reward_latency: float = REWARD_LATENCY,
+        use_kl_loss: bool = USE_KL_LOSS,
         workers: int = typer.Option(0, help="Processes to simulate policies in parallel (0: one per core)."),
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
         plot: Path | None = typer.Option(None, help="Write a bar chart of epoch time per policy."),
@@ -167,7 +208,7 @@ def register(app: typer.Typer) -> None:
         from rlsim.report import plot_compare
 
         names = _split_policies(policies) or list(COMPARE_DEFAULT)
-        cluster, rl = _configs(locals())
+        cluster, rl, engine = _configs(locals())
         tr = _load(trace, names)
         _check_len(tr, max_response_len)
         prog = Progress(
@@ -180,7 +221,7 @@ def register(app: typer.Typer) -> None:
             prog.update(task, advance=1, description=f"(last: {name})")
 
         with prog:
-            rows = run_all(tr, names, cluster, rl, workers or None, on_done=done)
+            rows = run_all(tr, names, cluster, rl, workers or None, on_done=done, engine_cfg=engine)
         if plot is not None:
             plot_compare(rows, plot)
         if as_json:

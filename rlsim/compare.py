@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any
 
-from rlsim.config import ClusterConfig, RLConfig
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.simulate import simulate
 from rlsim.trace import Trace
 
@@ -22,8 +22,8 @@ from rlsim.trace import Trace
 _COST_HINT = {"sortedrl": 2.2, "rollpacker": 1.7, "oracle": 1.4, "histopipe": 1.4, "async_partial": 1.4}
 
 
-def _row(trace: Trace, name: str, cluster: ClusterConfig, rl: RLConfig) -> dict[str, Any]:
-    return {"policy": name, **simulate(trace, name, cluster, rl, tables=False).summary}
+def _row(trace: Trace, name: str, cluster: ClusterConfig, rl: RLConfig, engine: EngineConfig) -> dict[str, Any]:
+    return {"policy": name, **simulate(trace, name, cluster, rl, tables=False, engine_cfg=engine).summary}
 
 
 def compare(
@@ -34,9 +34,12 @@ def compare(
     workers: int | None = None,
     executor: Executor | None = None,
     on_done: Callable[[str], None] | None = None,
+    engine_cfg: EngineConfig | None = None,
 ) -> list[dict[str, Any]]:
     """One summary row per policy, in the order given. `workers=1` runs in this process."""
     from policies.registry import parse_policy
+
+    engine_cfg = engine_cfg or EngineConfig()
 
     for name in names:
         parse_policy(name)  # fail fast, before any simulation starts
@@ -44,14 +47,14 @@ def compare(
     rows: dict[str, dict[str, Any]] = {}
     if executor is None and workers <= 1:
         for name in names:
-            rows[name] = _row(trace, name, cluster, rl)
+            rows[name] = _row(trace, name, cluster, rl, engine_cfg)
             if on_done:
                 on_done(name)
     else:
         pool = executor or ProcessPoolExecutor(max_workers=workers)
         try:
             order = sorted(names, key=lambda n: -_COST_HINT.get(n.split("+")[0].split("(")[0], 1.0))
-            futures = {pool.submit(_row, trace, name, cluster, rl): name for name in order}
+            futures = {pool.submit(_row, trace, name, cluster, rl, engine_cfg): name for name in order}
             for fut in as_completed(futures):
                 rows[futures[fut]] = fut.result()
                 if on_done:

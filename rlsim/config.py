@@ -1,7 +1,10 @@
 """Run configuration: frozen, slotted dataclasses validated on construction, one per concern.
 
 Defaults are close to DAPO's recipe (512 prompts x 16 samples per step, 20,480 max response
-tokens, Qwen2.5-32B) on 64 H100s with rollout TP 2, two epochs.
+tokens, Qwen2.5-32B, no KL term) on 64 H100s with rollout TP 2, two epochs. The rollout engine's
+limits default to veRL's rollout config (`verl/trainer/config/rollout/rollout.yaml`:
+`gpu_memory_utilization: 0.5`, `max_num_seqs: 1024`, `max_num_batched_tokens: 8192`,
+`free_cache_engine: True`); vLLM v1 enables prefix caching by default.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from typing import Any
 from rlsim.errors import RlsimError
 
 PLACEMENTS = ("colocated", "disaggregated")
-DISPATCH = ("round_robin", "least_loaded")
+# least_loaded and round_robin place every sample on its own (veRL's agent loop, slime and AReaL
+# send each sample as its own request); per_prompt keeps a prompt's samples together, rotating
+# over instances prompt by prompt (rlsim's placement before per-sample dispatch).
+DISPATCH = ("least_loaded", "round_robin", "per_prompt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,10 +26,10 @@ class ClusterConfig:
     """GPUs, the rollout instance cost profile, and how training shares the GPUs."""
 
     num_gpus: int = 64
-    profile: str = "h100-qwen2.5-32b-tp2"
+    profile: str = "h100-qwen2.5-32b-tp4"  # veRL's DAPO recipe rolls Qwen2.5-32B out at TP 4
     placement: str = "colocated"
     train_gpus: int = 0  # disaggregated only: GPUs of the training pool
-    dispatch: str = "round_robin"
+    dispatch: str = "least_loaded"
 
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:
@@ -55,6 +61,32 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """vLLM engine limits of every rollout instance, with vLLM's and veRL's names.
+
+    `None` keeps the profile's own value (a shipped GPU profile is derived at veRL's defaults; a
+    calibrated one holds what its engine ran with). `gpu_memory_utilization` re-derives the KV
+    capacity from the profile's model and GPU facts. `free_cache_engine` (veRL's name): colocated
+    engines sleep through training, freeing their KV cache, so carried requests re-prefill.
+    """
+
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    free_cache_engine: bool = True
+
+    def __post_init__(self) -> None:
+        u = self.gpu_memory_utilization
+        if u is not None and not 0 < u <= 1:
+            raise RlsimError(f"gpu_memory_utilization must be in (0, 1], got {u}")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise RlsimError(f"{name} must be positive, got {v}")
+
+
+@dataclass(frozen=True, slots=True)
 class RLConfig:
     """The RL step: batch shape, response cap, run length, reward cost, seed."""
 
@@ -65,6 +97,7 @@ class RLConfig:
     max_steps: int | None = None
     reward_latency_s: float = 0.05
     reward_workers: int = 64
+    use_kl_loss: bool = False  # DAPO drops the KL term; with it on, a reference model scores every batch
     seed: int = 0
 
     def __post_init__(self) -> None:

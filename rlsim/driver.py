@@ -4,9 +4,11 @@ The same `run_loop` drives a `SimEngine` and (later) real vLLM engines. Each ste
 told the step started, launches samples (the driver turns `Launch` into `Request`s, looking the
 sample's length up in the trace; the policy never sees it), is told every event, and ends the
 step with `Train`. Rewards are scored by a pool of CPU workers as samples finish (overlapping
-rollout); training starts when the rollout decision is made and the batch's rewards are in, costs
-the profile's training time, then weights sync. Under `colocated` placement rollout is paused
-during training and sync (veRL's hybrid engine); under `disaggregated` only during sync.
+rollout), each taking the run's reward latency or the trace's per-sample `reward_time_s`. Then
+the step's training phases run (`rlsim.step_costs`: old log-probs, reference when KL is on, the
+update, weight sync). Under `colocated` placement rollout is paused for all of it (veRL's hybrid
+engine), and with `free_cache_engine` the engines sleep (KV freed, weights offloaded) and wake
+after; under `disaggregated` rollout goes on during training.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlsim.config import ClusterConfig, RLConfig
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+from rlsim.dispatch import least_loaded
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import (
@@ -33,6 +36,7 @@ from rlsim.protocol import (
     Train,
 )
 from rlsim.records import Records, StepWindow
+from rlsim.step_costs import step_cost
 from rlsim.trace import Trace
 
 
@@ -46,6 +50,7 @@ class TraceIndex:
         self.samples = trace.meta.samples_per_prompt
         self.out = df["num_output_tokens"].to_numpy(np.int64)
         self.prompt_tokens = df["num_prompt_tokens"].to_numpy(np.int64)
+        self.reward_time = df["reward_time_s"].to_numpy(float) if "reward_time_s" in df.columns else None
         ep, pid = df["epoch"].to_numpy(), df["prompt_id"].to_numpy()
         starts = np.flatnonzero(np.r_[True, (np.diff(ep) != 0) | (np.diff(pid) != 0)])
         self.start = {(int(ep[s]), int(pid[s])): int(s) for s in starts}
@@ -55,6 +60,11 @@ class TraceIndex:
     def length(self, epoch: int, prompt_id: int, sample_idx: int) -> tuple[int, int]:
         s = self.start[(epoch, prompt_id)] + sample_idx
         return int(self.out[s]), int(self.prompt_tokens[s])
+
+    def reward_time_s(self, epoch: int, prompt_id: int, sample_idx: int, default: float) -> float:
+        if self.reward_time is None:
+            return default
+        return float(self.reward_time[self.start[(epoch, prompt_id)] + sample_idx])
 
     def unbiased_mean(self, epoch: int, prompt_id: int, n: int) -> float:
         """Mean length (at the run's cap) of a visit's first n samples: what training on that
@@ -148,6 +158,7 @@ class Driver:
     profile: Profile
     cluster: ClusterConfig
     rl: RLConfig
+    engine_cfg: EngineConfig = field(default_factory=EngineConfig)
     index: TraceIndex = field(init=False)
     records: Records = field(init=False)
 
@@ -181,13 +192,14 @@ class Driver:
         self.requests: dict[int, Request] = {}
         self.version = 0
         self.rr = 0
+        self.assigned = [0] * self.engine.num_instances  # requests assigned and not yet ended
         self.reused_samples = 0
         self.reward_free = [0.0] * rl.reward_workers
         self.reward_done: dict[int, float] = {}
         self.view = View(self, self.policy)
 
     # ---- checkpoints (real runs resume from the last finished step) ------------------------
-    _NOT_STATE = ("engine", "trace", "index", "view", "profile", "cluster", "rl", "first_token")
+    _NOT_STATE = ("engine", "trace", "index", "view", "profile", "cluster", "rl", "engine_cfg", "first_token")
 
     def snapshot(self) -> dict:
         """Everything the run has decided so far (data order position, visits, requests,
@@ -197,11 +209,11 @@ class Driver:
         return state
 
     @classmethod
-    def restore(cls, state: dict, engine: Engine, trace: Trace, profile: Profile, cluster, rl) -> Driver:  # noqa: ANN001
+    def restore(cls, state: dict, engine: Engine, trace: Trace, profile: Profile, cluster, rl, engine_cfg) -> Driver:  # noqa: ANN001
         """A driver continuing from `snapshot()` on a new engine. Requests that were in flight
         at the snapshot are submitted again (with their ids) and run from their first token."""
         state = dict(state)
-        drv = cls(engine, state.pop("policy"), trace, profile, cluster, rl)
+        drv = cls(engine, state.pop("policy"), trace, profile, cluster, rl, engine_cfg)
         step, version, now = state.pop("view")
         vars(drv).update(state)
         drv.view = View(drv, drv.policy)
@@ -236,18 +248,40 @@ class Driver:
         return chunk
 
     # ---- actions --------------------------------------------------------------------------
-    def _instance_for(self, launch: Launch) -> int | tuple[int, ...]:
+    def _instance_for(self, launch: Launch) -> int | tuple[int, ...] | None:
+        """The policy's placement, or the dispatch rule's; None: per-sample least-loaded, decided
+        when the batch is submitted (`_dispatch`)."""
+        n = self.engine.num_instances
         if launch.instance is not None:
             chosen = launch.instance if isinstance(launch.instance, tuple) else (launch.instance,)
             if isinstance(launch.instance, tuple) and len(chosen) != launch.num_samples:
                 raise RlsimError(f"policy gave {len(chosen)} instances for {launch.num_samples} samples")
-            if not all(0 <= i < self.engine.num_instances for i in chosen):
-                raise RlsimError(f"policy chose instance {max(chosen)} of {self.engine.num_instances}")
+            if not all(0 <= i < n for i in chosen):
+                raise RlsimError(f"policy chose instance {max(chosen)} of {n}")
             return launch.instance
-        if self.cluster.dispatch == "least_loaded" and hasattr(self.engine, "load"):
-            return min(range(self.engine.num_instances), key=self.engine.load)
-        self.rr = (self.rr + 1) % self.engine.num_instances
+        if self.cluster.dispatch == "least_loaded":
+            return None
+        if self.cluster.dispatch == "round_robin":
+            first = self.rr
+            self.rr = (self.rr + launch.num_samples) % n
+            return tuple((first + j) % n for j in range(launch.num_samples))
+        self.rr = (self.rr + 1) % n  # per_prompt
         return self.rr
+
+    def _dispatch(self, batch: list[Request]) -> list[Request]:
+        """Place the batch's undecided samples least-loaded (counting each assignment) and count
+        every sample of the batch against its instance."""
+        todo = [j for j, q in enumerate(batch) if q.instance < 0]
+        if todo:
+            where = least_loaded(self.assigned, len(todo))
+            for j, i in zip(todo, where, strict=True):
+                q = batch[j] = batch[j]._replace(instance=i)
+                self.requests[q.request_id] = q
+        placed = set(todo)
+        for j, q in enumerate(batch):
+            if j not in placed:
+                self.assigned[q.instance] += 1
+        return batch
 
     def apply(self, actions: list) -> Train | None:
         train = None
@@ -258,14 +292,14 @@ class Driver:
                 batch.extend(self._launch(act))
             elif isinstance(act, Abort):
                 if batch:
-                    self.engine.submit(batch)
+                    self.engine.submit(self._dispatch(batch))
                     launched += batch
                     batch = []
                 self.engine.abort(act.request_ids)
             elif isinstance(act, Train):
                 train = act
         if batch:
-            self.engine.submit(batch)
+            self.engine.submit(self._dispatch(batch))
             launched += batch
         if launched:  # one columnar append per batch of actions (the hot path of an epoch)
             self.records.launch(launched, self.engine.now, self.view.step)
@@ -292,7 +326,7 @@ class Driver:
             self.reused_samples += k >= self.index.samples
             target, prompt_tokens = self.index.length(epoch, act.prompt_id, s)
             rid = len(self.requests)
-            where = inst[k - first] if per_sample else inst
+            where = inst[k - first] if per_sample else (-1 if inst is None else inst)
             req = Request(rid, act.prompt_id, s, epoch, prompt_tokens, max_tokens, target, where, self.version)
             self.requests[rid] = req
             flight.add(rid)
@@ -301,8 +335,9 @@ class Driver:
 
     # ---- events ---------------------------------------------------------------------------
     def _reward(self, rid: int, t: float) -> None:
+        q = self.requests[rid]
         free = heapq.heappop(self.reward_free)
-        done = max(free, t) + self.rl.reward_latency_s
+        done = max(free, t) + self.index.reward_time_s(q.epoch, q.prompt_id, q.sample_idx, self.rl.reward_latency_s)
         heapq.heappush(self.reward_free, done)
         self.reward_done[rid] = done
 
@@ -311,6 +346,7 @@ class Driver:
         if kind is Finished:
             rid = ev.request_id
             req = self.requests[rid]
+            self.assigned[req.instance] -= 1
             self.in_flight[req.prompt_id].discard(rid)
             self.finished.setdefault((req.epoch, req.prompt_id), []).append(ev.num_output_tokens)
             self.records.finish(
@@ -319,7 +355,9 @@ class Driver:
             self._reward(rid, ev.time)
         elif kind is Aborted:
             rid = ev.request_id
-            self.in_flight[self.requests[rid].prompt_id].discard(rid)
+            req = self.requests[rid]
+            self.assigned[req.instance] -= 1
+            self.in_flight[req.prompt_id].discard(rid)
             self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.get(rid), "aborted")
         elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
@@ -329,13 +367,15 @@ class Driver:
         window.mark_gen_end(self.engine)
         ids = act.request_ids
         reward_end = max((self.reward_done[r] for r in ids), default=gen_end)
-        tokens = sum(self.records.num_output_tokens[r] + self.requests[r].num_prompt_tokens for r in ids)
-        t_train = self.profile.train.seconds(tokens, self.cluster.training_gpus)
-        t_sync = self.profile.weight_sync_s
-        start = max(gen_end, reward_end)
-        if self.cluster.placement == "colocated":
-            self.engine.pause()
-        self.engine.call_at(start + t_train + t_sync, "train_done")
+        out = self.records.num_output_tokens
+        lens = np.array([out[r] + self.requests[r].num_prompt_tokens for r in ids], dtype=float)
+        colocated = self.cluster.placement == "colocated"
+        sleep = colocated and self.engine_cfg.free_cache_engine
+        cost = step_cost(self.profile, lens, self.cluster.training_gpus, self.rl.use_kl_loss, sleep)
+        start = max(gen_end + cost.rollout_sleep, reward_end)
+        if colocated:
+            self.engine.pause(sleep=sleep)
+        self.engine.call_at(start + cost.training + cost.rollout_wake_up + cost.update_weights, "train_done")
         while True:
             events = self.engine.step()
             if not events:
@@ -353,7 +393,7 @@ class Driver:
             if done:
                 break
         self.engine.resume()
-        window.close(reward_end, t_train, t_sync, self.engine.now)
+        window.close(reward_end, cost, self.engine.now)
         self.records.step_done(
             window, ids, self.requests, self.version, self.index, self.rl.samples_per_prompt, self.cluster.num_gpus
         )
@@ -374,11 +414,12 @@ def run_loop(
     progress=None,  # noqa: ANN001 - optional callable(step, now)
     driver: Driver | None = None,
     on_step=None,  # noqa: ANN001 - optional callable(driver) after every step
+    engine_cfg: EngineConfig | None = None,
 ) -> Records:
     """Run the RL loop until every epoch is trained (or `max_steps`); return the records.
     `driver` continues a restored run (`Driver.restore`); `on_step` sees the driver after each
     step (a real run checkpoints there)."""
-    drv = driver or Driver(engine, policy, trace, profile, cluster, rl)
+    drv = driver or Driver(engine, policy, trace, profile, cluster, rl, engine_cfg or EngineConfig())
     policy, view = drv.policy, drv.view
     while rl.max_steps is None or view.step < rl.max_steps:
         view.now = engine.now

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlsim.config import ClusterConfig, RLConfig
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.errors import RlsimError
 from rlsim.trace import Trace
 
@@ -63,7 +63,9 @@ def steps_per_epoch(trace: Trace, prompts_per_step: int) -> int:
     return math.ceil(first / prompts_per_step)
 
 
-def _estimate(trace_path: str, policy: str, gpus: int, profile: str, rl: RLConfig, steps: int) -> dict[str, Any]:
+def _estimate(
+    trace_path: str, policy: str, gpus: int, profile: str, rl: RLConfig, steps: int, engine: EngineConfig
+) -> dict[str, Any]:
     from rlsim.simulate import simulate
     from rlsim.sweep import _trace_for
 
@@ -71,7 +73,7 @@ def _estimate(trace_path: str, policy: str, gpus: int, profile: str, rl: RLConfi
     cluster = ClusterConfig(num_gpus=gpus, profile=profile)
     n_steps = steps_per_epoch(trace, rl.prompts_per_step)
     run_rl = dataclasses.replace(rl, epochs=1, max_steps=min(steps, n_steps) if steps else None)
-    s = simulate(trace, policy, cluster, run_rl, tables=False).summary
+    s = simulate(trace, policy, cluster, run_rl, tables=False, engine_cfg=engine).summary
     epoch_s = s["total_time_s"] / s["num_steps"] * n_steps
     return {"policy": policy, "gpus": gpus, "epoch_hours": epoch_s / 3600, "gpu_hours": epoch_s / 3600 * gpus,
             "steps_simulated": s["num_steps"], "steps_per_epoch": n_steps}  # fmt: skip
@@ -85,24 +87,27 @@ def plan(
     config: PlanConfig,
     executor: Executor | None = None,
     on_done: Callable[[dict], None] | None = None,
+    engine: EngineConfig | None = None,
 ) -> dict[str, Any]:
     """Estimates for every (policy, GPUs) candidate, the answer per policy and the best policy."""
     from policies.registry import parse_policy
     from rlsim.profile import load_profile
+    from rlsim.step_costs import with_engine
 
     for p in policies:
         parse_policy(p)
-    tp = load_profile(profile).tensor_parallel_size
+    engine = engine or EngineConfig()
+    tp = with_engine(load_profile(profile), engine).tensor_parallel_size  # an impossible memory setting fails here
     gpus = candidates(config.min_gpus, config.max_gpus, tp)
     jobs = [(p, g) for p in policies for g in gpus]
     rows: list[dict[str, Any]] = []
     if executor is None:
         for p, g in jobs:
-            rows.append(_estimate(str(trace_path), p, g, profile, rl, config.steps))
+            rows.append(_estimate(str(trace_path), p, g, profile, rl, config.steps, engine))
             if on_done:
                 on_done(rows[-1])
     else:
-        futs = [executor.submit(_estimate, str(trace_path), p, g, profile, rl, config.steps) for p, g in jobs]
+        futs = [executor.submit(_estimate, str(trace_path), p, g, profile, rl, config.steps, engine) for p, g in jobs]
         for f in as_completed(futs):
             rows.append(f.result())
             if on_done:

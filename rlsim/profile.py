@@ -5,10 +5,13 @@ draft-verification) tokens and N_pre prefill tokens costs
 
     t = t_w_s + alpha_s * B + beta_s * C + gamma_s * N_dec + prefill_s_per_token * N_pre
 
-(DESIGN.md, "The model of time"). Training of a step costs
-`train.fixed_s + trained_tokens * train.flops_per_token / (gpus * peak_flops * mfu)`, then weight
-sync. Profiles are JSON files (calibrate/profiles/*.json); `load_profile` accepts a path or the
-name of a shipped profile and rejects a malformed one with one sentence.
+(DESIGN.md, "The model of time"). The rest of the RL step (old log-probs, reference, update,
+weight sync, sleep and wake) is costed by `rlsim.step_costs` from the profile's `model_facts`
+and `gpu_facts` when it has them (shipped GPU profiles do), else from the fitted `train` block and
+`weight_sync_s` (calibrated profiles). `model_facts` also lets `with_engine` re-derive the KV
+capacity for another `gpu_memory_utilization`. Profiles are JSON files
+(calibrate/profiles/*.json); `load_profile` accepts a path or the name of a shipped profile and
+rejects a malformed one with one sentence.
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ class Profile:
     spec: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     fit_error: dict[str, Any] = field(default_factory=dict)
+    # num_params, num_layers, hidden_size, num_kv_heads, head_dim, dtype_bytes, num_tensors
+    model_facts: dict[str, Any] = field(default_factory=dict)
+    # memory_bytes, hbm_bytes_per_s, host_link_bytes_per_s, weight_sync_bytes_per_s, weight_sync_per_tensor_s
+    gpu_facts: dict[str, Any] = field(default_factory=dict)
+    gpu_memory_utilization: float | None = None  # what kv_capacity_tokens was derived or measured at
 
     def __post_init__(self) -> None:
         for name in (
@@ -116,7 +124,8 @@ def _resolve(name_or_path: str | Path) -> Path:
 
 def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     """Build a `Profile` from parsed JSON, naming the first missing or bad field."""
-    required = [f.name for f in fields(Profile) if f.name not in ("spec", "provenance", "fit_error")]
+    optional = ("spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization")
+    required = [f.name for f in fields(Profile) if f.name not in optional]
     for name in required:
         if name not in raw:
             raise RlsimError(f"{where} is missing field '{name}'")
@@ -140,11 +149,17 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         cost = TrainCost(**{k: float(train[k]) for k in ("flops_per_token", "peak_flops_per_gpu", "mfu", "fixed_s")})
     except (TypeError, ValueError) as exc:
         raise RlsimError(f"{where}: a field has the wrong type ({exc})") from None
+    for name in ("model_facts", "gpu_facts"):
+        if not isinstance(raw.get(name, {}), dict):
+            raise RlsimError(f"{where}: field '{name}' must be an object")
     return Profile(
         train=cost,
         spec=raw.get("spec", {}),
         provenance=raw.get("provenance", {}),
         fit_error=raw.get("fit_error", {}),
+        model_facts=raw.get("model_facts", {}),
+        gpu_facts=raw.get("gpu_facts", {}),
+        gpu_memory_utilization=raw.get("gpu_memory_utilization"),
         **kwargs,
     )
 

@@ -120,8 +120,9 @@ class Engine(Protocol):
     def call_at(self, when: float, tag: str) -> None:
         """Deliver `Timer(tag)` at time `when` (training, weight sync, reward latency)."""
 
-    def pause(self) -> None:
-        """Stop starting iterations (colocated training holds the GPUs)."""
+    def pause(self, sleep: bool = False) -> None:
+        """Stop starting iterations (colocated training holds the GPUs); `sleep` also frees the
+        KV cache, so requests still running re-prefill after `resume` (veRL's free_cache_engine)."""
 
     def resume(self) -> None: ...
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from rlsim.errors import RlsimError
 from rlsim.protocol import Aborted, Event, Finished, Preempted, Request, Timer
 
 LENGTH_MODES = ("replay", "free")
@@ -196,7 +197,9 @@ class RealEngine:
         self._order += 1
         heapq.heappush(self._timers, (when, self._order, tag))
 
-    def pause(self) -> None:
+    def pause(self, sleep: bool = False) -> None:
+        if sleep:  # real runs record free_cache_engine=False (vLLM on a CPU has no sleep mode)
+            raise RlsimError("real engines do not sleep during training yet (free_cache_engine must be off)")
         # An iteration already running on an actor completes; its outputs are delivered.
         for i, res in self.backend.drain():
             self._absorb(i, res)

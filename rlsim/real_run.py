@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rlsim.config import ClusterConfig, RLConfig, config_dict
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile, TrainCost, load_profile
 from rlsim.real_engine import LENGTH_MODES, PromptSource, RealEngine
@@ -88,8 +88,16 @@ def num_instances(cluster: ClusterConfig, rollout_tp: int) -> int:
 def run_profile(profile: Profile, train: str) -> Profile:
     """The profile a run times training with: `train=none` makes training and sync free."""
     if train == "none":
-        return dataclasses.replace(profile, train=TrainCost(0.0, 1.0, 1.0, 0.0), weight_sync_s=0.0)
+        return dataclasses.replace(
+            profile, train=TrainCost(0.0, 1.0, 1.0, 0.0), weight_sync_s=0.0, model_facts={}, gpu_facts={}
+        )
     return profile
+
+
+def run_engine_config(config: dict[str, Any]) -> EngineConfig:
+    """The engine settings a real run used (runs written before they were recorded had prefix
+    caching off and never slept)."""
+    return EngineConfig(**config.get("EngineConfig", {"enable_prefix_caching": False, "free_cache_engine": False}))
 
 
 @dataclass
@@ -110,6 +118,7 @@ class RealRun:
         self.config = config
         self.cluster = ClusterConfig(**config["ClusterConfig"])
         self.rl = RLConfig(**config["RLConfig"])
+        self.engine_cfg = run_engine_config(config)
         self.real = RealConfig(**config["RealConfig"])
         self.policy = config["policy"]
         self.trace_path = Path(config["trace_path"])
@@ -128,6 +137,7 @@ class RealRun:
         rl: RLConfig,
         real: RealConfig,
         profile: str,
+        engine_cfg: EngineConfig | None = None,
     ) -> RealRun:
         from calibrate.engine import check_model, require_vllm
         from policies.registry import parse_policy
@@ -140,7 +150,10 @@ class RealRun:
         num_instances(cluster, real.rollout_tp)
         check_model(real.model)
         require_vllm()
-        config = config_dict(cluster, rl, real) | {
+        # vLLM on a CPU has no sleep mode, and no GPU run sleeps yet: the engines keep their KV
+        # through training, and the simulation that validates the run does the same.
+        engine_cfg = dataclasses.replace(engine_cfg or EngineConfig(), free_cache_engine=False)
+        config = config_dict(cluster, rl, real, engine_cfg) | {
             "mode": "real",
             "policy": policy,
             "trace_path": str(trace_path.resolve()),
@@ -197,7 +210,7 @@ class RealRun:
             if its.exists():  # keep the iterations recorded before the interruption
                 old = pd.read_parquet(its)
                 engine.iterations = list(old[old["time"] <= state.clock].itertuples(index=False, name=None))
-            driver = Driver.restore(state.driver, engine, trace, prof, self.cluster, self.rl)
+            driver = Driver.restore(state.driver, engine, trace, prof, self.cluster, self.rl, self.engine_cfg)
 
         def on_step(drv: Driver) -> None:
             self._write_step(drv, engine, trace)
@@ -209,7 +222,8 @@ class RealRun:
         gc.disable()
         try:
             records = run_loop(
-                engine, make_policy(self.policy), trace, prof, self.cluster, self.rl, progress, driver, on_step
+                engine, make_policy(self.policy), trace, prof, self.cluster, self.rl, progress, driver, on_step,
+                self.engine_cfg,
             )
             stats = [backend.call(i, "stats") for i in range(self.n)]
         finally:
@@ -230,6 +244,7 @@ class RealRun:
             max_model_len=self.real.max_model_len,
             max_num_seqs=self.real.max_num_seqs or prof.get("max_num_seqs"),
             dtype=self.real.dtype,
+            enable_prefix_caching=self.engine_cfg.enable_prefix_caching,
             histospec_k=self.real.histospec_k if histospec else 0,
         )
         if self.n == 1 and not self.real.ray_address:

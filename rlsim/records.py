@@ -1,8 +1,9 @@
 """What a run records: one row per request and one row per RL step, with veRL's metric names.
 
 Per step (DESIGN.md, "metrics"): `timing_s/gen` (step start to the rollout decision),
-`timing_s/reward` (reward time not hidden behind rollout), `timing_s/update_actor`,
-`timing_s/sync_weights`, `timing_s/step`, `response_length/mean|max|clip_ratio` of trained
+`timing_s/reward` (reward time not hidden behind rollout), `timing_s/old_log_prob`,
+`timing_s/ref`, `timing_s/update_actor`, `timing_s/update_weights`, `timing_s/rollout_sleep`,
+`timing_s/rollout_wake_up` (`rlsim.step_costs`), `timing_s/step`, `response_length/mean|max|clip_ratio` of trained
 samples, `response/aborted_ratio`, `perf/throughput` (trained tokens / step time / GPUs), plus
 `bubble_ratio` (idle instance-time / (instances x gen time); idle = running no request),
 `wasted_tokens` (generated in this step for samples never trained), `staleness/max|mean`
@@ -53,8 +54,7 @@ class StepWindow:
     last_busy: list[float] = field(default_factory=list)
     gen_end: float = 0.0
     reward_end: float = 0.0
-    t_train: float = 0.0
-    t_sync: float = 0.0
+    cost: object = None  # rlsim.step_costs.StepCost
     end: float = 0.0
 
     def __post_init__(self) -> None:
@@ -71,8 +71,8 @@ class StepWindow:
             ends = [min(e, self.gen_end) for s, e in (segs(i) if segs else []) if s < self.gen_end and e > self.start]
             self.last_busy.append(max(ends) if ends else self.start)
 
-    def close(self, reward_end: float, t_train: float, t_sync: float, end: float) -> None:
-        self.reward_end, self.t_train, self.t_sync, self.end = reward_end, t_train, t_sync, end
+    def close(self, reward_end: float, cost, end: float) -> None:  # noqa: ANN001 - a StepCost
+        self.reward_end, self.cost, self.end = reward_end, cost, end
 
 
 class Records:
@@ -139,9 +139,8 @@ class Records:
                 "time/start": w.start,
                 "time/end": w.end,
                 "timing_s/gen": gen,
-                "timing_s/reward": max(0.0, w.reward_end - w.gen_end),
-                "timing_s/update_actor": w.t_train,
-                "timing_s/sync_weights": w.t_sync,
+                "timing_s/reward": max(0.0, w.reward_end - w.gen_end - w.cost.rollout_sleep),
+                **w.cost.columns(),
                 "timing_s/step": step_time,
                 "response_length/mean": float(lengths.mean()) if len(lengths) else np.nan,
                 "response_length/max": float(lengths.max()) if len(lengths) else np.nan,

@@ -13,8 +13,19 @@ per iteration), so k iterations cost `k*(t_w + (alpha+gamma)*B + beta*C) + beta*
 An instance runs iterations one at a time only while a prefill or an admission is pending, and
 otherwise jumps straight to the next finish or KV exhaustion. A submit or abort arriving mid-jump
 interrupts it: the iterations already done (and the one in progress) are committed, and the
-instance re-plans at the next iteration boundary. `exact=True` runs every iteration one at a
-time: the reference that proves the fast path.
+instance re-plans at the next iteration boundary; `pause()` (colocated training takes the GPUs)
+interrupts a jump the same way, so no token is generated during training. `exact=True` runs
+every iteration one at a time: the reference that proves the fast path.
+
+Sleep (veRL's `free_cache_engine`): `pause(sleep=True)` frees every instance's KV cache once its
+iteration in progress ends. Running requests keep their generated tokens and go back to the front
+of the waiting queue, so after `resume()` they re-prefill prompt plus generated tokens.
+
+Prefix caching (vLLM v1, on by default): a prompt's KV is held once per instance while any
+request of it runs there; a request whose prompt is cached computes only its own tokens (at
+least the last prompt token, as vLLM recomputes one token on a full hit). When the last holder
+leaves, the prompt's KV stays cached in free memory (least recently freed evicted first), so a
+preempted or later sibling reuses it. KV is counted in tokens here (vLLM allocates blocks).
 
 Speculative decoding (HistoSpec, `rlsim.speculation`) gives a request a mean of `rate` tokens
 per iteration with `verify` tokens per iteration under verification: the KV context then grows
@@ -48,6 +59,8 @@ class _Seq:
     preemptions: int = 0
     rate: float = 1.0  # tokens per decode iteration (> 1 under speculative decoding)
     verify: float = 1.0  # tokens per iteration under verification
+    skip: int = 0  # prompt tokens found in the prefix cache at this admission (not computed)
+    pshared: int = 0  # computed prompt tokens whose KV sits in the instance's prefix entry
 
 
 @dataclass(slots=True)
@@ -62,6 +75,9 @@ class _Instance:
     rate_sum: float = 0.0  # KV growth per iteration of the decoding sequences
     verify_sum: float = 0.0  # tokens computed per iteration by the decoding sequences
     aborts: set = field(default_factory=set)
+    prefix: dict = field(default_factory=dict)  # prompt_id -> [holders, tokens] (KV held, in `kv`)
+    cached: dict = field(default_factory=dict)  # prompt_id -> tokens: freed, still reusable (LRU order)
+    cached_tokens: int = 0
     proc: simpy.Process | None = None
     wake: simpy.Event | None = None
     jumping: bool = False
@@ -73,14 +89,26 @@ class _Instance:
 class SimEngine:
     """Simulated rollout instances behind the `Engine` protocol."""
 
-    def __init__(self, profile: Profile, num_instances: int, exact: bool = False, spec=None) -> None:  # noqa: ANN001
+    def __init__(
+        self,
+        profile: Profile,
+        num_instances: int,
+        exact: bool = False,
+        spec=None,  # noqa: ANN001 - rlsim.speculation.SpecModel or None
+        enable_prefix_caching: bool = True,
+    ) -> None:
         self.profile = profile
         self.num_instances = num_instances
         self.exact = exact
-        self.spec = spec  # rlsim.speculation.SpecModel or None
+        self.spec = spec
+        self.caching = enable_prefix_caching
         self.env = simpy.Environment()
         self._outbox: list[Event] = []
         self._paused = False
+        self._sleep = False
+        self.prefix_hit_tokens = 0  # prompt tokens not computed thanks to the prefix cache
+        self.wake_reprefill_tokens = 0  # tokens recomputed because a sleep freed their KV
+        self.pause_interrupts = 0  # jumps cut short by pause() (colocated training taking the GPUs)
         self._resume = self.env.event()
         self._where: dict[int, int] = {}
         self.first_token: dict[int, float] = {}
@@ -132,11 +160,21 @@ class SimEngine:
 
         self.env.timeout(max(0.0, when - self.env.now)).callbacks.append(fire)
 
-    def pause(self) -> None:
-        self._paused = True
+    def pause(self, sleep: bool = False) -> None:
+        """Start no new iteration; a jump in progress stops after its current iteration.
+        `sleep=True` also frees the KV cache (veRL's hybrid engine during training)."""
+        self._paused, self._sleep = True, sleep
+        for inst in self.instances:
+            if inst.run_start is None:  # idle or already between iterations
+                if sleep:
+                    self._free_kv(inst)
+            elif inst.jumping:
+                inst.jumping = False
+                inst.proc.interrupt()
+                self.pause_interrupts += 1
 
     def resume(self) -> None:
-        self._paused = False
+        self._paused = self._sleep = False
         if not self._resume.triggered:
             self._resume.succeed()
         self._resume = self.env.event()
@@ -193,7 +231,18 @@ class SimEngine:
         """Remove a running sequence, free its KV, return the tokens it generated."""
         gen = self._generated(inst, seq)
         del inst.running[seq.req.request_id]
-        inst.kv -= seq.prefilled + ((inst.iters - seq.start_iter) * seq.rate if seq.decoding else 0)
+        own = seq.prefilled - min(seq.prefilled, seq.pshared)
+        inst.kv -= own + ((inst.iters - seq.start_iter) * seq.rate if seq.decoding else 0)
+        if self.caching:
+            pid = seq.req.prompt_id
+            entry = inst.prefix[pid]
+            entry[0] -= 1
+            if entry[0] == 0:  # the last holder left: the prompt's KV stays cached in free memory
+                del inst.prefix[pid]
+                inst.kv -= entry[1]
+                inst.cached[pid] = entry[1]
+                inst.cached_tokens += entry[1]
+        seq.prefilled = seq.skip = seq.pshared = 0
         if seq.decoding:
             inst.n_dec -= 1
             inst.rate_sum -= seq.rate
@@ -217,9 +266,10 @@ class SimEngine:
         count = 0
         while inst.running and inst.kv + need > cap:
             rid, seq = next(reversed(inst.running.items()))
+            was_decoding = seq.decoding
             gen = self._drop(inst, seq)
-            need -= seq.rate if seq.decoding else 0
-            seq.generated, seq.prefilled, seq.decoding = gen, 0, False
+            need -= seq.rate if was_decoding else 0
+            seq.generated, seq.decoding = gen, False
             seq.preemptions += 1
             inst.waiting.appendleft(seq)
             self._outbox.append(Preempted(rid, self.env.now, inst.idx, gen))
@@ -237,6 +287,63 @@ class SimEngine:
             reason = "length" if gen >= seq.req.max_tokens else "stop"
             self._outbox.append(Finished(rid, self.env.now, inst.idx, gen, reason))
             self._where.pop(rid, None)
+
+    def _free_kv(self, inst: _Instance) -> None:
+        """Sleep: drop every running request's KV and the prefix cache; running requests wait,
+        first in their admission order, to re-prefill prompt plus generated tokens on wake."""
+        carried = list(inst.running.values())
+        for seq in carried:
+            gen = self._drop(inst, seq)
+            seq.generated, seq.decoding = gen, False
+            self.wake_reprefill_tokens += seq.req.num_prompt_tokens + gen
+        inst.waiting.extendleft(reversed(carried))
+        inst.heap.clear()
+        inst.prefix.clear()
+        inst.cached.clear()
+        inst.kv = inst.cached_tokens = 0
+
+    def _evict(self, inst: _Instance) -> None:
+        """Drop least recently freed prompt KV until held plus cached fits the capacity."""
+        cap = self.profile.kv_capacity_tokens
+        while inst.cached and inst.kv + inst.cached_tokens > cap:
+            pid = next(iter(inst.cached))
+            inst.cached_tokens -= inst.cached.pop(pid)
+
+    def _admission(self, inst: _Instance, seq: _Seq, budget: int) -> tuple[int, int]:
+        """(tokens of the first chunk, KV tokens it allocates) if `seq` were admitted now."""
+        prompt = seq.req.num_prompt_tokens
+        if not self.caching:
+            take = min(prompt + seq.generated, budget)
+            return take, take
+        pid = seq.req.prompt_id
+        held = pid in inst.prefix
+        skip = (prompt if seq.generated else prompt - 1) if held or pid in inst.cached else 0
+        take = min(prompt + seq.generated - skip, budget)
+        return take, take - min(take, prompt - skip) + (0 if held else prompt)
+
+    def _attach(self, inst: _Instance, seq: _Seq) -> None:
+        """Admit `seq`'s prompt into the prefix cache (shared, revived from free memory, or new)."""
+        if not self.caching:
+            return
+        prompt, pid = seq.req.num_prompt_tokens, seq.req.prompt_id
+        entry = inst.prefix.get(pid)
+        if entry is None:
+            hit = inst.cached.pop(pid, None)
+            if hit is not None:
+                inst.cached_tokens -= hit
+            inst.prefix[pid] = [1, prompt]
+            inst.kv += prompt
+        else:
+            entry[0] += 1
+            hit = prompt
+        seq.skip = 0 if hit is None else (prompt if seq.generated else prompt - 1)
+        seq.pshared = prompt - seq.skip
+        self.prefix_hit_tokens += seq.skip
+
+    def _prefill_kv(self, seq: _Seq, take: int) -> int:
+        """KV tokens a prefill chunk of `take` tokens allocates (shared prompt tokens are held by
+        the prefix entry)."""
+        return take - min(take, max(0, seq.pshared - seq.prefilled))
 
     def _start_decoding(self, inst: _Instance, seq: _Seq) -> None:
         seq.decoding = True
@@ -256,24 +363,27 @@ class SimEngine:
         partial = inst.running.values() if len(inst.running) > inst.n_dec else ()  # skip the scan when none
         for seq in partial:  # continue partial prefills first
             if not seq.decoding and budget > 0:
-                need = seq.req.num_prompt_tokens + seq.generated - seq.prefilled
-                take = min(need, budget, int(p.kv_capacity_tokens - inst.kv - inst.rate_sum))
+                need = seq.req.num_prompt_tokens + seq.generated - seq.skip - seq.prefilled
+                room = int(p.kv_capacity_tokens - inst.kv - inst.rate_sum)
+                take = min(need, budget, max(0, seq.pshared - seq.prefilled) + max(0, room))
                 if take > 0:
                     chunks.append((seq, take))
                     budget -= take
-                    inst.kv += take
+                    inst.kv += self._prefill_kv(seq, take)
         # As in vLLM, no admissions in an iteration that had to preempt.
         while not preempted and inst.waiting and budget > 0 and len(inst.running) < p.max_num_seqs:
             seq = inst.waiting[0]
-            need = seq.req.num_prompt_tokens + seq.generated
-            take = min(need, budget)
-            if inst.kv + inst.rate_sum + take > p.kv_capacity_tokens:
+            take, kv = self._admission(inst, seq, budget)
+            if inst.kv + inst.rate_sum + kv > p.kv_capacity_tokens:
                 break
             inst.waiting.popleft()
             inst.running[seq.req.request_id] = seq
+            self._attach(inst, seq)
             chunks.append((seq, take))
             budget -= take
-            inst.kv += take
+            inst.kv += self._prefill_kv(seq, take)
+        if inst.cached_tokens:
+            self._evict(inst)
         prefill = sum(t for _, t in chunks)
         batch = inst.n_dec + len(chunks)
         dt = p.iteration_s(batch, inst.kv, inst.verify_sum, prefill)
@@ -284,9 +394,9 @@ class SimEngine:
         if self.exact or not inst.heap or inst.n_dec != len(inst.running):
             return 0
         if inst.waiting and len(inst.running) < self.profile.max_num_seqs:
-            seq = inst.waiting[0]
-            first = min(seq.req.num_prompt_tokens + seq.generated, self.profile.max_num_batched_tokens)
-            if inst.kv + inst.rate_sum + first <= self.profile.kv_capacity_tokens:
+            budget = self.profile.max_num_batched_tokens - math.ceil(inst.verify_sum)
+            _, kv = self._admission(inst, inst.waiting[0], budget)
+            if budget > 0 and inst.kv + inst.rate_sum + kv <= self.profile.kv_capacity_tokens:
                 return 0  # an admission is possible now
         k_finish = inst.heap[0][0] - inst.iters
         k_kv = int((self.profile.kv_capacity_tokens - inst.kv) // inst.rate_sum)
@@ -316,6 +426,8 @@ class SimEngine:
     def _advance(self, inst: _Instance, k: int) -> None:
         inst.iters += k
         inst.kv += k * inst.rate_sum
+        if inst.cached_tokens:
+            self._evict(inst)
 
     def _run(self, inst: _Instance):  # noqa: ANN202 - SimPy generator
         env = self.env
@@ -323,6 +435,8 @@ class SimEngine:
             if inst.aborts:
                 self._apply_aborts(inst)
             if self._paused:
+                if self._sleep and (inst.running or inst.prefix or inst.cached):
+                    self._free_kv(inst)
                 yield self._resume
                 continue
             if not inst.running and not inst.waiting:
@@ -343,7 +457,7 @@ class SimEngine:
                 self._advance(inst, 1)
                 for seq, take in chunks:
                     seq.prefilled += take
-                    if seq.prefilled >= seq.req.num_prompt_tokens + seq.generated:
+                    if seq.prefilled >= seq.req.num_prompt_tokens + seq.generated - seq.skip:
                         seq.generated += 1  # the prefill iteration samples the first token
                         seq.prefilled += 1
                         inst.kv += 1

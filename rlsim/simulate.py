@@ -16,11 +16,12 @@ import numpy as np
 import pandas as pd
 
 from policies.registry import make_policy, parse_policy
-from rlsim.config import ClusterConfig, RLConfig, config_dict
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
 from rlsim.driver import run_loop
 from rlsim.profile import Profile, load_profile
 from rlsim.sim_engine import SimEngine
 from rlsim.speculation import SpecModel
+from rlsim.step_costs import with_engine
 from rlsim.trace import Trace
 
 
@@ -77,16 +78,19 @@ def simulate(
     exact: bool = False,
     progress=None,  # noqa: ANN001 - optional callable(step, sim_time)
     tables: bool = True,
+    engine_cfg: EngineConfig | None = None,
 ) -> Result:
     """Simulate `policy` on `trace`; see `rlsim.config` for the knobs and their defaults.
     `tables=False` skips building the per-request table (a summary-only run, as in compare)."""
     cluster = cluster or ClusterConfig()
     rl = rl or RLConfig()
+    engine_cfg = engine_cfg or EngineConfig()
     prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
+    prof = with_engine(prof, engine_cfg)
     n = cluster.num_instances(prof.tensor_parallel_size)
     parsed = parse_policy(policy)
     spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
-    engine = SimEngine(prof, n, exact=exact, spec=spec)
+    engine = SimEngine(prof, n, exact=exact, spec=spec, enable_prefix_caching=engine_cfg.enable_prefix_caching)
     pol = make_policy(policy)
     t0 = time.perf_counter()
     # The loop allocates millions of small objects that live until the run ends; the cyclic
@@ -95,7 +99,7 @@ def simulate(
     gc_enabled = gc.isenabled()
     gc.disable()
     try:
-        records = run_loop(engine, pol, trace, prof, cluster, rl, progress)
+        records = run_loop(engine, pol, trace, prof, cluster, rl, progress, engine_cfg=engine_cfg)
     finally:
         if gc_enabled:
             gc.enable()
@@ -105,9 +109,12 @@ def simulate(
     summary = summarize(steps, records.cols, n, cluster.num_gpus)
     summary["sim_wall_s"] = wall
     summary["reused_samples"] = records.reused_samples
+    summary["prefix_hit_tokens"] = engine.prefix_hit_tokens
+    summary["wake_reprefill_tokens"] = engine.wake_reprefill_tokens
+    summary["pause_interrupts"] = engine.pause_interrupts
     if spec is not None:
         summary["histospec"] = {"source": spec.source, "acceptance_prob": spec.acceptance_prob}
-    config = config_dict(cluster, rl) | {
+    config = config_dict(cluster, rl, engine_cfg) | {
         "policy": policy, "policy_knobs": getattr(pol, "config", None) and dataclasses.asdict(pol.config),
         "histospec": parsed.histospec and dataclasses.asdict(parsed.histospec), "exact": exact,
         "profile": prof.to_dict(),

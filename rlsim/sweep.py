@@ -13,7 +13,9 @@ A grid file (YAML):
 
 Point fields: `gpus`, `profile`, `placement`, `train_gpus`, `dispatch` (cluster);
 `prompts_per_step`, `samples_per_prompt`, `max_response_len`, `epochs`, `max_steps`, `seed`,
-`reward_latency_s`, `reward_workers` (RL step); `policy` (a policy string, knobs included) and
+`reward_latency_s`, `reward_workers`, `use_kl_loss` (RL step); `gpu_memory_utilization`,
+`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`, `free_cache_engine` (engine);
+`policy` (a policy string, knobs included) and
 `knobs.NAME` (a knob added to the point's policy string, e.g. `knobs.eta_p: [1.0, 1.5]`); `trace`
 (a Parquet path) or `preset`, `rho`, `num_prompts`, `trace_epochs`, `prompt_share`, `start_step`,
 `clip_ratio` (as in `rlsim trace synth`: a synthetic
@@ -46,13 +48,17 @@ from rlsim.errors import RlsimError
 CLUSTER_FIELDS = {"gpus": int, "profile": str, "placement": str, "train_gpus": int, "dispatch": str}
 RL_FIELDS = {
     "prompts_per_step": int, "samples_per_prompt": int, "max_response_len": int, "epochs": int,
-    "max_steps": int, "seed": int, "reward_latency_s": float, "reward_workers": int,
+    "max_steps": int, "seed": int, "reward_latency_s": float, "reward_workers": int, "use_kl_loss": bool,
+}  # fmt: skip
+ENGINE_FIELDS = {
+    "gpu_memory_utilization": float, "max_num_seqs": int, "max_num_batched_tokens": int,
+    "enable_prefix_caching": bool, "free_cache_engine": bool,
 }  # fmt: skip
 TRACE_FIELDS = {
     "trace": str, "preset": str, "rho": float, "num_prompts": int, "trace_epochs": int, "prompt_share": float,
     "start_step": int, "clip_ratio": float,
 }  # fmt: skip
-FIELDS: dict[str, type] = {**CLUSTER_FIELDS, **RL_FIELDS, **TRACE_FIELDS, "policy": str}
+FIELDS: dict[str, type] = {**CLUSTER_FIELDS, **RL_FIELDS, **ENGINE_FIELDS, **TRACE_FIELDS, "policy": str}
 KNOB_PREFIX = "knobs."
 SUMMARY_KEYS = (
     "epoch_time_s", "total_time_s", "gpu_hours", "num_steps", "rollout_share", "bubble_ratio",
@@ -76,6 +82,10 @@ def _check_value(where: str, field: str, value: Any) -> Any:  # noqa: ANN401
     want = FIELDS[field]
     if field == "max_steps" and value is None:
         return None
+    if want is bool:
+        if not isinstance(value, bool):
+            raise RlsimError(f"{where}: {field} must be true or false, got {value!r}")
+        return value
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, bool) or not isinstance(value, want):
@@ -155,8 +165,9 @@ def policy_string(point: dict[str, Any]) -> str:
 
 def _configs(point: dict[str, Any], where: str = "grid"):  # noqa: ANN202
     from policies.registry import parse_policy
-    from rlsim.config import ClusterConfig, RLConfig
+    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
     from rlsim.profile import load_profile
+    from rlsim.step_costs import with_engine
 
     try:
         kw = {k: point[k] for k in CLUSTER_FIELDS if k in point}
@@ -164,11 +175,13 @@ def _configs(point: dict[str, Any], where: str = "grid"):  # noqa: ANN202
             kw["num_gpus"] = kw.pop("gpus")
         cluster = ClusterConfig(**kw)
         rl = RLConfig(**{k: point[k] for k in RL_FIELDS if k in point})
+        engine = EngineConfig(**{k: point[k] for k in ENGINE_FIELDS if k in point})
         parse_policy(policy_string(point))
-        cluster.num_instances(load_profile(cluster.profile).tensor_parallel_size)
+        prof = with_engine(load_profile(cluster.profile), engine)
+        cluster.num_instances(prof.tensor_parallel_size)
     except RlsimError as exc:
         raise RlsimError(f"{where}: point {_label(point)}: {exc}") from None
-    return cluster, rl
+    return cluster, rl, engine
 
 
 def _label(point: dict[str, Any]) -> str:
@@ -207,13 +220,13 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     """Simulate one point; the row is its fields, its id and the summary figures."""
     from rlsim.simulate import simulate
 
-    cluster, rl = _configs(point)
+    cluster, rl, engine = _configs(point)
     trace_key = {k: point[k] for k in TRACE_FIELDS if k in point}
     if any(k in trace_key for k in SYNTH_FIELDS):
         # lengths are drawn up to the point's cap, so a 32k point has a 32k tail
         trace_key.update(samples_per_prompt=rl.samples_per_prompt, seed=rl.seed, max_response_len=rl.max_response_len)
     trace = _trace_for(json.dumps(trace_key, sort_keys=True))
-    res = simulate(trace, policy_string(point), cluster, rl, tables=False)
+    res = simulate(trace, policy_string(point), cluster, rl, tables=False, engine_cfg=engine)
     s = res.summary
     row = {"point_id": point_id(point), **{k: point.get(k) for k in sorted(point)}}
     row["policy_string"] = policy_string(point)

@@ -60,7 +60,7 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     """Simulate the run in `run_dir` and return real, simulated and Diff% per metric."""
     from rlsim.config import ClusterConfig, RLConfig
     from rlsim.profile import load_profile, profile_from_dict
-    from rlsim.real_run import num_instances, read_run_config, run_profile
+    from rlsim.real_run import num_instances, read_run_config, run_engine_config, run_profile
     from rlsim.simulate import simulate
     from rlsim.trace import load
 
@@ -92,7 +92,9 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
         raise RlsimError(f"the run's trace {trace_path} no longer exists")
     policy = config["policy"]
     cols = ["output_token_ids"] if "histospec" in policy and "output_token_ids" in _names(trace_path) else []
-    result = simulate(load(trace_path, columns=cols), policy, cluster, rl, profile=prof)
+    result = simulate(
+        load(trace_path, columns=cols), policy, cluster, rl, profile=prof, engine_cfg=run_engine_config(config)
+    )
     real_m = run_metrics(steps, requests)
     sim_m = run_metrics(result.steps, result.requests)
     rows = [

@@ -28,6 +28,7 @@ class InstanceConfig:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     dtype: str | None = None
+    enable_prefix_caching: bool = True
     histospec_k: int = 0  # > 0: HistoSpec drafting with this many speculative tokens at most
 
 
@@ -59,6 +60,7 @@ class VllmInstance:
             cfg.dtype,
             cfg.max_num_seqs,
             self.sink,
+            cfg.enable_prefix_caching,
             # TP workers as local processes on this actor's GPUs (Ray has set CUDA_VISIBLE_DEVICES).
             **({"distributed_executor_backend": "mp"} if cfg.tensor_parallel_size > 1 else {}),
         )

@@ -63,7 +63,7 @@ class FakeEngine:
     def call_at(self, when: float, tag: str) -> None:
         self._push(max(when, self._now), 0, tag)
 
-    def pause(self) -> None:
+    def pause(self, sleep: bool = False) -> None:
         self._paused = True
         for i in range(self.num_instances):
             self._mark(i)

@@ -150,12 +150,12 @@ def test_histopipe_cross_step_carries_the_tail() -> None:
 
 
 def test_oracle_spreads_long_samples_over_instances() -> None:
-    """LPT puts each long sample on its own instance, where dispatch stacks a prompt's samples."""
+    """LPT puts each long sample on its own instance, where per-prompt dispatch stacks a prompt's samples."""
     lengths = np.full((1, 8, 4), 10)
-    lengths[0, 0, :] = 1000  # one long prompt: sync puts all four samples on one instance
+    lengths[0, 0, :] = 1000  # one long prompt: per-prompt sync puts all four samples on one instance
     tr = make_trace(lengths)
     oracle, _, _ = run("oracle", tr, 8, 4)
-    sync, _, _ = run("sync", tr, 8, 4)
+    sync, _, _ = run("sync", tr, 8, 4, dispatch="per_prompt")
     assert oracle[oracle.prompt_id == 0].instance.nunique() == 4
     assert sync[sync.prompt_id == 0].instance.nunique() == 1
 

@@ -115,3 +115,67 @@ def test_abort_frees_the_request_and_reports_tokens() -> None:
     rest = _drain(eng)
     ab = [e for e in rest if isinstance(e, Aborted)]
     assert len(ab) == 1 and 199 <= ab[0].num_output_tokens <= 201
+
+
+def _prompt_req(rid: int, prompt_id: int, prompt: int, length: int) -> Request:
+    return Request(rid, prompt_id, rid, 0, prompt, 10**6, length, 0, 0)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_prefix_cache_shares_a_prompt_between_siblings(exact: bool) -> None:
+    """Four samples of one prompt prefill it once (plus the one token vLLM recomputes on a full
+    hit each), and hold its KV once: where four copies would preempt, one does not."""
+    p = _profile(t_w_s=0.01, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=1e-5, kv_capacity_tokens=2500)
+    firsts = {}
+    for caching in (True, False):
+        eng = SimEngine(p, 1, exact=exact, enable_prefix_caching=caching)
+        eng.submit([_prompt_req(i, 7, 1000, 300) for i in range(4)])
+        events = _drain(eng)
+        firsts[caching] = sorted(eng.first_token.values())
+        preempted = sum(isinstance(e, Preempted) for e in events)
+        assert preempted == (0 if caching else preempted) and (caching or preempted > 0)
+        assert eng.prefix_hit_tokens == (3 * 999 if caching else 0)
+    assert firsts[True] == pytest.approx([0.01 + 1e-5 * 1003] * 4, rel=1e-12)
+    assert firsts[False][0] > firsts[True][0]
+
+
+def test_freed_prompt_blocks_are_reused() -> None:
+    """A prompt whose last request finished stays cached in free memory: a later sample of it
+    computes one token, not the prompt."""
+    p = _profile(t_w_s=0.01, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=1e-5)
+    eng = SimEngine(p, 1)
+    eng.submit([_prompt_req(0, 7, 1000, 5)])
+    _drain(eng)
+    t0 = eng.now
+    eng.submit([_prompt_req(1, 7, 1000, 5)])
+    _drain(eng)
+    assert eng.first_token[1] - t0 == pytest.approx(0.01 + 1e-5 * 1, rel=1e-12)
+    assert eng.prefix_hit_tokens == 999
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_sleep_frees_kv_and_carried_requests_reprefill(exact: bool) -> None:
+    """pause(sleep=True) mid-decode frees the KV; after resume the request recomputes its prompt
+    plus generated tokens in one prefill, then decodes the rest: it ends one prefill later than
+    after a pause that keeps the KV."""
+    p = _profile(t_w_s=0.01, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=1e-5)
+    done = {}
+    for sleep in (False, True):
+        eng = SimEngine(p, 1, exact=exact)
+        eng.submit([_prompt_req(0, 3, 500, 1000)])
+        eng.call_at(2.01, "train")  # the prefill (15 ms) and 199 decodes are done, one is half done
+        eng.call_at(10.0, "wake")
+        while events := eng.step():
+            for e in events:
+                if getattr(e, "tag", None) == "train":
+                    eng.pause(sleep=sleep)
+                elif getattr(e, "tag", None) == "wake":
+                    eng.resume()
+                elif isinstance(e, Finished):
+                    done[sleep] = e.time
+        assert eng.wake_reprefill_tokens == (500 + 201 if sleep else 0)
+        assert eng.pause_interrupts == (0 if exact else 1)
+    # 201 tokens before the pause (the prefill's and 200 decodes': the one in progress completes);
+    # after the wake with its KV freed: one prefill of 701 tokens that samples token 202.
+    assert done[False] == pytest.approx(10.0 + 0.01 * (1000 - 201), rel=1e-9)
+    assert done[True] == pytest.approx(done[False] + 1e-5 * 701, rel=1e-9)

@@ -1,0 +1,134 @@
+"""The RL step beyond rollout, and the engine limits, derived from a profile's facts.
+
+Training (veRL's phases, each a `timing_s/...` column of steps.parquet):
+- `old_log_prob`: one forward pass over every trained sample (prompt + response) to recompute the
+  behaviour log-probs; `ref`: another forward of the reference model, only when the KL term is on
+  (DAPO drops it); `update_actor`: forward and backward, three forwards' worth of FLOPs, plus the
+  profile's fixed per-step overhead.
+- A forward over a sequence of T tokens costs `2 N T` FLOPs for the weights plus `2 L d T^2` for
+  causal attention (QK^T and AV, 4 L d t at position t, summed over t); all at the profile's MFU
+  of the training GPUs' peak.
+- `update_weights`: resharding the trained weights and broadcasting them to the rollout engines,
+  `bytes / weight_sync_bytes_per_s + num_tensors * weight_sync_per_tensor_s`.
+- Colocated engines sleep through training (veRL's `free_cache_engine`): `rollout_sleep`
+  offloads each rank's weight shard over the host link and frees the KV cache, `rollout_wake_up`
+  loads it back; the KV is gone, so carried requests re-prefill.
+
+A profile without `model_facts` (one calibrated on real hardware) falls back to its fitted
+`train` block for the whole training stage and its measured `weight_sync_s`, and has no sleep cost.
+
+KV capacity (`kv_capacity`): vLLM gives the KV cache what `gpu_memory_utilization` of each GPU
+leaves after the rank's weight shard: `(u * memory - weight_bytes / TP) * TP / kv_bytes_per_token`,
+with `kv_bytes_per_token = 2 * layers * kv_heads * head_dim * dtype_bytes`. Activation and CUDA
+graph memory are not subtracted, so this is an upper bound of what vLLM reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlsim.config import EngineConfig
+from rlsim.errors import RlsimError
+from rlsim.profile import Profile
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Seconds of each non-rollout phase of one RL step."""
+
+    old_log_prob: float = 0.0
+    ref: float = 0.0
+    update_actor: float = 0.0
+    update_weights: float = 0.0
+    rollout_sleep: float = 0.0
+    rollout_wake_up: float = 0.0
+
+    @property
+    def training(self) -> float:
+        return self.old_log_prob + self.ref + self.update_actor
+
+    def columns(self) -> dict[str, float]:
+        return {f"timing_s/{f.name}": getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def weight_bytes(profile: Profile) -> float:
+    mf = profile.model_facts
+    return float(mf["num_params"]) * float(mf["dtype_bytes"])
+
+
+def kv_bytes_per_token(profile: Profile) -> float:
+    mf = profile.model_facts
+    return 2.0 * mf["num_layers"] * mf["num_kv_heads"] * mf["head_dim"] * mf["dtype_bytes"]
+
+
+def kv_capacity(profile: Profile, gpu_memory_utilization: float) -> int:
+    """KV tokens one instance holds at this memory utilisation (see the module docstring)."""
+    tp = profile.tensor_parallel_size
+    memory = float(profile.gpu_facts["memory_bytes"])
+    free = gpu_memory_utilization * memory - weight_bytes(profile) / tp
+    if free <= 0:
+        raise RlsimError(
+            f"profile {profile.name}: the weights ({weight_bytes(profile) / tp / 1e9:.1f} GB per GPU at TP{tp}) do "
+            f"not fit in gpu_memory_utilization={gpu_memory_utilization} of {memory / 1e9:.0f} GB"
+        )
+    return int(free * tp / kv_bytes_per_token(profile))
+
+
+def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
+    """The profile under these engine limits (unset ones keep the profile's values)."""
+    changes: dict = {}
+    for name in ("max_num_seqs", "max_num_batched_tokens"):
+        value = getattr(engine, name)
+        if value is not None:
+            changes[name] = value
+    u = engine.gpu_memory_utilization
+    if u is not None and u != profile.gpu_memory_utilization:
+        if not (profile.model_facts and profile.gpu_facts.get("memory_bytes")):
+            raise RlsimError(
+                f"profile {profile.name} has no model and GPU memory facts, so its KV capacity "
+                f"({profile.kv_capacity_tokens} tokens, as measured) cannot be re-derived for "
+                f"gpu_memory_utilization={u}"
+            )
+        changes["kv_capacity_tokens"] = kv_capacity(profile, u)
+        changes["gpu_memory_utilization"] = u
+    return dataclasses.replace(profile, **changes) if changes else profile
+
+
+def forward_flops(profile: Profile, seq_lens: np.ndarray) -> float:
+    """FLOPs of one forward pass over sequences of these lengths (weights + causal attention)."""
+    mf = profile.model_facts
+    t = np.asarray(seq_lens, dtype=float)
+    return float((2.0 * mf["num_params"] * t + 2.0 * mf["num_layers"] * mf["hidden_size"] * t * t).sum())
+
+
+def weight_sync_s(profile: Profile) -> float:
+    gf = profile.gpu_facts
+    if profile.model_facts and "weight_sync_bytes_per_s" in gf:
+        return weight_bytes(profile) / gf["weight_sync_bytes_per_s"] + (
+            profile.model_facts["num_tensors"] * gf["weight_sync_per_tensor_s"]
+        )
+    return profile.weight_sync_s
+
+
+def sleep_s(profile: Profile) -> float:
+    """Seconds to offload (or reload) one rank's weight shard over the host link."""
+    link = profile.gpu_facts.get("host_link_bytes_per_s")
+    if not (profile.model_facts and link):
+        return 0.0
+    return weight_bytes(profile) / profile.tensor_parallel_size / link
+
+
+def step_cost(profile: Profile, seq_lens: np.ndarray, train_gpus: int, use_kl_loss: bool, sleep: bool) -> StepCost:
+    """The phases of one step that trains on samples of these total lengths (prompt + response)."""
+    tc = profile.train
+    if profile.model_facts:
+        rate = train_gpus * tc.peak_flops_per_gpu * tc.mfu
+        fwd = forward_flops(profile, seq_lens) / rate
+        old, ref, update = fwd, (fwd if use_kl_loss else 0.0), tc.fixed_s + 3 * fwd
+    else:  # a fitted training cost covers the whole training stage
+        old, ref, update = 0.0, 0.0, tc.seconds(int(np.sum(seq_lens)), train_gpus)
+    slept = sleep_s(profile) if sleep else 0.0
+    return StepCost(old, ref, update, weight_sync_s(profile), slept, slept)
