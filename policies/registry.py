@@ -25,6 +25,7 @@ from policies.oracle import OraclePolicy
 from policies.rollpacker import RollPackerPolicy
 from policies.sortedrl import SortedRLPolicy
 from policies.sync import SyncPolicy
+from rlsim.dynamic_sampling import DynamicSamplingConfig
 from rlsim.errors import RlsimError
 from rlsim.speculation import SpecConfig
 
@@ -67,11 +68,12 @@ class PolicyName(str, Enum):
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A parsed policy string: the policy, its knobs, and HistoSpec's config (None: off)."""
+    """A parsed policy string: the policy, its knobs, and the features' configs (None: off)."""
 
     name: str
     knobs: dict[str, Any]
     histospec: SpecConfig | None
+    dynamic_sampling: DynamicSamplingConfig | None = None
 
 
 _PART = re.compile(r"^\s*([A-Za-z_][\w.:]*)\s*(?:\((.*)\))?\s*$")
@@ -140,7 +142,7 @@ def _policy_class(name: str) -> type:
 
 
 def parse_policy(text: str) -> PolicySpec:
-    """Parse `NAME[(knobs)][+histospec[(knobs)]]`, checking every knob."""
+    """Parse `NAME[(knobs)][+histospec[(knobs)]][+dynamic_sampling[(knobs)]]`, checking every knob."""
     base, *features = _split_plus(text)
     name, raw = _parse_part(base)
     cls = _policy_class(name)
@@ -148,13 +150,16 @@ def parse_policy(text: str) -> PolicySpec:
     if raw and config_cls is None:
         raise RlsimError(f"policy {name!r} takes no knobs")
     knobs = _convert(config_cls, raw, f"policy {name!r}") if raw else {}
-    spec = None
+    spec = ds = None
     for feat in features:
         fname, fraw = _parse_part(feat)
-        if fname != "histospec":
-            raise RlsimError(f"unknown engine feature {fname!r} in {text!r}; available: histospec")
-        spec = SpecConfig(**_convert(SpecConfig, fraw, "histospec"))
-    return PolicySpec(name, knobs, spec)
+        if fname == "histospec":
+            spec = SpecConfig(**_convert(SpecConfig, fraw, "histospec"))
+        elif fname == "dynamic_sampling":
+            ds = DynamicSamplingConfig(**_convert(DynamicSamplingConfig, fraw, "dynamic_sampling"))
+        else:
+            raise RlsimError(f"unknown feature {fname!r} in {text!r}; available: histospec, dynamic_sampling")
+    return PolicySpec(name, knobs, spec, ds)
 
 
 def make_policy(text: str) -> object:

@@ -73,20 +73,24 @@ def _configs(opts: dict):  # noqa: ANN202
 
 
 def _load(trace: Path | None, policies: list[str] = ()):  # noqa: ANN202
-    """The trace with only the columns the run needs (token ids only for HistoSpec)."""
+    """The trace with only the columns the run needs (token ids only for HistoSpec, rewards only
+    for dynamic sampling, per-sample reward times when the trace has them)."""
     import pyarrow.parquet as pq
 
     from rlsim.paths import default_trace
     from rlsim.trace import load
 
     path = trace or default_trace()
-    cols = []
-    if any("histospec" in p for p in policies) and path.is_file():
-        try:
-            cols = [c for c in ("output_token_ids",) if c in pq.read_schema(path).names]
-        except Exception:  # noqa: BLE001 - load() below names what is wrong with the file
-            cols = []
-    return load(path, columns=cols)
+    want = ["reward_time_s"]
+    if any("histospec" in p for p in policies):
+        want.append("output_token_ids")
+    if any("dynamic_sampling" in p for p in policies):
+        want.append("reward")
+    try:
+        names = pq.read_schema(path).names if path.is_file() else []
+    except Exception:  # noqa: BLE001 - load() below names what is wrong with the file
+        names = []
+    return load(path, columns=[c for c in want if c in names])
 
 
 def _check_len(trace, max_len: int) -> None:  # noqa: ANN001

@@ -20,6 +20,7 @@ import numpy as np
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.dispatch import least_loaded
+from rlsim.dynamic_sampling import DynamicSamplingConfig, GroupFilter, check_rewards
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import (
@@ -51,6 +52,7 @@ class TraceIndex:
         self.out = df["num_output_tokens"].to_numpy(np.int64)
         self.prompt_tokens = df["num_prompt_tokens"].to_numpy(np.int64)
         self.reward_time = df["reward_time_s"].to_numpy(float) if "reward_time_s" in df.columns else None
+        self.reward = df["reward"].to_numpy(float) if "reward" in df.columns else None
         ep, pid = df["epoch"].to_numpy(), df["prompt_id"].to_numpy()
         starts = np.flatnonzero(np.r_[True, (np.diff(ep) != 0) | (np.diff(pid) != 0)])
         self.start = {(int(ep[s]), int(pid[s])): int(s) for s in starts}
@@ -60,6 +62,9 @@ class TraceIndex:
     def length(self, epoch: int, prompt_id: int, sample_idx: int) -> tuple[int, int]:
         s = self.start[(epoch, prompt_id)] + sample_idx
         return int(self.out[s]), int(self.prompt_tokens[s])
+
+    def reward_of(self, epoch: int, prompt_id: int, sample_idx: int) -> float:
+        return float(self.reward[self.start[(epoch, prompt_id)] + sample_idx])
 
     def reward_time_s(self, epoch: int, prompt_id: int, sample_idx: int, default: float) -> float:
         if self.reward_time is None:
@@ -159,6 +164,7 @@ class Driver:
     cluster: ClusterConfig
     rl: RLConfig
     engine_cfg: EngineConfig = field(default_factory=EngineConfig)
+    dynamic_sampling: DynamicSamplingConfig | None = None
     index: TraceIndex = field(init=False)
     records: Records = field(init=False)
 
@@ -179,6 +185,10 @@ class Driver:
                 f"(prompts_per_step={rl.prompts_per_step})"
             )
         self.records = Records()
+        self.groups: GroupFilter | None = None
+        if self.dynamic_sampling is not None:
+            check_rewards(self.trace.table.columns)
+            self.groups = GroupFilter(self.dynamic_sampling, rl.prompts_per_step)
         self.first_token: dict[int, float] = getattr(self.engine, "first_token", {})  # engines that track it
         rng = np.random.default_rng(rl.seed)
         self.order = [rng.permutation(self.index.prompts_by_epoch[e]) for e in self.trace.epochs[: rl.epochs]]
@@ -199,7 +209,9 @@ class Driver:
         self.view = View(self, self.policy)
 
     # ---- checkpoints (real runs resume from the last finished step) ------------------------
-    _NOT_STATE = ("engine", "trace", "index", "view", "profile", "cluster", "rl", "engine_cfg", "first_token")
+    _NOT_STATE = (
+        "engine", "trace", "index", "view", "profile", "cluster", "rl", "engine_cfg", "dynamic_sampling", "first_token",
+    )  # fmt: skip
 
     def snapshot(self) -> dict:
         """Everything the run has decided so far (data order position, visits, requests,
@@ -209,11 +221,13 @@ class Driver:
         return state
 
     @classmethod
-    def restore(cls, state: dict, engine: Engine, trace: Trace, profile: Profile, cluster, rl, engine_cfg) -> Driver:  # noqa: ANN001
+    def restore(  # noqa: ANN206
+        cls, state: dict, engine: Engine, trace: Trace, profile: Profile, cluster, rl, engine_cfg, ds  # noqa: ANN001
+    ) -> Driver:
         """A driver continuing from `snapshot()` on a new engine. Requests that were in flight
         at the snapshot are submitted again (with their ids) and run from their first token."""
         state = dict(state)
-        drv = cls(engine, state.pop("policy"), trace, profile, cluster, rl, engine_cfg)
+        drv = cls(engine, state.pop("policy"), trace, profile, cluster, rl, engine_cfg, ds)
         step, version, now = state.pop("view")
         vars(drv).update(state)
         drv.view = View(drv, drv.policy)
@@ -362,6 +376,31 @@ class Driver:
         elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
 
+    def filter_groups(self, act: Train, window: StepWindow) -> Train | None:
+        """Dynamic sampling: keep the batch's groups whose rewards differ; the Train of P0 valid
+        groups once there are enough (or the generation batches ran out), else None."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for r in act.request_ids:
+            q = self.requests[r]
+            groups.setdefault((q.epoch, q.prompt_id), []).append(r)
+
+        def reward(r: int) -> float:
+            q = self.requests[r]
+            return self.index.reward_of(q.epoch, q.prompt_id, q.sample_idx)
+
+        self.pending.difference_update(self.groups.add(groups, reward))
+        if not self.groups.done and (self.take_more or any(self.in_flight.values())):
+            return None
+        ids, surplus, stats = self.groups.take()
+        self.pending.difference_update(surplus)
+        window.extra.update(stats)
+        return Train(tuple(ids))
+
+    @property
+    def take_more(self) -> bool:
+        """Whether the data order still has prompts to hand out (this epoch or a later one)."""
+        return self.epoch_ptr < len(self.order) - 1 or self.pos < len(self.order[self.epoch_ptr])
+
     def train(self, act: Train, window: StepWindow) -> None:
         gen_end = self.engine.now
         window.mark_gen_end(self.engine)
@@ -415,11 +454,12 @@ def run_loop(
     driver: Driver | None = None,
     on_step=None,  # noqa: ANN001 - optional callable(driver) after every step
     engine_cfg: EngineConfig | None = None,
+    dynamic_sampling: DynamicSamplingConfig | None = None,
 ) -> Records:
     """Run the RL loop until every epoch is trained (or `max_steps`); return the records.
     `driver` continues a restored run (`Driver.restore`); `on_step` sees the driver after each
     step (a real run checkpoints there)."""
-    drv = driver or Driver(engine, policy, trace, profile, cluster, rl, engine_cfg or EngineConfig())
+    drv = driver or Driver(engine, policy, trace, profile, cluster, rl, engine_cfg or EngineConfig(), dynamic_sampling)
     policy, view = drv.policy, drv.view
     while rl.max_steps is None or view.step < rl.max_steps:
         view.now = engine.now
@@ -427,16 +467,10 @@ def run_loop(
         train = drv.apply(policy.on_step_start(view))
         if not any(drv.in_flight.values()) and train is None:
             break  # data exhausted and nothing running
-        while train is None:
-            events = engine.step()
-            if not events:
-                raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
-            view.now = engine.now
-            for ev in events:
-                drv.handle(ev)
-                acts = policy.on_event(ev, view)
-                if acts:
-                    train = drv.apply(acts) or train
+        train = _until_train(drv, train)
+        while drv.groups is not None and (train := drv.filter_groups(train, window)) is None:
+            # another generation batch of the same step (weights unchanged)
+            train = _until_train(drv, drv.apply(policy.on_step_start(view)))
         drv.train(train, window)
         view.step += 1
         if on_step is not None:
@@ -446,3 +480,22 @@ def run_loop(
     drv.records.finalize()
     drv.records.reused_samples = drv.reused_samples
     return drv.records
+
+
+def _until_train(drv: Driver, train: Train | None) -> Train:
+    """Feed events to the policy until it asks to train. A dynamic-sampling batch whose prompts
+    ran out with nothing in flight trains on what it has (an empty Train)."""
+    engine, policy, view = drv.engine, drv.policy, drv.view
+    while train is None:
+        events = engine.step()
+        if not events:
+            if drv.groups is not None and not any(drv.in_flight.values()):
+                return Train(())
+            raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
+        view.now = engine.now
+        for ev in events:
+            drv.handle(ev)
+            acts = policy.on_event(ev, view)
+            if acts:
+                train = drv.apply(acts) or train
+    return train

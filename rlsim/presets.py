@@ -13,6 +13,13 @@ explains; `rho` carries a prompt's difficulty from one visit to the next (no pub
 exists; the default is documented per preset and `rlsim trace inspect` shows its effect as the
 cross-epoch rank correlation of prompt mean length).
 
+Rewards (DAPO's accuracy reward, +1 correct, -1 wrong) where a preset has a reward model: each
+prompt has a latent solve rate `q = sigmoid(mu + tau * u[p] - kappa * a[p, e])` (u a fixed
+difficulty, a the length latent above, so prompts with long responses are solved less often) and
+each sample is correct with probability q. DAPO's dynamic sampling drops the groups whose rewards
+are all equal, a share of `q^n + (1-q)^n` per prompt. `fit_reward_model` fits (mu, tau, kappa) to
+which of the verl DAPO run's prompts survived that filter, by prompt-length quartile.
+
 The knots and shares below are constants so a fresh clone needs no external data; the functions
 `fit_quantile_knots` and `fit_prompt_share` re-derive them, and tests check that they do.
 
@@ -54,6 +61,7 @@ class Preset:
     growth_steps: tuple[int, ...] = ()
     growth_mean: tuple[float, ...] = ()
     fitted_to: str = ""
+    reward_model: tuple[float, float, float] | None = None  # (mu, tau, kappa); None: no rewards
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.prompt_share <= 1.0:
@@ -104,6 +112,40 @@ def fit_prompt_share(lengths_by_prompt: np.ndarray) -> float:
     return round(float(between / (between + msw)), 4)
 
 
+def fit_reward_model(
+    preset: Preset, kept_by_quartile: np.ndarray, n: int, draws: int = 200_000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(mu, tau, kappa) whose kept-group share (rewards not all equal, `n` samples) by quartile of
+    the prompt's mean log length matches `kept_by_quartile`, with the preset's length model."""
+    from scipy import optimize
+
+    rng = np.random.default_rng(seed)
+    a, u = rng.standard_normal(draws), rng.standard_normal(draws)
+    z = math.sqrt(preset.prompt_share) * a[:, None] + math.sqrt(1 - preset.prompt_share) * rng.standard_normal(
+        (draws, n)
+    )
+    mean_log = preset.log_length(z).mean(axis=1)
+    quartile = np.digitize(mean_log, np.quantile(mean_log, [0.25, 0.5, 0.75]))
+    draw = rng.random((draws, n))
+
+    def loss(x: np.ndarray) -> float:
+        q = special.expit(x[0] + x[1] * u - x[2] * a)
+        right = draw < q[:, None]
+        kept = right.any(axis=1) & ~right.all(axis=1)
+        got = np.array([kept[quartile == i].mean() for i in range(4)])
+        return float(((got - kept_by_quartile) ** 2).sum())
+
+    starts = ((-3.0, 1.5, 1.0), (-2.0, 1.0, 0.5), (-4.0, 3.0, 2.0))  # the optimum is shallow: take the best
+    fits = [optimize.minimize(loss, x0, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-10}) for x0 in starts]
+    best = min(fits, key=lambda r: r.fun)
+    return tuple(round(float(v), 3) for v in best.x)
+
+
+# Which prompts of the verl DAPO run (PolyTrace 20260614_023133, `dapo_filter_indices.jsonl`,
+# 6 generation batches x 96 prompts, n = 8) survived dynamic sampling, by quartile of the
+# prompt's mean log response length: 31.6% overall, fewer among prompts with long responses.
+DAPO_KEPT_BY_LENGTH_QUARTILE = (0.403, 0.347, 0.292, 0.222)
+
 # Digitised DAPO Fig. 7a (Qwen2.5-32B base, 512 prompts x 16 samples per step), +-30 tokens.
 DAPO_CURVE_STEPS = tuple(range(0, 5001, 100))
 DAPO_CURVE_MEAN = (
@@ -133,7 +175,12 @@ DAPO_QWEN25_32B = Preset(
     growth_steps=DAPO_CURVE_STEPS,
     growth_mean=DAPO_CURVE_MEAN,
     fitted_to="verl DAPO length logs (PolyTrace 20260614_023133, 4,608 responses) for shape; "
-    "DAPO paper Fig. 7a for growth of the mean over training steps",
+    "DAPO paper Fig. 7a for growth of the mean over training steps; the same run's dynamic-sampling "
+    "filter for rewards",
+    # fit_reward_model(DAPO_QWEN25_32B, DAPO_KEPT_BY_LENGTH_QUARTILE, 8): mean solve rate 18%,
+    # 68% of groups dropped at n = 8 (the run: 68.4%) and 60% at DAPO's n = 16. Held at the start
+    # of training: no per-step curve of the dropped share is in the data.
+    reward_model=(-3.934, 3.469, 1.692),
 )  # fmt: skip
 
 

@@ -143,7 +143,11 @@ class RealRun:
         from policies.registry import parse_policy
 
         # Everything checkable is checked before the run directory is touched.
-        parse_policy(policy)
+        if parse_policy(policy).dynamic_sampling is not None and real.lengths == "free":
+            raise RlsimError(
+                "dynamic sampling reads rewards from the trace, so it runs with --lengths replay only "
+                "(a free run scores its own samples)"
+            )
         if (out / "config.json").exists():
             raise RlsimError(f"{out} already holds a run; continue it with --resume or choose another --out")
         prof = load_profile(profile)
@@ -182,7 +186,7 @@ class RealRun:
 
         require_vllm()
         parsed = parse_policy(self.policy)
-        cols = ["prompt_text"] if self.real.lengths == "free" else []
+        cols = (["prompt_text"] if self.real.lengths == "free" else []) + ["reward", "reward_time_s"]
         trace = load(self.trace_path, columns=[c for c in cols if _has_column(self.trace_path, c)])
         if self.rl.max_response_len > trace.meta.max_response_len:
             raise RlsimError(
@@ -210,7 +214,9 @@ class RealRun:
             if its.exists():  # keep the iterations recorded before the interruption
                 old = pd.read_parquet(its)
                 engine.iterations = list(old[old["time"] <= state.clock].itertuples(index=False, name=None))
-            driver = Driver.restore(state.driver, engine, trace, prof, self.cluster, self.rl, self.engine_cfg)
+            driver = Driver.restore(
+                state.driver, engine, trace, prof, self.cluster, self.rl, self.engine_cfg, parsed.dynamic_sampling
+            )
 
         def on_step(drv: Driver) -> None:
             self._write_step(drv, engine, trace)
@@ -223,7 +229,7 @@ class RealRun:
         try:
             records = run_loop(
                 engine, make_policy(self.policy), trace, prof, self.cluster, self.rl, progress, driver, on_step,
-                self.engine_cfg,
+                self.engine_cfg, parsed.dynamic_sampling,
             )
             stats = [backend.call(i, "stats") for i in range(self.n)]
         finally:

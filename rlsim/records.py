@@ -56,6 +56,7 @@ class StepWindow:
     reward_end: float = 0.0
     cost: object = None  # rlsim.step_costs.StepCost
     end: float = 0.0
+    extra: dict = field(default_factory=dict)  # further step metrics (dynamic sampling)
 
     def __post_init__(self) -> None:
         n = self.engine.num_instances
@@ -156,6 +157,7 @@ class Records:
                 "length_order_bias": float(lengths.mean() / index.epoch_mean(max(set(epochs), key=epochs.count), r0))
                 if len(lengths)
                 else np.nan,
+                **w.extra,
             }
         )
 

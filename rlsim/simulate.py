@@ -99,7 +99,10 @@ def simulate(
     gc_enabled = gc.isenabled()
     gc.disable()
     try:
-        records = run_loop(engine, pol, trace, prof, cluster, rl, progress, engine_cfg=engine_cfg)
+        records = run_loop(
+            engine, pol, trace, prof, cluster, rl, progress, engine_cfg=engine_cfg,
+            dynamic_sampling=parsed.dynamic_sampling,
+        )  # fmt: skip
     finally:
         if gc_enabled:
             gc.enable()
@@ -117,6 +120,7 @@ def simulate(
     config = config_dict(cluster, rl, engine_cfg) | {
         "policy": policy, "policy_knobs": getattr(pol, "config", None) and dataclasses.asdict(pol.config),
         "histospec": parsed.histospec and dataclasses.asdict(parsed.histospec), "exact": exact,
+        "dynamic_sampling": parsed.dynamic_sampling and dataclasses.asdict(parsed.dynamic_sampling),
         "profile": prof.to_dict(),
         "trace": {"source": trace.meta.source, "model": trace.meta.model},
     }  # fmt: skip

@@ -159,9 +159,11 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
     growth = epoch_growth(preset, n_p, config.prompts_per_step, n_e, config.start_step)
     share = preset.prompt_share if config.prompt_share is None else config.prompt_share
     lengths = np.empty((n_e, n_p, n_s), dtype=np.int64)
+    latents = []
     for e in range(n_e):
         if e > 0:
             latent = rho * latent + math.sqrt(1.0 - rho * rho) * rng.standard_normal(n_p)
+        latents.append(latent)
         eps = rng.standard_normal((n_p, n_s))
         z = math.sqrt(share) * latent[:, None] + math.sqrt(1.0 - share) * eps
         if config.clip_ratio is None:
@@ -217,6 +219,14 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
             "vocab_size": config.vocab_size,
             "note": "synthetic tokens: random ids with controlled reuse of the previous visit",
         }
+    if preset.reward_model is not None:
+        # Drawn last, so lengths and token ids are those of a trace made without rewards.
+        mu, tau, kappa = preset.reward_model
+        difficulty = rng.standard_normal(n_p)
+        solve = special.expit(mu + tau * difficulty[None, :] - kappa * np.stack(latents))  # (epochs, prompts)
+        right = rng.random((n_e, n_p, n_s)) < solve[:, :, None]
+        table["reward"] = np.where(right.reshape(-1), 1.0, -1.0).astype(np.float32)
+        params["reward_model"] = {"mu": mu, "tau": tau, "kappa": kappa, "solve_rate": round(float(solve.mean()), 4)}
     meta = TraceMeta(
         model=config.model or preset.model,
         max_response_len=max_len,

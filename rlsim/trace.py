@@ -40,6 +40,7 @@ REQUIRED_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
 }
 OPTIONAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "reward": (pa.float32(), "float"),
+    "reward_time_s": (pa.float32(), "float"),  # seconds to score the sample (else the run's reward latency)
     "output_token_ids": (pa.list_(pa.int32()), "list<integer>"),
     "prompt_text": (pa.string(), "string"),
 }

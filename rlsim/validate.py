@@ -91,7 +91,10 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     if not trace_path.exists():
         raise RlsimError(f"the run's trace {trace_path} no longer exists")
     policy = config["policy"]
-    cols = ["output_token_ids"] if "histospec" in policy and "output_token_ids" in _names(trace_path) else []
+    names = _names(trace_path)
+    cols = [c for c in ("reward", "reward_time_s") if c in names]
+    if "histospec" in policy and "output_token_ids" in names:
+        cols.append("output_token_ids")
     result = simulate(
         load(trace_path, columns=cols), policy, cluster, rl, profile=prof, engine_cfg=run_engine_config(config)
     )

@@ -43,7 +43,10 @@ def run(policy: str, trace: Trace, p0: int, r0: int, instances: int = 4, epochs:
     engine = FakeEngine(instances, dt=0.01)
     cap = trace.meta.max_response_len
     rl = RLConfig(prompts_per_step=p0, samples_per_prompt=r0, epochs=epochs, max_response_len=cap)
-    rec = run_loop(engine, make_policy(policy), trace, PROFILE, ClusterConfig(num_gpus=instances, **cl), rl)
+    ds = parse_policy(policy).dynamic_sampling
+    rec = run_loop(
+        engine, make_policy(policy), trace, PROFILE, ClusterConfig(num_gpus=instances, **cl), rl, dynamic_sampling=ds
+    )
     return rec.requests_frame(), rec.steps_frame(), engine
 
 
@@ -197,7 +200,7 @@ def test_policy_strings_parse_knobs_and_histospec() -> None:
     for bad, msg in [
         ("rollpacker(nope=1)", "has no knob 'nope'"),
         ("rollpacker(eta_p=x)", "not a valid float"),
-        ("sync+turbo", "unknown engine feature"),
+        ("sync+turbo", "unknown feature"),
         ("sortedrl(mode=sideways)", "mode must be one of"),
         ("sync(x=1)", "takes no knobs"),
     ]:

@@ -18,7 +18,7 @@ from rlsim.paths import default_trace
 from rlsim.profile import PROFILE_DIR, load_profile
 from rlsim.simulate import simulate
 from rlsim.synth import SynthConfig, synthesize
-from rlsim.trace import load, save
+from rlsim.trace import Trace, load, save
 
 runner = CliRunner()
 
@@ -181,6 +181,12 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     raw = json.loads((PROFILE_DIR / "h100-qwen2.5-7b-tp1.json").read_text())
     del raw["kv_capacity_tokens"]
     broken.write_text(json.dumps(raw))
+    tr = _trace()
+    no_rewards = str(save(Trace(tr.table.drop(columns="reward"), tr.meta), tmp_path / "no_rewards.parquet"))
+    measured = json.loads((PROFILE_DIR / "h100-qwen2.5-7b-tp1.json").read_text())
+    for k in ("model_facts", "gpu_facts", "gpu_memory_utilization"):  # as a calibrated profile
+        del measured[k]
+    (tmp_path / "measured.json").write_text(json.dumps(measured))
     common = ["--trace", path, "--prompts-per-step", "16", "--samples-per-prompt", "4"]
     return {
         "unknown policy": (["compare", *common, "--policies", "nope"], "unknown policy 'nope'"),
@@ -201,6 +207,26 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
             "fewer than one step",
         ),
         "unknown profile": (["compare", *common, "--profile", "nope"], "unknown profile 'nope'"),
+        "unknown dispatch": (["compare", *common, "--dispatch", "random"], "dispatch must be one of"),
+        "memory utilisation above 1": (
+            ["compare", *common, "--gpu-memory-utilization", "1.5"],
+            "gpu_memory_utilization must be in (0, 1]",
+        ),
+        "weights do not fit": (
+            ["compare", *common, "--profile", "h100-qwen2.5-32b-tp2", "--gpu-memory-utilization", "0.3"],
+            "do not fit in gpu_memory_utilization=0.3",
+        ),
+        "no facts to derive KV": (
+            ["simulate", *common, "--profile", str(tmp_path / "measured.json"), "--gpu-memory-utilization", "0.8",
+             "-o", str(tmp_path / "run")],
+            "cannot be re-derived",
+        ),
+        "max_num_seqs zero": (["compare", *common, "--max-num-seqs", "0"], "max_num_seqs must be positive"),
+        "dynamic sampling without rewards": (
+            ["compare", "--trace", no_rewards, *common[2:], "--policies", "sync+dynamic_sampling"],
+            "dynamic sampling needs rewards",
+        ),
+        "unknown feature": (["compare", *common, "--policies", "sync+turbo"], "unknown feature 'turbo'"),
     }
 
 
@@ -213,6 +239,13 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "too many samples",
         "fewer prompts than a step",
         "unknown profile",
+        "unknown dispatch",
+        "memory utilisation above 1",
+        "weights do not fit",
+        "no facts to derive KV",
+        "max_num_seqs zero",
+        "dynamic sampling without rewards",
+        "unknown feature",
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:

@@ -1,0 +1,69 @@
+"""The RL step beyond rollout (rlsim.step_costs) and KV capacity derived from model facts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+from rlsim.profile import load_profile
+from rlsim.simulate import simulate
+from rlsim.step_costs import forward_flops, kv_capacity, step_cost, weight_sync_s, with_engine
+from rlsim.synth import SynthConfig, synthesize
+
+
+def test_weight_sync_of_an_8b_model_is_inside_slimes_measurement() -> None:
+    """slime measured 2.8-5.0 s per weight update for an 8B model on 8 GPUs."""
+    assert 2.8 <= weight_sync_s(load_profile("h200-llama-8b")) <= 5.0
+
+
+def test_kv_capacity_follows_memory_utilisation() -> None:
+    """(u x memory - weight shard) x TP / KV bytes per token: Qwen2.5-32B at TP 4 on 80 GB GPUs."""
+    p = load_profile("h100-qwen2.5-32b-tp4")
+    kv_token = 2 * 64 * 8 * 128 * 2
+    assert p.kv_capacity_tokens == int((0.5 * 80e9 - 2 * 32.5e9 / 4) * 4 / kv_token)  # veRL's default
+    assert with_engine(p, EngineConfig(gpu_memory_utilization=0.8)).kv_capacity_tokens == kv_capacity(p, 0.8)
+    assert kv_capacity(p, 0.8) > 2 * kv_capacity(p, 0.5)
+    q = with_engine(p, EngineConfig(max_num_seqs=64, max_num_batched_tokens=4096))
+    assert (q.max_num_seqs, q.max_num_batched_tokens, q.kv_capacity_tokens) == (64, 4096, p.kv_capacity_tokens)
+
+
+def test_training_phases_scale_with_tokens_and_context() -> None:
+    """old_log_prob is one forward, the update three plus the fixed cost; ref only with KL on;
+    attention makes one long sequence dearer than the same tokens in short ones."""
+    p = load_profile("h100-qwen2.5-7b-tp1")
+    lens = np.array([1000.0, 3000.0])
+    off = step_cost(p, lens, 8, use_kl_loss=False, sleep=False)
+    on = step_cost(p, lens, 8, use_kl_loss=True, sleep=True)
+    assert off.ref == 0 and on.ref == pytest.approx(on.old_log_prob)
+    assert off.update_actor == pytest.approx(p.train.fixed_s + 3 * off.old_log_prob)
+    assert off.rollout_sleep == 0 and on.rollout_sleep == on.rollout_wake_up > 0
+    assert forward_flops(p, np.array([4000.0])) > forward_flops(p, np.array([1000.0] * 4))
+
+
+def test_steps_parquet_names_every_phase_as_verl_does() -> None:
+    """Every cost appears in the step table; colocated steps pay sleep and wake, KL adds ref."""
+    tr = synthesize(SynthConfig(num_prompts=32, samples_per_prompt=4, epochs=1))
+    rl = RLConfig(prompts_per_step=16, samples_per_prompt=4, epochs=1)
+    cl = ClusterConfig(num_gpus=8, profile="h100-qwen2.5-7b-tp1")
+    st = simulate(tr, "sync", cl, rl).steps
+    for col in ("old_log_prob", "ref", "update_actor", "update_weights", "rollout_sleep", "rollout_wake_up"):
+        assert f"timing_s/{col}" in st.columns
+    assert (st["timing_s/ref"] == 0).all() and (st["timing_s/rollout_sleep"] > 0).all()
+    kl = simulate(tr, "sync", cl, dataclasses.replace(rl, use_kl_loss=True)).steps
+    assert (kl["timing_s/ref"] > 0).all() and kl["timing_s/step"].sum() > st["timing_s/step"].sum()
+    parts = [c for c in st.columns if c.startswith("timing_s/") and c not in ("timing_s/step", "timing_s/gen")]
+    assert (st["timing_s/gen"] + st[parts].sum(axis=1)).to_numpy() == pytest.approx(st["timing_s/step"].to_numpy())
+
+
+def test_per_sample_reward_time_from_the_trace() -> None:
+    """A trace's reward_time_s column replaces the run's reward latency, sample by sample."""
+    tr = synthesize(SynthConfig(num_prompts=16, samples_per_prompt=4, epochs=1))
+    rl = RLConfig(prompts_per_step=16, samples_per_prompt=4, epochs=1, reward_latency_s=0.0)
+    cl = ClusterConfig(num_gpus=8, profile="h100-qwen2.5-7b-tp1")
+    base = simulate(tr, "sync", cl, rl).steps["timing_s/reward"].sum()
+    tr.table["reward_time_s"] = np.float32(120.0)  # a slow sandbox: longer than the rollout tail
+    slow = simulate(tr, "sync", cl, rl).steps["timing_s/reward"].sum()
+    assert base == 0 and slow > 60
