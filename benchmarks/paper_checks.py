@@ -18,8 +18,11 @@ tolerance. Setups:
 - HistoSpec (Qwen3-14B base, DAPO, 8k, 32 H100, batch 256, n = 16): the `dapo-qwen2.5-32b`
   preset at an 8k cap, Qwen2.5-14B TP2 profile, 32 GPUs, 256 prompts x 16, two epochs.
 - HistoPipe: the `reasoning-32k` preset (whose prompts keep their lengths across epochs, as
-  RhymeRL observes), 32k, 64 GPUs, 128 prompts x 16, two epochs.
-- Uniform lengths: every response 1,500 tokens, 40 instances with one prompt each.
+  RhymeRL observes), 32k, 64 GPUs, 128 prompts x 16, two epochs. Tier 1 against the per-sample
+  least-loaded baseline has no published figure (POLICIES.md section 7): it is reported, not
+  judged; the 1.43x of the paper is against a disaggregated veRL baseline.
+- Uniform lengths: every response 1,500 tokens, 40 instances with one prompt each, 16 steps per
+  epoch (HistoPipe's second tier trains an epoch's held-back tail in one extra short step).
 The exit code is the number of failed checks.
 """
 
@@ -38,12 +41,14 @@ from rlsim.simulate import simulate
 from rlsim.synth import SynthConfig, synthesize
 from rlsim.trace import Trace, TraceMeta, load
 
-ROWS: list[tuple[str, str, str, bool]] = []
+ROWS: list[tuple[str, str, str, bool | None]] = []
+RESULT = {True: "pass", False: "FAIL", None: "reported"}
 
 
-def check(name: str, paper: str, value: str, ok: bool) -> None:
-    ROWS.append((name, paper, value, bool(ok)))
-    print(f"  {'PASS' if ok else 'FAIL'}  {name}: {value} (paper: {paper})", file=sys.stderr, flush=True)
+def check(name: str, paper: str, value: str, ok: bool | None) -> None:
+    """One row; `ok=None` reports a figure that has no band to hold it to."""
+    ROWS.append((name, paper, value, None if ok is None else bool(ok)))
+    print(f"  {RESULT[ROWS[-1][3]].upper()}  {name}: {value} (paper: {paper})", file=sys.stderr, flush=True)
 
 
 def rollpacker_checks() -> None:
@@ -136,17 +141,17 @@ def histopipe_checks() -> None:
     t = {n: s["epoch_time_s"][1] for n, s in runs.items()}
     g1 = t["sync"] / t["histopipe(cross_step=false)"]
     g2 = t["sync"] / t["histopipe"]
-    check("HistoPipe tier 1 vs sync, 2nd epoch", "about 1.43x (faster)", f"{g1:.2f}x", g1 > 1)
+    check("HistoPipe tier 1 vs per-sample least-loaded sync, 2nd epoch", "no published figure", f"{g1:.2f}x", None)
     check(
-        "HistoPipe tier 2: further speedup, staleness 1",
-        "about 1.56x, one step off-policy",
-        f"{g2:.2f}x, staleness max {runs['histopipe']['staleness_max']:.0f}",
+        "HistoPipe tier 2 gains over tier 1, staleness 1",
+        "about 1.56x (vs 1.43x), one step off-policy",
+        f"{g2:.2f}x vs sync (tier 1 {g1:.2f}x), staleness max {runs['histopipe']['staleness_max']:.0f}",
         g2 > g1 and runs["histopipe"]["staleness_max"] == 1,
     )
 
 
 def uniform_checks() -> None:
-    e, p, s, n = 2, 256, 10, 1500
+    e, p, s, n = 2, 512, 10, 1500
     idx = np.indices((e, p, s)).reshape(3, -1)
     df = pd.DataFrame(
         {
@@ -157,7 +162,7 @@ def uniform_checks() -> None:
     )  # fmt: skip
     tr = Trace(df, TraceMeta("uniform", 4096, s, "synthetic:uniform"))
     rl = RLConfig(prompts_per_step=32, samples_per_prompt=8, epochs=2, max_response_len=4096)
-    cl = ClusterConfig(num_gpus=80)
+    cl = ClusterConfig(num_gpus=80, profile="h100-qwen2.5-32b-tp2")
     base = simulate(tr, "sync", cl, rl).summary["total_time_s"]
     ratios = {name: simulate(tr, name, cl, rl).summary["total_time_s"] / base for name in REGISTRY if name != "sync"}
     worst = max(ratios, key=lambda k: abs(ratios[k] - 1))
@@ -176,7 +181,7 @@ def main() -> int:
     if "--markdown" in sys.argv:
         print("| check | paper | rlsim | result |\n|---|---|---|---|")
         for name, paper, value, ok in ROWS:
-            print(f"| {name} | {paper} | {value} | {'pass' if ok else 'FAIL'} |")
+            print(f"| {name} | {paper} | {value} | {RESULT[ok]} |")
     else:
         from rich.console import Console
         from rich.table import Table
@@ -184,11 +189,13 @@ def main() -> int:
         table = Table(title="rlsim against the papers (POLICIES.md)", title_justify="left")
         for c in ("check", "paper", "rlsim", "result"):
             table.add_column(c)
+        colour = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "reported"}
         for name, paper, value, ok in ROWS:
-            table.add_row(name, paper, value, "[green]pass[/]" if ok else "[red]FAIL[/]")
+            table.add_row(name, paper, value, colour[ok])
         Console(width=160).print(table)
-    failed = sum(not ok for *_, ok in ROWS)
-    print(f"{len(ROWS) - failed}/{len(ROWS)} checks pass in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    judged = [ok for *_, ok in ROWS if ok is not None]
+    failed = judged.count(False)
+    print(f"{len(judged) - failed}/{len(judged)} checks pass in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return failed
 
 

@@ -28,7 +28,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     s = res.summary
-    print(f"one epoch, sync, 64 H100 (32 x TP2), {s['num_requests']:,} requests:")
+    print(f"one epoch, sync, 64 H100 (16 x TP4), {s['num_requests']:,} requests:")
     print(f"  simulation wall time   {wall:6.2f} s  (target < 5 s)")
     print(f"  peak memory (RSS)      {peak:6.0f} MiB")
     print(f"  simulated epoch time   {s['epoch_time_s'][0] / 3600:6.2f} h")

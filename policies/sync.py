@@ -2,7 +2,8 @@
 
 Each step takes the next `prompts_per_step` (P0) prompts of the epoch order (shuffled once per
 epoch, seeded by the driver), launches `samples_per_prompt` (R0) samples of each, spreads them
-over the rollout instances by the driver's dispatch rule (round-robin by default), waits for all
+over the rollout instances by the driver's dispatch rule (each sample to the least-loaded
+instance by default, as veRL's agent loop sends it), waits for all
 P0 x R0 to finish (EOS or `max_response_len`), then trains on all of them. Nothing is aborted,
 nothing is stale: its rollout bubble is the reference every other policy is measured against.
 The last step of an epoch takes whatever prompts remain, so every prompt trains once per epoch.

@@ -14,7 +14,7 @@ from rlsim.ui import console as make_console
 
 def register(app: typer.Typer) -> None:
     """Add the real-mode commands to the top-level app."""
-    from rlsim.cli_sim import DISPATCH, PLACEMENT, SEED, TRACE, TRAIN_GPUS, _progress
+    from rlsim.cli_sim import DISPATCH, PLACEMENT, PREFIX_CACHING, SEED, TRACE, TRAIN_GPUS, _progress
 
     @app.command()
     def run(
@@ -44,9 +44,10 @@ def register(app: typer.Typer) -> None:
         max_model_len: int | None = typer.Option(None, help="vLLM max_model_len (default: the model's)."),
         max_num_seqs: int | None = typer.Option(None, help="vLLM max_num_seqs (default: the profile's)."),
         ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
+        enable_prefix_caching: bool = PREFIX_CACHING,
     ) -> None:
         """Run the RL step loop against real vLLM engines with the simulator's driver and policies."""
-        from rlsim.config import ClusterConfig, RLConfig
+        from rlsim.config import ClusterConfig, EngineConfig, RLConfig
         from rlsim.real_run import RealConfig, RealRun
 
         if not real:
@@ -80,7 +81,8 @@ def register(app: typer.Typer) -> None:
                 model=model, lengths=lengths, train=train, rollout_tp=rollout_tp, temperature=temperature,
                 max_model_len=max_model_len, max_num_seqs=max_num_seqs, ray_address=ray_address,
             )  # fmt: skip
-            run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile)
+            engine = EngineConfig(enable_prefix_caching=enable_prefix_caching)
+            run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)
         total = run_.rl.max_steps or _steps_in(run_)
         prog, cb = _progress(total, f"real run: {run_.policy}", auto_refresh=False)
         con = make_console()

@@ -262,6 +262,7 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         "speedup",
         "rollout",
         "bubble",
+        "preempted",
         "wasted tok",
         "staleness",
         "length bias",
@@ -277,6 +278,7 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
             sp,
             f"{r['rollout_share']:.0%}",
             f"{r['bubble_ratio']:.0%}",
+            f"{r['preemptions']:,}",
             f"{r['wasted_tokens']:,.0f}",
             f"{r['staleness_max']:.0f}/{r['staleness_mean']:.2f}",
             f"{r['trained_length_bias']:.2f}",
@@ -284,7 +286,8 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         )
     table.caption = (
         "speedup: total time of sync / this policy; rollout: gen time / step time; bubble: idle "
-        "instance-time / (instances x gen time); wasted tok: tokens generated for samples never trained; "
+        "instance-time / (instances x gen time); preempted: requests preempted for KV (recomputed); "
+        "wasted tok: tokens generated for samples never trained; "
         "staleness: max/mean policy versions between launch and training; length bias: mean trained "
         "length / mean length of the same prompts' samples; order bias: step mean trained "
         "length / epoch mean, min-max over steps; oracle: knows every "
