@@ -88,12 +88,15 @@ def test_every_registered_policy_runs_on_vllm(policy: str, calibrated: dict, tmp
 
 
 def test_two_instances_through_ray_with_aborts(calibrated: dict, tmp_path: Path) -> None:
-    """Two engines as Ray actors: both serve requests, and RollPacker's aborts reach vLLM."""
+    """Two engines as Ray actors: both serve requests, each prompt's samples are dispatched one by
+    one (least-loaded, so a group spans both engines), and RollPacker's aborts reach vLLM."""
     trace = _trace(calibrated["root"], 0.05)
     out = tmp_path / "ray"
     _run(out, calibrated["model"], trace, "--policy", "rollpacker", "--gpus", "2", "--steps", "3", "--train", "none")
     _, rq = _check_run(out, trace, 3)
     assert set(rq["instance"]) == {0, 1}
+    first = rq[rq["step"] == 0]
+    assert (first.groupby("prompt_id")["instance"].nunique() == 2).all()  # per-sample dispatch
     assert len(json.loads((out / "facts.json").read_text())["instances"]) == 2
     assert (rq["outcome"] == "aborted").any()
     # an aborted request's wasted tokens are what vLLM had generated, never more than its length

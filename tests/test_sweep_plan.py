@@ -118,6 +118,10 @@ def test_sweep_cli_and_knobs(tmp_path: Path) -> None:
         ({"grids": {"gpus": [8]}}, "unknown top-level key"),
         ("grid: [unclosed", "not valid YAML"),
         ("- just\n- a list\n", "expected a mapping"),
+        ({"grid": {"gpu_memory_utilization": [1.5]}}, "gpu_memory_utilization must be in (0, 1]"),
+        ({"grid": {"enable_prefix_caching": [1]}}, "must be true or false"),
+        ({"grid": {"profile": ["h100-qwen2.5-32b-tp2"], "gpu_memory_utilization": [0.3]}}, "do not fit"),
+        ({"grid": {"dispatch": ["random"]}}, "dispatch must be one of"),
     ],
 )
 def test_bad_grid_files_are_one_sentence_and_exit_2(tmp_path: Path, doc, words: str) -> None:  # noqa: ANN001
