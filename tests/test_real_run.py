@@ -163,11 +163,14 @@ def test_killed_run_resumes_with_every_sample_once(calibrated: dict, tmp_path: P
 
 def test_validate_against_the_profile_calibrated_here(calibrated: dict, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     """A real run with modeled training, simulated with the profile fitted in this session:
-    rollout time within 15%."""
+    rollout time within 15%. Prefix caching is off, as in the calibration that measured the
+    prefill cost: with it on, this tiny model's vLLM saves about 1% of rollout time while the
+    iteration model, which has no per-request prefill cost, credits the saved prompt tokens at
+    the fitted per-token cost (about 22%); the README lists this gap."""
     trace = _trace(calibrated["root"], 0.1)
     out = tmp_path / "validate"
     profile = calibrated["root"] / "profile.json"
-    _run(out, calibrated["model"], trace, "--steps", "4", "--profile", str(profile))
+    _run(out, calibrated["model"], trace, "--steps", "4", "--profile", str(profile), "--no-enable-prefix-caching")
     res = json.loads(run_python("-m", "rlsim.cli", "validate", str(out), "--json").stdout)
     table = run_python("-m", "rlsim.cli", "validate", str(out)).stdout
     with capsys.disabled():
