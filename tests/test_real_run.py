@@ -166,10 +166,16 @@ def test_validate_against_the_profile_calibrated_here(calibrated: dict, tmp_path
     rollout time within 15%. Prefix caching is off, as in the calibration that measured the
     prefill cost: with it on, this tiny model's vLLM saves about 1% of rollout time while the
     iteration model, which has no per-request prefill cost, credits the saved prompt tokens at
-    the fitted per-token cost (about 22%); the README lists this gap."""
+    the fitted per-token cost (about 22%); the README lists this gap. The decode grid is measured
+    again right before the run: this shared 2-core host drifts by 10-25% over the minutes the
+    other real-engine tests take, and a profile measured at the session's start carried that
+    drift into the comparison (its own held-out quality is the calibration tests' business)."""
     trace = _trace(calibrated["root"], 0.1)
-    out = tmp_path / "validate"
-    profile = calibrated["root"] / "profile.json"
+    out, rec, profile = tmp_path / "validate", tmp_path / "records", tmp_path / "profile.json"
+    model = str(calibrated["model"])
+    run_python("-m", "calibrate.decode", "--model", model, "--out", str(rec))
+    run_python("-m", "calibrate.train", "--model", model, "--out", str(rec))
+    run_python("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(profile), "--force")
     _run(out, calibrated["model"], trace, "--steps", "4", "--profile", str(profile), "--no-enable-prefix-caching")
     res = json.loads(run_python("-m", "rlsim.cli", "validate", str(out), "--json").stdout)
     table = run_python("-m", "rlsim.cli", "validate", str(out)).stdout
