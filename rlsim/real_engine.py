@@ -151,9 +151,6 @@ class RealEngine:
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
-    def load(self, i: int) -> int:
-        return self._count[i]
-
     def busy_time(self, i: int) -> float:
         extra = self.now - self._busy_since[i] if i in self._busy_since else 0.0
         return self._busy[i] + extra

@@ -201,10 +201,6 @@ class SimEngine:
     def segments(self, instance: int) -> list[tuple[float, float]]:
         return list(self.instances[instance].segments)
 
-    def load(self, instance: int) -> int:
-        inst = self.instances[instance]
-        return len(inst.waiting) + len(inst.running)
-
     # ---- internals ------------------------------------------------------------------------
     def _poke(self, inst: _Instance) -> None:
         if inst.wake is not None and not inst.wake.triggered:
