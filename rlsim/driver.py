@@ -389,7 +389,11 @@ class Driver:
             return self.index.reward_of(q.epoch, q.prompt_id, q.sample_idx)
 
         self.pending.difference_update(self.groups.add(groups, reward))
-        if not self.groups.done and (self.take_more or any(self.in_flight.values())):
+        # Generate again only if this batch produced something and more can come: the epoch still
+        # has prompts (its last step trains what is valid, as DAPO's dataloader ends the epoch) or
+        # samples are in flight.
+        more = self.take_more or any(self.in_flight.values())
+        if not self.groups.done and act.request_ids and more:
             return None
         ids, surplus, stats = self.groups.take()
         self.pending.difference_update(surplus)
@@ -398,8 +402,8 @@ class Driver:
 
     @property
     def take_more(self) -> bool:
-        """Whether the data order still has prompts to hand out (this epoch or a later one)."""
-        return self.epoch_ptr < len(self.order) - 1 or self.pos < len(self.order[self.epoch_ptr])
+        """Whether the current epoch still has prompts to hand out."""
+        return self.epoch_ptr < len(self.order) and self.pos < len(self.order[self.epoch_ptr])
 
     def train(self, act: Train, window: StepWindow) -> None:
         gen_end = self.engine.now

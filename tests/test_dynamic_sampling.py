@@ -51,6 +51,22 @@ def test_every_prompt_is_generated_once_per_epoch() -> None:
     assert (req.groupby("prompt_id").size() == 4).all()
 
 
+def test_epochs_end_without_waiting_on_the_next_epochs_prompts() -> None:
+    """At an epoch's end the step trains the valid groups it has (fewer than P0), even with no
+    limit on generation batches: the next epoch's prompts wait for this one to train."""
+    rng = np.random.default_rng(1)
+    tr = make_trace(rng.integers(20, 400, (2, 40, 4)))
+    p, s = tr.table["prompt_id"].to_numpy(), tr.table["sample_idx"].to_numpy()
+    tr.table["reward"] = np.where(p % 3 == 2, np.where(s % 2 == 0, 1.0, -1.0), -1.0)
+    req, steps, _ = run("sync+dynamic_sampling(max_num_gen_batches=0)", tr, 4, 4, epochs=2)
+    trained = req[req.trained_step >= 0]
+    surplus = steps.groupby("epoch")["dynamic_sampling/surplus_groups"].sum()
+    # every one of the 13 valid groups of each epoch trains once or is discarded as surplus
+    per_epoch = trained.groupby("epoch").prompt_id.nunique().add(surplus, fill_value=0)
+    assert per_epoch.loc[[0, 1]].tolist() == [13, 13]
+    assert (steps["dynamic_sampling/num_gen_batches"] <= 10).all()
+
+
 def test_a_trace_without_rewards_is_one_sentence() -> None:
     with pytest.raises(RlsimError, match="needs rewards"):
         run("sync+dynamic_sampling", make_trace(np.full((1, 8, 4), 50)), 4, 4)
