@@ -1,0 +1,427 @@
+"""InstanceScheduler: vLLM v1's scheduling rules for one rollout instance, iteration by iteration.
+
+A port of what `vllm.v1.core.sched.scheduler.Scheduler.schedule()` and `update_from_output()` do
+for a plain decoder (vLLM 0.32), with time left out (`rlsim.sim_engine` prices iterations):
+
+- running requests first, in running-list order, each taking its next chunk (a decode: one
+  token, `verify` under speculation) from the `max_num_batched_tokens` budget; when its KV slots
+  do not fit, the request at the back of the running list is preempted (its blocks freed, its
+  tokens recomputed on readmission, first in the waiting queue) until they fit or it preempted
+  itself;
+- then, unless something was preempted, waiting requests in order while the budget lasts and
+  fewer than `max_num_seqs` run: a prefix-cache lookup (whole blocks, at most all tokens but the
+  last), then admission only if the whole sequence (prompt plus generated tokens) fits in free
+  blocks (`scheduler_reserve_full_isl`); with chunked prefill off, a prefill larger than the
+  budget waits;
+- KV in blocks of `block_size` tokens: a request holds `ceil(computed / block_size)` blocks, and
+  the slot of a sampled token is allocated when the token is computed (the next iteration);
+- a request whose prefill completes samples its first token in that iteration; a request
+  finishes in the iteration that samples its `target`-th token, and its blocks are freed in
+  running order.
+
+`rlsim.sched_parity` runs this class and vLLM's `Scheduler` side by side on the same workload and
+compares the iteration logs. Between events a batch of decoding requests is fixed, so
+`jump_plan()` finds how many iterations can pass before the next finish or block shortage and
+`advance(k)` commits them at once (block needs counted from each request's position in its
+block, not iterated).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from rlsim.kv_blocks import BlockPool
+from rlsim.protocol import Request
+
+
+@dataclass(slots=True)
+class Seq:
+    req: Request
+    target: int  # tokens to generate: min(trace length, max_tokens)
+    generated: int = 0  # output tokens (decoding: at start_iter)
+    computed: int = 0  # tokens whose KV is computed (decoding: at start_iter)
+    start_iter: int = 0
+    finish_iter: int = 0
+    decoding: bool = False
+    preemptions: int = 0
+    rate: float = 1.0  # tokens per decode iteration (> 1 under speculative decoding)
+    verify: float = 1.0  # tokens computed per decode iteration
+    hashed: list = field(default_factory=list)  # hashed blocks heading its block table
+    prompt_blocks: int = 0  # full prompt blocks (its prompt's hash chain)
+
+
+@dataclass(slots=True)
+class Scheduled:
+    """One iteration's batch."""
+
+    decode_tokens: float = 0.0
+    prefill_tokens: int = 0
+    num_decodes: int = 0
+    chunks: list = field(default_factory=list)  # (seq, tokens) of prefill chunks
+    preempted: list = field(default_factory=list)
+    admitted: int = 0
+    blocked_by_kv: bool = False  # a waiting request did not fit
+
+
+class InstanceScheduler:
+    """vLLM's waiting queue, running list, budget, block pool and preemption for one instance."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked = enable_chunked_prefill
+        self.caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.waiting: deque[Seq] = deque()
+        self.running: dict[int, Seq] = {}  # request id -> Seq, running-list order
+        self.heap: list = []  # (finish_iter, rid) of decoding sequences
+        self.iters = 0
+        self.ctx = 0.0  # KV context tokens of the running requests (the cost model's C)
+        self.n_dec = 0
+        self.n_unit = 0  # decoding sequences at one token per iteration (in `phase`)
+        self.phase = [0] * block_size  # unit-rate decoders by (computed - 1 - start_iter) % block_size
+        self.spec: dict[int, Seq] = {}  # decoding sequences at a rate other than one
+        self.rate_sum = 0.0
+        self.verify_sum = 0.0
+        self.prefix_hit_tokens = 0
+        self.preemptions = 0
+
+    # ---- token and block positions -----------------------------------------------------------
+    def computed(self, seq: Seq) -> float:
+        if not seq.decoding:
+            return seq.computed
+        return seq.computed + (self.iters - seq.start_iter) * seq.rate
+
+    def generated(self, seq: Seq) -> int:
+        if not seq.decoding:
+            return seq.generated
+        done = int((self.iters - seq.start_iter) * seq.rate + 1e-9)
+        return seq.generated + min(done, seq.target - seq.generated)
+
+    def _blocks(self, tokens: float) -> int:
+        return math.ceil(tokens / self.block_size - 1e-9)
+
+    def _chain(self, seq: Seq, n: int):  # noqa: ANN202 - generator of hash-chain keys
+        pid, own = seq.req.prompt_id, ("own", seq.req.request_id)
+        m = seq.req.num_prompt_tokens // self.block_size
+        for k in range(n):
+            yield (pid, k) if k < m else (own, k)
+
+    # ---- queue changes ---------------------------------------------------------------------
+    def add(self, seq: Seq) -> None:
+        seq.prompt_blocks = seq.req.num_prompt_tokens // self.block_size
+        self.waiting.append(seq)
+
+    def remove_waiting(self, rid: int) -> Seq | None:
+        for seq in self.waiting:
+            if seq.req.request_id == rid:
+                self.waiting.remove(seq)
+                return seq
+        return None
+
+    def _stop_decoding(self, seq: Seq) -> None:
+        seq.generated = self.generated(seq)
+        seq.computed = int(round(self.computed(seq)))
+        seq.decoding = False
+        self.n_dec -= 1
+        self.rate_sum -= seq.rate
+        self.verify_sum -= seq.verify
+        if seq.rate == 1.0:
+            self.n_unit -= 1
+            self.phase[(seq.computed - 1 - self.iters) % self.block_size] -= 1
+        else:
+            del self.spec[seq.req.request_id]
+        if self.n_dec == 0:  # no float drift left behind
+            self.rate_sum = self.verify_sum = 0.0
+
+    def _start_decoding(self, seq: Seq, at: int | None = None) -> None:
+        """Decode from iteration `at` (default: the next one to run) one `rate` a step."""
+        at = self.iters if at is None else at
+        seq.decoding = True
+        seq.start_iter = at
+        seq.finish_iter = at + math.ceil((seq.target - seq.generated) / seq.rate - 1e-9)
+        self.n_dec += 1
+        self.rate_sum += seq.rate
+        self.verify_sum += seq.verify
+        if seq.rate == 1.0:
+            self.n_unit += 1
+            self.phase[(seq.computed - 1 - at) % self.block_size] += 1
+        else:
+            self.spec[seq.req.request_id] = seq
+        heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
+
+    def _free(self, seq: Seq, how: str) -> int:
+        """Take a running request out, free its blocks in reverse table order; return its tokens.
+        `how`: "preempt" keeps its full blocks hittable, "finish"/"abort" do not."""
+        if seq.decoding:
+            self._stop_decoding(seq)
+        del self.running[seq.req.request_id]
+        c = seq.computed
+        self.ctx -= c
+        table = self._blocks(c)
+        pool, hashed = self.pool, seq.hashed
+        if self.caching and how == "preempt":
+            full = c // self.block_size
+            pool.give(table - full)  # the partial tail block
+            own = [pool.cache_new(key) for key in self._chain_range(seq, len(hashed), full)]
+            pool.release(reversed(own))
+            pool.release(reversed(hashed))
+        else:
+            full = c // self.block_size
+            pool.give(table - full)  # the partial tail block
+            pool.give(full - len(hashed), cached=True)  # its own full blocks: nothing hits them again
+            m = seq.prompt_blocks
+            if hashed:
+                pool.release(reversed(hashed[m:]), dead=True)
+                pool.release(reversed(hashed[:m]))
+        seq.hashed = []
+        seq.computed = 0
+        return seq.generated
+
+    def _chain_range(self, seq: Seq, lo: int, hi: int):  # noqa: ANN202 - keys of blocks lo..hi-1
+        pid, own = seq.req.prompt_id, ("own", seq.req.request_id)
+        m = seq.prompt_blocks
+        for k in range(lo, hi):
+            yield (pid, k) if k < m else (own, k)
+
+    def preempt(self, seq: Seq) -> int:
+        gen = self._free(seq, "preempt")
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+        return gen
+
+    def finish(self, seq: Seq) -> int:
+        return self._free(seq, "finish")
+
+    def abort(self, seq: Seq) -> int:
+        return self._free(seq, "abort")
+
+    def free_all(self) -> list[Seq]:
+        """Sleep: every running request's KV and the prefix cache are dropped; running requests go
+        back to the front of the waiting queue in running order, keeping their tokens."""
+        carried = list(self.running.values())
+        for seq in carried:
+            if seq.decoding:
+                self._stop_decoding(seq)
+            seq.hashed = []
+            seq.computed = 0
+        self.running.clear()
+        self.heap.clear()
+        self.ctx = 0.0
+        self.pool.reset(self.num_blocks)
+        self.waiting.extendleft(reversed(carried))
+        return carried
+
+    # ---- one iteration ---------------------------------------------------------------------
+    def _cache_prompt_blocks(self, seq: Seq, upto: int) -> None:
+        """Hash the prompt's full blocks that this chunk completes (vLLM caches at allocation)."""
+        lo, hi = len(seq.hashed), min(seq.prompt_blocks, upto // self.block_size)
+        if self.caching and hi > lo:
+            seq.hashed.extend(self.pool.cache_new((seq.req.prompt_id, k)) for k in range(lo, hi))
+
+    def _decode_need(self, seq: Seq) -> int:
+        c = self.computed(seq)
+        return self._blocks(c + seq.rate) - self._blocks(c)
+
+    def _admit_check(self, seq: Seq, budget: int) -> tuple[int, list[int]] | str | None:
+        """(tokens of its first chunk, prefix hit) if the head of the queue can be admitted; None
+        when its blocks do not fit, "budget" when chunked prefill is off and it exceeds the budget."""
+        ntok = seq.req.num_prompt_tokens + seq.generated
+        hit = self.pool.lookup(self._chain(seq, (ntok - 1) // self.block_size)) if self.caching else []
+        new = ntok - len(hit) * self.block_size
+        if not self.chunked and new > budget:
+            return "budget"
+        need = self._blocks(ntok) - len(hit) + (self.pool.evictable(hit) if hit else 0)
+        if need > self.pool.free:
+            return None
+        return min(new, budget), hit
+
+    def schedule(self) -> Scheduled:
+        """vLLM's `schedule()`: the batch of this iteration (blocks allocated, preemptions done)."""
+        out = Scheduled()
+        budget = self.max_num_batched_tokens
+        pool = self.pool
+        if self._bulk_ok(budget):
+            need = self.decode_blocks(1) if self.n_dec else 0
+            for seq in self.running.values():
+                if not seq.decoding:
+                    take = seq.req.num_prompt_tokens + seq.generated - seq.computed
+                    need += self._blocks(seq.computed + take) - self._blocks(seq.computed)
+            if need <= pool.free:  # nothing preempts and every running request fits the budget
+                pool.take(self.decode_blocks(1) if self.n_dec else 0)
+                budget -= math.ceil(self.verify_sum - 1e-9)
+                out.decode_tokens, out.num_decodes = self.verify_sum, self.n_dec
+                self.ctx += self.rate_sum
+                for seq in self.running.values():
+                    if not seq.decoding:
+                        take = seq.req.num_prompt_tokens + seq.generated - seq.computed
+                        self._prefill_chunk(seq, take, out)
+                        budget -= take
+                return self._admit(out, budget)
+        running = list(self.running.values())
+        i, n = 0, len(running)
+        while i < n and budget > 0:
+            seq = running[i]
+            if seq.decoding:
+                new = math.ceil(seq.verify - 1e-9)
+                if new > budget:
+                    break
+                need = self._decode_need(seq)
+            else:
+                new = min(seq.req.num_prompt_tokens + seq.generated - seq.computed, budget)
+                need = self._blocks(seq.computed + new) - self._blocks(seq.computed)
+            while need > pool.free:
+                victim = running[n - 1]
+                n -= 1
+                self.preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if n <= i:  # it preempted itself
+                break
+            budget -= new
+            if seq.decoding:
+                pool.take(need)
+                out.decode_tokens += seq.verify
+                out.num_decodes += 1
+                self.ctx += seq.rate
+            else:
+                self._prefill_chunk(seq, new, out)
+            i += 1
+        for seq in running[i:n]:  # decoders the budget left out this iteration do not advance
+            if seq.decoding:
+                self._stop_decoding(seq)
+                self._start_decoding(seq, at=self.iters + 1)
+        if out.preempted:
+            return out
+        return self._admit(out, budget)
+
+    def _bulk_ok(self, budget: int) -> bool:
+        """Every running request's next chunk fits the budget (then only blocks can bind)."""
+        need = math.ceil(self.verify_sum - 1e-9)
+        if len(self.running) > self.n_dec:
+            for seq in self.running.values():
+                if not seq.decoding:
+                    need += seq.req.num_prompt_tokens + seq.generated - seq.computed
+        return need <= budget and not self.spec
+
+    def _prefill_chunk(self, seq: Seq, take: int, out: Scheduled) -> None:
+        self.pool.take(self._blocks(seq.computed + take) - self._blocks(seq.computed))
+        self._cache_prompt_blocks(seq, seq.computed + take)
+        out.chunks.append((seq, take))
+        out.prefill_tokens += take
+        self.ctx += take
+
+    def _admit(self, out: Scheduled, budget: int) -> Scheduled:
+        pool = self.pool
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            ok = self._admit_check(seq, budget)
+            if not isinstance(ok, tuple):
+                out.blocked_by_kv = ok is None
+                break
+            take, hit = ok
+            self.waiting.popleft()
+            pool.touch(hit)
+            seq.hashed = hit
+            seq.computed = len(hit) * self.block_size
+            self.ctx += seq.computed
+            self.prefix_hit_tokens += seq.computed
+            self.running[seq.req.request_id] = seq
+            self._prefill_chunk(seq, take, out)
+            out.admitted += 1
+            budget -= take
+        return out
+
+    def complete(self, out: Scheduled) -> list[Seq]:
+        """vLLM's `update_from_output()`: the iteration ran; return the requests it finished
+        (their blocks freed, in running order)."""
+        self.iters += 1
+        for seq, take in out.chunks:
+            seq.computed += take
+            if seq.computed >= seq.req.num_prompt_tokens + seq.generated:
+                seq.generated += 1  # the iteration that ends a prefill samples a token
+                self._start_decoding(seq)
+        return self._finish_due()
+
+    def _finish_due(self) -> list[Seq]:
+        heap, due = self.heap, []
+        while heap and heap[0][0] <= self.iters:
+            _, rid = heapq.heappop(heap)
+            seq = self.running.get(rid)
+            if seq is None or not seq.decoding or seq.finish_iter != self.iters:
+                continue  # stale entry (aborted, preempted or postponed)
+            due.append(seq)
+        if len(due) > 1:
+            order = {rid: i for i, rid in enumerate(self.running)}
+            due.sort(key=lambda s: order[s.req.request_id])
+        for seq in due:
+            self.finish(seq)
+        return due
+
+    # ---- event jumping ---------------------------------------------------------------------
+    def decode_blocks(self, k: int) -> int:
+        """Blocks the decoding requests allocate over the next k iterations."""
+        b = self.block_size
+        q, s = divmod(k, b)
+        n = self.n_unit * q
+        if s:
+            # a unit-rate decoder at phase p allocates in this iteration when (p + iters) % b == 0,
+            # i.e. once in the first s iterations when (p + iters) % b >= b - s
+            it, ph = self.iters, self.phase
+            n += sum(ph[(j - it) % b] for j in range(b - s, b))
+        for seq in self.spec.values():
+            c = self.computed(seq)
+            n += self._blocks(c + k * seq.rate) - self._blocks(c)
+        return n
+
+    def jump_plan(self) -> int:
+        """Iterations that can run as a fixed decode batch before the next event (0: run one)."""
+        if not self.heap or self.n_dec != len(self.running):
+            return 0
+        if math.ceil(self.verify_sum - 1e-9) > self.max_num_batched_tokens:
+            return 0
+        if self.waiting and len(self.running) < self.max_num_seqs:
+            budget = self.max_num_batched_tokens - math.ceil(self.verify_sum - 1e-9)
+            if budget > 0 and isinstance(self._admit_check(self.waiting[0], budget), tuple):
+                return 0  # an admission is possible now
+        k_finish = self.heap[0][0] - self.iters
+        if k_finish <= 0:
+            return 0
+        free = self.pool.free
+        if self.decode_blocks(k_finish) <= free:
+            return k_finish
+        lo, hi = 0, k_finish  # decode_blocks(lo) <= free < decode_blocks(hi)
+        guess = int(free * self.block_size / max(self.rate_sum, 1e-9))
+        if 0 < guess < hi:
+            if self.decode_blocks(guess) <= free:
+                lo = guess
+            else:
+                hi = guess
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.decode_blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def advance(self, k: int) -> None:
+        """Commit k decode iterations (`jump_plan` said they fit)."""
+        self.pool.take(self.decode_blocks(k))
+        self.iters += k
+        self.ctx += k * self.rate_sum
