@@ -238,7 +238,8 @@ def create_engine(
 ) -> tuple[Any, dict[str, Any]]:
     """An in-process `LLMEngine` (stats on; prefix caching off unless asked: calibration measures
     every token it schedules, real runs follow their EngineConfig) and the facts that describe it:
-    KV capacity (`num_gpu_blocks x block_size`), scheduler limits, versions, hardware. Shared by
+    usable KV capacity (`(num_gpu_blocks - 1) x block_size`: block 0 is vLLM's null block),
+    scheduler limits, versions, hardware. Shared by
     calibration and real runs, so a profile fitted here describes the engine a run uses. With a
     `sink`, a stat logger records every iteration's details and speculative counters into it."""
     check_model(model)  # before importing vLLM, whose import logs to stderr
@@ -276,7 +277,8 @@ def create_engine(
         "dtype": str(cfg.model_config.dtype).replace("torch.", ""),
         "num_gpu_blocks": int(cfg.cache_config.num_gpu_blocks or 0),
         "block_size": int(cfg.cache_config.block_size),
-        "kv_capacity_tokens": int(cfg.cache_config.num_gpu_blocks or 0) * int(cfg.cache_config.block_size),
+        # block 0 is vLLM's null block: the scheduler can hand out the rest
+        "kv_capacity_tokens": max(0, int(cfg.cache_config.num_gpu_blocks or 0) - 1) * int(cfg.cache_config.block_size),
         "max_num_seqs": int(cfg.scheduler_config.max_num_seqs),
         "max_num_batched_tokens": int(cfg.scheduler_config.max_num_batched_tokens),
         "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching),

@@ -34,6 +34,10 @@ MAX_NUM_BATCHED_TOKENS = typer.Option(
     None, help="vLLM max_num_batched_tokens (default: the profile's, veRL's 8192)."
 )
 PREFIX_CACHING = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching", help="vLLM prefix caching.")
+CHUNKED_PREFILL = typer.Option(
+    True, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="vLLM chunked prefill."
+)
+BLOCK_SIZE = typer.Option(None, help="vLLM block_size: KV tokens per block (default: the profile's, 16).")
 FREE_CACHE_ENGINE = typer.Option(
     True,
     "--free-cache-engine/--no-free-cache-engine",
@@ -67,7 +71,7 @@ def _configs(opts: dict):  # noqa: ANN202
     )}, reward_latency_s=opts["reward_latency"])  # fmt: skip
     engine = EngineConfig(**{k: opts[k] for k in (
         "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-        "free_cache_engine",
+        "free_cache_engine", "block_size", "enable_chunked_prefill",
     )})  # fmt: skip
     return cluster, rl, engine
 
@@ -155,6 +159,8 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: int | None = MAX_NUM_SEQS,
         max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
         enable_prefix_caching: bool = PREFIX_CACHING,
+        enable_chunked_prefill: bool = CHUNKED_PREFILL,
+        block_size: int | None = BLOCK_SIZE,
         free_cache_engine: bool = FREE_CACHE_ENGINE,
         reward_latency: float = REWARD_LATENCY,
         use_kl_loss: bool = USE_KL_LOSS,
@@ -199,6 +205,8 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: int | None = MAX_NUM_SEQS,
         max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
         enable_prefix_caching: bool = PREFIX_CACHING,
+        enable_chunked_prefill: bool = CHUNKED_PREFILL,
+        block_size: int | None = BLOCK_SIZE,
         free_cache_engine: bool = FREE_CACHE_ENGINE,
         reward_latency: float = REWARD_LATENCY,
         use_kl_loss: bool = USE_KL_LOSS,

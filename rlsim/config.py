@@ -68,6 +68,8 @@ class EngineConfig:
     calibrated one holds what its engine ran with). `gpu_memory_utilization` re-derives the KV
     capacity from the profile's model and GPU facts. `free_cache_engine` (veRL's name): colocated
     engines sleep through training, freeing their KV cache, so carried requests re-prefill.
+    `block_size` (KV tokens per block; default: the profile's, vLLM's 16 on GPUs) and
+    `enable_chunked_prefill` are vLLM's knobs of the same names.
     """
 
     gpu_memory_utilization: float | None = None
@@ -75,11 +77,15 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     free_cache_engine: bool = True
+    block_size: int | None = None
+    enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
         u = self.gpu_memory_utilization
         if u is not None and not 0 < u <= 1:
             raise RlsimError(f"gpu_memory_utilization must be in (0, 1], got {u}")
+        if self.block_size is not None and self.block_size <= 0:
+            raise RlsimError(f"block_size must be positive, got {self.block_size}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
             if v is not None and v <= 0:

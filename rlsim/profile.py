@@ -66,6 +66,7 @@ class Profile:
     # memory_bytes, hbm_bytes_per_s, host_link_bytes_per_s, weight_sync_bytes_per_s, weight_sync_per_tensor_s
     gpu_facts: dict[str, Any] = field(default_factory=dict)
     gpu_memory_utilization: float | None = None  # what kv_capacity_tokens was derived or measured at
+    block_size: int = 16  # KV tokens per block (vLLM's default on GPUs; a calibrated engine's own)
 
     def __post_init__(self) -> None:
         for name in (
@@ -124,7 +125,7 @@ def _resolve(name_or_path: str | Path) -> Path:
 
 def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     """Build a `Profile` from parsed JSON, naming the first missing or bad field."""
-    optional = ("spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization")
+    optional = ("spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization", "block_size")
     required = [f.name for f in fields(Profile) if f.name not in optional]
     for name in required:
         if name not in raw:
@@ -160,8 +161,15 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         model_facts=raw.get("model_facts", {}),
         gpu_facts=raw.get("gpu_facts", {}),
         gpu_memory_utilization=raw.get("gpu_memory_utilization"),
+        block_size=_positive_int(raw.get("block_size", 16), f"{where}: field 'block_size'"),
         **kwargs,
     )
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise RlsimError(f"{what} must be a positive integer, got {value!r}")
+    return value
 
 
 def load_profile(name_or_path: str | Path) -> Profile:

@@ -109,7 +109,7 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
             log.preempted.extend([0] * k)
             log.computed_tokens += k * sched.n_dec
             sched.advance(k)
-            for seq in sched._finish_due():  # noqa: SLF001 - the engine's own finish step
+            for seq in sched.finish_due():
                 log.finish_iter[seq.req.request_id] = sched.iters - 1
             continue
         if not sched.running and not sched.waiting:  # idle until the next arrival
@@ -227,7 +227,8 @@ def run_vllm(cfg: ParityConfig, max_iters: int = 1_000_000) -> Log:
                 sampled.append([])
                 log.partial_chunks += 1
         ids = list(tokens)
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)}, sampled_token_ids=sampled)
+        index = {r: j for j, r in enumerate(ids)}
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=sampled)
         for outs in sched.update_from_output(out, mro).values():
             for o in outs.outputs:
                 if o.finish_reason is not None:
@@ -253,8 +254,9 @@ class Diff:
 def compare(cfg: ParityConfig, fast: bool = True) -> Diff:
     ours, theirs = run_rlsim(cfg, fast), run_vllm(cfg)
     n = max(len(ours.rows), len(theirs.rows))
-    same = sum(1 for a, b in zip(ours.rows, theirs.rows) if a == b)
-    first = next((j for j, (a, b) in enumerate(zip(ours.rows, theirs.rows)) if a != b), None)
+    pairs = list(zip(ours.rows, theirs.rows, strict=False))  # the shorter log's length
+    same = sum(1 for a, b in pairs if a == b)
+    first = next((j for j, (a, b) in enumerate(pairs) if a != b), None)
     if first is None and len(ours.rows) != len(theirs.rows):
         first = min(len(ours.rows), len(theirs.rows))
     fin = max(

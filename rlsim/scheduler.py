@@ -49,7 +49,9 @@ class Seq:
     preemptions: int = 0
     rate: float = 1.0  # tokens per decode iteration (> 1 under speculative decoding)
     verify: float = 1.0  # tokens computed per decode iteration
-    hashed: list = field(default_factory=list)  # hashed blocks heading its block table
+    hashed: list = field(default_factory=list)  # cached slabs heading its block table
+    nhashed: int = 0  # blocks they cover
+    order: int = 0  # position in the running list (admission order)
     prompt_blocks: int = 0  # full prompt blocks (its prompt's hash chain)
 
 
@@ -92,7 +94,10 @@ class InstanceScheduler:
         self.ctx = 0.0  # KV context tokens of the running requests (the cost model's C)
         self.n_dec = 0
         self.n_unit = 0  # decoding sequences at one token per iteration (in `phase`)
-        self.phase = [0] * block_size  # unit-rate decoders by (computed - 1 - start_iter) % block_size
+        # unit-rate decoders by phase (computed - 1 - start_iter) % block_size: those at phase p
+        # allocate a block in the iterations where (p + iters) % block_size == block_size - 1
+        self.phase: list[dict[int, Seq]] = [{} for _ in range(block_size)]
+        self._order = 0  # running-list position counter
         self.spec: dict[int, Seq] = {}  # decoding sequences at a rate other than one
         self.rate_sum = 0.0
         self.verify_sum = 0.0
@@ -113,12 +118,6 @@ class InstanceScheduler:
 
     def _blocks(self, tokens: float) -> int:
         return math.ceil(tokens / self.block_size - 1e-9)
-
-    def _chain(self, seq: Seq, n: int):  # noqa: ANN202 - generator of hash-chain keys
-        pid, own = seq.req.prompt_id, ("own", seq.req.request_id)
-        m = seq.req.num_prompt_tokens // self.block_size
-        for k in range(n):
-            yield (pid, k) if k < m else (own, k)
 
     # ---- queue changes ---------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
@@ -141,7 +140,7 @@ class InstanceScheduler:
         self.verify_sum -= seq.verify
         if seq.rate == 1.0:
             self.n_unit -= 1
-            self.phase[(seq.computed - 1 - self.iters) % self.block_size] -= 1
+            del self.phase[(seq.computed - 1 - self.iters) % self.block_size][seq.req.request_id]
         else:
             del self.spec[seq.req.request_id]
         if self.n_dec == 0:  # no float drift left behind
@@ -158,7 +157,7 @@ class InstanceScheduler:
         self.verify_sum += seq.verify
         if seq.rate == 1.0:
             self.n_unit += 1
-            self.phase[(seq.computed - 1 - at) % self.block_size] += 1
+            self.phase[(seq.computed - 1 - at) % self.block_size][seq.req.request_id] = seq
         else:
             self.spec[seq.req.request_id] = seq
         heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
@@ -171,31 +170,22 @@ class InstanceScheduler:
         del self.running[seq.req.request_id]
         c = seq.computed
         self.ctx -= c
-        table = self._blocks(c)
-        pool, hashed = self.pool, seq.hashed
-        if self.caching and how == "preempt":
-            full = c // self.block_size
-            pool.give(table - full)  # the partial tail block
-            own = [pool.cache_new(key) for key in self._chain_range(seq, len(hashed), full)]
-            pool.release(reversed(own))
-            pool.release(reversed(hashed))
+        if self.caching:
+            b = self.block_size
+            full, pool, hashed = c // b, self.pool, seq.hashed
+            pool.give(self._blocks(c) - full)  # the partial tail block
+            if how == "preempt":  # its own full blocks stay hittable, for its readmission
+                pool.release([s for s in [pool.new(("own", seq.req.request_id), seq.nhashed, full)] if s])
+                pool.release(reversed(hashed))
+            else:
+                pool.give(full - seq.nhashed, cached=True)  # its own full blocks: nothing hits them again
+                pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
+                pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
         else:
-            full = c // self.block_size
-            pool.give(table - full)  # the partial tail block
-            pool.give(full - len(hashed), cached=True)  # its own full blocks: nothing hits them again
-            m = seq.prompt_blocks
-            if hashed:
-                pool.release(reversed(hashed[m:]), dead=True)
-                pool.release(reversed(hashed[:m]))
+            self.pool.give(self._blocks(c))
         seq.hashed = []
-        seq.computed = 0
+        seq.nhashed = seq.computed = 0
         return seq.generated
-
-    def _chain_range(self, seq: Seq, lo: int, hi: int):  # noqa: ANN202 - keys of blocks lo..hi-1
-        pid, own = seq.req.prompt_id, ("own", seq.req.request_id)
-        m = seq.prompt_blocks
-        for k in range(lo, hi):
-            yield (pid, k) if k < m else (own, k)
 
     def preempt(self, seq: Seq) -> int:
         gen = self._free(seq, "preempt")
@@ -218,7 +208,7 @@ class InstanceScheduler:
             if seq.decoding:
                 self._stop_decoding(seq)
             seq.hashed = []
-            seq.computed = 0
+            seq.nhashed = seq.computed = 0
         self.running.clear()
         self.heap.clear()
         self.ctx = 0.0
@@ -229,9 +219,10 @@ class InstanceScheduler:
     # ---- one iteration ---------------------------------------------------------------------
     def _cache_prompt_blocks(self, seq: Seq, upto: int) -> None:
         """Hash the prompt's full blocks that this chunk completes (vLLM caches at allocation)."""
-        lo, hi = len(seq.hashed), min(seq.prompt_blocks, upto // self.block_size)
+        lo, hi = seq.nhashed, min(seq.prompt_blocks, upto // self.block_size)
         if self.caching and hi > lo:
-            seq.hashed.extend(self.pool.cache_new((seq.req.prompt_id, k)) for k in range(lo, hi))
+            seq.hashed.append(self.pool.new(seq.req.prompt_id, lo, hi))
+            seq.nhashed = hi
 
     def _decode_need(self, seq: Seq) -> int:
         c = self.computed(seq)
@@ -241,11 +232,15 @@ class InstanceScheduler:
         """(tokens of its first chunk, prefix hit) if the head of the queue can be admitted; None
         when its blocks do not fit, "budget" when chunked prefill is off and it exceeds the budget."""
         ntok = seq.req.num_prompt_tokens + seq.generated
-        hit = self.pool.lookup(self._chain(seq, (ntok - 1) // self.block_size)) if self.caching else []
-        new = ntok - len(hit) * self.block_size
+        hit = []
+        if self.caching:
+            limit = (ntok - 1) // self.block_size
+            hit = self.pool.lookup(seq.req.prompt_id, seq.prompt_blocks, seq.req.request_id, limit)
+        nhit = sum(b - a for _, a, b in hit)
+        new = ntok - nhit * self.block_size
         if not self.chunked and new > budget:
             return "budget"
-        need = self._blocks(ntok) - len(hit) + (self.pool.evictable(hit) if hit else 0)
+        need = self._blocks(ntok) - nhit + (self.pool.evictable(hit) if hit else 0)
         if need > self.pool.free:
             return None
         return min(new, budget), hit
@@ -255,6 +250,11 @@ class InstanceScheduler:
         out = Scheduled()
         budget = self.max_num_batched_tokens
         pool = self.pool
+        if self.n_dec == len(self.running) and not self.spec and self.n_dec <= budget:
+            self._schedule_decodes(out)
+            if out.preempted:
+                return out
+            return self._admit(out, budget - self.n_dec)
         if self._bulk_ok(budget):
             need = self.decode_blocks(1) if self.n_dec else 0
             for seq in self.running.values():
@@ -310,6 +310,29 @@ class InstanceScheduler:
             return out
         return self._admit(out, budget)
 
+    def _schedule_decodes(self, out: Scheduled) -> None:
+        """The running loop when every running request decodes one token and the budget holds
+        them all: only the requests whose next token opens a block allocate, in running order,
+        preempting from the back when the pool is empty, as the loop over all of them would."""
+        b = self.block_size
+        needers = sorted(self.phase[(b - 1 - self.iters) % b].values(), key=lambda s: s.order)
+        pool, running = self.pool, self.running
+        for seq in needers:
+            rid = seq.req.request_id
+            if rid not in running:  # preempted from the back earlier in this iteration
+                break
+            while pool.free < 1:
+                victim = running[next(reversed(running))]
+                self.preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if rid not in running:
+                break
+            pool.take(1)
+        out.decode_tokens = out.num_decodes = self.n_dec
+        self.ctx += self.rate_sum
+
     def _bulk_ok(self, budget: int) -> bool:
         """Every running request's next chunk fits the budget (then only blocks can bind)."""
         need = math.ceil(self.verify_sum - 1e-9)
@@ -336,12 +359,14 @@ class InstanceScheduler:
                 break
             take, hit = ok
             self.waiting.popleft()
-            pool.touch(hit)
-            seq.hashed = hit
-            seq.computed = len(hit) * self.block_size
+            seq.hashed = pool.acquire(hit) if hit else []
+            seq.nhashed = sum(b - a for _, a, b in hit)
+            seq.computed = seq.nhashed * self.block_size
             self.ctx += seq.computed
             self.prefix_hit_tokens += seq.computed
             self.running[seq.req.request_id] = seq
+            self._order += 1
+            seq.order = self._order
             self._prefill_chunk(seq, take, out)
             out.admitted += 1
             budget -= take
@@ -356,9 +381,10 @@ class InstanceScheduler:
             if seq.computed >= seq.req.num_prompt_tokens + seq.generated:
                 seq.generated += 1  # the iteration that ends a prefill samples a token
                 self._start_decoding(seq)
-        return self._finish_due()
+        return self.finish_due()
 
-    def _finish_due(self) -> list[Seq]:
+    def finish_due(self) -> list[Seq]:
+        """Finish the decoding requests whose last token the iterations so far sampled."""
         heap, due = self.heap, []
         while heap and heap[0][0] <= self.iters:
             _, rid = heapq.heappop(heap)
@@ -367,8 +393,7 @@ class InstanceScheduler:
                 continue  # stale entry (aborted, preempted or postponed)
             due.append(seq)
         if len(due) > 1:
-            order = {rid: i for i, rid in enumerate(self.running)}
-            due.sort(key=lambda s: order[s.req.request_id])
+            due.sort(key=lambda s: s.order)
         for seq in due:
             self.finish(seq)
         return due
@@ -383,7 +408,7 @@ class InstanceScheduler:
             # a unit-rate decoder at phase p allocates in this iteration when (p + iters) % b == 0,
             # i.e. once in the first s iterations when (p + iters) % b >= b - s
             it, ph = self.iters, self.phase
-            n += sum(ph[(j - it) % b] for j in range(b - s, b))
+            n += sum(len(ph[(j - it) % b]) for j in range(b - s, b))
         for seq in self.spec.values():
             c = self.computed(seq)
             n += self._blocks(c + k * seq.rate) - self._blocks(c)

@@ -18,6 +18,7 @@ import pandas as pd
 from policies.registry import make_policy, parse_policy
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
 from rlsim.driver import run_loop
+from rlsim.errors import RlsimError
 from rlsim.profile import Profile, load_profile
 from rlsim.sim_engine import SimEngine
 from rlsim.speculation import SpecModel
@@ -69,6 +70,24 @@ def summarize(steps: pd.DataFrame, requests, num_instances: int, num_gpus: int) 
     }
 
 
+def check_engine_fits(prof: Profile, engine_cfg: EngineConfig, trace: Trace, rl: RLConfig) -> None:
+    """Refuse, in one sentence, an engine that could never run the trace's longest request."""
+    t = trace.table
+    capped = t["num_output_tokens"].clip(upper=rl.max_response_len)
+    longest = int((t["num_prompt_tokens"] + capped).max()) if len(t) else 0
+    if longest > prof.kv_capacity_tokens:
+        raise RlsimError(
+            f"a {longest}-token request of the trace (prompt plus capped response) does not fit an "
+            f"instance's KV cache of {prof.kv_capacity_tokens} tokens; raise gpu_memory_utilization "
+            f"or lower max_response_len"
+        )
+    if not engine_cfg.enable_chunked_prefill and longest > prof.max_num_batched_tokens:
+        raise RlsimError(
+            f"with chunked prefill off, max_num_batched_tokens ({prof.max_num_batched_tokens}) must "
+            f"hold the longest request ({longest} tokens), as vLLM requires of max_model_len"
+        )
+
+
 def simulate(
     trace: Trace,
     policy: str = "sync",
@@ -90,7 +109,11 @@ def simulate(
     n = cluster.num_instances(prof.tensor_parallel_size)
     parsed = parse_policy(policy)
     spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
-    engine = SimEngine(prof, n, exact=exact, spec=spec, enable_prefix_caching=engine_cfg.enable_prefix_caching)
+    check_engine_fits(prof, engine_cfg, trace, rl)
+    engine = SimEngine(
+        prof, n, exact=exact, spec=spec, enable_prefix_caching=engine_cfg.enable_prefix_caching,
+        block_size=prof.block_size, enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
+    )
     pol = make_policy(policy)
     t0 = time.perf_counter()
     # The loop allocates millions of small objects that live until the run ends; the cyclic

@@ -52,7 +52,7 @@ RL_FIELDS = {
 }  # fmt: skip
 ENGINE_FIELDS = {
     "gpu_memory_utilization": float, "max_num_seqs": int, "max_num_batched_tokens": int,
-    "enable_prefix_caching": bool, "free_cache_engine": bool,
+    "enable_prefix_caching": bool, "free_cache_engine": bool, "block_size": int, "enable_chunked_prefill": bool,
 }  # fmt: skip
 TRACE_FIELDS = {
     "trace": str, "preset": str, "rho": float, "num_prompts": int, "trace_epochs": int, "prompt_share": float,

@@ -76,7 +76,7 @@ def test_acceptance_prob_from_per_position_counters() -> None:
 
 def _records(tmp: Path, model: str = "m") -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
-    facts = {"model": model, "hardware": "test", "tensor_parallel_size": 1, "kv_capacity_tokens": 1000,
+    facts = {"model": model, "hardware": "test", "tensor_parallel_size": 1, "kv_capacity_tokens": 900,
              "num_gpu_blocks": 10, "block_size": 100, "max_num_seqs": 8, "max_num_batched_tokens": 512}  # fmt: skip
     (tmp / "facts.json").write_text(json.dumps(facts))
     _iterations(400, False, 0.3).to_parquet(tmp / "iterations.parquet")
@@ -108,7 +108,8 @@ def test_fit_refuses_a_noisy_profile_unless_forced(tmp_path: Path) -> None:
     assert forced.exit_code == 0, forced.output
     prof = json.loads(out.read_text())
     assert prof["fit_error"]["heldout_mape"] > 0.05
-    assert prof["kv_capacity_tokens"] == 1000 and prof["provenance"]["kind"] == "calibrated"
+    assert prof["kv_capacity_tokens"] == 900 and prof["block_size"] == 100
+    assert prof["provenance"]["kind"] == "calibrated"
 
 
 def test_fit_of_a_missing_directory_is_one_line(tmp_path: Path) -> None:

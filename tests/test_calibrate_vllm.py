@@ -23,9 +23,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_engine_facts_are_recorded(calibrated: dict) -> None:
-    """KV capacity is vLLM's num_gpu_blocks x block_size, with versions and hardware."""
+    """Usable KV capacity is vLLM's (num_gpu_blocks - 1) x block_size (block 0 is the null block),
+    with versions and hardware."""
     facts = json.loads((calibrated["records"] / "facts.json").read_text())
-    assert facts["kv_capacity_tokens"] == facts["num_gpu_blocks"] * facts["block_size"] > 0
+    assert facts["kv_capacity_tokens"] == (facts["num_gpu_blocks"] - 1) * facts["block_size"] > 0
     assert facts["vllm_version"] and facts["hardware"] and facts["max_num_seqs"] > 0
     assert calibrated["profile"]["kv_capacity_tokens"] == facts["kv_capacity_tokens"]
 

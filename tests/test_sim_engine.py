@@ -123,8 +123,9 @@ def _prompt_req(rid: int, prompt_id: int, prompt: int, length: int) -> Request:
 
 @pytest.mark.parametrize("exact", [False, True])
 def test_prefix_cache_shares_a_prompt_between_siblings(exact: bool) -> None:
-    """Four samples of one prompt prefill it once (plus the one token vLLM recomputes on a full
-    hit each), and hold its KV once: where four copies would preempt, one does not."""
+    """Four samples of one prompt prefill it once (plus, each, the last partial 16-token block, as
+    vLLM hits whole blocks only), and hold its KV once: where four copies would preempt, one does
+    not."""
     p = _profile(t_w_s=0.01, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=1e-5, kv_capacity_tokens=2500)
     firsts = {}
     for caching in (True, False):
@@ -134,14 +135,14 @@ def test_prefix_cache_shares_a_prompt_between_siblings(exact: bool) -> None:
         firsts[caching] = sorted(eng.first_token.values())
         preempted = sum(isinstance(e, Preempted) for e in events)
         assert preempted == (0 if caching else preempted) and (caching or preempted > 0)
-        assert eng.prefix_hit_tokens == (3 * 999 if caching else 0)
-    assert firsts[True] == pytest.approx([0.01 + 1e-5 * 1003] * 4, rel=1e-12)
+        assert eng.prefix_hit_tokens == (3 * (999 // 16 * 16) if caching else 0)  # whole 16-token blocks
+    assert firsts[True] == pytest.approx([0.01 + 1e-5 * (1000 + 3 * 8)] * 4, rel=1e-12)
     assert firsts[False][0] > firsts[True][0]
 
 
 def test_freed_prompt_blocks_are_reused() -> None:
     """A prompt whose last request finished stays cached in free memory: a later sample of it
-    computes one token, not the prompt."""
+    computes its last partial block (8 tokens), not the prompt."""
     p = _profile(t_w_s=0.01, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=1e-5)
     eng = SimEngine(p, 1)
     eng.submit([_prompt_req(0, 7, 1000, 5)])
@@ -149,8 +150,8 @@ def test_freed_prompt_blocks_are_reused() -> None:
     t0 = eng.now
     eng.submit([_prompt_req(1, 7, 1000, 5)])
     _drain(eng)
-    assert eng.first_token[1] - t0 == pytest.approx(0.01 + 1e-5 * 1, rel=1e-12)
-    assert eng.prefix_hit_tokens == 999
+    assert eng.first_token[1] - t0 == pytest.approx(0.01 + 1e-5 * 8, rel=1e-12)
+    assert eng.prefix_hit_tokens == 992
 
 
 @pytest.mark.parametrize("exact", [False, True])
