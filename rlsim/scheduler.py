@@ -317,10 +317,17 @@ class InstanceScheduler:
         b = self.block_size
         needers = sorted(self.phase[(b - 1 - self.iters) % b].values(), key=lambda s: s.order)
         pool, running = self.pool, self.running
-        for seq in needers:
+        i, n = 0, len(needers)
+        while i < n:
+            seq = needers[i]
             rid = seq.req.request_id
             if rid not in running:  # preempted from the back earlier in this iteration
                 break
+            if pool.free >= 1:  # the next needers in order, as many as the pool holds
+                k = min(pool.free, n - i)
+                pool.take(k)
+                i += k
+                continue
             while pool.free < 1:
                 victim = running[next(reversed(running))]
                 self.preempt(victim)
@@ -329,7 +336,10 @@ class InstanceScheduler:
                     break
             if rid not in running:
                 break
+            while needers[n - 1].req.request_id not in running:  # victims are a suffix of them
+                n -= 1
             pool.take(1)
+            i += 1
         out.decode_tokens = out.num_decodes = self.n_dec
         self.ctx += self.rate_sum
 
