@@ -255,6 +255,13 @@ class InstanceScheduler:
             if out.preempted:
                 return out
             return self._admit(out, budget - self.n_dec)
+        if self.n_dec == len(self.running) and self.n_dec and math.ceil(self.verify_sum - 1e-9) <= budget:
+            need = self.decode_blocks(1)  # speculative decoders: every request's need, summed
+            if need <= pool.free:  # nothing preempts: all of them decode
+                pool.take(need)
+                out.decode_tokens, out.num_decodes = self.verify_sum, self.n_dec
+                self.ctx += self.rate_sum
+                return self._admit(out, budget - math.ceil(self.verify_sum - 1e-9))
         if self._bulk_ok(budget):
             need = self.decode_blocks(1) if self.n_dec else 0
             for seq in self.running.values():
