@@ -33,6 +33,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rlsim.kv_blocks import BlockPool
 from rlsim.protocol import Request
 
@@ -99,6 +101,10 @@ class InstanceScheduler:
         self.phase: list[dict[int, Seq]] = [{} for _ in range(block_size)]
         self._order = 0  # running-list position counter
         self.spec: dict[int, Seq] = {}  # decoding sequences at a rate other than one
+        # their computed tokens, start iteration and rate in numpy slots, to count blocks at once
+        self._sc, self._sst, self._sr = np.zeros(0), np.zeros(0), np.zeros(0)
+        self._slot: dict[int, int] = {}
+        self._free_slots: list[int] = []
         self.rate_sum = 0.0
         self.verify_sum = 0.0
         self.prefix_hit_tokens = 0
@@ -143,6 +149,9 @@ class InstanceScheduler:
             del self.phase[(seq.computed - 1 - self.iters) % self.block_size][seq.req.request_id]
         else:
             del self.spec[seq.req.request_id]
+            j = self._slot.pop(seq.req.request_id)
+            self._sc[j] = self._sst[j] = self._sr[j] = 0.0  # an empty slot adds no blocks
+            self._free_slots.append(j)
         if self.n_dec == 0:  # no float drift left behind
             self.rate_sum = self.verify_sum = 0.0
 
@@ -160,6 +169,14 @@ class InstanceScheduler:
             self.phase[(seq.computed - 1 - at) % self.block_size][seq.req.request_id] = seq
         else:
             self.spec[seq.req.request_id] = seq
+            if not self._free_slots:  # grow the slot arrays
+                n = len(self._sc)
+                grow = np.zeros(max(n, 64))
+                self._sc, self._sst, self._sr = (np.concatenate([a, grow]) for a in (self._sc, self._sst, self._sr))
+                self._free_slots.extend(range(len(self._sc) - 1, n - 1, -1))
+            j = self._free_slots.pop()
+            self._slot[seq.req.request_id] = j
+            self._sc[j], self._sst[j], self._sr[j] = seq.computed, at, seq.rate
         heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
 
     def _free(self, seq: Seq, how: str) -> int:
@@ -357,7 +374,7 @@ class InstanceScheduler:
             for seq in self.running.values():
                 if not seq.decoding:
                     need += seq.req.num_prompt_tokens + seq.generated - seq.computed
-        return need <= budget and not self.spec
+        return need <= budget
 
     def _prefill_chunk(self, seq: Seq, take: int, out: Scheduled) -> None:
         self.pool.take(self._blocks(seq.computed + take) - self._blocks(seq.computed))
@@ -426,9 +443,10 @@ class InstanceScheduler:
             # i.e. once in the first s iterations when (p + iters) % b >= b - s
             it, ph = self.iters, self.phase
             n += sum(len(ph[(j - it) % b]) for j in range(b - s, b))
-        for seq in self.spec.values():
-            c = self.computed(seq)
-            n += self._blocks(c + k * seq.rate) - self._blocks(c)
+        if self.spec:
+            r = self._sr
+            c = self._sc + (self.iters - self._sst) * r  # as computed(), for every speculative decoder
+            n += int((np.ceil((c + k * r) / b - 1e-9) - np.ceil(c / b - 1e-9)).sum())
         return n
 
     def jump_plan(self) -> int:
