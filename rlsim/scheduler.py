@@ -48,7 +48,6 @@ class Seq:
     start_iter: int = 0
     finish_iter: int = 0
     decoding: bool = False
-    preemptions: int = 0
     rate: float = 1.0  # tokens per decode iteration (> 1 under speculative decoding)
     verify: float = 1.0  # tokens computed per decode iteration
     hashed: list = field(default_factory=list)  # cached slabs heading its block table
@@ -66,7 +65,6 @@ class Scheduled:
     num_decodes: int = 0
     chunks: list = field(default_factory=list)  # (seq, tokens) of prefill chunks
     preempted: list = field(default_factory=list)
-    admitted: int = 0
     blocked_by_kv: bool = False  # a waiting request did not fit
 
 
@@ -108,7 +106,6 @@ class InstanceScheduler:
         self.rate_sum = 0.0
         self.verify_sum = 0.0
         self.prefix_hit_tokens = 0
-        self.preemptions = 0
 
     # ---- token and block positions -----------------------------------------------------------
     def computed(self, seq: Seq) -> float:
@@ -206,8 +203,6 @@ class InstanceScheduler:
 
     def preempt(self, seq: Seq) -> int:
         gen = self._free(seq, "preempt")
-        seq.preemptions += 1
-        self.preemptions += 1
         self.waiting.appendleft(seq)
         return gen
 
@@ -245,7 +240,7 @@ class InstanceScheduler:
         c = self.computed(seq)
         return self._blocks(c + seq.rate) - self._blocks(c)
 
-    def _admit_check(self, seq: Seq, budget: int) -> tuple[int, list[int]] | str | None:
+    def _admit_check(self, seq: Seq, budget: int) -> tuple[int, list[tuple]] | str | None:
         """(tokens of its first chunk, prefix hit) if the head of the queue can be admitted; None
         when its blocks do not fit, "budget" when chunked prefill is off and it exceeds the budget."""
         ntok = seq.req.num_prompt_tokens + seq.generated
@@ -272,21 +267,15 @@ class InstanceScheduler:
             if out.preempted:
                 return out
             return self._admit(out, budget - self.n_dec)
-        if self.n_dec == len(self.running) and self.n_dec and math.ceil(self.verify_sum - 1e-9) <= budget:
-            need = self.decode_blocks(1)  # speculative decoders: every request's need, summed
-            if need <= pool.free:  # nothing preempts: all of them decode
-                pool.take(need)
-                out.decode_tokens, out.num_decodes = self.verify_sum, self.n_dec
-                self.ctx += self.rate_sum
-                return self._admit(out, budget - math.ceil(self.verify_sum - 1e-9))
         if self._bulk_ok(budget):
-            need = self.decode_blocks(1) if self.n_dec else 0
+            dec = self.decode_blocks(1) if self.n_dec else 0
+            need = dec
             for seq in self.running.values():
                 if not seq.decoding:
                     take = seq.req.num_prompt_tokens + seq.generated - seq.computed
                     need += self._blocks(seq.computed + take) - self._blocks(seq.computed)
             if need <= pool.free:  # nothing preempts and every running request fits the budget
-                pool.take(self.decode_blocks(1) if self.n_dec else 0)
+                pool.take(dec)
                 budget -= math.ceil(self.verify_sum - 1e-9)
                 out.decode_tokens, out.num_decodes = self.verify_sum, self.n_dec
                 self.ctx += self.rate_sum
@@ -402,7 +391,6 @@ class InstanceScheduler:
             self._order += 1
             seq.order = self._order
             self._prefill_chunk(seq, take, out)
-            out.admitted += 1
             budget -= take
         return out
 
