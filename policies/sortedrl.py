@@ -1,59 +1,70 @@
 """SortedRL online length-aware scheduling (arXiv 2603.23414): POLICIES.md section 3.
 
-The full text was not available; the mechanism is **[reconstructed]** from the abstract and
-public reviews. The engines are oversubscribed with `rollout_batch` prompts; completions arrive
-roughly shortest-first, so the first `prompts_per_step` (P0) groups to complete form the update
-batch (selective batching in completion order: a micro-curriculum of short groups first), and
-training starts long before the whole rollout batch is done.
+Written from a digest of the full text and its ICLR 2026 reviews (secondhand; the PDF itself was
+not readable). A rollout *group* of G prompts is loaded whole and submitted at once, more
+requests than an engine holds (oversubscription), and drained before the dataloader is asked
+again. Trajectories come back roughly shortest first; every U finished trajectories trigger an
+update on them, sorted by length (a micro-curriculum of short ones first):
 
     loop:
-      fill up to rollout_batch prompts: cached (unfinished) prompts first, then new ones, and
-          no new prompts while the cache holds more than rollout_batch - P0
-      when P0 groups are ready: train on them, sync weights, then
-          mode on_policy: abort the rest, keep their prompts cached, regenerate them from scratch
-          mode partial:   keep their samples running; drop and regenerate any sample whose
-                          staleness would exceed max_staleness
+      if the cache is empty: load the next G prompts, n requests each
+      submit every cached request that is not running
+      finished trajectories collect in a ready buffer
+      when the buffer holds U trajectories:
+          stop generation (the engines pause for training); every in-flight request returns
+          to the cache:
+              on_policy: its tokens are thrown away and it is drawn again under the new weights
+                         (a finished trajectory beyond the U is thrown away too)
+              partial:   it keeps its tokens and resumes under the new weights
+          train on the U trajectories sorted by length, sync weights
 
-Parameters (the paper's values are not public; defaults are assumptions):
-- `rollout_batch`: prompts kept in flight; default None = 2 x P0.
-- `mode`: `on_policy` (default; staleness 0, but every update aborts and regenerates what is in
-  flight, which wastes many tokens) or `partial` (the abstract's cache-based control of
-  off-policyness; staleness <= max_staleness, far less waste).
-- `max_staleness`: 1 (partial mode only).
-A group that becomes ready beyond the P0 of an update is, in on-policy mode, regenerated after
-the update (it is stale); partial mode keeps it while its staleness allows. At the end of the
-data the last groups train once every cached prompt is ready. The bias shows as
-`trained_length_bias` (short groups train first) and, in partial mode, as staleness.
+Rollout and training alternate. There is no staleness knob: in partial mode a trajectory's
+staleness is what results (at most about G x n / U versions) and is reported. On-policy mode
+gains little because every update discards the work in flight; a faithful simulation shows it.
+
+Parameters:
+- `group` G: prompts loaded together; None = 4 x P0 (the paper's 512-prompt group holds four
+  update batches of 128 prompts x 8).
+- `update_batch` U: trajectories per update; None = P0 x R0, so an update trains as many
+  samples as a synchronous step.
+- `mode`: `on_policy` (default) or `partial`.
+- `keep_groups`: wait for whole GRPO groups (U / R0 of them) instead of single trajectories; the
+  paper's algorithms (Reinforce++, PPO with n = 1) do not need it, GRPO's advantages do.
+
+A regenerated trajectory is a fresh draw: the next sample of the prompt's visit in the trace
+(reusing the trace's samples cyclically past its count, as `reused_samples` reports), so the
+short responses that win the race are what trains, as in the real system
+(`trained_length_bias`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.groups import GroupCache
 from rlsim.errors import RlsimError
-from rlsim.protocol import Action, Event, PolicyView, Train
+from rlsim.protocol import Abort, Action, Event, Finished, Launch, PolicyView, Train
 
 MODES = ("on_policy", "partial")
 
 
 @dataclass(frozen=True, slots=True)
 class SortedRLConfig:
-    rollout_batch: int | None = None  # prompts in flight; None = 2 x prompts_per_step
+    group: int | None = None  # prompts loaded together; None = 4 x prompts_per_step
+    update_batch: int | None = None  # trajectories per update; None = prompts_per_step x samples
     mode: str = "on_policy"
-    max_staleness: int = 1
+    keep_groups: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise RlsimError(f"sortedrl mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.rollout_batch is not None and self.rollout_batch <= 0:
-            raise RlsimError("sortedrl rollout_batch must be positive")
-        if self.max_staleness < 1:
-            raise RlsimError("sortedrl max_staleness must be >= 1 (on_policy mode is staleness 0)")
+        if self.group is not None and self.group <= 0:
+            raise RlsimError("sortedrl group must be positive")
+        if self.update_batch is not None and self.update_batch <= 0:
+            raise RlsimError("sortedrl update_batch must be positive")
 
 
 class SortedRLPolicy:
-    """Oversubscribe, train on the first P0 groups to complete, recycle the rest."""
+    """Load a group whole, update every U finished trajectories, drain before loading again."""
 
     name = "sortedrl"
     Config = SortedRLConfig
@@ -61,39 +72,103 @@ class SortedRLPolicy:
     def __init__(self, **knobs: object) -> None:
         self.config = SortedRLConfig(**knobs)
         self.on_policy = self.config.mode == "on_policy"
-        self.cache: GroupCache | None = None
+        self.whole_groups = self.config.keep_groups  # False: a prompt's samples may train in different updates
+        self.owed: dict[int, int] = {}  # cached prompt -> trajectories not yet finished (or in flight)
+        self.ready: dict[int, list[int]] = {}  # prompt -> finished, untrained request ids (finish order)
+        self.order: list[int] = []  # every ready request id, in finish order
+        self.relaunch: dict[int, int] = {}  # prompt -> trajectories to submit at the next step start
+        self.dropped: set[int] = set()  # request ids thrown away at an update
+        self.length: dict[int, int] = {}  # ready request id -> its length (training sorts by it)
         self.training = False
-        self.starved = False
+        self.exhausted = False
 
+    # ---- sizes ----------------------------------------------------------------------------
+    def _group(self, view: PolicyView) -> int:
+        return self.config.group or 4 * view.prompts_per_step
+
+    def _update(self, view: PolicyView) -> int:
+        return self.config.update_batch or view.prompts_per_step * view.samples_per_prompt
+
+    # ---- protocol -------------------------------------------------------------------------
     def on_step_start(self, view: PolicyView) -> list[Action]:
-        if self.cache is None:
-            self.cache = GroupCache(view.samples_per_prompt)
-        cache, p0 = self.cache, view.prompts_per_step
-        batch = self.config.rollout_batch or 2 * p0
         self.training = False
-        actions: list[Action] = cache.launches()
-        self.starved = False
-        if len(cache) <= max(batch - p0, 0):
-            want = max(batch, p0) - len(cache)
-            new = view.take_prompts(want)
-            self.starved = len(new) < want
-            actions += cache.add(new)
+        actions: list[Action] = [Launch(p, n) for p, n in self.relaunch.items() if n]
+        self.relaunch.clear()
+        actions += self._load(view)
         return actions + self._maybe_train(view)
 
     def on_event(self, event: Event, view: PolicyView) -> list[Action]:
-        if self.cache is None:
+        if not isinstance(event, Finished):
             return []
-        self.cache.book(event, view)
-        return [] if self.training else self._maybe_train(view)
+        p = view.request(event.request_id).prompt_id
+        if p not in self.owed or event.request_id in self.dropped:
+            return []  # thrown away at an update (its abort raced the finish)
+        self.owed[p] -= 1
+        self.ready.setdefault(p, []).append(event.request_id)
+        self.order.append(event.request_id)
+        self.length[event.request_id] = event.num_output_tokens
+        if not self.owed[p]:
+            del self.owed[p]
+        if self.training:  # finished while training (disaggregated): booked for the next update
+            return []
+        return self._maybe_train(view) or self._load(view)
+
+    # ---- internals ------------------------------------------------------------------------
+    def _load(self, view: PolicyView) -> list[Action]:
+        """The next group, once the cache has drained and its trajectories have trained (a
+        group of G x n trajectories, a multiple of U by default, drains with an empty buffer;
+        otherwise its remainder trains as a smaller update first)."""
+        if self.owed or self.ready or self.exhausted:
+            return []
+        new = view.take_prompts(self._group(view))
+        n = view.samples_per_prompt
+        for p in new:
+            self.owed[p] = n
+        self.exhausted = not new
+        return [Launch(p, n) for p in new]
+
+    def _batch(self, view: PolicyView) -> list[int] | None:
+        """Request ids of the next update, or None while it is not due."""
+        u, n = self._update(view), view.samples_per_prompt
+        drained = not self.owed  # the group drained: what is ready trains before the next loads
+        if self.config.keep_groups:
+            whole = [p for p in self.ready if len(self.ready[p]) == n and p not in self.owed]
+            want = max(u // n, 1)
+            if len(whole) < want and not (drained and whole):
+                return None
+            return [r for p in whole[:want] for r in self.ready[p]]
+        if len(self.order) < u and not (drained and self.order):
+            return None
+        return self.order[:u]
 
     def _maybe_train(self, view: PolicyView) -> list[Action]:
-        cache, p0 = self.cache, view.prompts_per_step
-        if not cache.update_due(p0, self.starved):
+        ids = self._batch(view)
+        if ids is None:
             return []
         self.training = True
-        ids = cache.take_ready(p0)
+        taken = set(ids)
+        self.order = [r for r in self.order if r not in taken]
+        for p in list(self.ready):
+            self.ready[p] = [r for r in self.ready[p] if r not in taken]
+            if not self.ready[p]:
+                del self.ready[p]
+        actions: list[Action] = []
         if self.on_policy:
-            after = cache.restart_all(view, view.version + 1)
-        else:
-            after = cache.drop_stale(view, view.version + 1, self.config.max_staleness)
-        return [*after, Train(tuple(ids))]
+            aborts: list[int] = []
+            for p in list(self.owed):  # in flight: thrown away, drawn again after the update
+                flying = view.in_flight(p)
+                aborts += flying
+                self.relaunch[p] = self.relaunch.get(p, 0) + len(flying)
+            for p, rs in self.ready.items():  # finished under the old weights, beyond the batch
+                self.dropped.update(rs)
+                self.owed[p] = self.owed.get(p, 0) + len(rs)
+                self.relaunch[p] = self.relaunch.get(p, 0) + len(rs)
+            self.ready.clear()
+            self.order.clear()
+            self.dropped.update(aborts)
+            if aborts:
+                actions.append(Abort(tuple(aborts)))
+        ids.sort(key=lambda r: (self.length.pop(r), r))
+        if self.on_policy:
+            self.length.clear()
+        return [*actions, Train(tuple(ids))]

@@ -187,6 +187,11 @@ class Driver:
         self.records = Records()
         self.groups: GroupFilter | None = None
         if self.dynamic_sampling is not None:
+            if not getattr(self.policy, "whole_groups", True):
+                raise RlsimError(
+                    f"dynamic sampling judges whole GRPO groups, but {self.policy.name} trains single "
+                    "trajectories: use sortedrl(keep_groups=true)+dynamic_sampling"
+                )
             check_rewards(self.trace.table.columns)
             self.groups = GroupFilter(self.dynamic_sampling, rl.prompts_per_step)
         self.first_token: dict[int, float] = getattr(self.engine, "first_token", {})  # engines that track it
@@ -195,6 +200,7 @@ class Driver:
         self.epoch_ptr, self.pos = 0, 0
         self.taken_epoch: dict[int, int] = {}  # prompt -> epoch of its current visit
         self.pending: set[tuple[int, int]] = set()  # visits (epoch, prompt) taken, not yet trained
+        self.trained_count: dict[tuple[int, int], int] = {}  # visit -> samples trained so far
         self.next_sample: dict[tuple[int, int], int] = {}
         self.finished: dict[tuple[int, int], list[int]] = {}  # visit -> finished lengths
         self.history: dict[int, list[int]] = {}  # prompt -> finished lengths of its previous visit
@@ -442,9 +448,16 @@ class Driver:
         )
         self.version += 1
         self.view.version = self.version
+        # A visit closes once R0 of its samples trained (a policy may train them over several
+        # updates, as SortedRL does trajectory by trajectory).
+        counts = self.trained_count
         for r in ids:
             q = self.requests[r]
-            self.pending.discard((q.epoch, q.prompt_id))
+            visit = (q.epoch, q.prompt_id)
+            counts[visit] = counts.get(visit, 0) + 1
+            if counts[visit] >= self.rl.samples_per_prompt:
+                self.pending.discard(visit)
+                del counts[visit]
 
 
 def run_loop(

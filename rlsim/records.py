@@ -6,6 +6,9 @@ Per step (DESIGN.md, "metrics"): `timing_s/gen` (step start to the rollout decis
 `timing_s/rollout_wake_up` (`rlsim.step_costs`), `timing_s/step`, `response_length/mean|max|clip_ratio` of trained
 samples, `response/aborted_ratio`, `perf/throughput` (trained tokens / step time / GPUs), plus
 `bubble_ratio` (idle instance-time / (instances x gen time); idle = running no request),
+`slot_bubble_ratio` (1 - running sequences integrated over the gen phase / (instances x
+`max_num_seqs` x gen time): an oversubscribed engine's idle batch slots; NaN where the engine
+does not count them),
 `wasted_tokens` (generated in this step for samples never trained), `staleness/max|mean`
 (policy versions between launch and training), `trained_length_bias` (mean trained length /
 mean length of the same visits' first R0 samples in the trace: which samples of a prompt
@@ -50,6 +53,8 @@ class StepWindow:
     start: float
     engine: object
     busy_start: list[float] = field(init=False)
+    slots_start: float = field(init=False)
+    slots_gen: float = float("nan")
     busy_gen: list[float] = field(default_factory=list)
     last_busy: list[float] = field(default_factory=list)
     gen_end: float = 0.0
@@ -61,11 +66,13 @@ class StepWindow:
     def __post_init__(self) -> None:
         n = self.engine.num_instances
         self.busy_start = [self.engine.busy_time(i) for i in range(n)]
+        self.slots_start = _seq_time(self.engine)
 
     def mark_gen_end(self, engine) -> None:  # noqa: ANN001
         self.gen_end = engine.now
         n = engine.num_instances
         self.busy_gen = [engine.busy_time(i) for i in range(n)]
+        self.slots_gen = _seq_time(engine)
         segs = getattr(engine, "segments", None)
         self.last_busy = []
         for i in range(n):
@@ -74,6 +81,12 @@ class StepWindow:
 
     def close(self, reward_end: float, cost, end: float) -> None:  # noqa: ANN001 - a StepCost
         self.reward_end, self.cost, self.end = reward_end, cost, end
+
+
+def _seq_time(engine) -> float:  # noqa: ANN001
+    """Sequence-seconds run by every instance so far (NaN for an engine that does not count)."""
+    seq = getattr(engine, "seq_time", None)
+    return sum(seq(i) for i in range(engine.num_instances)) if seq else float("nan")
 
 
 class Records:
@@ -131,6 +144,7 @@ class Records:
         busy = sum(b1 - b0 for b0, b1 in zip(w.busy_start, w.busy_gen, strict=True))
         idle_first = (w.gen_end - min(w.last_busy)) / gen if gen > 0 and w.last_busy else 0.0
         step_time = w.end - w.start
+        slots = getattr(w.engine, "max_num_seqs", 0)
         tokens = float(lengths.sum() + sum(requests[r].num_prompt_tokens for r in ids))
         epochs = [requests[r].epoch for r in ids]
         self.steps.append(
@@ -150,6 +164,9 @@ class Records:
                 "num_samples": len(ids),
                 "perf/throughput": tokens / step_time / num_gpus if step_time else 0.0,
                 "bubble_ratio": 1.0 - busy / (n * gen) if gen > 0 else 0.0,
+                "slot_bubble_ratio": 1.0 - (w.slots_gen - w.slots_start) / (n * slots * gen)
+                if gen > 0 and slots
+                else float("nan"),
                 "rollout/first_done_idle_ratio": idle_first,
                 "staleness/max": float(stale.max()) if len(stale) else 0.0,
                 "staleness/mean": float(stale.mean()) if len(stale) else 0.0,

@@ -54,6 +54,8 @@ class _Instance:
     wake: simpy.Event | None = None
     jumping: bool = False
     busy: float = 0.0
+    seq_time: float = 0.0  # integral of running sequences over time (batch-slot use)
+    cur_batch: int = 0  # sequences of the iteration or jump in progress
     run_start: float | None = None  # start of the iteration or jump in progress
     segments: list = field(default_factory=list)  # merged (start, end) busy intervals
 
@@ -190,6 +192,17 @@ class SimEngine:
         extra = self.env.now - inst.run_start if inst.run_start is not None else 0.0
         return inst.busy + extra
 
+    def seq_time(self, instance: int) -> float:
+        """Sequence-seconds run on this instance so far (running sequences integrated over
+        time): against `max_num_seqs` x wall time it gives the batch-slot bubble."""
+        inst = self.instances[instance]
+        extra = (self.env.now - inst.run_start) * inst.cur_batch if inst.run_start is not None else 0.0
+        return inst.seq_time + extra
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.profile.max_num_seqs
+
     def segments(self, instance: int) -> list[tuple[float, float]]:
         return list(self.instances[instance].segments)
 
@@ -283,7 +296,10 @@ class SimEngine:
                         f"{sched.num_blocks * sched.block_size}"
                     )
                 if batch:
-                    yield env.timeout(p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens))
+                    took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens)
+                    inst.cur_batch = batch
+                    yield env.timeout(took)
+                    inst.seq_time += batch * took
                 done = sched.complete(out)
                 for seq, _ in out.chunks:
                     if seq.generated:  # its prefill ended: the first token is out
@@ -292,6 +308,7 @@ class SimEngine:
                 self._finished(inst, done)
             else:
                 total, _ = self._jump_cost(inst, k)
+                inst.cur_batch = sched.n_dec
                 inst.jumping = True
                 try:
                     yield env.timeout(total)
@@ -305,6 +322,7 @@ class SimEngine:
                     if end > env.now:
                         yield env.timeout(end - env.now)
                 inst.jumping = False
+                inst.seq_time += sched.n_dec * (env.now - start)
                 sched.advance(done_k)
                 self._busy(inst, start, env.now)
                 self._finished(inst, sched.finish_due())

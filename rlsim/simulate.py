@@ -54,6 +54,10 @@ def summarize(steps: pd.DataFrame, requests, num_instances: int, num_gpus: int) 
         "num_steps": len(steps),
         "rollout_share": float(gen.sum() / total) if total else 0.0,
         "bubble_ratio": float((steps["bubble_ratio"] * gen).sum() / gen.sum()) if gen.sum() else 0.0,
+        "slot_bubble_ratio": float((steps["slot_bubble_ratio"] * gen).sum() / gen.sum()) if gen.sum() else 0.0,
+        "rollout_tokens_per_s": float(steps["response_length/mean"].fillna(0).mul(steps["num_samples"]).sum() / gen.sum())
+        if gen.sum()
+        else 0.0,
         "first_done_idle_ratio": float((steps["rollout/first_done_idle_ratio"] * gen).sum() / gen.sum())
         if gen.sum()
         else 0.0,

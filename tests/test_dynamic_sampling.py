@@ -19,7 +19,7 @@ def _trace_with_rewards(num_prompts: int = 40, samples: int = 4) -> Trace:
     return tr
 
 
-@pytest.mark.parametrize("policy", ["sync", "async_partial", "rollpacker"])
+@pytest.mark.parametrize("policy", ["sync", "async_partial", "rollpacker", "sortedrl(keep_groups=true)"])
 def test_every_step_trains_exactly_p0_valid_groups(policy: str) -> None:
     """Each full step trains P0 groups whose rewards differ; all-equal groups are never trained,
     and every sample generated but not trained counts as wasted."""
@@ -70,6 +70,11 @@ def test_epochs_end_without_waiting_on_the_next_epochs_prompts() -> None:
 def test_a_trace_without_rewards_is_one_sentence() -> None:
     with pytest.raises(RlsimError, match="needs rewards"):
         run("sync+dynamic_sampling", make_trace(np.full((1, 8, 4), 50)), 4, 4)
+
+
+def test_single_trajectory_updates_refuse_dynamic_sampling() -> None:
+    with pytest.raises(RlsimError, match="keep_groups=true"):
+        run("sortedrl+dynamic_sampling", _trace_with_rewards(), 4, 4)
 
 
 def test_bundled_trace_drops_about_as_many_groups_as_dapo_did() -> None:

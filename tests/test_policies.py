@@ -87,26 +87,46 @@ def test_rollpacker_eta_r_alone_never_queues() -> None:
     assert (req.groupby("step").size() == 80).all() and len(steps) == 5
 
 
-def test_sortedrl_trains_shortest_groups_first_on_policy() -> None:
-    """On-policy SortedRL trains the first P0 groups to complete (short ones), aborts and
-    regenerates the rest after the update, and never trains a stale sample."""
-    lengths = np.repeat(np.arange(1, 33)[None, :, None] * 50, 4, axis=2)  # prompt i: 50*(i+1) tokens
-    tr = make_trace(lengths)
-    req, steps, _ = run("sortedrl(mode=on_policy)", tr, 4, 4)
-    first = req[req.trained_step == 0]
-    taken_first = req[req.step == 0].prompt_id.unique()
-    assert sorted(first.prompt_id.unique()) == sorted(sorted(taken_first)[:4])
+def test_sortedrl_loads_a_group_whole_and_updates_every_u_trajectories() -> None:
+    """On-policy SortedRL (POLICIES.md section 3): a group of 4 x P0 prompts is loaded at once and
+    drained before the next is loaded; every U = P0 x R0 finished trajectories train, sorted by
+    length (short first); what is in flight at an update is aborted and drawn again (a fresh
+    sample of the prompt); nothing trained is stale."""
+    rng = np.random.default_rng(0)
+    tr = make_trace(rng.integers(10, 3000, (1, 32, 8)))
+    req, steps, _ = run("sortedrl", tr, 4, 4)
+    assert req[req.step == 0].prompt_id.nunique() == 16  # group = 4 x P0
+    first_new = req.groupby("prompt_id").step.min()
+    assert sorted(first_new.value_counts().index.tolist())[:2] == [0, 4]  # the next group after 4 updates
+    assert (steps.num_samples == 16).all() and len(steps) == 8
     assert steps["staleness/max"].max() == 0 and (req.outcome == "aborted").any()
-    assert trained_prompts(req).sum() == 32
+    assert (req.sample_idx >= 4).any()  # regenerations are fresh draws
+    trained = req[req.trained_step >= 0]
+    assert trained.groupby("trained_step").prompt_id.nunique().max() > 4  # trajectories, not whole groups
+    assert trained.groupby(["epoch", "prompt_id"]).size().eq(4).all()
+    s0 = trained[trained.trained_step == 0].num_output_tokens
+    assert s0.max() <= trained[trained.trained_step == 3].num_output_tokens.max()
 
 
-def test_sortedrl_partial_mode_bounds_staleness() -> None:
-    """Partial mode keeps unfinished samples across updates: staleness appears, bounded."""
+def test_sortedrl_partial_mode_keeps_tokens_and_reports_staleness() -> None:
+    """Partial mode keeps every in-flight request across updates (no aborts, no waste): the
+    staleness that results is reported, at most G x n / U = 4 versions."""
     rng = np.random.default_rng(3)
     tr = make_trace(rng.integers(10, 3000, (1, 64, 6)))
-    req, steps, _ = run("sortedrl(mode=partial,max_staleness=2)", tr, 4, 4)
-    assert 0 < steps["staleness/max"].max() <= 2
-    assert trained_prompts(req).sum() == 64
+    req, steps, _ = run("sortedrl(mode=partial)", tr, 4, 4)
+    assert 0 < steps["staleness/max"].max() <= 4
+    assert not (req.outcome == "aborted").any() and steps.wasted_tokens.sum() == 0
+    assert req[req.trained_step >= 0].groupby("prompt_id").size().eq(4).all()
+
+
+def test_sortedrl_keep_groups_trains_whole_grpo_groups() -> None:
+    """keep_groups waits for whole groups: each update holds U / R0 complete prompts."""
+    rng = np.random.default_rng(4)
+    tr = make_trace(rng.integers(10, 3000, (1, 32, 8)))
+    req, steps, _ = run("sortedrl(keep_groups=true)", tr, 4, 4)
+    assert (steps.num_prompts == 4).all() and (steps.num_samples == 16).all()
+    trained = req[req.trained_step >= 0]
+    assert trained.groupby(["epoch", "prompt_id"]).trained_step.nunique().eq(1).all()
 
 
 def test_async_partial_keeps_over_provisioned_prompts_in_flight() -> None:

@@ -99,8 +99,8 @@ def test_sweep_cli_and_knobs(tmp_path: Path) -> None:
     assert "points/s" in res.output
     df = pd.read_parquet(out)
     assert list(df["policy_string"]) == ["rollpacker(eta_p=1.0)", "rollpacker(eta_p=1.5)"]
-    assert policy_string({"policy": "sortedrl(mode=partial)+histospec", "knobs.max_staleness": 2}) == (
-        "sortedrl(mode=partial,max_staleness=2)+histospec"
+    assert policy_string({"policy": "sortedrl(mode=partial)+histospec", "knobs.group": 2048}) == (
+        "sortedrl(mode=partial,group=2048)+histospec"
     )
 
 
