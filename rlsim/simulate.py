@@ -47,6 +47,7 @@ def summarize(steps: pd.DataFrame, requests, num_instances: int, num_gpus: int) 
     staleness = np.asarray(requests["staleness"])[trained_step >= 0]
     total = float(steps["timing_s/step"].sum())
     bias, order = steps["trained_length_bias"], steps["length_order_bias"]
+    trained_tokens = steps["response_length/mean"].fillna(0).mul(steps["num_samples"]).sum()
     return {
         "epoch_time_s": {int(e): float(t) for e, t in epoch_time.items()},
         "total_time_s": total,
@@ -55,9 +56,7 @@ def summarize(steps: pd.DataFrame, requests, num_instances: int, num_gpus: int) 
         "rollout_share": float(gen.sum() / total) if total else 0.0,
         "bubble_ratio": float((steps["bubble_ratio"] * gen).sum() / gen.sum()) if gen.sum() else 0.0,
         "slot_bubble_ratio": float((steps["slot_bubble_ratio"] * gen).sum() / gen.sum()) if gen.sum() else 0.0,
-        "rollout_tokens_per_s": float(steps["response_length/mean"].fillna(0).mul(steps["num_samples"]).sum() / gen.sum())
-        if gen.sum()
-        else 0.0,
+        "rollout_tokens_per_s": float(trained_tokens / gen.sum()) if gen.sum() else 0.0,
         "first_done_idle_ratio": float((steps["rollout/first_done_idle_ratio"] * gen).sum() / gen.sum())
         if gen.sum()
         else 0.0,
