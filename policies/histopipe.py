@@ -1,8 +1,15 @@
 """RhymeRL HistoPipe (arXiv 2508.18588, ASPLOS'26): history-guided placement, POLICIES.md section 4.
 
 A prompt's responses look alike from one epoch to the next, so its previous visit predicts how
-long this visit will run. Tier 1 (confirmed in outline) balances instances within a step; tier 2
-(**[reconstructed]**, knob `cross_step`) pipelines the long tail into the next step.
+long this visit will run. Tier 1 (confirmed in outline) balances instances within a step and is
+the default (on-policy, so it compares fairly with the per-sample least-loaded `sync`); tier 2
+(**[reconstructed]**, no source, knob `cross_step`, off by default) pipelines the long tail into
+the next step; `one_step_off` is the configuration RhymeRL ran (papers citing it, RLBoost and
+RollPacker, describe it as one-step off-policy): step t+1's prompts are placed and launched when
+step t's rollout ends, so with rollout and training on separate GPUs
+(`--placement disaggregated`) the next rollout overlaps this training. Its published speedups
+(about 1.43x from HistoPipe, 1.56x with the second tier; secondhand) are against veRL v0.4.1
+on separate rollout and training GPUs, i.e. `sync` under the same disaggregated placement.
 
     tier 1, each step (on-policy):
       predicted_len[p] = mean length of p's samples at its previous visit; on a first visit the
@@ -12,17 +19,19 @@ long this visit will run. Tier 1 (confirmed in outline) balances instances withi
           with sum_g k_g(T) <= instances, k_g(T) the fewest instances on which the profile's
           cost model predicts group g finishes by T (binary search on T); spare instances go to
           the slowest group; a group's samples are spread round-robin over its instances
-    tier 2, across steps (`cross_step`, default on; one-step off-policy):
+    one_step_off: at step t's update, take and place step t+1's prompts (tier 1) and launch
+      them before training; every sample trains one version after its launch (staleness 1)
+    tier 2, across steps (`cross_step`, default off; one-step off-policy; reconstructed):
       train once the previous step's carried groups are complete and a share
           1 - tail_fraction of this step's groups is complete; the unfinished groups keep
           running and train in the next step (staleness 1); the next step places its longest
           groups on the instances with the least carried work, so an instance pairs long and
           short load over two steps
 
-Parameters: `num_groups` 4, `first_visit` mean, `cross_step` True, `tail_fraction` 0.1 (the
-paper's tail share is not public: an assumption). Not modelled: migrating a request that runs
-past its prediction to another instance. Published (secondhand, approximate): about 1.43x
-end-to-end from HistoPipe alone, 1.56x with the second tier.
+Parameters: `num_groups` 4, `first_visit` mean, `cross_step` False, `tail_fraction` 0.1 (the
+paper's tail share is not public: an assumption), `one_step_off` False (exclusive with
+`cross_step`). Not modelled: migrating a request that runs past its prediction to another
+instance (sources say only that outliers are re-prefilled elsewhere).
 """
 
 from __future__ import annotations
@@ -38,8 +47,9 @@ from rlsim.protocol import Action, Event, Finished, Launch, PolicyView, Train
 class HistoPipeConfig:
     num_groups: int = 4
     first_visit: str = "mean"
-    cross_step: bool = True
+    cross_step: bool = False
     tail_fraction: float = 0.1
+    one_step_off: bool = False
 
     def __post_init__(self) -> None:
         if self.num_groups < 1:
@@ -48,6 +58,8 @@ class HistoPipeConfig:
             raise RlsimError(f"histopipe first_visit must be mean or long, got {self.first_visit!r}")
         if not 0 <= self.tail_fraction < 1:
             raise RlsimError("histopipe tail_fraction must lie in [0, 1)")
+        if self.cross_step and self.one_step_off:
+            raise RlsimError("histopipe cross_step and one_step_off are two ways to overlap steps: pick one")
 
 
 def group_cost(profile, lengths: list[float], prompt_tokens: list[int]):  # noqa: ANN001, ANN201
@@ -99,7 +111,8 @@ class HistoPipePolicy:
 
     def __init__(self, **knobs: object) -> None:
         self.config = HistoPipeConfig(**knobs)
-        self.on_policy = not self.config.cross_step
+        self.on_policy = not (self.config.cross_step or self.config.one_step_off)
+        self.next: list[int] = []  # one_step_off: prompts launched for the next step
         self.current: set[int] = set()
         self.carried: set[int] = set()
         self.done: dict[int, list[int]] = {}
@@ -117,17 +130,28 @@ class HistoPipePolicy:
         return float(view.max_response_len)
 
     def on_step_start(self, view: PolicyView) -> list[Action]:
-        r0, n = view.samples_per_prompt, view.num_instances
-        prompts = view.take_prompts(view.prompts_per_step)
         self.trained = False
+        if self.next:  # one_step_off: launched during the previous step's training
+            prompts, self.next = self.next, []
+            actions: list[Action] = []
+        else:
+            prompts = view.take_prompts(view.prompts_per_step)
+            actions = self._place(view, prompts)
+        r0 = view.samples_per_prompt
         self.current = set(prompts)
-        self.complete = []
-        for p in prompts:
-            self.done[p] = []
+        self.complete = [p for p in prompts if len(self.done[p]) >= r0]
         tail = self.config.tail_fraction if self.config.cross_step and len(prompts) == view.prompts_per_step else 0
         self.need_current = len(prompts) - math.floor(tail * len(prompts))
+        return actions + (self._maybe_train(view) if not prompts or self.complete else [])
+
+    def _place(self, view: PolicyView, prompts: list[int]) -> list[Action]:
+        """Tier 1: ranking groups of predicted length, each on as many instances as make all
+        groups finish together."""
+        r0, n = view.samples_per_prompt, view.num_instances
+        for p in prompts:
+            self.done[p] = []
         if not prompts:
-            return self._maybe_train(view)
+            return []
         pred = {p: min(self._predict(view, p), view.max_response_len) for p in prompts}
         ranked = sorted(prompts, key=lambda p: (-pred[p], p))
         g = min(self.config.num_groups, n, len(ranked))
@@ -143,7 +167,7 @@ class HistoPipePolicy:
         ks = allocate(costs, n)
         # Longest groups on the instances with the least carried work (tier 2 pairs loads).
         carried_load = [0] * n
-        for p in self.carried:
+        for p in self.carried | self.current:
             for r in view.in_flight(p):
                 carried_load[view.request(r).instance] += 1
         instances = sorted(range(n), key=lambda i: (carried_load[i], i))
@@ -162,9 +186,9 @@ class HistoPipePolicy:
         self.seen_tokens += event.num_output_tokens
         self.seen_samples += 1
         p = view.request(event.request_id).prompt_id
-        if p in self.done and (p in self.current or p in self.carried):
+        if p in self.done:  # this step's, a carried one's, or (one_step_off) the next step's
             self.done[p].append(event.request_id)
-            if p in self.current and len(self.done[p]) == view.samples_per_prompt:
+            if p in self.current and len(self.done[p]) == view.samples_per_prompt and not self.trained:
                 self.complete.append(p)
         return [] if self.trained else self._maybe_train(view)
 
@@ -179,4 +203,8 @@ class HistoPipePolicy:
         batch = [*self.carried, *complete]
         ids = tuple(r for p in batch for r in self.done.pop(p)[:r0])
         self.carried = self.current - set(complete)
+        self.current = set()
+        if self.config.one_step_off:  # the next batch generates while this one trains
+            self.next = view.take_prompts(view.prompts_per_step)
+            return [*self._place(view, self.next), Train(ids)]
         return [Train(ids)]

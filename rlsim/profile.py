@@ -100,6 +100,14 @@ class Profile:
             + self.prefill_s_per_token * prefill_tokens
         )
 
+    def compute_excess_s(self, tokens: float) -> float:
+        """Time past the compute knee: an iteration's linear layers cannot run faster than its
+        tokens at the compute-bound (prefill) rate, `prefill_s_per_token`, whatever the line
+        fitted on small decode batches says. Zero below the knee
+        `t_w_s / (prefill_s_per_token - gamma_s)` tokens (about 1,200 for the H100 7B profile);
+        it binds when speculative decoding verifies several tokens per sequence in a large batch."""
+        return max(0.0, (self.prefill_s_per_token - self.gamma_s) * tokens - self.t_w_s)
+
     def decode_throughput(self, batch: int, context_per_seq: int) -> float:
         """Output tokens per second of a steady decode batch (the README's sanity line)."""
         return batch / self.iteration_s(batch, batch * context_per_seq, batch)

@@ -14,7 +14,9 @@ for a plain decoder (vLLM 0.32), with time left out (`rlsim.sim_engine` prices i
   blocks (`scheduler_reserve_full_isl`); with chunked prefill off, a prefill larger than the
   budget waits;
 - KV in blocks of `block_size` tokens: a request holds `ceil(computed / block_size)` blocks, and
-  the slot of a sampled token is allocated when the token is computed (the next iteration);
+  the slot of a sampled token is allocated when the token is computed (the next iteration); a
+  speculating request also holds `lookahead` slots for its draft tokens from the end of its
+  prefill (vLLM's `num_lookahead_tokens`);
 - a request whose prefill completes samples its first token in that iteration; a request
   finishes in the iteration that samples its `target`-th token, and its blocks are freed in
   running order.
@@ -54,6 +56,8 @@ class Seq:
     nhashed: int = 0  # blocks they cover
     order: int = 0  # position in the running list (admission order)
     prompt_blocks: int = 0  # full prompt blocks (its prompt's hash chain)
+    lookahead: int = 0  # KV slots reserved past its tokens while it speculates (vLLM's lookahead)
+    held_la: int = 0  # lookahead slots it holds now (from the end of its prefill)
 
 
 @dataclass(slots=True)
@@ -173,7 +177,7 @@ class InstanceScheduler:
                 self._free_slots.extend(range(len(self._sc) - 1, n - 1, -1))
             j = self._free_slots.pop()
             self._slot[seq.req.request_id] = j
-            self._sc[j], self._sst[j], self._sr[j] = seq.computed, at, seq.rate
+            self._sc[j], self._sst[j], self._sr[j] = seq.computed + seq.held_la, at, seq.rate
         heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
 
     def _free(self, seq: Seq, how: str) -> int:
@@ -184,10 +188,11 @@ class InstanceScheduler:
         del self.running[seq.req.request_id]
         c = seq.computed
         self.ctx -= c
+        la, seq.held_la = seq.held_la, 0
         if self.caching:
             b = self.block_size
             full, pool, hashed = c // b, self.pool, seq.hashed
-            pool.give(self._blocks(c) - full)  # the partial tail block
+            pool.give(self._blocks(c + la) - full)  # the partial tail block and the lookahead
             if how == "preempt":  # its own full blocks stay hittable, for its readmission
                 pool.release([s for s in [pool.new(("own", seq.req.request_id), seq.nhashed, full)] if s])
                 pool.release(reversed(hashed))
@@ -196,7 +201,7 @@ class InstanceScheduler:
                 pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
                 pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
         else:
-            self.pool.give(self._blocks(c))
+            self.pool.give(self._blocks(c + la))
         seq.hashed = []
         seq.nhashed = seq.computed = 0
         return seq.generated
@@ -220,7 +225,7 @@ class InstanceScheduler:
             if seq.decoding:
                 self._stop_decoding(seq)
             seq.hashed = []
-            seq.nhashed = seq.computed = 0
+            seq.nhashed = seq.computed = seq.held_la = 0
         self.running.clear()
         self.heap.clear()
         self.ctx = 0.0
@@ -237,8 +242,14 @@ class InstanceScheduler:
             seq.nhashed = hi
 
     def _decode_need(self, seq: Seq) -> int:
-        c = self.computed(seq)
+        c = self.computed(seq) + seq.held_la
         return self._blocks(c + seq.rate) - self._blocks(c)
+
+    def _chunk_blocks(self, seq: Seq, take: int) -> tuple[int, int]:
+        """(blocks a prefill chunk of `take` tokens allocates, lookahead held after it)."""
+        end = seq.computed + take
+        la = seq.lookahead if end >= seq.req.num_prompt_tokens + seq.generated else 0
+        return self._blocks(end + la) - self._blocks(seq.computed + seq.held_la), la
 
     def _admit_check(self, seq: Seq, budget: int) -> tuple[int, list[tuple]] | str | None:
         """(tokens of its first chunk, prefix hit) if the head of the queue can be admitted; None
@@ -252,7 +263,7 @@ class InstanceScheduler:
         new = ntok - nhit * self.block_size
         if not self.chunked and new > budget:
             return "budget"
-        need = self._blocks(ntok) - nhit + (self.pool.evictable(hit) if hit else 0)
+        need = self._blocks(ntok + seq.lookahead) - nhit + (self.pool.evictable(hit) if hit else 0)
         if need > self.pool.free:
             return None
         return min(new, budget), hit
@@ -272,8 +283,7 @@ class InstanceScheduler:
             need = dec
             for seq in self.running.values():
                 if not seq.decoding:
-                    take = seq.req.num_prompt_tokens + seq.generated - seq.computed
-                    need += self._blocks(seq.computed + take) - self._blocks(seq.computed)
+                    need += self._chunk_blocks(seq, seq.req.num_prompt_tokens + seq.generated - seq.computed)[0]
             if need <= pool.free:  # nothing preempts and every running request fits the budget
                 pool.take(dec)
                 budget -= math.ceil(self.verify_sum - 1e-9)
@@ -296,7 +306,7 @@ class InstanceScheduler:
                 need = self._decode_need(seq)
             else:
                 new = min(seq.req.num_prompt_tokens + seq.generated - seq.computed, budget)
-                need = self._blocks(seq.computed + new) - self._blocks(seq.computed)
+                need = self._chunk_blocks(seq, new)[0]
             while need > pool.free:
                 victim = running[n - 1]
                 n -= 1
@@ -366,7 +376,8 @@ class InstanceScheduler:
         return need <= budget
 
     def _prefill_chunk(self, seq: Seq, take: int, out: Scheduled) -> None:
-        self.pool.take(self._blocks(seq.computed + take) - self._blocks(seq.computed))
+        blocks, seq.held_la = self._chunk_blocks(seq, take)
+        self.pool.take(blocks)
         self._cache_prompt_blocks(seq, seq.computed + take)
         out.chunks.append((seq, take))
         out.prefill_tokens += take

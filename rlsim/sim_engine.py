@@ -29,7 +29,9 @@ generated tokens.
 Speculative decoding (HistoSpec, `rlsim.speculation`) gives a request a mean of `rate` tokens
 per iteration with `verify` tokens per iteration under verification: the KV context then grows
 by the batch's summed rate per iteration and the iteration charges `gamma` per verified token,
-so the closed form still holds.
+the compute-bound rate past the knee (`Profile.compute_excess_s`) and the drafter's CPU time per
+speculating request, all fixed while the batch is, so the closed form still holds; a speculating
+request holds `lookahead` extra KV slots.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class SimEngine:
         self.num_instances = num_instances
         self.exact = exact
         self.spec = spec
+        self._draft_s = spec.draft_s if spec is not None else 0.0
         self.block_size = block_size
         self.env = simpy.Environment()
         self._outbox: list[Event] = []
@@ -124,7 +127,10 @@ class SimEngine:
                 )
             seq = Seq(req, target)
             if self.spec is not None:
-                seq.rate, seq.verify = self.spec.plan(req.epoch, req.prompt_id, req.sample_idx, target)
+                spec = self.spec.plan(req.epoch, req.prompt_id, req.sample_idx, target, req.policy_version)
+                seq.rate, seq.verify = spec
+                if seq.rate != 1.0:
+                    seq.lookahead = self.spec.lookahead
             inst.sched.add(seq)
             self._where[req.request_id] = req.instance
             touched.add(req.instance)
@@ -251,6 +257,7 @@ class SimEngine:
     def _jump_cost(self, inst: _Instance, k: int) -> tuple[float, float]:
         p, s = self.profile, inst.sched
         a = p.t_w_s + p.alpha_s * s.n_dec + p.gamma_s * s.verify_sum + p.beta_s * (s.ctx + s.rate_sum)
+        a += p.compute_excess_s(s.verify_sum) + self._draft_s * len(s.spec)
         q = p.beta_s * s.rate_sum
         return a * k + q * k * (k - 1) / 2, q  # (total, per-iteration increment)
 
@@ -297,6 +304,7 @@ class SimEngine:
                     )
                 if batch:
                     took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens)
+                    took += p.compute_excess_s(out.decode_tokens) + self._draft_s * len(sched.spec)
                     inst.cur_batch = batch
                     yield env.timeout(took)
                     inst.seq_time += batch * took

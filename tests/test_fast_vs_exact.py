@@ -19,7 +19,7 @@ from rlsim.paths import default_trace
 from rlsim.simulate import simulate
 from rlsim.trace import Trace, load
 
-POLICIES = [*REGISTRY, *(f"{p}+histospec" for p in REGISTRY)]
+POLICIES = [*REGISTRY, *(f"{p}+histospec" for p in REGISTRY), "histopipe(cross_step=true)", "sortedrl(mode=partial)"]
 PLACEMENTS = {
     "colocated": ClusterConfig(num_gpus=16, profile="h100-qwen2.5-32b-tp2"),
     "disaggregated": ClusterConfig(
@@ -27,7 +27,7 @@ PLACEMENTS = {
     ),
 }
 RL = RLConfig(prompts_per_step=64, samples_per_prompt=16, epochs=2)
-CARRY = ("histopipe", "async_partial")  # keep requests running into training
+CARRY = ("histopipe(cross_step=true)", "async_partial", "sortedrl(mode=partial)")  # run into training
 
 
 @functools.lru_cache(maxsize=1)

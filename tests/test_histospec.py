@@ -120,3 +120,39 @@ def test_verification_cost_grows_with_draft_tokens() -> None:
         for p in (prof, costly)
     ]
     assert gain[0] > gain[1]
+
+
+def test_lookahead_slots_shrink_the_batch_where_kv_is_tight() -> None:
+    """Each speculating request holds `lookahead` extra KV slots: on a KV-tight instance the
+    second epoch preempts more with 16 of them than with none (and preempts at all)."""
+    tr = synthesize(SynthConfig(num_prompts=32, samples_per_prompt=8, epochs=2, seed=6, max_response_len=4096))
+    rl = RLConfig(prompts_per_step=16, samples_per_prompt=8, epochs=2, max_response_len=4096)
+    cl = ClusterConfig(num_gpus=2, profile="h100-qwen2.5-14b-tp2")
+    prof = dataclasses.replace(load_profile("h100-qwen2.5-14b-tp2"), kv_capacity_tokens=20_000)
+    runs = {la: simulate(tr, f"sync+histospec(lookahead={la})", cl, rl, prof) for la in (0, 16)}
+    second = {la: r.requests[r.requests.epoch == 1].preemptions.sum() for la, r in runs.items()}
+    assert 0 < second[0] < second[16]
+    assert runs[0].summary["epoch_time_s"][1] < runs[16].summary["epoch_time_s"][1]
+
+
+def test_verify_past_the_compute_knee_costs_the_compute_bound_rate() -> None:
+    """Below the knee the fitted line holds; above it each token costs `prefill_s_per_token`."""
+    p = load_profile("h100-qwen2.5-7b-tp1")
+    knee = p.t_w_s / (p.prefill_s_per_token - p.gamma_s)
+    assert p.compute_excess_s(0.9 * knee) == 0.0
+    n = 4 * knee
+    line = p.t_w_s + p.gamma_s * n + p.compute_excess_s(n)
+    assert line == pytest.approx(p.prefill_s_per_token * n, rel=1e-9)
+
+
+def test_acceptance_decays_with_the_policy_lag_and_drafting_costs_cpu_time() -> None:
+    """Drafts from an older visit are accepted less; drafter CPU time slows the second epoch."""
+    tr = synthesize(SynthConfig(num_prompts=64, samples_per_prompt=4, epochs=2, seed=7, max_response_len=4096))
+    rl = RLConfig(prompts_per_step=8, samples_per_prompt=4, epochs=2, max_response_len=4096)
+    cl = ClusterConfig(num_gpus=4, profile="h100-qwen2.5-14b-tp2")
+    t = {
+        k: simulate(tr, f"sync+histospec({k})", cl, rl).summary["epoch_time_s"][1]
+        for k in ("drift=0,draft_us=0", "drift=0.02,draft_us=0", "drift=0,draft_us=200")
+    }
+    assert t["drift=0,draft_us=0"] < t["drift=0.02,draft_us=0"]
+    assert t["drift=0,draft_us=0"] < t["drift=0,draft_us=200"]

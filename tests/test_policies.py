@@ -167,9 +167,25 @@ def test_histopipe_cross_step_carries_the_tail() -> None:
     """Tier 2 trains the unfinished tail in the next step with staleness 1."""
     rng = np.random.default_rng(6)
     tr = make_trace(rng.integers(10, 3000, (2, 40, 4)))
-    req, steps, _ = run("histopipe(tail_fraction=0.25)", tr, 8, 4, epochs=2)
+    req, steps, _ = run("histopipe(cross_step=true,tail_fraction=0.25)", tr, 8, 4, epochs=2)
     assert steps["staleness/max"].max() == 1
     assert trained_prompts(req).sum() == 80
+
+
+def test_histopipe_one_step_off_overlaps_the_next_rollout_with_training() -> None:
+    """The RhymeRL configuration: step t+1's prompts are placed and launched at step t's update,
+    so on separate training GPUs they generate while step t trains (staleness 1, except the first
+    step of an epoch: the epoch barrier holds the next epoch's prompts until this one trained)."""
+    rng = np.random.default_rng(7)
+    tr = make_trace(rng.integers(10, 1000, (2, 32, 4)))
+    req, steps, _ = run(
+        "histopipe(one_step_off=true)", tr, 4, 4, epochs=2, placement="disaggregated", train_gpus=2
+    )
+    assert steps["staleness/max"].tolist() == ([0] + [1] * 7) * 2
+    assert req[req.step == 0].prompt_id.nunique() == 8  # step 1's prompts launched during step 0
+    assert trained_prompts(req).sum() == 64
+    with pytest.raises(RlsimError, match="pick one"):
+        make_policy("histopipe(one_step_off=true,cross_step=true)")
 
 
 def test_oracle_spreads_long_samples_over_instances() -> None:
