@@ -23,6 +23,7 @@ from policies.histopipe import HistoPipePolicy
 from policies.one_step_off import OneStepOffPolicy
 from policies.oracle import OraclePolicy
 from policies.rollpacker import RollPackerPolicy
+from policies.seer import SeerPolicy
 from policies.sortedrl import SortedRLPolicy
 from policies.sync import SyncPolicy
 from rlsim.dynamic_sampling import DynamicSamplingConfig
@@ -36,11 +37,13 @@ REGISTRY: dict[str, Callable[..., object]] = {
     "histopipe": HistoPipePolicy,
     "async_partial": AsyncPartialPolicy,
     "one_step_off": OneStepOffPolicy,
+    "seer": SeerPolicy,
     "oracle": OraclePolicy,
 }
 
 # What `rlsim compare` runs by default: every policy, HistoSpec with the two schedulers it was
-# paired with, the oracle last. Any other combination runs by name (`sync+histospec`).
+# paired with, Seer with and without its grouped drafting, the oracle last. Any other combination
+# runs by name (`sync+histospec`).
 COMPARE_DEFAULT = (
     "sync",
     "rollpacker",
@@ -50,6 +53,8 @@ COMPARE_DEFAULT = (
     "one_step_off",
     "rollpacker+histospec",
     "histopipe+histospec",
+    "seer",
+    "seer+grouped_spec",
     "oracle",
 )
 
@@ -63,6 +68,7 @@ class PolicyName(str, Enum):
     histopipe = "histopipe"
     async_partial = "async_partial"
     one_step_off = "one_step_off"
+    seer = "seer"
     oracle = "oracle"
 
 
@@ -155,10 +161,14 @@ def parse_policy(text: str) -> PolicySpec:
         fname, fraw = _parse_part(feat)
         if fname == "histospec":
             spec = SpecConfig(**_convert(SpecConfig, fraw, "histospec"))
+        elif fname == "grouped_spec":  # Seer's drafts from the group's sibling responses
+            spec = SpecConfig(**{"source": "grouped", **_convert(SpecConfig, fraw, "grouped_spec")})
         elif fname == "dynamic_sampling":
             ds = DynamicSamplingConfig(**_convert(DynamicSamplingConfig, fraw, "dynamic_sampling"))
         else:
-            raise RlsimError(f"unknown feature {fname!r} in {text!r}; available: histospec, dynamic_sampling")
+            raise RlsimError(
+                f"unknown feature {fname!r} in {text!r}; available: histospec, grouped_spec, dynamic_sampling"
+            )
     return PolicySpec(name, knobs, spec, ds)
 
 

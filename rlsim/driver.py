@@ -139,7 +139,8 @@ class View:
     def request(self, request_id: int) -> RequestInfo:
         q = self._drv.requests[request_id]
         return RequestInfo(
-            q.request_id, q.prompt_id, q.sample_idx, q.epoch, q.num_prompt_tokens, q.instance, q.policy_version
+            q.request_id, q.prompt_id, q.sample_idx, q.epoch, q.num_prompt_tokens, q.instance, q.policy_version,
+            q.kept_tokens,
         )
 
     def oracle_lengths(self, prompt_id: int) -> list[int]:
@@ -331,6 +332,8 @@ class Driver:
             raise RlsimError(f"policy launched prompt {act.prompt_id}, which it has not taken for this visit")
         max_tokens = min(act.max_tokens or self.rl.max_response_len, self.rl.max_response_len)
         inst = self._instance_for(act)
+        if act.resume is not None:
+            return [self._resume(act, max_tokens, inst)]
         visit = (epoch, act.prompt_id)
         if act.restart:
             self.next_sample[visit] = 0
@@ -353,6 +356,27 @@ class Driver:
             out.append(req)
         return out
 
+    def _resume(self, act: Launch, max_tokens: int, inst) -> Request:  # noqa: ANN001
+        """A request continuing an ended chunk's response (divided rollout): same sample, its
+        tokens so far kept, the behaviour version of its first tokens."""
+        old = self.requests.get(act.resume)
+        if old is None or old.prompt_id != act.prompt_id or self.records.cols["outcome"][act.resume] != "chunk":
+            raise RlsimError(
+                f"policy resumed request {act.resume}, which is not an ended chunk of prompt {act.prompt_id}"
+            )
+        if act.num_samples != 1:
+            raise RlsimError("a Launch that resumes a chunk launches exactly one sample")
+        kept = self.records.num_output_tokens[act.resume]
+        if max_tokens <= kept:
+            raise RlsimError(f"policy resumed request {act.resume} with max_tokens {max_tokens} <= its {kept} tokens")
+        self.records.continued(act.resume)
+        rid = len(self.requests)
+        where = inst[0] if isinstance(inst, tuple) else (-1 if inst is None else inst)
+        req = old._replace(request_id=rid, max_tokens=max_tokens, instance=where, kept_tokens=kept)
+        self.requests[rid] = req
+        self.in_flight.setdefault(act.prompt_id, set()).add(rid)
+        return req
+
     # ---- events ---------------------------------------------------------------------------
     def _reward(self, rid: int, t: float) -> None:
         q = self.requests[rid]
@@ -361,13 +385,21 @@ class Driver:
         heapq.heappush(self.reward_free, done)
         self.reward_done[rid] = done
 
-    def handle(self, ev) -> None:  # noqa: ANN001 - an Event
+    def handle(self, ev):  # noqa: ANN001, ANN201 - an Event in, the event the policy is told out
+        """Book an engine event; a response that ended exactly at a chunk's end is told as "stop"."""
         kind = type(ev)
         if kind is Finished:
             rid = ev.request_id
             req = self.requests[rid]
             self.assigned[req.instance] -= 1
             self.in_flight[req.prompt_id].discard(rid)
+            if req.max_tokens < self.rl.max_response_len and ev.finish_reason == "length":
+                if req.target_tokens > ev.num_output_tokens:
+                    # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
+                    first = self.first_token.get(rid)
+                    self.records.finish(rid, ev.time, ev.num_output_tokens, "length", first, "chunk")
+                    return ev
+                ev = ev._replace(finish_reason="stop")  # it ended exactly at the chunk's end
             self.finished.setdefault((req.epoch, req.prompt_id), []).append(ev.num_output_tokens)
             self.records.finish(
                 rid, ev.time, ev.num_output_tokens, ev.finish_reason, self.first_token.get(rid), "finished"
@@ -381,6 +413,7 @@ class Driver:
             self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.get(rid), "aborted")
         elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
+        return ev
 
     def filter_groups(self, act: Train, window: StepWindow) -> Train | None:
         """Dynamic sampling: keep the batch's groups whose rewards differ; the Train of P0 valid
@@ -435,8 +468,7 @@ class Driver:
                 if isinstance(ev, Timer) and ev.tag == "train_done":
                     done = True
                 else:
-                    self.handle(ev)
-                    acts = self.policy.on_event(ev, self.view)
+                    acts = self.policy.on_event(self.handle(ev), self.view)
                     if acts:
                         self.apply(acts)
             if done:
@@ -511,8 +543,7 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
             raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
         view.now = engine.now
         for ev in events:
-            drv.handle(ev)
-            acts = policy.on_event(ev, view)
+            acts = policy.on_event(drv.handle(ev), view)
             if acts:
                 train = drv.apply(acts) or train
     return train

@@ -17,7 +17,10 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 
 class Request(NamedTuple):
-    """One sample to generate. `target_tokens` is the engine's secret: policies never see it."""
+    """One sample to generate. `target_tokens` is the engine's secret: policies never see it.
+    `kept_tokens` > 0 continues a response whose first tokens an earlier request generated
+    (divided rollout): the engine prefills prompt plus kept tokens and generates from there, up
+    to `max_tokens` in all."""
 
     request_id: int
     prompt_id: int
@@ -28,6 +31,7 @@ class Request(NamedTuple):
     target_tokens: int
     instance: int
     policy_version: int
+    kept_tokens: int = 0
 
 
 class RequestInfo(NamedTuple):
@@ -40,12 +44,16 @@ class RequestInfo(NamedTuple):
     num_prompt_tokens: int
     instance: int
     policy_version: int
+    kept_tokens: int = 0  # tokens it continues from an ended chunk of the same response
 
 
 # ---- events (engine -> driver -> policy) -------------------------------------------------
 
 
 class Finished(NamedTuple):
+    """A request ended: its response is done, or (`finish_reason` "length" below the run's cap,
+    at a `max_tokens` the policy set) a chunk of it is, and the policy may `Launch(resume=...)`."""
+
     request_id: int
     time: float
     instance: int
@@ -87,6 +95,7 @@ class Launch:
     max_tokens: int | None = None  # default: the run's max_response_len
     instance: int | tuple[int, ...] | None = None  # one for all samples, one per sample, or dispatch
     restart: bool = False  # forget the visit's earlier samples and draw again from its first sample
+    resume: int | None = None  # continue this ended chunk's response (divided rollout; one sample)
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,6 +164,11 @@ class RealEngine:
     def submit(self, requests: Sequence[Request]) -> None:
         per: dict[int, list[dict]] = {}
         for req in requests:
+            if req.kept_tokens:
+                raise RlsimError(
+                    "divided rollout (a request continuing another's tokens, as seer does) runs in the "
+                    "simulator only: real engines do not resume a response from its kept tokens yet"
+                )
             per.setdefault(req.instance, []).append(self._vllm_request(req))
             self.live[req.request_id] = req
             self._progress[req.request_id] = 0

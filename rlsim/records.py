@@ -42,6 +42,7 @@ REQUEST_FIELDS = (
     "trained_step",
     "staleness",
     "preemptions",
+    "kept_tokens",
 )
 
 
@@ -101,6 +102,7 @@ class Records:
     def launch(self, reqs, now: float, step: int) -> None:  # noqa: ANN001 - list[Request]
         """Record a batch of launched requests (one extend per column: the hot path of an epoch)."""
         c, k = self.cols, len(reqs)
+        c["num_output_tokens"].extend([q.kept_tokens for q in reqs])
         for name in (
             "request_id",
             "epoch",
@@ -109,11 +111,12 @@ class Records:
             "instance",
             "policy_version",
             "num_prompt_tokens",
+            "kept_tokens",
         ):
             c[name].extend([getattr(q, name) for q in reqs])
         for name, value in (
             ("step", step), ("launch_time", now), ("first_token_time", np.nan), ("finish_time", np.nan),
-            ("num_output_tokens", 0), ("finish_reason", ""), ("outcome", "in_flight"),
+            ("finish_reason", ""), ("outcome", "in_flight"),
             ("trained_step", -1), ("staleness", -1), ("preemptions", 0),
         ):  # fmt: skip
             c[name].extend([value] * k)
@@ -126,6 +129,10 @@ class Records:
         c["finish_reason"][r] = reason
         if first_token is not None:
             c["first_token_time"][r] = first_token
+
+    def continued(self, rid: int) -> None:
+        """An ended chunk whose response a later request continues (its tokens are not waste)."""
+        self.cols["outcome"][rid] = "continued"
 
     def preempted(self, rid: int) -> None:
         self.cols["preemptions"][rid] += 1
@@ -185,7 +192,8 @@ class Records:
         step = np.minimum(np.asarray(c["step"], dtype=np.int64), len(self.steps))
         outcome = np.asarray(c["outcome"])
         tokens = np.asarray(c["num_output_tokens"], dtype=float)
-        wasted_mask = (np.asarray(c["trained_step"]) < 0) & (outcome != "in_flight")
+        tokens -= np.asarray(c["kept_tokens"], dtype=float)  # what each request generated itself
+        wasted_mask = (np.asarray(c["trained_step"]) < 0) & (outcome != "in_flight") & (outcome != "continued")
         launched = np.bincount(step, minlength=n)
         aborted = np.bincount(step, weights=(outcome == "aborted").astype(float), minlength=n)
         wasted = np.bincount(step, weights=np.where(wasted_mask, tokens, 0.0), minlength=n)

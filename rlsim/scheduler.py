@@ -58,6 +58,7 @@ class Seq:
     prompt_blocks: int = 0  # full prompt blocks (its prompt's hash chain)
     lookahead: int = 0  # KV slots reserved past its tokens while it speculates (vLLM's lookahead)
     held_la: int = 0  # lookahead slots it holds now (from the end of its prefill)
+    transfer: bool = False  # its KV arrives from elsewhere at admission (a continued chunk)
 
 
 @dataclass(slots=True)
@@ -260,7 +261,7 @@ class InstanceScheduler:
             limit = (ntok - 1) // self.block_size
             hit = self.pool.lookup(seq.req.prompt_id, seq.prompt_blocks, seq.req.request_id, limit)
         nhit = sum(b - a for _, a, b in hit)
-        new = ntok - nhit * self.block_size
+        new = 1 if seq.transfer else ntok - nhit * self.block_size
         if not self.chunked and new > budget:
             return "budget"
         need = self._blocks(ntok + seq.lookahead) - nhit + (self.pool.evictable(hit) if hit else 0)
@@ -398,6 +399,11 @@ class InstanceScheduler:
             seq.computed = seq.nhashed * self.block_size
             self.ctx += seq.computed
             self.prefix_hit_tokens += seq.computed
+            if seq.transfer:  # its KV was moved here: all but the last token are in place
+                last = seq.req.num_prompt_tokens + seq.generated - 1
+                pool.take(self._blocks(last) - self._blocks(seq.computed))
+                self.ctx += last - seq.computed
+                seq.computed, seq.transfer = last, False
             self.running[seq.req.request_id] = seq
             self._order += 1
             seq.order = self._order

@@ -125,7 +125,8 @@ class SimEngine:
                     f"request {req.request_id} needs {req.num_prompt_tokens + target} KV tokens, more than "
                     f"an instance holds ({cap})"
                 )
-            seq = Seq(req, target)
+            # a continued chunk's KV comes with it (Seer's global KV pool): not recomputed
+            seq = Seq(req, target, generated=req.kept_tokens, transfer=req.kept_tokens > 0)
             if self.spec is not None:
                 spec = self.spec.plan(req.epoch, req.prompt_id, req.sample_idx, target, req.policy_version)
                 seq.rate, seq.verify = spec

@@ -242,3 +242,37 @@ def test_policy_strings_parse_knobs_and_histospec() -> None:
     ]:
         with pytest.raises(RlsimError, match=msg.replace("(", r"\(")):
             parse_policy(bad) if "mode=" not in bad else make_policy(bad)
+
+
+def _seer(policy: str, kv: int):  # noqa: ANN202
+    from rlsim.simulate import simulate
+
+    lengths = np.repeat((np.arange(1, 13) * 250)[None, :, None], 6, axis=2)  # prompt i: 250 (i + 1) tokens
+    tr = make_trace(lengths, max_len=4096)
+    prof = dataclasses.replace(PROFILE, kv_capacity_tokens=kv)
+    rl = RLConfig(prompts_per_step=12, samples_per_prompt=6, epochs=1, max_response_len=4096)
+    res = simulate(tr, policy, ClusterConfig(num_gpus=2, profile=PROFILE.name), rl, prof)
+    return res, res.requests.sort_values(["launch_time", "request_id"])
+
+
+def test_seer_probes_each_group_first_then_runs_the_longest_groups_first() -> None:
+    """Context-aware scheduling: one probe per group first; once the probes have finished, the
+    remaining siblings go longest group first (the probe's length estimates its siblings')."""
+    res, req = _seer("seer", 6000)
+    assert req.prompt_id.iloc[:12].nunique() == 12  # a probe of every group first
+    probes_done = req[req.sample_idx == 0].finish_time.max()
+    late = req[req.launch_time >= probes_done].drop_duplicates("prompt_id").prompt_id.tolist()
+    assert len(late) > 2 and late == sorted(late, reverse=True)
+    assert res.summary["staleness_max"] == 0 and res.summary["wasted_tokens"] == 0
+
+
+def test_seer_divides_responses_into_chunks_that_move_between_instances() -> None:
+    """Divided rollout: a response longer than a chunk ends at the chunk, goes back to the buffer
+    with its tokens, and continues on the instance with the most free KV; it trains whole."""
+    res, req = _seer("seer(chunk_tokens=1000)", 6000)
+    cont = req[req.kept_tokens > 0]
+    assert len(cont) > 0 and (req.outcome == "continued").sum() == len(cont)
+    trained = req[req.trained_step >= 0]
+    assert len(trained) == 72 and (trained.num_output_tokens == (trained.prompt_id + 1) * 250).all()
+    assert (req.groupby(["prompt_id", "sample_idx"]).instance.nunique() > 1).any()
+    assert res.summary["staleness_max"] == 0 and res.summary["wasted_tokens"] == 0
