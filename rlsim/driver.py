@@ -338,18 +338,24 @@ class Driver:
         if act.restart:
             self.next_sample[visit] = 0
             self.finished[visit] = []
-        first = self.next_sample.get(visit, 0)
-        self.next_sample[visit] = first + act.num_samples
+        if act.redraw is not None:
+            if len(act.redraw) != act.num_samples:
+                raise RlsimError(f"policy redrew {len(act.redraw)} samples for a Launch of {act.num_samples}")
+            draws = list(act.redraw)
+        else:
+            first = self.next_sample.get(visit, 0)
+            self.next_sample[visit] = first + act.num_samples
+            draws = list(range(first, first + act.num_samples))
         flight = self.in_flight.setdefault(act.prompt_id, set())
         per_sample = isinstance(inst, tuple)
         out = []
-        for k in range(first, first + act.num_samples):
+        for j, k in enumerate(draws):
             # Past the trace's samples, reuse them cyclically (counted in the summary).
             s = k % self.index.samples
             self.reused_samples += k >= self.index.samples
             target, prompt_tokens = self.index.length(epoch, act.prompt_id, s)
             rid = len(self.requests)
-            where = inst[k - first] if per_sample else (-1 if inst is None else inst)
+            where = inst[j] if per_sample else (-1 if inst is None else inst)
             req = Request(rid, act.prompt_id, s, epoch, prompt_tokens, max_tokens, target, where, self.version)
             self.requests[rid] = req
             flight.add(rid)

@@ -96,6 +96,7 @@ class Launch:
     instance: int | tuple[int, ...] | None = None  # one for all samples, one per sample, or dispatch
     restart: bool = False  # forget the visit's earlier samples and draw again from its first sample
     resume: int | None = None  # continue this ended chunk's response (divided rollout; one sample)
+    redraw: tuple[int, ...] | None = None  # draw these samples of the visit again (num_samples of them)
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,8 +90,8 @@ def test_rollpacker_eta_r_alone_never_queues() -> None:
 def test_sortedrl_loads_a_group_whole_and_updates_every_u_trajectories() -> None:
     """On-policy SortedRL (POLICIES.md section 3): a group of 4 x P0 prompts is loaded at once and
     drained before the next is loaded; every U = P0 x R0 finished trajectories train, sorted by
-    length (short first); what is in flight at an update is aborted and drawn again (a fresh
-    sample of the prompt); nothing trained is stale."""
+    length (short first); what is in flight at an update is aborted and drawn again (the same
+    trace sample by default, a new one with redraw=fresh); nothing trained is stale."""
     rng = np.random.default_rng(0)
     tr = make_trace(rng.integers(10, 3000, (1, 32, 8)))
     req, steps, _ = run("sortedrl", tr, 4, 4)
@@ -100,7 +100,12 @@ def test_sortedrl_loads_a_group_whole_and_updates_every_u_trajectories() -> None
     assert sorted(first_new.value_counts().index.tolist())[:2] == [0, 4]  # the next group after 4 updates
     assert (steps.num_samples == 16).all() and len(steps) == 8
     assert steps["staleness/max"].max() == 0 and (req.outcome == "aborted").any()
-    assert (req.sample_idx >= 4).any()  # regenerations are fresh draws
+    assert (req.sample_idx < 4).all()  # a thrown-away trajectory comes back as the same sample
+    aborted = req[req.outcome == "aborted"]
+    again = req.merge(aborted[["prompt_id", "sample_idx", "request_id"]], on=["prompt_id", "sample_idx"])
+    assert (again.request_id_x > again.request_id_y).any()
+    fresh, _, _ = run("sortedrl(redraw=fresh)", tr, 4, 4)
+    assert (fresh.sample_idx >= 4).any()  # new draws of the prompt
     trained = req[req.trained_step >= 0]
     assert trained.groupby("trained_step").prompt_id.nunique().max() > 4  # trajectories, not whole groups
     assert trained.groupby(["epoch", "prompt_id"]).size().eq(4).all()
