@@ -135,7 +135,7 @@ def _parse_part(part: str) -> tuple[str, dict[str, str]]:
     return m.group(1), knobs
 
 
-def _policy_class(name: str) -> type:
+def policy_class(name: str) -> type:
     if name in REGISTRY:
         return REGISTRY[name]
     if ":" in name:
@@ -151,7 +151,7 @@ def parse_policy(text: str) -> PolicySpec:
     """Parse `NAME[(knobs)][+histospec[(knobs)]][+dynamic_sampling[(knobs)]]`, checking every knob."""
     base, *features = _split_plus(text)
     name, raw = _parse_part(base)
-    cls = _policy_class(name)
+    cls = policy_class(name)
     config_cls = getattr(cls, "Config", None)
     if raw and config_cls is None:
         raise RlsimError(f"policy {name!r} takes no knobs")
@@ -175,7 +175,7 @@ def parse_policy(text: str) -> PolicySpec:
 def make_policy(text: str) -> object:
     """A fresh policy object from a policy string (see the module docstring)."""
     spec = parse_policy(text)
-    cls = _policy_class(spec.name)
+    cls = policy_class(spec.name)
     try:
         return cls(**spec.knobs)
     except TypeError as exc:

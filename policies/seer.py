@@ -54,6 +54,7 @@ class SeerPolicy:
 
     name = "seer"
     on_policy = True
+    divided_rollout = True  # continues responses from kept tokens (simulated engines only)
     Config = SeerConfig
 
     def __init__(self, **knobs: object) -> None:

@@ -19,7 +19,7 @@ from rlsim.trace import Trace
 
 # Relative simulation cost per policy (measured on the bundled trace), used only to submit the
 # slowest first so the pool's workers finish together; unknown names count as 1.
-_COST_HINT = {"sortedrl": 2.2, "rollpacker": 1.7, "oracle": 1.4, "histopipe": 1.4, "async_partial": 1.4}
+_COST_HINT = {"sortedrl": 2.5, "rollpacker": 1.7, "seer": 1.5, "oracle": 1.4, "histopipe": 1.4, "async_partial": 1.4}
 
 
 def _row(trace: Trace, name: str, cluster: ClusterConfig, rl: RLConfig, engine: EngineConfig) -> dict[str, Any]:

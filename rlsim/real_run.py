@@ -140,10 +140,16 @@ class RealRun:
         engine_cfg: EngineConfig | None = None,
     ) -> RealRun:
         from calibrate.engine import check_model, require_vllm
-        from policies.registry import parse_policy
+        from policies.registry import parse_policy, policy_class
 
         # Everything checkable is checked before the run directory is touched.
-        if parse_policy(policy).dynamic_sampling is not None and real.lengths == "free":
+        parsed = parse_policy(policy)
+        if getattr(policy_class(parsed.name), "divided_rollout", False):
+            raise RlsimError(
+                f"{parsed.name} continues responses from their kept tokens (divided rollout), which "
+                "real engines do not do yet: simulate it"
+            )
+        if parsed.dynamic_sampling is not None and real.lengths == "free":
             raise RlsimError(
                 "dynamic sampling reads rewards from the trace, so it runs with --lengths replay only "
                 "(a free run scores its own samples)"

@@ -46,6 +46,7 @@ def test_unknown_policy_and_missing_model_write_nothing(tmp_path: Path, small_tr
     out = tmp_path / "run"
     base = ["run", "--real", "--out", str(out), "--trace", str(small_trace_path), "--train", "none"]
     assert "unknown policy" in _err([*base, "--model", "m", "--policy", "nope"])
+    assert "divided rollout" in _err([*base, "--model", "m", "--policy", "seer"])
     assert "does not exist" in _err([*base, "--model", str(tmp_path / "no-model")])
     assert not (out / "config.json").exists()
 
