@@ -26,6 +26,7 @@ tolerance. Setups:
   the paper's split is not published) against `sync` on the same placement.
 - Seer: the same long-reasoning workload, one epoch (8 steps) of 128 x 16 on 64 H100s, against
   `sync` (Seer is synchronous); throughput is trained tokens per rollout second.
+- APRIL (async_partial): `rlsim compare`'s defaults, 12 steps.
 - Uniform lengths: every response 1,500 tokens, 40 instances with one prompt each, 16 steps per
   epoch (HistoPipe's second tier trains an epoch's held-back tail in one extra short step).
 The exit code is the number of failed checks.
@@ -258,6 +259,18 @@ def seer_checks() -> None:
     )
 
 
+def april_checks() -> None:
+    """APRIL's setup is not in POLICIES.md: `rlsim compare`'s defaults (the bundled trace, 64
+    H100s at TP 4, 512 x 16, 20k cap), 12 steps."""
+    tr = load(default_trace(), columns=[])
+    rl = RLConfig(epochs=1, max_steps=12)
+    cl = ClusterConfig(num_gpus=64)
+    thr = {n: simulate(tr, n, cl, rl).summary["rollout_tokens_per_s"] for n in ("sync", "async_partial")}
+    gain = thr["async_partial"] / thr["sync"] - 1
+    check("Async partial rollout (APRIL) rollout throughput over sync", "+22.5% (+10% to +40%)", f"{gain:+.1%}",
+          0.10 <= gain <= 0.40)  # fmt: skip
+
+
 def uniform_checks() -> None:
     e, p, s, n = 2, 512, 10, 1500
     idx = np.indices((e, p, s)).reshape(3, -1)
@@ -287,7 +300,8 @@ def uniform_checks() -> None:
 
 def main() -> int:
     t0 = time.perf_counter()
-    for fn in (rollpacker_checks, sortedrl_checks, histospec_checks, histopipe_checks, seer_checks, uniform_checks):
+    checks = (rollpacker_checks, sortedrl_checks, histospec_checks, histopipe_checks, seer_checks, april_checks)
+    for fn in (*checks, uniform_checks):
         fn()
     if "--markdown" in sys.argv:
         print("| check | paper | rlsim | result |\n|---|---|---|---|")

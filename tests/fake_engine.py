@@ -1,7 +1,8 @@
 """A fake engine for policy unit tests: no SimPy, no batching, every token costs `dt` seconds.
 
 Each request starts on submit (unlimited concurrency) and finishes `target * dt` seconds of
-unpaused time later; an abort answers the tokens generated so far. Like vLLM's scheduler tests,
+unpaused time later (a request continuing `kept_tokens` of an ended chunk: the rest of them);
+an abort answers the tokens generated so far. Like vLLM's scheduler tests,
 it lets a test drive a policy through the real driver with hand-predictable timings.
 """
 
@@ -56,7 +57,7 @@ class FakeEngine:
         for rid in request_ids:
             if rid in self._running:
                 req, start = self._running.pop(rid)
-                done = min(math.floor((self._work - start) / self.dt + 1e-9), min(req.target_tokens, req.max_tokens))
+                done = req.kept_tokens + min(math.floor((self._work - start) / self.dt + 1e-9), self._todo(req))
                 self._outbox.append(Aborted(rid, self._now, req.instance, done))
                 self._mark(req.instance)
 
@@ -73,14 +74,17 @@ class FakeEngine:
         for i in range(self.num_instances):
             self._mark(i)
 
+    @staticmethod
+    def _todo(req: Request) -> int:
+        return min(req.target_tokens, req.max_tokens) - req.kept_tokens
+
     def _next_finish(self) -> tuple[float, int] | None:
         if self._paused or not self._running:
             return None
         rid, (req, start) = min(
-            self._running.items(), key=lambda kv: (kv[1][1] + min(kv[1][0].target_tokens, kv[1][0].max_tokens), kv[0])
+            self._running.items(), key=lambda kv: (kv[1][1] + self._todo(kv[1][0]) * self.dt, kv[0])
         )
-        n = min(req.target_tokens, req.max_tokens)
-        return self._now + max(start + n * self.dt - self._work, 0.0), rid
+        return self._now + max(start + self._todo(req) * self.dt - self._work, 0.0), rid
 
     def step(self) -> list[Event]:
         if self._outbox:

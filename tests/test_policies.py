@@ -249,6 +249,22 @@ def test_policy_strings_parse_knobs_and_histospec() -> None:
             parse_policy(bad) if "mode=" not in bad else make_policy(bad)
 
 
+def test_seer_on_the_fake_engine_trains_every_sample_whole_each_step() -> None:
+    """Seer is synchronous: each step trains P0 x R0 samples at their trace lengths, the long
+    ones assembled from chunks (each continuation carries the tokens so far)."""
+    rng = np.random.default_rng(8)
+    tr = make_trace(rng.integers(10, 3000, (1, 16, 4)))
+    req, steps, _ = run("seer(chunk_tokens=500)", tr, 4, 4)
+    assert (steps.num_samples == 16).all() and (steps["staleness/max"] == 0).all()
+    trained = req[req.trained_step >= 0]
+    truth = tr.table.set_index(["prompt_id", "sample_idx"]).num_output_tokens
+    keys = list(zip(trained.prompt_id, trained.sample_idx, strict=True))
+    assert (trained.num_output_tokens.to_numpy() == truth.loc[keys].to_numpy()).all()
+    cont = req[req.kept_tokens > 0]
+    assert len(cont) > 0 and (cont.kept_tokens % 500 == 0).all()
+    assert steps.wasted_tokens.sum() == 0
+
+
 def _seer(policy: str, kv: int):  # noqa: ANN202
     from rlsim.simulate import simulate
 
