@@ -55,7 +55,9 @@ def summarize(steps: pd.DataFrame, requests, num_instances: int, num_gpus: int) 
         "num_steps": len(steps),
         "rollout_share": float(gen.sum() / total) if total else 0.0,
         "bubble_ratio": float((steps["bubble_ratio"] * gen).sum() / gen.sum()) if gen.sum() else 0.0,
-        "slot_bubble_ratio": float((steps["slot_bubble_ratio"] * gen).sum() / gen.sum()) if gen.sum() else 0.0,
+        "slot_bubble_ratio": float((steps["slot_bubble_ratio"] * gen).sum() / gen.sum())
+        if gen.sum() and steps["slot_bubble_ratio"].notna().all()
+        else None,  # None where the engine does not count running sequences (real engines)
         "rollout_tokens_per_s": float(trained_tokens / gen.sum()) if gen.sum() else 0.0,
         "first_done_idle_ratio": float((steps["rollout/first_done_idle_ratio"] * gen).sum() / gen.sum())
         if gen.sum()
