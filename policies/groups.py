@@ -1,10 +1,9 @@
 """GRPO groups for streaming policies: prompts in flight, their finished samples, ready groups.
 
 A group is ready when R0 samples of its prompt finished; ready groups are trained in completion
-order. After a weight update the prompts still cached either restart from scratch (on-policy:
-abort in flight, forget finished samples) or keep their samples and drop only those whose
-staleness would exceed a bound (partial rollout). Used by SortedRL, async_partial and HistoPipe's
-cross-step tier; it only books what the policy was told, never a length it could not know.
+order. After a weight update the prompts still cached keep their samples and drop only those
+whose staleness would exceed a bound (partial rollout). Used by async_partial; it only books what
+the policy was told, never a length it could not know.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ class GroupCache:
         self.prompts: dict[int, None] = {}  # insertion-ordered set
         self.done: dict[int, list[int]] = {}  # finished request ids of the current attempt
         self.ready: dict[int, None] = {}  # completion-ordered set
-        self.relaunch: dict[int, tuple[int, bool]] = {}  # prompt -> (samples, restart)
-        self.since: dict[int, int] = {}  # prompt -> oldest policy version its group may hold
+        self.relaunch: dict[int, int] = {}  # prompt -> samples to draw again
         self.dropped: set[int] = set()  # request ids aborted as stale (a finish may race the abort)
 
     def __len__(self) -> int:
@@ -34,12 +32,12 @@ class GroupCache:
             self.done[p] = []
         return [Launch(p, self.group_size) for p in prompts]
 
-    def finished(self, prompt: int, request_id: int, version: int) -> bool:
-        """Book a finished sample launched at `version`; True when it completed its group."""
+    def finished(self, prompt: int, request_id: int) -> bool:
+        """Book a finished sample; True when it completed its group."""
         if prompt not in self.prompts or prompt in self.ready:
             return False  # a sample of a group already complete (or already trained)
-        if version < self.since.get(prompt, 0) or request_id in self.dropped:
-            return False  # generated before a restart, or dropped as stale
+        if request_id in self.dropped:
+            return False  # dropped as stale
         done = self.done[prompt]
         done.append(request_id)
         if len(done) == self.group_size:
@@ -54,7 +52,7 @@ class GroupCache:
         """Book a `Finished` event of one of the cached prompts (other events are ignored)."""
         if isinstance(event, Finished):
             info = view.request(event.request_id)
-            self.finished(info.prompt_id, event.request_id, info.policy_version)
+            self.finished(info.prompt_id, event.request_id)
 
     def update_due(self, prompts_per_step: int, starved: bool) -> bool:
         """P0 groups are ready, or the data ran out and every cached group is ready."""
@@ -67,19 +65,7 @@ class GroupCache:
             out.extend(self.done.pop(p))
             del self.ready[p], self.prompts[p]
             self.relaunch.pop(p, None)
-            self.since.pop(p, None)
         return out
-
-    def restart_all(self, view: PolicyView, next_version: int) -> list[Abort]:
-        """On-policy after an update: abort what runs, forget what finished, regenerate all."""
-        aborts: list[int] = []
-        for p in self.prompts:
-            aborts.extend(view.in_flight(p))
-            self.done[p] = []
-            self.since[p] = next_version
-            self.relaunch[p] = (self.group_size, True)
-        self.ready.clear()
-        return [Abort(tuple(aborts))] if aborts else []
 
     def drop_stale(self, view: PolicyView, next_version: int, max_staleness: int) -> list[Abort]:
         """Partial rollout: drop samples that would train more than `max_staleness` versions
@@ -94,12 +80,11 @@ class GroupCache:
             if lost:
                 self.done[p] = keep
                 self.ready.pop(p, None)
-                n, restart = self.relaunch.get(p, (0, False))
-                self.relaunch[p] = (n + lost, restart)
+                self.relaunch[p] = self.relaunch.get(p, 0) + lost
         return [Abort(tuple(aborts))] if aborts else []
 
     def launches(self) -> list[Launch]:
-        """The regenerations booked by `restart_all` / `drop_stale`."""
-        out = [Launch(p, n, restart=restart) for p, (n, restart) in self.relaunch.items() if n]
+        """The regenerations booked by `drop_stale`."""
+        out = [Launch(p, n) for p, n in self.relaunch.items() if n]
         self.relaunch.clear()
         return out
