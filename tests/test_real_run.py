@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from policies.registry import REGISTRY
+from policies.registry import REGISTRY, make_policy
 from rlsim.trace import load
 
 from .conftest import REPO, require_quiet_host, run_python
@@ -50,9 +50,10 @@ def _steps_written(path: Path) -> int:
         return 0
 
 
-def _check_run(out: Path, trace: Path, steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _check_run(out: Path, trace: Path, steps: int, whole_groups: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run directory holds the simulator's tables; replayed samples have the trace's lengths;
-    every trained sample finished, and every trained visit trained its R0 samples in one step."""
+    every trained sample finished, and every trained visit trained its R0 samples in one step
+    (a policy that trains single trajectories, SortedRL, at most R0 of them)."""
     for name in ("config.json", "facts.json", "steps.parquet", "requests.parquet", "summary.json", "timeline.png"):
         assert (out / name).exists(), name
     facts = json.loads((out / "facts.json").read_text())["instances"]
@@ -67,7 +68,10 @@ def _check_run(out: Path, trace: Path, steps: int) -> tuple[pd.DataFrame, pd.Dat
     assert (trained["outcome"] == "finished").all()
     visits = trained.groupby(["epoch", "prompt_id"])
     r0 = json.loads((out / "config.json").read_text())["RLConfig"]["samples_per_prompt"]
-    assert (visits.size() == r0).all() and (visits["trained_step"].nunique() == 1).all()
+    if whole_groups:
+        assert (visits.size() == r0).all() and (visits["trained_step"].nunique() == 1).all()
+    else:
+        assert (visits.size() <= r0).all()
     assert st["num_samples"].sum() == len(trained)
     cap = json.loads((out / "config.json").read_text())["RLConfig"]["max_response_len"]
     tr = load(trace).table.set_index(["epoch", "prompt_id", "sample_idx"])["num_output_tokens"]
@@ -78,13 +82,13 @@ def _check_run(out: Path, trace: Path, steps: int) -> tuple[pd.DataFrame, pd.Dat
     return st, rq
 
 
-@pytest.mark.parametrize("policy", list(REGISTRY))
+@pytest.mark.parametrize("policy", [p for p in REGISTRY if p != "seer"])  # seer: simulated only (test_real_cli)
 def test_every_registered_policy_runs_on_vllm(policy: str, calibrated: dict, tmp_path: Path) -> None:
     """The simulator's driver and policy objects drive a real engine for three steps."""
     trace = _trace(calibrated["root"], 0.05)
     out = tmp_path / policy
     _run(out, calibrated["model"], trace, "--policy", policy, "--steps", "3", "--epochs", "2", "--train", "none")
-    _check_run(out, trace, 3)
+    _check_run(out, trace, 3, whole_groups=getattr(make_policy(policy), "whole_groups", True))
 
 
 def test_two_instances_through_ray_with_aborts(calibrated: dict, tmp_path: Path) -> None:
