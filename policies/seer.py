@@ -96,9 +96,11 @@ class SeerPolicy:
             return []
         info = view.request(event.request_id)
         p, n = info.prompt_id, event.num_output_tokens
-        held = self.held.get((event.instance, p, info.kept_tokens))
-        if held:
-            self.reserved[event.instance] -= held.pop()
+        key = (event.instance, p, info.kept_tokens)
+        held = self.held[key]
+        self.reserved[event.instance] -= held.pop()
+        if not held:
+            del self.held[key]
         self.inflight[event.instance] -= 1
         self.est[p] = max(self.est[p], float(n)) if p in self.known else float(n)
         self.known.add(p)

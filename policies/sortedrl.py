@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlsim.errors import RlsimError
-from rlsim.protocol import Abort, Action, Event, Finished, Launch, PolicyView, Train
+from rlsim.protocol import Abort, Aborted, Action, Event, Finished, Launch, PolicyView, Train
 
 MODES = ("on_policy", "partial")
 REDRAWS = ("same", "fresh")
@@ -109,11 +109,16 @@ class SortedRLPolicy:
         return actions + self._maybe_train(view)
 
     def on_event(self, event: Event, view: PolicyView) -> list[Action]:
-        if not isinstance(event, Finished):
+        if not isinstance(event, Finished | Aborted):
+            return []
+        if event.request_id in self.dropped:  # thrown away at an update: it ended once, now forget it
+            self.dropped.discard(event.request_id)
+            return []
+        if isinstance(event, Aborted):
             return []
         p = view.request(event.request_id).prompt_id
-        if p not in self.owed or event.request_id in self.dropped:
-            return []  # thrown away at an update (its abort raced the finish)
+        if p not in self.owed:
+            return []
         self.owed[p] -= 1
         self.ready.setdefault(p, []).append(event.request_id)
         self.order.append(event.request_id)
@@ -171,7 +176,6 @@ class SortedRLPolicy:
                 aborts += flying
                 self.relaunch.setdefault(p, []).extend(view.request(r).sample_idx for r in flying)
             for p, rs in self.ready.items():  # finished under the old weights, beyond the batch
-                self.dropped.update(rs)
                 self.owed[p] = self.owed.get(p, 0) + len(rs)
                 self.relaunch.setdefault(p, []).extend(view.request(r).sample_idx for r in rs)
             self.ready.clear()
