@@ -57,6 +57,14 @@ class TraceIndex:
         starts = np.flatnonzero(np.r_[True, (np.diff(ep) != 0) | (np.diff(pid) != 0)])
         self.start = {(int(ep[s]), int(pid[s])): int(s) for s in starts}
         self.prompts_by_epoch = {e: np.unique(pid[ep == e]) for e in self.epochs}
+        # A real log's steps: prompts of an epoch in the order the log generated them.
+        self.logged_order: dict[int, np.ndarray] | None = None
+        if "step" in df.columns:
+            st = df["step"].to_numpy()[starts]
+            ep_s, pid_s = ep[starts], pid[starts]
+            self.logged_order = {
+                e: pid_s[ep_s == e][np.lexsort((pid_s[ep_s == e], st[ep_s == e]))] for e in self.epochs
+            }
         self._epoch_mean: dict[tuple[int, int], float] = {}
 
     def length(self, epoch: int, prompt_id: int, sample_idx: int) -> tuple[int, int]:
@@ -197,7 +205,11 @@ class Driver:
             self.groups = GroupFilter(self.dynamic_sampling, rl.prompts_per_step)
         self.first_token: dict[int, float] = getattr(self.engine, "first_token", {})  # engines that track it
         rng = np.random.default_rng(rl.seed)
-        self.order = [rng.permutation(self.index.prompts_by_epoch[e]) for e in self.trace.epochs[: rl.epochs]]
+        logged = self.index.logged_order
+        self.order = [
+            logged[e] if logged is not None else rng.permutation(self.index.prompts_by_epoch[e])
+            for e in self.trace.epochs[: rl.epochs]
+        ]  # a real log replays in its own order; otherwise a seeded shuffle, as a dataloader's
         self.epoch_ptr, self.pos = 0, 0
         self.taken_epoch: dict[int, int] = {}  # prompt -> epoch of its current visit
         self.pending: set[tuple[int, int]] = set()  # visits (epoch, prompt) taken, not yet trained

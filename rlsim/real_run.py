@@ -192,7 +192,7 @@ class RealRun:
 
         require_vllm()
         parsed = parse_policy(self.policy)
-        cols = (["prompt_text"] if self.real.lengths == "free" else []) + ["reward", "reward_time_s"]
+        cols = (["prompt_text"] if self.real.lengths == "free" else []) + ["reward", "reward_time_s", "step"]
         trace = load(self.trace_path, columns=[c for c in cols if _has_column(self.trace_path, c)])
         if self.rl.max_response_len > trace.meta.max_response_len:
             raise RlsimError(

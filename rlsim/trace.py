@@ -39,6 +39,7 @@ REQUIRED_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "finish_reason": (pa.string(), "string"),
 }
 OPTIONAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
+    "step": (pa.int32(), "integer"),  # training step of a real log (the dataloader then follows the log's order)
     "reward": (pa.float32(), "float"),
     "reward_time_s": (pa.float32(), "float"),  # seconds to score the sample (else the run's reward latency)
     "output_token_ids": (pa.list_(pa.int32()), "list<integer>"),

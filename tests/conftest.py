@@ -16,6 +16,8 @@ from rlsim.trace import Trace, save
 
 DATA = Path(__file__).parent / "data"
 POLYTRACE_DIR = DATA / "polytrace_verl_dapo_qwen2.5"
+# The parent of one run folder, as rLLM's PolyTrace fork writes `packed_length_log/<run>/`.
+CODER_LOG_DIR = DATA / "polytrace_rllm_deepcoder"
 REPO = Path(__file__).resolve().parent.parent
 
 
