@@ -16,18 +16,16 @@ from rlsim.ui import console as make_console
 trace_app = typer.Typer(help="Generate, inspect, import and compare step traces.", no_args_is_help=True)
 
 
-class PresetName(str, Enum):
-    """Choices of --preset; a test checks they match `rlsim.presets.PRESETS` (kept apart so
-    `--help` does not import scipy)."""
-
-    dapo_qwen25_32b = "dapo-qwen2.5-32b"
-    reasoning_32k = "reasoning-32k"
+# Names of the shipped presets; a test checks they match `rlsim.presets.PRESETS` (kept apart so
+# `--help` does not import scipy).
+PRESET_NAMES = ("dapo-qwen2.5-32b", "reasoning-32k")
 
 
 class ImportFormat(str, Enum):
     auto = "auto"
     polytrace = "polytrace"
     verl = "verl"
+    slime = "slime"
 
 
 def _refuse_overwrite(out: Path, force: bool) -> None:
@@ -38,9 +36,9 @@ def _refuse_overwrite(out: Path, force: bool) -> None:
 def _fmt(v: object, metric: str = "") -> str:
     if v is None:
         return "-"
-    if metric in ("clip_ratio",):
+    if metric in ("clip_ratio", "clipped_group_share"):
         return f"{100 * v:.2f}%"
-    if metric in ("within_prompt_cv", "cross_epoch_spearman"):
+    if metric in ("within_prompt_cv", "cross_epoch_spearman", "prompt_share", "ks_distance"):
         return f"{v:.3f}"
     if isinstance(v, float):
         return f"{v:,.0f}"
@@ -92,7 +90,10 @@ def _print_stats(trace, path: Path, console: Console) -> None:  # noqa: ANN001
 @trace_app.command()
 def synth(
     out: Path = typer.Option(..., "--out", "-o", help="Output Parquet trace."),
-    preset: PresetName = typer.Option(PresetName.dapo_qwen25_32b, help="Length model preset."),
+    preset: str = typer.Option(
+        "dapo-qwen2.5-32b",
+        help=f"Length model: a shipped preset ({', '.join(PRESET_NAMES)}) or a JSON file from `rlsim trace fit`.",
+    ),
     prompts: Path | None = typer.Option(
         None,
         help="Prompt table (prompt_id, num_prompt_tokens[, prompt_text]) to draw prompts from.",
@@ -111,7 +112,7 @@ def synth(
         None, help="Raise the tail so at least this share of responses hit the cap (runaway responses)."
     ),
     length_scale: float = typer.Option(
-        1.0, help="Multiply response lengths and the preset's cap (a small real run on a CPU keeps the shape)."
+        1.0, help="Multiply response lengths and the preset's cap (below 1: a small real run on a CPU keeps the shape)."
     ),
     seed: int = typer.Option(0, help="Random seed; same seed, same bytes."),
     token_ids: bool = typer.Option(False, "--token-ids", help="Add synthetic output_token_ids."),
@@ -126,7 +127,7 @@ def synth(
 
     _refuse_overwrite(out, force)
     config = SynthConfig(
-        preset=preset.value,
+        preset=preset,
         num_prompts=num_prompts,
         samples_per_prompt=samples_per_prompt,
         epochs=epochs,
@@ -174,28 +175,79 @@ def inspect(
 
 @trace_app.command("import")
 def import_(
-    src: Path = typer.Argument(..., help="Directory of real rollout logs."),
+    src: Path = typer.Argument(..., help="Folder of real rollout logs (or a folder holding one run's folder)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output Parquet trace."),
     fmt: ImportFormat = typer.Option(ImportFormat.auto, "--format", help="Log format."),
-    tokenizer: Path | None = typer.Option(None, help="Local Hugging Face tokenizer (veRL dumps)."),
-    max_response_len: int = typer.Option(20480, help="The run's response cap."),
-    model: str = typer.Option("Qwen2.5-32B", help="Model name in the metadata."),
+    tokenizer: Path | None = typer.Option(None, help="Local Hugging Face tokenizer (veRL dumps hold text)."),
+    max_response_len: int | None = typer.Option(
+        None, help="The run's response cap (default: inferred from responses piled up at one maximum)."
+    ),
+    model: str | None = typer.Option(None, help="Model name in the metadata (default: from the logs or their path)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
-    """Convert real logs (PolyTrace/verl packed lengths, veRL rollout_data_dir) into a trace."""
-    from rlsim.importers import detect_format, import_polytrace, import_verl
+    """Convert real logs (PolyTrace packed lengths, veRL rollout_data_dir, slime rollout dumps) into a trace."""
+    from rlsim.importers import import_logs
     from rlsim.trace import save
 
     _refuse_overwrite(out, force)
-    if not src.is_dir():
-        raise RlsimError(f"{src} is not a directory of logs")
-    kind = detect_format(src) if fmt is ImportFormat.auto else fmt.value
-    if kind == "polytrace":
-        trace = import_polytrace(src, max_response_len, model)
+    imported = import_logs(src, fmt.value, max_response_len, model, tokenizer)
+    save(imported.trace, out)
+    console = make_console()
+    for note in imported.notes:
+        style = "yellow" if note.startswith("warning") else "dim"
+        console.print(f"[{style}]{note}[/]", highlight=False)
+    _print_stats(imported.trace, out, console)
+
+
+@trace_app.command()
+def fit(
+    src: Path = typer.Argument(..., help="A Parquet trace, or a folder of real logs (read as `trace import` does)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Preset JSON to write (use with `trace synth --preset`)."),
+    name: str | None = typer.Option(None, help="Preset name (default: the output file's stem)."),
+    max_response_len: int | None = typer.Option(None, help="The run's cap, for logs (default: inferred)."),
+    folds: int = typer.Option(
+        0, help="Check by K-fold cross-validation: each fold's prompts against a fit to the other folds (0: in-sample)."
+    ),
+    seed: int = typer.Option(0, help="Seed of the folds and of the check's synthetic draws."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+) -> None:
+    """Fit the length generator to your own log: body quantiles, clip mass, prompt share, growth."""
+    from rlsim.fit import fit_preset, save_preset
+    from rlsim.fit_check import check_fit, cross_validate
+    from rlsim.trace import load
+
+    _refuse_overwrite(out, force)
+    if folds == 1 or folds < 0:
+        raise RlsimError(f"--folds must be 0 (in-sample check) or at least 2, got {folds}")
+    if out.parent != Path("") and not out.parent.is_dir():
+        raise RlsimError(f"{out.parent}: no such directory for the preset file")
+    console = make_console()
+    if src.is_dir():
+        from rlsim.importers import import_logs
+
+        imported = import_logs(src, max_response_len=max_response_len)
+        trace = imported.trace
+        for note in imported.notes:
+            console.print(f"[dim]{note}[/]", highlight=False)
     else:
-        trace = import_verl(src, tokenizer, max_response_len, model)
-    save(trace, out)
-    _print_stats(trace, out, make_console())
+        trace = load(src)
+    name = name or out.name.removesuffix(".json").removesuffix(".preset")
+    with console.status("fitting"):
+        preset, notes = fit_preset(trace, name)
+        rows = cross_validate(trace, name, folds, seed) if folds else check_fit(preset, trace, seed)
+    save_preset(preset, out, notes)
+    for note in notes:
+        console.print(note, highlight=False)
+    what = f"the log, {folds}-fold cross-validated (each fold against a fit to the others)" if folds else (
+        "the log it was fitted to"
+    )
+    table = Table(title=f"Fitted generator vs {what}", title_justify="left")
+    for col in ("metric", "log", "fitted", "diff"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for r in rows:
+        table.add_row(r["metric"], _fmt(r["a"], r["metric"]), _fmt(r["b"], r["metric"]), r["diff"])
+    console.print(table)
+    console.print(f"preset written to {out}; generate with: rlsim trace synth --preset {out} -o my.parquet ...")
 
 
 @trace_app.command()
@@ -205,10 +257,10 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Length statistics of two traces side by side with relative differences (B vs A)."""
-    from rlsim.stats import compare_stats, trace_stats
+    from rlsim.stats import compare_traces
     from rlsim.trace import load
 
-    rows = compare_stats(trace_stats(load(a)), trace_stats(load(b)))
+    rows = compare_traces(load(a), load(b))
     if as_json:
         typer.echo(json.dumps({"a": str(a), "b": str(b), "rows": rows}, indent=2))
         return

@@ -62,6 +62,12 @@ class Preset:
     growth_mean: tuple[float, ...] = ()
     fitted_to: str = ""
     reward_model: tuple[float, float, float] | None = None  # (mu, tau, kappa); None: no rewards
+    # Hierarchical form (fitted presets where the prompt sets the length scale): z_knots and
+    # log_len_knots then map the prompt latent to the prompt's log centre, and a sample adds a
+    # residual Q_w(eps) whose knots depend on the centre's bin (edges in the latent's z).
+    resid_z_knots: tuple[float, ...] = ()
+    resid_log_knots: tuple[tuple[float, ...], ...] = ()
+    resid_bins: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.prompt_share <= 1.0:
@@ -72,15 +78,36 @@ class Preset:
             raise ValueError("z_knots and log_len_knots must have the same length >= 2")
         if np.any(np.diff(self.z_knots) <= 0) or np.any(np.diff(self.log_len_knots) < 0):
             raise ValueError("quantile knots must be increasing")
+        if self.resid_z_knots:
+            if len(self.resid_log_knots) != len(self.resid_bins) + 1:
+                raise ValueError("resid_log_knots needs one row per centre bin (len(resid_bins) + 1)")
+            if np.any(np.diff(self.resid_z_knots) <= 0) or np.any(np.diff(self.resid_bins) <= 0):
+                raise ValueError("residual knots and bin edges must be increasing")
+            for row in self.resid_log_knots:
+                if len(row) != len(self.resid_z_knots) or np.any(np.diff(row) < 0):
+                    raise ValueError("every residual knot row must be increasing and match resid_z_knots")
+
+    @property
+    def hierarchical(self) -> bool:
+        return bool(self.resid_z_knots)
 
     def log_length(self, z: np.ndarray) -> np.ndarray:
         """Q(z): log length for standard-normal latents, linear beyond the outer knots."""
-        zk, lk = np.asarray(self.z_knots), np.asarray(self.log_len_knots)
-        out = np.interp(z, zk, lk)
-        lo_slope = (lk[1] - lk[0]) / (zk[1] - zk[0])
-        hi_slope = (lk[-1] - lk[-2]) / (zk[-1] - zk[-2])
-        out = np.where(z < zk[0], lk[0] + (z - zk[0]) * lo_slope, out)
-        return np.where(z > zk[-1], lk[-1] + (z - zk[-1]) * hi_slope, out)
+        return quantile_curve(z, self.z_knots, self.log_len_knots)
+
+    def log_lengths(self, latent: np.ndarray, eps: np.ndarray) -> np.ndarray:
+        """Log lengths of samples (prompts x samples) from the prompt latents and the samples'
+        own standard-normal draws, in this preset's form (copula or hierarchical)."""
+        if not self.hierarchical:
+            share = self.prompt_share
+            return self.log_length(math.sqrt(share) * latent[:, None] + math.sqrt(1.0 - share) * eps)
+        centre = self.log_length(latent)
+        bins = np.digitize(latent, self.resid_bins)
+        out = np.empty(eps.shape)
+        for b, knots in enumerate(self.resid_log_knots):
+            rows = bins == b
+            out[rows] = centre[rows, None] + quantile_curve(eps[rows], self.resid_z_knots, knots)
+        return out
 
     def growth(self, step: float) -> float:
         """Mean-length multiplier at a training step, relative to step 0 (1.0 if no curve)."""
@@ -88,6 +115,16 @@ class Preset:
             return 1.0
         mean = np.interp(step, self.growth_steps, self.growth_mean)
         return float(mean / self.growth_mean[0])
+
+
+def quantile_curve(z: np.ndarray, z_knots: tuple[float, ...], values: tuple[float, ...]) -> np.ndarray:
+    """Piecewise-linear quantile function through the knots, linear beyond the outer ones."""
+    zk, lk = np.asarray(z_knots), np.asarray(values)
+    out = np.interp(z, zk, lk)
+    lo_slope = (lk[1] - lk[0]) / (zk[1] - zk[0])
+    hi_slope = (lk[-1] - lk[-2]) / (zk[-1] - zk[-2])
+    out = np.where(z < zk[0], lk[0] + (z - zk[0]) * lo_slope, out)
+    return np.where(z > zk[-1], lk[-1] + (z - zk[-1]) * hi_slope, out)
 
 
 def fit_quantile_knots(lengths: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -121,10 +158,7 @@ def fit_reward_model(
 
     rng = np.random.default_rng(seed)
     a, u = rng.standard_normal(draws), rng.standard_normal(draws)
-    z = math.sqrt(preset.prompt_share) * a[:, None] + math.sqrt(1 - preset.prompt_share) * rng.standard_normal(
-        (draws, n)
-    )
-    mean_log = preset.log_length(z).mean(axis=1)
+    mean_log = preset.log_lengths(a, rng.standard_normal((draws, n))).mean(axis=1)
     quartile = np.digitize(mean_log, np.quantile(mean_log, [0.25, 0.5, 0.75]))
     draw = rng.random((draws, n))
 

@@ -22,15 +22,23 @@ METRICS = (
     "num_samples",
     "mean_prompt_tokens",
     "mean",
+    "p10",
+    "p25",
     "p50",
+    "p75",
     "p90",
     "p99",
     "max",
     "clip_ratio",
+    "clipped_group_share",
     "within_prompt_cv",
+    "prompt_share",
     "cross_epoch_spearman",
 )
-COMPARED = ("mean", "p50", "p90", "p99", "max", "clip_ratio", "within_prompt_cv")
+COMPARED = (
+    "mean", "p10", "p25", "p50", "p75", "p90", "p99", "max", "clip_ratio", "clipped_group_share",
+    "within_prompt_cv", "prompt_share",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +50,17 @@ class LengthStats:
     num_samples: int
     mean_prompt_tokens: float
     mean: float
+    p10: float
+    p25: float
     p50: float
+    p75: float
     p90: float
     p99: float
     max: int
     clip_ratio: float
+    clipped_group_share: float  # groups (one prompt's visit) with at least one sample at the cap
     within_prompt_cv: float
+    prompt_share: float | None  # between-prompt share of the lengths' normal scores (rlsim.presets.fit_prompt_share)
     cross_epoch_spearman: float | None
 
 
@@ -77,21 +90,44 @@ def _length_stats(df: pd.DataFrame, max_len: int, epoch: int | None, prev_means:
         both = cur.index.intersection(prev_means.index)
         if len(both) >= 3:
             rho = float(sstats.spearmanr(cur.loc[both], prev_means.loc[both]).statistic)
-    p50, p90, p99 = np.percentile(out, [50, 90, 99])
+    p10, p25, p50, p75, p90, p99 = np.percentile(out, [10, 25, 50, 75, 90, 99])
+    at_cap = (df["finish_reason"].astype(str) == "length").to_numpy()
+    clipped_groups = pd.Series(at_cap, index=df.index).groupby([df["epoch"], df["prompt_id"]], sort=False).any()
     return LengthStats(
         epoch=epoch,
         num_prompts=int(df["prompt_id"].nunique()),
         num_samples=len(df),
         mean_prompt_tokens=float(df["num_prompt_tokens"].mean()),
         mean=float(out.mean()),
+        p10=float(p10),
+        p25=float(p25),
         p50=float(p50),
+        p75=float(p75),
         p90=float(p90),
         p99=float(p99),
         max=int(out.max()),
-        clip_ratio=float((df["finish_reason"].astype(str) == "length").mean()),
+        clip_ratio=float(at_cap.mean()),
+        clipped_group_share=float(clipped_groups.mean()),
         within_prompt_cv=cv,
+        prompt_share=_prompt_share(df),
         cross_epoch_spearman=rho,
     )
+
+
+def _prompt_share(df: pd.DataFrame) -> float | None:
+    """`fit_prompt_share` over the groups, on the samples every group has (None if undefined)."""
+    from rlsim.presets import fit_prompt_share
+
+    n = int(df.groupby(["epoch", "prompt_id"], sort=False).size().min())
+    kept = df[df["sample_idx"] < n].sort_values(["epoch", "prompt_id", "sample_idx"])
+    if n < 2 or len(kept) // n < 3 or len(kept) % n:
+        return None
+    return fit_prompt_share(kept["num_output_tokens"].to_numpy(float).reshape(-1, n))
+
+
+def ks_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov distance: the largest gap between the two empirical CDFs."""
+    return float(sstats.ks_2samp(np.asarray(a), np.asarray(b)).statistic)
 
 
 def trace_stats(trace: Trace) -> TraceStats:
@@ -120,8 +156,18 @@ def relative_diff(a: float | None, b: float | None) -> float | None:
     return (b - a) / a
 
 
-def compare_stats(a: TraceStats, b: TraceStats) -> list[dict]:
-    """Rows of (scope, metric, a, b, relative difference) for pooled and shared epochs."""
+def compare_traces(a: Trace, b: Trace) -> list[dict]:
+    """`compare_stats` of two traces plus the KS distance of their lengths per scope."""
+    la, lb = a.table, b.table
+    ks = {"all": ks_distance(la["num_output_tokens"], lb["num_output_tokens"])}
+    for e in set(a.epochs) & set(b.epochs):
+        ks[f"epoch {e}"] = ks_distance(a.visit(e)["num_output_tokens"], b.visit(e)["num_output_tokens"])
+    return compare_stats(trace_stats(a), trace_stats(b), ks)
+
+
+def compare_stats(a: TraceStats, b: TraceStats, ks: dict[str, float] | None = None) -> list[dict]:
+    """Rows of (scope, metric, a, b, relative difference) for pooled and shared epochs; `ks`
+    (scope -> KS distance, B against A) adds a `ks_distance` row per scope."""
     rows = []
     scopes = [("all", a.overall, b.overall)]
     b_by_epoch = {s.epoch: s for s in b.epochs}
@@ -131,6 +177,8 @@ def compare_stats(a: TraceStats, b: TraceStats) -> list[dict]:
         for m in metrics:
             va, vb = getattr(sa, m), getattr(sb, m)
             rows.append({"scope": scope, "metric": m, "a": va, "b": vb, "rel_diff": relative_diff(va, vb)})
+        if ks and scope in ks:
+            rows.append({"scope": scope, "metric": "ks_distance", "a": None, "b": ks[scope], "rel_diff": None})
     return rows
 
 

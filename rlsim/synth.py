@@ -13,7 +13,7 @@ table, and `rlsim.trace.save` then writes the same bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +50,11 @@ class SynthConfig:
     model: str | None = None
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise RlsimError(f"unknown preset {self.preset!r}; choose one of {', '.join(sorted(PRESETS))}")
+        if self.preset not in PRESETS and not str(self.preset).endswith(".json"):
+            raise RlsimError(
+                f"unknown preset {self.preset!r}; choose one of {', '.join(sorted(PRESETS))} "
+                "or a preset JSON file written by `rlsim trace fit`"
+            )
         for name in ("samples_per_prompt", "epochs", "prompts_per_step", "vocab_size"):
             if getattr(self, name) <= 0:
                 raise RlsimError(f"{name} must be positive, got {getattr(self, name)}")
@@ -65,8 +68,8 @@ class SynthConfig:
             raise RlsimError(f"prompt_share must be between 0 and 1, got {self.prompt_share}")
         if self.clip_ratio is not None and not 0.0 < self.clip_ratio < 0.5:
             raise RlsimError(f"clip_ratio must be between 0 and 0.5, got {self.clip_ratio}")
-        if not 0.0 < self.length_scale <= 1.0:
-            raise RlsimError(f"length_scale must be in (0, 1], got {self.length_scale}")
+        if not (math.isfinite(self.length_scale) and self.length_scale > 0.0):
+            raise RlsimError(f"length_scale must be positive, got {self.length_scale}")
         if self.start_step < 0:
             raise RlsimError(f"start_step must be >= 0, got {self.start_step}")
         if not 0.0 <= self.reuse_fraction <= 1.0:
@@ -128,9 +131,29 @@ def stretch_tail(preset: Preset, z: np.ndarray, clip_ratio: float, log_cap: floa
     return np.where(z > z_a, np.maximum(log_len, stretched), log_len)
 
 
-def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trace:
-    """Generate a trace; `prompts` (see `load_prompts`) fixes prompt ids, lengths and text."""
-    preset = PRESETS[config.preset]
+def resolve_preset(name: str) -> Preset:
+    """A shipped preset by name, or a preset JSON file written by `rlsim trace fit`."""
+    if name in PRESETS:
+        return PRESETS[name]
+    from rlsim.fit import load_preset
+
+    return load_preset(Path(name))
+
+
+def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None, preset: Preset | None = None) -> Trace:
+    """Generate a trace; `prompts` (see `load_prompts`) fixes prompt ids, lengths and text;
+    `preset` (a fitted one in memory) replaces `config.preset`."""
+    preset = preset or resolve_preset(config.preset)
+    if preset.hierarchical and (config.clip_ratio is not None or config.prompt_share is not None):
+        raise RlsimError(
+            f"preset {preset.name} is fitted to a log in the hierarchical form, which carries the log's own clip "
+            "mass and prompt share: --clip-ratio and --prompt-share apply to the shipped presets"
+        )
+    if config.start_step and not preset.growth_steps:
+        raise RlsimError(
+            f"preset {preset.name} has no growth curve over training steps, so --start-step cannot change "
+            "its lengths; leave it at 0"
+        )
     rng = np.random.default_rng(config.seed)
     scale = config.length_scale
     max_len = config.max_response_len or max(1, round(preset.max_response_len * scale))
@@ -167,7 +190,8 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None) -> Trac
         eps = rng.standard_normal((n_p, n_s))
         z = math.sqrt(share) * latent[:, None] + math.sqrt(1.0 - share) * eps
         if config.clip_ratio is None:
-            log_len = preset.log_length(z)
+            shaped = preset if share == preset.prompt_share else replace(preset, prompt_share=share)
+            log_len = shaped.log_lengths(latent, eps)
         else:
             log_len = stretch_tail(preset, z, config.clip_ratio, math.log(max_len / growth[e] / scale))
         raw = np.exp(log_len) * growth[e] * scale
