@@ -47,10 +47,14 @@ REWARD_LATENCY = typer.Option(
     0.05, "--reward-latency", help="Seconds to score one sample (a trace's reward_time_s column overrides it)."
 )
 USE_KL_LOSS = typer.Option(False, "--use-kl-loss", help="KL term on: a reference model scores every batch.")
-PROMPTS_PER_STEP = typer.Option(512, help="P0: prompts per step.")
-SAMPLES_PER_PROMPT = typer.Option(16, help="R0: samples per prompt (GRPO group).")
-MAX_RESPONSE_LEN = typer.Option(20480, help="Response cap in tokens.")
-EPOCHS = typer.Option(2, help="Epochs over the trace's prompts.")
+PROMPTS_PER_STEP = typer.Option(
+    None, help="P0: prompts per step (default: a real log's own, else 512 or all the trace's prompts if fewer)."
+)
+SAMPLES_PER_PROMPT = typer.Option(
+    None, help="R0: samples per prompt, the GRPO group (default: a real log's own, else 16 or the trace's if fewer)."
+)
+MAX_RESPONSE_LEN = typer.Option(None, help="Response cap in tokens (default: the trace's).")
+EPOCHS = typer.Option(None, help="Epochs over the trace's prompts (default: every epoch the trace holds).")
 MAX_STEPS = typer.Option(None, help="Stop after this many steps.")
 SEED = typer.Option(0, help="Seed of the data order.")
 
@@ -85,7 +89,7 @@ def _load(trace: Path | None, policies: list[str] = ()):  # noqa: ANN202
     from rlsim.trace import load
 
     path = trace or default_trace()
-    want = ["reward_time_s"]
+    want = ["reward_time_s", "step"]
     if any("histospec" in p for p in policies):
         want.append("output_token_ids")
     if any("dynamic_sampling" in p for p in policies):
@@ -95,6 +99,26 @@ def _load(trace: Path | None, policies: list[str] = ()):  # noqa: ANN202
     except Exception:  # noqa: BLE001 - load() below names what is wrong with the file
         names = []
     return load(path, columns=[c for c in want if c in names])
+
+
+def from_trace(opts: dict, trace) -> dict:  # noqa: ANN001
+    """Fill the RL options left unset (None) from the trace: its epochs, its cap, and for a real
+    log its own group size and prompts per step (a synthetic trace may hold spare samples, as the
+    bundled one does for RollPacker's over-provisioning, so its R0 stays DAPO's 16)."""
+    meta, opts = trace.meta, dict(opts)
+    real = meta.source.startswith("real:")
+    per_epoch = int(trace.table.loc[trace.table["epoch"] == trace.epochs[0], "prompt_id"].nunique())
+    logged = meta.source_params.get("prompts_per_step") if real else None
+    defaults = {
+        "epochs": len(trace.epochs),
+        "max_response_len": meta.max_response_len,
+        "samples_per_prompt": meta.samples_per_prompt if real else min(16, meta.samples_per_prompt),
+        "prompts_per_step": int(logged) if logged else min(512, per_epoch),
+    }
+    for key, value in defaults.items():
+        if opts.get(key) is None:
+            opts[key] = value
+    return opts
 
 
 def _check_len(trace, max_len: int) -> None:  # noqa: ANN001
@@ -149,10 +173,10 @@ def register(app: typer.Typer) -> None:
         placement: str = PLACEMENT,
         train_gpus: int = TRAIN_GPUS,
         dispatch: str = DISPATCH,
-        prompts_per_step: int = PROMPTS_PER_STEP,
-        samples_per_prompt: int = SAMPLES_PER_PROMPT,
-        max_response_len: int = MAX_RESPONSE_LEN,
-        epochs: int = EPOCHS,
+        prompts_per_step: int | None = PROMPTS_PER_STEP,
+        samples_per_prompt: int | None = SAMPLES_PER_PROMPT,
+        max_response_len: int | None = MAX_RESPONSE_LEN,
+        epochs: int | None = EPOCHS,
         max_steps: int | None = MAX_STEPS,
         seed: int = SEED,
         gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
@@ -173,9 +197,10 @@ def register(app: typer.Typer) -> None:
 
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
-        cluster, rl, engine = _configs(locals())
         tr = _load(trace, [policy])
-        _check_len(tr, max_response_len)
+        opts = from_trace(locals(), tr)
+        cluster, rl, engine = _configs(opts)
+        _check_len(tr, rl.max_response_len)
         prog, cb = _progress(_expected_steps(tr, rl), f"simulating {policy}")
         with prog:
             result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine)
@@ -195,10 +220,10 @@ def register(app: typer.Typer) -> None:
         placement: str = PLACEMENT,
         train_gpus: int = TRAIN_GPUS,
         dispatch: str = DISPATCH,
-        prompts_per_step: int = PROMPTS_PER_STEP,
-        samples_per_prompt: int = SAMPLES_PER_PROMPT,
-        max_response_len: int = MAX_RESPONSE_LEN,
-        epochs: int = EPOCHS,
+        prompts_per_step: int | None = PROMPTS_PER_STEP,
+        samples_per_prompt: int | None = SAMPLES_PER_PROMPT,
+        max_response_len: int | None = MAX_RESPONSE_LEN,
+        epochs: int | None = EPOCHS,
         max_steps: int | None = MAX_STEPS,
         seed: int = SEED,
         gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
@@ -220,9 +245,9 @@ def register(app: typer.Typer) -> None:
         from rlsim.report import plot_compare
 
         names = _split_policies(policies) or list(COMPARE_DEFAULT)
-        cluster, rl, engine = _configs(locals())
         tr = _load(trace, names)
-        _check_len(tr, max_response_len)
+        cluster, rl, engine = _configs(from_trace(locals(), tr))
+        _check_len(tr, rl.max_response_len)
         prog = Progress(
             TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
             TextColumn("{task.description}"), TimeElapsedColumn(), console=make_console(), transient=True,
@@ -276,6 +301,9 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         "length bias",
         "order bias",
     ]
+    reused = any(r.get("reused_samples") for r in rows)
+    if reused:  # RollPacker launching R0 x eta_r samples past what the trace holds
+        cols.append("reused")
     for c in cols:
         table.add_column(c, justify="left" if c == "policy" else "right", no_wrap=True)
     for r in rows:
@@ -291,6 +319,7 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
             f"{r['staleness_max']:.0f}/{r['staleness_mean']:.2f}",
             f"{r['trained_length_bias']:.2f}",
             "{:.2f}-{:.2f}".format(*r["length_order_bias_range"]),
+            *([f"{r.get('reused_samples') or 0:,}"] if reused else []),
         )
     table.caption = (
         "speedup: total time of sync / this policy; rollout: gen time / step time; bubble: idle "
@@ -301,4 +330,9 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         "length / epoch mean, min-max over steps; oracle: knows every "
         "length in advance, a lower bound for synchronous steps, not a real system"
     )
+    if reused:
+        table.caption += (
+            f"; reused: samples launched past the trace's {trace.meta.samples_per_prompt} per prompt, which "
+            "replay the trace's samples again (their lengths are not new draws)"
+        )
     make_console().print(table)

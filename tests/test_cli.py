@@ -93,12 +93,12 @@ def test_synth_rejects_bad_knobs(tmp_path: Path) -> None:
 
 
 def test_bundled_trace_is_the_documented_workload() -> None:
-    """traces/math17k.parquet: all 17,917 DAPO-Math-17k prompts x 20 samples x 3 epochs
+    """traces/math17k.parquet: all 17,917 DAPO-Math-17k prompts x 20 samples x 2 epochs
     (20 = 1.25 x R0 for RollPacker's response speculation at R0 = 16)."""
     path = default_trace()
     assert path.stat().st_size < 20 * 2**20
     trace = load(path)
-    assert trace.num_prompts == 17917 and trace.epochs == [0, 1, 2]
+    assert trace.num_prompts == 17917 and trace.epochs == [0, 1]
     assert trace.meta.samples_per_prompt == 20 and trace.meta.max_response_len == 20480
     assert len(trace.visit(0)) == 358_340
     assert trace.table.prompt_id.min() == 0 and trace.table.prompt_id.max() == 17916
@@ -116,7 +116,7 @@ def test_bundled_trace_regenerates_byte_for_byte(tmp_path: Path) -> None:
         "--samples-per-prompt",
         "20",
         "--epochs",
-        "3",
+        "2",
         "--seed",
         "0",
         "-o",
