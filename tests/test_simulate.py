@@ -203,7 +203,7 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
             "the trace holds only 4 samples per prompt",
         ),
         "fewer prompts than a step": (
-            ["compare", "--trace", path, "--samples-per-prompt", "4"],
+            ["compare", "--trace", path, "--samples-per-prompt", "4", "--prompts-per-step", "512"],
             "fewer than one step",
         ),
         "unknown profile": (["compare", *common, "--profile", "nope"], "unknown profile 'nope'"),
