@@ -52,12 +52,14 @@ def _root(
 def _register() -> None:
     from rlsim.cli_calibrate import calibrate_app
     from rlsim.cli_plan import register as register_plan
+    from rlsim.cli_profile import profile_app
     from rlsim.cli_real import register as register_real
     from rlsim.cli_sim import register
     from rlsim.cli_trace import trace_app
 
     app.add_typer(trace_app, name="trace")
     app.add_typer(calibrate_app, name="calibrate")
+    app.add_typer(profile_app, name="profile")
     register(app)
     register_real(app)
     register_plan(app)

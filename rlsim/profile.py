@@ -17,6 +17,7 @@ rejects a malformed one with one sentence.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -161,6 +162,14 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     for name in ("model_facts", "gpu_facts"):
         if not isinstance(raw.get(name, {}), dict):
             raise RlsimError(f"{where}: field '{name}' must be an object")
+        for key, value in raw.get(name, {}).items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if number and not (math.isfinite(value) and value >= 0):
+                raise RlsimError(f"{where}: field '{name}.{key}' must be a finite number >= 0, got {value}")
+    bad = [k for k, v in kwargs.items() if isinstance(v, float) and not math.isfinite(v)]
+    bad += [f"train.{f.name}" for f in fields(cost) if not math.isfinite(getattr(cost, f.name))]
+    if bad:
+        raise RlsimError(f"{where}: field '{bad[0]}' must be a finite number")
     return Profile(
         train=cost,
         spec=raw.get("spec", {}),

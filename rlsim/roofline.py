@@ -1,0 +1,70 @@
+"""The memory roofline of a decode iteration, to hold a GPU profile against physics.
+
+A decode iteration reads every weight once and every running sequence's KV cache once. Per
+tensor-parallel rank (each rank reads its shard, all ranks in parallel):
+
+    bytes = weight_bytes / TP + batch x context x kv_bytes_per_token / TP
+    time >= bytes / HBM bandwidth
+
+with `weight_bytes = num_params x dtype_bytes` and `kv_bytes_per_token = 2 (K and V) x layers x
+kv_heads x head_dim x dtype_bytes`, from the profile's `model_facts`, and the bandwidth from its
+`gpu_facts.hbm_bytes_per_s` (H100/H800 SXM 3.35 TB/s, H200 4.8 TB/s). A profile whose iteration
+is faster than this bound is impossible; real engines reach about 50-70% of it (the slime fit of
+DeepSeek-R1-Distill-Llama-8B on an H200-class GPU: 49-67%). The roofline fraction reported here
+is `bound / profile time`: 1.0 would be a GPU doing nothing but streaming memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlsim.profile import Profile
+
+BATCHES = (32, 64, 128, 256)
+CONTEXTS = (1024, 4096, 8192, 16384)
+
+
+def kv_bytes_per_token(facts: dict) -> float:
+    """K and V of one token over all layers (the whole model, before tensor parallelism)."""
+    return 2.0 * facts["num_layers"] * facts["num_kv_heads"] * facts["head_dim"] * facts["dtype_bytes"]
+
+
+def has_roofline(profile: Profile) -> bool:
+    """Whether the profile states what the bound needs (GPU profiles do; CPU ones need not)."""
+    need = ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes")
+    return all(k in profile.model_facts for k in need) and "hbm_bytes_per_s" in profile.gpu_facts
+
+
+def roofline_s(profile: Profile, batch: int, context: int) -> float:
+    """Lower bound on one decode iteration of `batch` sequences of `context` tokens each."""
+    facts, tp = profile.model_facts, profile.tensor_parallel_size
+    weights = facts["num_params"] * facts["dtype_bytes"] / tp
+    kv = batch * context * kv_bytes_per_token(facts) / tp
+    return (weights + kv) / profile.gpu_facts["hbm_bytes_per_s"]
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One (batch, context) point of a profile's decode grid."""
+
+    batch: int
+    context: int
+    iteration_s: float
+    tokens_per_s: float
+    roofline_s: float
+    roofline_fraction: float
+    kv_fits: bool  # batch x context within the KV capacity and batch within max_num_seqs
+
+
+def cell(profile: Profile, batch: int, context: int) -> Cell:
+    """The profile's steady decode iteration at (batch, context) against the roofline."""
+    t = profile.iteration_s(batch, batch * context, batch)
+    bound = roofline_s(profile, batch, context)
+    fits = batch * context <= profile.kv_capacity_tokens and batch <= profile.max_num_seqs
+    return Cell(batch, context, t, batch / t, bound, bound / t if t > 0 else math.inf, fits)
+
+
+def grid(profile: Profile, batches=BATCHES, contexts=CONTEXTS) -> list[Cell]:  # noqa: ANN001
+    """Cells over batch x context (the README's grid by default)."""
+    return [cell(profile, b, c) for b in batches for c in contexts]
