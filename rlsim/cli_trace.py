@@ -182,7 +182,9 @@ def import_(
     max_response_len: int | None = typer.Option(
         None, help="The run's response cap (default: inferred from responses piled up at one maximum)."
     ),
-    model: str | None = typer.Option(None, help="Model name in the metadata (default: from the logs or their path)."),
+    model: str | None = typer.Option(
+        None, help="Model name in the metadata (default: one named in the log's path, else unknown)."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Convert real logs (PolyTrace packed lengths, veRL rollout_data_dir, slime rollout dumps) into a trace."""

@@ -1,7 +1,8 @@
 """Fit the length generator to a user's own log or trace (`rlsim trace fit`).
 
-The result is a `Preset` (the Gaussian copula of `rlsim.presets`) saved as JSON, which
-`rlsim trace synth --preset my.preset.json` generates from at any scale. What is fitted:
+The result is a `Preset` (`rlsim.presets`: the shipped copula form or the hierarchical one,
+whichever reproduces the log better) saved as JSON, which `rlsim trace synth --preset
+my.preset.json` generates from at any scale. What is fitted:
 
 - the **length body**: log-length quantile knots at `FIT_LEVELS` (dense, so the body's shape,
   not a parametric guess, is what is reproduced);
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, asdict, fields
+from dataclasses import MISSING, asdict, fields, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from scipy import special
 
 from rlsim.errors import RlsimError
@@ -49,6 +51,7 @@ FIT_LEVELS = (
 )
 PRESET_FORMAT = "rlsim.preset/1"
 DEFAULT_RHO = 0.9
+MIN_RECURRING = 10  # prompts seen on consecutive visits needed to fit rho
 
 
 def _normal_scores(x: np.ndarray) -> np.ndarray:
@@ -58,14 +61,16 @@ def _normal_scores(x: np.ndarray) -> np.ndarray:
     return special.ndtri((ranks - 0.5) / ranks.size).reshape(x.shape)
 
 
-def _groups(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(lengths as visits x samples, prompt tokens per visit, epoch per visit, prompt per visit)."""
+def _groups(trace: Trace) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(the rows, sorted, first R of every group; lengths as visits x samples; prompt tokens,
+    epoch and prompt per visit)."""
     df = trace.table.sort_values(["epoch", "prompt_id", "sample_idx"])
     n = trace.meta.samples_per_prompt
     df = df[df["sample_idx"] < n]
     lengths = df["num_output_tokens"].to_numpy(np.int64).reshape(-1, n)
     first = df.iloc[::n]
     return (
+        df,
         lengths,
         first["num_prompt_tokens"].to_numpy(np.int64),
         first["epoch"].to_numpy(),
@@ -115,15 +120,14 @@ def fit_preset(trace: Trace, name: str) -> tuple[Preset, list[str]]:
     from rlsim.fit_check import check_fit
 
     notes: list[str] = []
-    lengths, prompt_tokens, epochs, prompt_ids = _groups(trace)
+    table, lengths, prompt_tokens, epochs, prompt_ids = _groups(trace)
     cap = trace.meta.max_response_len
     if lengths.size < 40 or len(lengths) < 5:
         raise RlsimError(f"{lengths.size} responses in {len(lengths)} groups are too few to fit a length model")
     slope, growth_steps, growth_mean = _growth(trace, notes)
     shift = 0.0
     if growth_steps:  # describe the first step: undo the trend from each response's own step
-        df = trace.table.sort_values(["epoch", "prompt_id", "sample_idx"])
-        step = df.loc[df["sample_idx"] < lengths.shape[1], "step"].to_numpy(float).reshape(lengths.shape)
+        step = table["step"].to_numpy(float).reshape(lengths.shape)
         shift = slope * (step - step.min())
     logs = np.log(lengths.astype(float)) - shift
     clipped = lengths >= cap
@@ -146,7 +150,7 @@ def fit_preset(trace: Trace, name: str) -> tuple[Preset, list[str]]:
     )
     z_prompt = _normal_scores(log_p)
     candidates = {
-        "copula": _copula(logs, clipped, cap, share, z_prompt, epochs, prompt_ids, common, notes),
+        "copula": _copula(logs, clipped, cap, share, z_prompt, epochs, prompt_ids, common),
         "hierarchical": _calibrated_hierarchical(trace, logs, clipped, cap, z_prompt, epochs, prompt_ids, common),
     }
     scores = {}
@@ -162,8 +166,14 @@ def fit_preset(trace: Trace, name: str) -> tuple[Preset, list[str]]:
         + "; KS plus the gaps in within-prompt CV, clipped groups and prompt share)"
     )
     preset = candidates[form]
-    if "reward" in trace.table.columns:
-        preset = _with_rewards(trace, preset, lengths, notes)
+    recurring = _consecutive_visits(epochs, prompt_ids)
+    notes.append(
+        f"rho {preset.rho:.3f} from {recurring:,} prompts seen on consecutive visits"
+        if recurring >= MIN_RECURRING
+        else f"rho: no prompt is seen on two visits, so rho is the presets' {DEFAULT_RHO}"
+    )
+    if "reward" in table.columns:
+        preset = _with_rewards(table, preset, lengths, notes)
     return preset, notes
 
 
@@ -173,7 +183,7 @@ def _knots(values: np.ndarray, levels: tuple[float, ...], top: float, n: int) ->
     return [float(special.ndtri(q)) for q in kept], [float(np.quantile(values, q)) for q in kept]
 
 
-def _copula(logs, clipped, cap, share, z_prompt, epochs, prompt_ids, common, notes) -> Preset:  # noqa: ANN001
+def _copula(logs, clipped, cap, share, z_prompt, epochs, prompt_ids, common) -> Preset:  # noqa: ANN001
     """The shipped presets' form: one quantile function of a latent shared within a prompt."""
     clip = float(clipped.mean())
     body = np.where(clipped, np.inf, logs)  # censored at the cap: above every body value
@@ -189,7 +199,7 @@ def _copula(logs, clipped, cap, share, z_prompt, epochs, prompt_ids, common, not
     corr = float(np.corrcoef(z_prompt, latent_hat)[0, 1])
     corr = float(np.clip(corr * reliability, -0.99, 0.99)) if np.isfinite(corr) else 0.0
     scale = (share + (1 - share) / n) / share if share > 0 else 0.0
-    rho = _fit_rho(latent_hat, epochs, prompt_ids, scale, notes)
+    rho = _fit_rho(latent_hat, epochs, prompt_ids, scale)
     return Preset(
         **common,
         rho=rho,
@@ -242,7 +252,7 @@ def _hierarchical(logs, clipped, cap, z_prompt, epochs, prompt_ids, common, exce
         rows.append(tuple(round(v, 5) for v in np.maximum.accumulate(np.quantile(r, RESID_LEVELS))))
     latent_hat = _normal_scores(centre)
     corr = float(np.corrcoef(z_prompt, latent_hat)[0, 1])
-    rho = _fit_rho(latent_hat, epochs, prompt_ids, 1.0, [])
+    rho = _fit_rho(latent_hat, epochs, prompt_ids, 1.0)
     return Preset(
         **common,
         rho=rho,
@@ -255,36 +265,36 @@ def _hierarchical(logs, clipped, cap, z_prompt, epochs, prompt_ids, common, exce
     )
 
 
-def _fit_rho(
-    latent_hat: np.ndarray, epochs: np.ndarray, prompt_ids: np.ndarray, scale: float, notes: list[str]
-) -> float:
+def _consecutive_visits(epochs: np.ndarray, prompt_ids: np.ndarray) -> int:
+    """How many visits follow the same prompt's visit in the previous epoch."""
+    seen = set(zip(epochs.tolist(), prompt_ids.tolist(), strict=True))
+    return sum((e - 1, p) in seen for e, p in seen)
+
+
+def _fit_rho(latent_hat: np.ndarray, epochs: np.ndarray, prompt_ids: np.ndarray, scale: float) -> float:
     """Carry-over of a prompt's latent from one visit to the next: the correlation of its
     estimates on consecutive visits times `scale` (undoing the noise of an n-sample estimate);
-    the presets' 0.9 where no prompt is seen twice."""
+    the presets' 0.9 where fewer than `MIN_RECURRING` prompts are seen twice."""
     by_visit = {(int(e), int(p)): v for e, p, v in zip(epochs, prompt_ids, latent_hat, strict=True)}
     pairs = [(by_visit[(e - 1, p)], v) for (e, p), v in by_visit.items() if (e - 1, p) in by_visit]
-    if len(pairs) < 10 or scale <= 0:
-        notes.append(f"rho: no prompt is seen on two visits, so rho is the presets' {DEFAULT_RHO}")
+    if len(pairs) < MIN_RECURRING or scale <= 0:
         return DEFAULT_RHO
     a, b = np.array(pairs).T
-    rho = float(np.clip(float(np.corrcoef(a, b)[0, 1]) * scale, 0.0, 1.0))
-    notes.append(f"rho {rho:.3f} from {len(pairs):,} prompts seen on consecutive visits")
-    return round(rho, 4)
+    return round(float(np.clip(float(np.corrcoef(a, b)[0, 1]) * scale, 0.0, 1.0)), 4)
 
 
-def _with_rewards(trace: Trace, preset: Preset, lengths: np.ndarray, notes: list[str]) -> Preset:
+def _with_rewards(rows: pd.DataFrame, preset: Preset, lengths: np.ndarray, notes: list[str]) -> Preset:
     """Fit the reward model to which groups have mixed rewards, by quartile of mean log length."""
     from rlsim.presets import fit_reward_model
 
-    df = trace.table.sort_values(["epoch", "prompt_id", "sample_idx"])
-    rewards = df.loc[df["sample_idx"] < lengths.shape[1], "reward"].to_numpy(float).reshape(lengths.shape)
+    rewards = rows["reward"].to_numpy(float).reshape(lengths.shape)
     kept = ~(rewards == rewards[:, :1]).all(axis=1)
     mean_log = np.log(lengths.astype(float)).mean(axis=1)
     quartile = np.digitize(mean_log, np.quantile(mean_log, [0.25, 0.5, 0.75]))
     by_q = np.array([kept[quartile == i].mean() if (quartile == i).any() else kept.mean() for i in range(4)])
     model = fit_reward_model(preset, by_q, lengths.shape[1], draws=50_000)
     notes.append(f"rewards: {kept.mean():.1%} of groups have mixed rewards; reward model (mu, tau, kappa) = {model}")
-    return Preset(**{**{f.name: getattr(preset, f.name) for f in fields(Preset)}, "reward_model": model})
+    return replace(preset, reward_model=model)
 
 
 def save_preset(preset: Preset, path: Path, notes: list[str]) -> Path:
@@ -312,9 +322,10 @@ def load_preset(path: Path) -> Preset:
     missing = [f.name for f in fields(Preset) if f.default is MISSING and f.name not in raw]
     try:
         values = {k: v for k, v in raw.items() if k in names}
-        for key in ("z_knots", "log_len_knots", "growth_steps", "growth_mean", "reward_model"):
+        for key in ("z_knots", "log_len_knots", "growth_steps", "growth_mean", "reward_model", "resid_z_knots",
+                    "resid_bins", "resid_log_knots"):  # fmt: skip
             if isinstance(values.get(key), list):
-                values[key] = tuple(values[key])
+                values[key] = tuple(tuple(v) if isinstance(v, list) else v for v in values[key])
         return Preset(**values)
     except (TypeError, ValueError) as exc:
         raise RlsimError(f"{path}: invalid preset ({exc}{'; missing ' + missing[0] if missing else ''})") from None

@@ -79,9 +79,8 @@ def read_polytrace(src: Path) -> RawLog:
         missing = sum(k not in per_sample for k in keys)
         if missing:
             notes.append(f"warning: {missing:,} responses have no reward timing; they use the run's reward latency")
-        df["reward_time_s"] = [per_sample.get(k, np.nan) for k in keys]
-        if missing:
-            df = df.drop(columns="reward_time_s")
+        else:
+            df["reward_time_s"] = [per_sample[k] for k in keys]
         params["reward_timings"] = batches
         secs = [b["reward_time_s"] for b in batches]
         notes.append(

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from rlsim.errors import RlsimError
-from rlsim.importers import RawLog, step_of
+from rlsim.importers import PromptVisits, RawLog, step_of
 
 
 def _files(src: Path) -> list[Path]:
@@ -60,9 +60,7 @@ def read_slime(src: Path) -> RawLog:
     files = _files(src)
     if not files:
         raise RlsimError(f"{src} has no slime {{rollout_id}}.pt dumps")
-    ids_of: dict[str, int] = {}
-    visits: dict[int, int] = {}
-    last_step: dict[int, int] = {}
+    visit_of = PromptVisits()
     records = []
     aborted = 0
     for path in files:
@@ -80,10 +78,7 @@ def read_slime(src: Path) -> RawLog:
             members.sort(key=lambda s: (s.get("index") is None, s.get("index") or 0))
             prompt = members[0].get("prompt", "")
             key = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
-            pid = ids_of.setdefault(key, len(ids_of))
-            if last_step.get(pid) != step:
-                visits[pid] = visits.get(pid, -1) + 1
-                last_step[pid] = step
+            pid, epoch = visit_of(key, step)
             for s, sample in enumerate(members):
                 tokens, length = list(sample["tokens"]), int(sample["response_length"])
                 if length <= 0 or length >= len(tokens):
@@ -92,7 +87,7 @@ def read_slime(src: Path) -> RawLog:
                     )
                 records.append(
                     (
-                        step, visits[pid], pid, s, len(tokens) - length, length,
+                        step, epoch, pid, s, len(tokens) - length, length,
                         np.asarray(tokens[-length:], dtype=np.int32), key,
                         sample.get("status") == "truncated", _reward(sample.get("reward")),
                     )

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from rlsim.errors import RlsimError
-from rlsim.importers import RawLog, read_jsonl, step_of
+from rlsim.importers import PromptVisits, RawLog, read_jsonl, step_of
 
 
 def _load_tokenizer(path: Path | None):  # noqa: ANN202 - a tokenizers.Tokenizer
@@ -56,17 +56,11 @@ def read_verl(src: Path, tokenizer: Path | None, max_response_len: int | None) -
     cut to it (the text was decoded from at most that many tokens, up to tokenizer round trips)."""
     rows = _read_rows(src)  # the format is checked before a tokenizer is asked for
     tok = _load_tokenizer(tokenizer)
-    ids_of: dict[str, int] = {}
-    visits: dict[int, int] = {}
-    last_step: dict[int, int] = {}
+    visit_of = PromptVisits()
     sample_counter: dict[tuple[int, int], int] = {}
     records = []
     for step, text_in, text_out, score in sorted(rows, key=lambda r: r[0]):
-        pid = ids_of.setdefault(text_in, len(ids_of))
-        if last_step.get(pid) != step:
-            visits[pid] = visits.get(pid, -1) + 1
-            last_step[pid] = step
-        epoch = visits[pid]
+        pid, epoch = visit_of(text_in, step)
         s = sample_counter.get((epoch, pid), 0)
         sample_counter[(epoch, pid)] = s + 1
         records.append((step, epoch, pid, s, text_in, text_out, score))

@@ -51,8 +51,25 @@ class RawLog:
     source: str
     params: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    model: str | None = None
     token_ids: str | None = None
+
+
+class PromptVisits:
+    """Prompt identity and visit index from a prompt's text, for logs that carry text but no ids:
+    a new text is a new prompt; the same text at a later step is that prompt's next visit (epoch)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.visit: dict[int, int] = {}
+        self.last_step: dict[int, int] = {}
+
+    def __call__(self, text: str, step: int) -> tuple[int, int]:
+        """(prompt_id, epoch) of `text` seen at `step` (steps must come in order)."""
+        pid = self.ids.setdefault(text, len(self.ids))
+        if self.last_step.get(pid) != step:
+            self.visit[pid] = self.visit.get(pid, -1) + 1
+            self.last_step[pid] = step
+        return pid, self.visit[pid]
 
 
 @dataclass(frozen=True)
@@ -192,12 +209,11 @@ def infer_cap(lengths: np.ndarray, given: int | None, truncated: np.ndarray | No
     ]
 
 
-def infer_model(src: Path, given: str | None, from_log: str | None) -> tuple[str, list[str]]:
-    """The model name: given, in the log's metadata, in its path, or "unknown"."""
+def infer_model(src: Path, given: str | None) -> tuple[str, list[str]]:
+    """The model name: given, else a model name in the log's path, else "unknown" (none of the
+    supported formats records the model)."""
     if given:
         return given, []
-    if from_log:
-        return from_log, [f"model {from_log} from the logs' metadata"]
     for part in reversed(src.resolve().parts):
         match = MODEL_PATTERN.search(part)
         if match:
@@ -226,7 +242,7 @@ def to_trace(raw: RawLog, src: Path, max_response_len: int | None, model: str | 
             f"({int((~keep).sum()):,} dropped)"
         )
         df = df[keep.to_numpy()].reset_index(drop=True)
-    name, model_notes = infer_model(src, model, raw.model)
+    name, model_notes = infer_model(src, model)
     notes += model_notes
     steps = np.sort(df["step"].unique())
     per_step = df[df["epoch"] == df["epoch"].min()].groupby("step")["prompt_id"].nunique()

@@ -181,6 +181,7 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None, preset:
     latent = c * z_prompt + math.sqrt(1.0 - c * c) * rng.standard_normal(n_p)
     growth = epoch_growth(preset, n_p, config.prompts_per_step, n_e, config.start_step)
     share = preset.prompt_share if config.prompt_share is None else config.prompt_share
+    shaped = preset if share == preset.prompt_share else replace(preset, prompt_share=share)
     lengths = np.empty((n_e, n_p, n_s), dtype=np.int64)
     latents = []
     for e in range(n_e):
@@ -188,11 +189,10 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None, preset:
             latent = rho * latent + math.sqrt(1.0 - rho * rho) * rng.standard_normal(n_p)
         latents.append(latent)
         eps = rng.standard_normal((n_p, n_s))
-        z = math.sqrt(share) * latent[:, None] + math.sqrt(1.0 - share) * eps
         if config.clip_ratio is None:
-            shaped = preset if share == preset.prompt_share else replace(preset, prompt_share=share)
             log_len = shaped.log_lengths(latent, eps)
-        else:
+        else:  # copula presets only (refused above for hierarchical ones)
+            z = math.sqrt(share) * latent[:, None] + math.sqrt(1.0 - share) * eps
             log_len = stretch_tail(preset, z, config.clip_ratio, math.log(max_len / growth[e] / scale))
         raw = np.exp(log_len) * growth[e] * scale
         lengths[e] = np.clip(np.rint(raw), 1, max_len).astype(np.int64)
