@@ -282,6 +282,14 @@ def _split_policies(text: str) -> list[str]:
     return [p for p in [*parts, cur.strip()] if p]
 
 
+def _compact(n: int) -> str:
+    """160, 62.7k, 1.2M: a count in a few characters, for a table that must fit a terminal."""
+    for div, unit in ((1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
 def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
     epochs = sorted({e for r in rows for e in r["epoch_time_s"]})
     title = (
@@ -302,25 +310,28 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         "order bias",
     ]
     reused = any(r.get("reused_samples") for r in rows)
-    if reused:  # RollPacker launching R0 x eta_r samples past what the trace holds
+    if reused:  # a policy launching more samples per prompt than the trace holds (RollPacker, async_partial)
         cols.append("reused")
-    for c in cols:
-        table.add_column(c, justify="left" if c == "policy" else "right", no_wrap=True)
+    cells = []
     for r in rows:
         sp = "-" if r["speedup_vs_sync"] is None else f"{r['speedup_vs_sync']:.2f}x"
-        table.add_row(
+        cells.append([
             "oracle (lower bound)" if r["policy"] == "oracle" else r["policy"],
             *[f"{r['epoch_time_s'].get(e, float('nan')) / 3600:.2f}" for e in epochs],
             sp,
             f"{r['rollout_share']:.0%}",
             f"{r['bubble_ratio']:.0%}",
             f"{r['preemptions']:,}",
-            f"{r['wasted_tokens']:,.0f}",
+            _compact(round(r["wasted_tokens"])),
             f"{r['staleness_max']:.0f}/{r['staleness_mean']:.2f}",
             f"{r['trained_length_bias']:.2f}",
             "{:.2f}-{:.2f}".format(*r["length_order_bias_range"]),
-            *([f"{r.get('reused_samples') or 0:,}"] if reused else []),
-        )
+            *([_compact(r.get("reused_samples") or 0)] if reused else []),
+        ])  # fmt: skip
+    for i, c in enumerate(cols):  # two-line headers, so that the values fit a 140-column terminal uncut
+        table.add_column(c.replace(" ", "\n", 1) if i else c, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in cells:
+        table.add_row(*row)
     table.caption = (
         "speedup: total time of sync / this policy; rollout: gen time / step time; bubble: idle "
         "instance-time / (instances x gen time); preempted: requests preempted for KV (recomputed); "
