@@ -53,7 +53,7 @@ class DecodeConfig:
     workload_prompts: int = 12
     workload_samples: int = 8
     workload_median: int = 128
-    workload_repeats: int = 3
+    workload_repeats: int = 5
     grid_repeats: int = 2
     seed: int = 0
 

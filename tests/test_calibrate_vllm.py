@@ -31,22 +31,22 @@ def test_engine_facts_are_recorded(calibrated: dict) -> None:
     assert calibrated["profile"]["kv_capacity_tokens"] == facts["kv_capacity_tokens"]
 
 
-def test_heldout_mape_below_15_percent(calibrated: dict, host_spread: float) -> None:
+def test_heldout_mape_below_15_percent(calibrated: dict, calibration_spread: float) -> None:
     """The iteration model fits held-out CPU iterations within 15% MAPE (where the host is quiet
     enough for a 15% band to mean anything)."""
     err = calibrated["profile"]["fit_error"]
     prov = calibrated["profile"]["provenance"]
     assert prov["kind"] == "calibrated" and prov["vllm_version"] and prov["measured_at"]
     print(f"held-out MAPE {err['heldout_mape']:.1%} by batch {err['heldout_mape_by_batch']}")
-    require_quiet_host(host_spread, 0.15)
+    require_quiet_host(calibration_spread, 0.15)
     assert err["heldout_mape"] < 0.15
 
 
-def test_simulated_replay_of_the_workload_within_10_percent(calibrated: dict, host_spread: float) -> None:
+def test_simulated_replay_of_the_workload_within_10_percent(calibrated: dict, calibration_spread: float) -> None:
     """The simulator with the fitted profile predicts the measured workload time within 10%."""
     replay = calibrated["profile"]["fit_error"]["workload_replay"]
     print(f"workload replay: measured {replay['measured_s']} s, simulated {replay['simulated_s']} s")
-    require_quiet_host(host_spread, 0.10)
+    require_quiet_host(calibration_spread, 0.10)
     assert abs(replay["error"]) < 0.10
 
 
