@@ -5,6 +5,9 @@ Any `RlsimError` raised by a command becomes one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import typer
 from typer.core import TyperGroup
 
@@ -68,9 +71,16 @@ def _register() -> None:
 _register()
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """A warning as one line on stderr (`warning: ...`), not Python's file:line form."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main() -> None:
     """Console-script entry point."""
-    app()
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        app()
 
 
 if __name__ == "__main__":

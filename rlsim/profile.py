@@ -26,6 +26,9 @@ from typing import Any
 from rlsim.errors import RlsimError
 
 PROFILE_DIR = Path(str(resources.files("calibrate") / "profiles"))
+# 1: the five coefficients; 2: adds linear_t0_s (the compute knee) and the per-term provenance of
+# rlsim.iteration_model. A version-1 file loads unchanged (its knee is measured from t_w_s).
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,10 @@ class Profile:
     gpu_facts: dict[str, Any] = field(default_factory=dict)
     gpu_memory_utilization: float | None = None  # what kv_capacity_tokens was derived or measured at
     block_size: int = 16  # KV tokens per block (vLLM's default on GPUs; a calibrated engine's own)
+    # The linear layers' weight-read time at zero tokens, where the compute knee is measured from
+    # (rlsim.iteration_model); None in profiles that do not separate it (the knee then uses t_w_s).
+    linear_t0_s: float | None = None
+    schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         for name in (
@@ -106,8 +113,11 @@ class Profile:
         tokens at the compute-bound (prefill) rate, `prefill_s_per_token`, whatever the line
         fitted on small decode batches says. Zero below the knee
         `t_w_s / (prefill_s_per_token - gamma_s)` tokens (about 1,200 for the H100 7B profile);
-        it binds when speculative decoding verifies several tokens per sequence in a large batch."""
-        return max(0.0, (self.prefill_s_per_token - self.gamma_s) * tokens - self.t_w_s)
+        it binds when speculative decoding verifies several tokens per sequence in a large batch.
+        Profiles that state `linear_t0_s` measure the knee from the linear layers' own intercept
+        (`rlsim.iteration_model`), not from the whole fixed time."""
+        t0 = self.t_w_s if self.linear_t0_s is None else self.linear_t0_s
+        return max(0.0, (self.prefill_s_per_token - self.gamma_s) * tokens - t0)
 
     def decode_throughput(self, batch: int, context_per_seq: int) -> float:
         """Output tokens per second of a steady decode batch (the README's sanity line)."""
@@ -134,7 +144,17 @@ def _resolve(name_or_path: str | Path) -> Path:
 
 def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     """Build a `Profile` from parsed JSON, naming the first missing or bad field."""
-    optional = ("spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization", "block_size")
+    optional = (
+        "spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization", "block_size",
+        "linear_t0_s", "schema_version",
+    )  # fmt: skip
+    version = raw.get("schema_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise RlsimError(f"{where}: field 'schema_version' must be a positive integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise RlsimError(
+            f"{where} is profile schema {version}; this rlsim reads schemas 1-{SCHEMA_VERSION} (upgrade rlsim)"
+        )
     required = [f.name for f in fields(Profile) if f.name not in optional]
     for name in required:
         if name not in raw:
@@ -179,8 +199,17 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         gpu_facts=raw.get("gpu_facts", {}),
         gpu_memory_utilization=raw.get("gpu_memory_utilization"),
         block_size=_positive_int(raw.get("block_size", 16), f"{where}: field 'block_size'"),
+        linear_t0_s=_optional_seconds(raw.get("linear_t0_s"), f"{where}: field 'linear_t0_s'"),
         **kwargs,
     )
+
+
+def _optional_seconds(value: Any, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise RlsimError(f"{what} must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -200,4 +229,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
         raise RlsimError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
     if not isinstance(raw, dict):
         raise RlsimError(f"{path} must hold a JSON object")
-    return profile_from_dict(raw, str(path))
+    profile = profile_from_dict(raw, str(path))
+    from rlsim.roofline import check_roofline
+
+    check_roofline(profile, str(path))
+    return profile

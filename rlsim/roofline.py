@@ -12,15 +12,23 @@ kv_heads x head_dim x dtype_bytes`, from the profile's `model_facts`, and the ba
 is faster than this bound is impossible; real engines reach about 50-70% of it (the slime fit of
 DeepSeek-R1-Distill-Llama-8B on an H200-class GPU: 49-67%). The roofline fraction reported here
 is `bound / profile time`: 1.0 would be a GPU doing nothing but streaming memory.
+
+Loading a GPU profile (one that states the facts the bound needs) checks its grid: a feasible cell
+above 100% of the bound is refused in one sentence, one above 85% warns (`ProfileWarning`), a
+sign of a wrong constant. CPU profiles state no HBM bandwidth (the tiny model fits in cache) and
+are exempt.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
+from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 
+WARN_FRACTION, REFUSE_FRACTION = 0.85, 1.0
 BATCHES = (32, 64, 128, 256)
 CONTEXTS = (1024, 4096, 8192, 16384)
 
@@ -68,3 +76,31 @@ def cell(profile: Profile, batch: int, context: int) -> Cell:
 def grid(profile: Profile, batches=BATCHES, contexts=CONTEXTS) -> list[Cell]:  # noqa: ANN001
     """Cells over batch x context (the README's grid by default)."""
     return [cell(profile, b, c) for b in batches for c in contexts]
+
+
+class ProfileWarning(UserWarning):
+    """A profile that loads but looks wrong (a cell close to the memory roofline)."""
+
+
+def check_roofline(profile: Profile, where: str) -> None:
+    """Refuse a GPU profile faster than physics on a feasible cell; warn close to it."""
+    if not has_roofline(profile):
+        return
+    cells = [c for c in grid(profile) if c.kv_fits]
+    if not cells:
+        return
+    worst = max(cells, key=lambda c: c.roofline_fraction)
+    at = f"batch {worst.batch}, context {worst.context:,}"
+    if worst.roofline_fraction > REFUSE_FRACTION:
+        raise RlsimError(
+            f"{where}: at {at} the profile decodes in {worst.iteration_s * 1e3:.3g} ms, below the memory "
+            f"roofline of {worst.roofline_s * 1e3:.3g} ms ({worst.roofline_fraction:.0%} of the bound): "
+            "a constant is wrong"
+        )
+    if worst.roofline_fraction > WARN_FRACTION:
+        warnings.warn(
+            f"{where}: at {at} the profile reaches {worst.roofline_fraction:.0%} of the memory roofline "
+            f"(real engines reach about 50-70%): check its constants",
+            ProfileWarning,
+            stacklevel=3,
+        )

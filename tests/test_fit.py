@@ -97,14 +97,14 @@ def _synth_speedups(preset, like: Trace, cluster, rl, draws: int) -> dict[str, n
 
 def test_policy_speedups_on_the_fitted_generator_match_the_real_coder_log(coder: Trace) -> None:
     """Every registered policy's speedup over sync on traces drawn from the fitted generator
-    (mean of 20 draws shaped like the log: 5 steps x 16 prompts x 8, 16,000 cap) is within 3
+    (mean of 40 draws shaped like the log: 5 steps x 16 prompts x 8, 16,000 cap) is within 3
     points of its speedup on the real log (8 H100s, Qwen2.5-14B at TP 2, veRL defaults)."""
     cluster = ClusterConfig(num_gpus=8, profile="h100-qwen2.5-14b-tp2")
     rl = RLConfig(prompts_per_step=16, samples_per_prompt=8, epochs=1, max_response_len=16000)
     real = _speedups(coder, cluster, rl)
     assert max(real.values()) - min(real.values()) > 0.1  # the policies do differ on this log
     preset, _ = fit_preset(coder, "coder")
-    synth = _synth_speedups(preset, coder, cluster, rl, 20)
+    synth = _synth_speedups(preset, coder, cluster, rl, 40)
     for name in REGISTRY:
         assert abs(synth[name].mean() - real[name]) <= 0.03, (name, real[name], synth[name].mean())
 

@@ -136,13 +136,14 @@ def test_lookahead_slots_shrink_the_batch_where_kv_is_tight() -> None:
 
 
 def test_verify_past_the_compute_knee_costs_the_compute_bound_rate() -> None:
-    """Below the knee the fitted line holds; above it each token costs `prefill_s_per_token`."""
+    """Below the knee the fitted line holds; above it each token costs `prefill_s_per_token`: the
+    linear layers take the longer of reading their weights and computing the tokens' FLOPs."""
     p = load_profile("h100-qwen2.5-7b-tp1")
-    knee = p.t_w_s / (p.prefill_s_per_token - p.gamma_s)
+    knee = p.linear_t0_s / (p.prefill_s_per_token - p.gamma_s)
     assert p.compute_excess_s(0.9 * knee) == 0.0
     n = 4 * knee
     line = p.t_w_s + p.gamma_s * n + p.compute_excess_s(n)
-    assert line == pytest.approx(p.prefill_s_per_token * n, rel=1e-9)
+    assert line == pytest.approx(p.prefill_s_per_token * n + p.t_w_s - p.linear_t0_s, rel=1e-9)
 
 
 def test_acceptance_decays_with_the_policy_lag_and_drafting_costs_cpu_time() -> None:
