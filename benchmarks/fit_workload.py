@@ -9,7 +9,7 @@ For each real log under tests/data/ (the rLLM DeepCoder-14B log: 5 steps x 16 pr
    and standard deviation of DRAWS synthetic traces shaped like the log) and on the shipped
    `dapo-qwen2.5-32b` preset at the same shape and cap (what a user got before fitting).
 
-Usage: python benchmarks/fit_workload.py [DRAWS]   (default 20; about a minute on 2 cores)
+Usage: python benchmarks/fit_workload.py [DRAWS]   (default 40, as tests/test_fit.py; about 2 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def drawn(preset_or_name, like, rl, cluster, draws: int) -> dict[str, np.ndarray
     return {k: np.array(v) for k, v in out.items()}
 
 
-def main(draws: int = 20) -> None:
+def main(draws: int = 40) -> None:
     t0 = time.perf_counter()
     for label, path, cap, per_step, gpus, profile in LOGS:
         trace = import_logs(path, max_response_len=cap).trace
@@ -90,4 +90,4 @@ def main(draws: int = 20) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 40)

@@ -66,9 +66,9 @@ def rollpacker_checks() -> None:
         )
     )  # fmt: skip
     setups = [  # cap, GPUs, profile, paper seconds, ratio band, eta_r alone, eta_p alone, end to end
-        (32768, 64, "h100-qwen2.5-32b-tp4", (673, 170), (3.0, 5.0), 1.03, 2.6, 2.21),
-        (16384, 32, "h100-qwen2.5-14b-tp2", (277, 88), (2.3, 3.9), 1.19, 1.64, 1.48),
-        (8192, 16, "h100-qwen2.5-7b-tp1", (82, 47), (1.3, 2.2), None, None, 1.30),
+        (32768, 64, "h800-qwen2.5-32b-tp4", (673, 170), (3.0, 5.0), 1.03, 2.6, 2.21),
+        (16384, 32, "h800-qwen2.5-14b-tp2", (277, 88), (2.3, 3.9), 1.19, 1.64, 1.48),
+        (8192, 16, "h800-qwen2.5-7b-tp1", (82, 47), (1.3, 2.2), None, None, 1.30),
     ]
     for cap, gpus, profile, (paper_base, paper_rp), (lo, hi), paper_er, paper_ep, paper_e2e in setups:
         k = cap // 1024
@@ -121,6 +121,28 @@ def rollpacker_checks() -> None:
                 f"trained_length_bias {bias:.2f}",
                 bias < 0.95,
             )
+
+
+def rollout_share_checks() -> None:
+    """RollPacker Table 1 (Qwen2.5-14B, 16k, 32 H800, veRL): rollout is 66-72% of the step. On
+    the bundled trace (first-step lengths) and on the DAPO-step-2000 workload of the checks above."""
+    rl = RLConfig(prompts_per_step=128, samples_per_prompt=8, max_response_len=16384, max_steps=4, epochs=1)
+    cl = ClusterConfig(num_gpus=32, profile="h800-qwen2.5-14b-tp2")
+    paper_like = synthesize(
+        SynthConfig(preset="dapo-qwen2.5-32b", num_prompts=4 * 128, samples_per_prompt=8, epochs=1, seed=0,
+                    max_response_len=16384, start_step=2000, prompt_share=0.9, clip_ratio=0.01)
+    )  # fmt: skip
+    for label, trace in (("bundled trace", load(default_trace(), columns=[])), ("DAPO step 2000", paper_like)):
+        res = simulate(trace, "sync", cl, rl)
+        share = res.summary["rollout_share"]
+        t = res.steps.mean(numeric_only=True)
+        check(
+            f"Rollout share of the step, 14B/16k/32 H800 ({label})",
+            "66-72% (RollPacker Table 1)",
+            f"{share:.0%} (rollout {t['timing_s/gen']:.0f} s, old log-prob + update "
+            f"{t['timing_s/old_log_prob'] + t['timing_s/update_actor']:.0f} s)",
+            0.66 <= share <= 0.72,
+        )
 
 
 def sortedrl_checks() -> None:
@@ -300,7 +322,10 @@ def uniform_checks() -> None:
 
 def main() -> int:
     t0 = time.perf_counter()
-    checks = (rollpacker_checks, sortedrl_checks, histospec_checks, histopipe_checks, seer_checks, april_checks)
+    checks = (
+        rollpacker_checks, rollout_share_checks, sortedrl_checks, histospec_checks, histopipe_checks, seer_checks,
+        april_checks,
+    )  # fmt: skip
     for fn in (*checks, uniform_checks):
         fn()
     if "--markdown" in sys.argv:

@@ -49,7 +49,8 @@ def fit(
         }
     console = make_console()
     table = Table(
-        title=f"iteration model fitted to {records} ({rec.facts['hardware']}, vLLM {rec.facts.get('vllm_version')})"
+        title=f"iteration model fitted to {records} ({rec.facts['hardware']}, "
+        + (f"vLLM {rec.facts['vllm_version']})" if rec.facts.get("vllm_version") else "torch operator timings)")
     )
     table.add_column("coefficient")
     table.add_column("value", justify="right")

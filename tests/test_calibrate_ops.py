@@ -70,3 +70,17 @@ def test_bad_input_is_one_sentence(tmp_path: Path, args: list[str], message: str
     proc = run_python("-m", "calibrate.ops", *args, "--out", str(tmp_path / "r"), check=False)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_tensor_parallel_all_reduce_is_timed_under_torchrun(tmp_path: Path) -> None:
+    """Two ranks (gloo on a CPU, NCCL on GPUs): the all-reduce is measured and charged twice a layer."""
+    model = tmp_path / "tiny-qwen"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY))
+    rec = tmp_path / "records"
+    run_python("-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "calibrate.ops", "--model", str(model),
+               "--out", str(rec), "--repeats", "3", "--batch-sizes", "1,8", "--context-lens", "64",
+               "--prefill-lens", "64")  # fmt: skip
+    facts = json.loads((rec / "facts.json").read_text())
+    assert facts["tensor_parallel_size"] == 2 and facts["allreduce"] == "measured"
+    assert (pd.read_parquet(rec / "iterations.parquet")["allreduce_s"] > 0).all()
