@@ -18,6 +18,8 @@ from rlsim.iteration_model import closed_form, reference_iteration_s
 from rlsim.profile import PROFILE_DIR, load_profile, profile_from_dict
 from rlsim.roofline import ProfileWarning, grid
 
+from .conftest import run_python
+
 VIDUR = Path(__file__).resolve().parents[2] / "shared" / "data" / "vidur_profiling"
 needs_vidur = pytest.mark.skipif(not VIDUR.exists(), reason="../shared/data/vidur_profiling not beside the checkout")
 
@@ -119,6 +121,8 @@ def test_a_profile_faster_than_the_roofline_is_refused_and_one_close_to_it_warns
         load_profile(fast)
     with pytest.warns(ProfileWarning, match="of the memory roofline"):
         load_profile(close)
+    shown = run_python("-m", "rlsim.cli", "profile", "show", str(close))
+    assert shown.stderr.startswith(f"warning: {close}: at batch") and "check its constants" in shown.stderr
     r = CliRunner().invoke(app, ["profile", "show", str(fast)])
     assert r.exit_code == 2 and "\n" not in r.stderr.strip() and "Traceback" not in r.output
     with warnings.catch_warnings():

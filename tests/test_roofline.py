@@ -73,3 +73,15 @@ def test_profile_loading_refuses_bad_numbers_in_one_sentence(tmp_path: Path, fie
         load_profile(path)
     r = CliRunner().invoke(app, ["profile", "show", str(path)])
     assert r.exit_code == 2 and "\n" not in r.stderr.strip()
+
+
+@pytest.mark.parametrize("field", ["beta_s", "kv_capacity_tokens", "train"])
+def test_profile_loading_refuses_a_missing_field_in_one_sentence(tmp_path: Path, field: str) -> None:
+    raw = json.loads((PROFILE_DIR / "h100-qwen2.5-14b-tp2.json").read_text())
+    del raw[field]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(RlsimError, match=f"is missing field '{field}'"):
+        load_profile(path)
+    r = CliRunner().invoke(app, ["profile", "show", str(path)])
+    assert r.exit_code == 2 and "\n" not in r.stderr.strip()
