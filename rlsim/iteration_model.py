@@ -105,20 +105,3 @@ def closed_form(terms: Terms) -> dict[str, float]:
         "linear_t0_s": terms.linear_t0_s,
     }
 
-
-def breakdown(terms: Terms, batch: int, context: int) -> dict[str, float]:
-    """Seconds of one steady decode iteration (batch sequences of `context` tokens) by term."""
-    n = batch
-    linear = max(terms.linear_t0_s + terms.linear_s_per_token * n, terms.linear_prefill_s_per_token * n)
-    return {
-        "linear": linear,
-        "attention": batch
-        * context
-        * terms.kv_bytes_per_token
-        / terms.tensor_parallel_size
-        / (terms.attn_bw_fraction * terms.hbm_bytes_per_s),
-        "allreduce": terms.allreduce_calls * terms.allreduce_latency_s + terms.allreduce_s_per_token * n,
-        "lm_head": terms.lm_head_s,
-        "framework": terms.framework_s,
-        "per_sequence": terms.per_seq_s * batch,
-    }
