@@ -69,18 +69,29 @@ def load_records(path: str | Path) -> Records:
     facts_path = path / "facts.json"
     if not facts_path.exists():
         raise RlsimError(f"{path} has no facts.json; run python -m calibrate.decode --out {path} first")
-    facts = json.loads(facts_path.read_text())
+    facts = _json_object(facts_path)
+    for key in ("model", "hardware", "tensor_parallel_size", "kv_capacity_tokens", "block_size", "max_num_seqs",
+                "max_num_batched_tokens", "num_gpu_blocks"):  # fmt: skip
+        if key not in facts:
+            raise RlsimError(f"{facts_path} lacks '{key}': not written by calibrate.decode or calibrate.ops")
     model = facts.get("model")
     frames = []
     for name in ("iterations.parquet", "spec_iterations.parquet"):
         if (path / name).exists():
-            frames.append(pd.read_parquet(path / name))
+            try:
+                frames.append(pd.read_parquet(path / name))
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+                raise RlsimError(f"{path / name} is not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+            need = ("phase", "step_s", *ITERATION_COLUMNS)
+            missing = [c for c in need if c not in frames[-1].columns]
+            if missing:
+                raise RlsimError(f"{path / name} lacks column '{missing[0]}': not calibration records")
     if not frames:
         raise RlsimError(f"{path} has no iterations.parquet")
     extra: dict[str, Any] = {}
     for name in ("workload.json", "train.json", "spec.json"):
         f = path / name
-        extra[name] = json.loads(f.read_text()) if f.exists() else None
+        extra[name] = _json_object(f) if f.exists() else None
         other = (extra[name] or {}).get("model")
         if other is not None and other != model:
             raise RlsimError(
@@ -94,6 +105,21 @@ def load_records(path: str | Path) -> Records:
         extra["train.json"],
         extra["spec.json"],
     )
+
+
+ITERATION_COLUMNS = (
+    "num_generation_requests", "num_ctx_requests", "context_tokens", "num_ctx_tokens", "num_generation_tokens",
+)  # fmt: skip
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RlsimError(f"{path} is not valid JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise RlsimError(f"{path} must hold a JSON object")
+    return raw
 
 
 def features(df: pd.DataFrame) -> np.ndarray:

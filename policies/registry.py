@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from policies.sync import SyncPolicy
 from rlsim.dynamic_sampling import DynamicSamplingConfig
 from rlsim.errors import RlsimError
 from rlsim.speculation import SpecConfig
+
+POLICY_METHODS = ("on_step_start", "on_event")  # rlsim.protocol.Policy
 
 REGISTRY: dict[str, Callable[..., object]] = {
     "sync": SyncPolicy,
@@ -115,6 +118,8 @@ def _convert(cls: type, knobs: dict[str, str], what: str) -> dict[str, Any]:
                 out[key] = int(raw)
             elif typ.startswith("float"):
                 out[key] = float(raw)
+                if not math.isfinite(out[key]):
+                    raise RlsimError(f"{what} knob {key}={raw!r} must be a finite number")
             else:
                 out[key] = raw
         except ValueError:
@@ -141,9 +146,14 @@ def policy_class(name: str) -> type:
     if ":" in name:
         module, _, cls = name.partition(":")
         try:
-            return getattr(importlib.import_module(module), cls)
+            found = getattr(importlib.import_module(module), cls)
         except (ImportError, AttributeError) as exc:
             raise RlsimError(f"cannot load policy {name!r}: {exc}") from None
+        if not isinstance(found, type) or not all(callable(getattr(found, m, None)) for m in POLICY_METHODS):
+            raise RlsimError(
+                f"{name!r} is not a policy class (a class with {', '.join(POLICY_METHODS)}; see rlsim/protocol.py)"
+            )
+        return found
     raise RlsimError(f"unknown policy {name!r}; registered: {', '.join(REGISTRY)} (or module:Class)")
 
 

@@ -48,14 +48,21 @@ def parse_range(text: str) -> tuple[int, int]:
         a, b = int(lo), int(hi) if sep else int(lo)
     except ValueError:
         raise RlsimError(f"--gpus must look like 8..256 or 64, got {text!r}") from None
+    if a < 1 or b < a:
+        raise RlsimError(f"--gpus must be a range of at least 1 GPU, low end first, got {text!r}")
     return a, b
 
 
 def candidates(min_gpus: int, max_gpus: int, tp: int) -> list[int]:
     """Powers of two in [min, max] and both ends, rounded up to whole instances of `tp` GPUs."""
     vals = {min_gpus, max_gpus} | {2**k for k in range(20) if min_gpus <= 2**k <= max_gpus}
-    out = sorted({math.ceil(v / tp) * tp for v in vals})
-    return [v for v in out if v <= max_gpus] or [math.ceil(min_gpus / tp) * tp]
+    out = [v for v in sorted({math.ceil(v / tp) * tp for v in vals}) if v <= max_gpus]
+    if not out:
+        raise RlsimError(
+            f"--gpus {min_gpus}..{max_gpus} holds no whole rollout instance: the profile runs at TP {tp}, so give a "
+            f"range that includes a multiple of {tp}"
+        )
+    return out
 
 
 def steps_per_epoch(trace: Trace, prompts_per_step: int) -> int:

@@ -190,6 +190,17 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     bad += [f"train.{f.name}" for f in fields(cost) if not math.isfinite(getattr(cost, f.name))]
     if bad:
         raise RlsimError(f"{where}: field '{bad[0]}' must be a finite number")
+    if cost.peak_flops_per_gpu <= 0:
+        raise RlsimError(f"{where}: field 'train.peak_flops_per_gpu' must be positive, got {cost.peak_flops_per_gpu}")
+    if cost.flops_per_token < 0:
+        raise RlsimError(f"{where}: field 'train.flops_per_token' must be >= 0, got {cost.flops_per_token}")
+    if not 0 < cost.mfu <= 1:
+        raise RlsimError(f"{where}: field 'train.mfu' must be in (0, 1], got {cost.mfu}")
+    if cost.fixed_s < 0:
+        raise RlsimError(f"{where}: field 'train.fixed_s' must be >= 0, got {cost.fixed_s}")
+    for name in ("spec", "provenance", "fit_error"):
+        if not isinstance(raw.get(name, {}), dict):
+            raise RlsimError(f"{where}: field '{name}' must be an object")
     return Profile(
         train=cost,
         spec=raw.get("spec", {}),
@@ -221,10 +232,14 @@ def _positive_int(value: Any, what: str) -> int:
 def load_profile(name_or_path: str | Path) -> Profile:
     """Load a profile by shipped name (e.g. `h100-qwen2.5-32b-tp2`) or JSON path."""
     path = _resolve(name_or_path)
+    if path.is_dir():
+        raise RlsimError(f"profile {path} is a directory; give a profile JSON file or a shipped name")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RlsimError(f"{path}: no such profile file") from None
+    except UnicodeDecodeError:
+        raise RlsimError(f"{path} is not UTF-8 text (a profile is a JSON file)") from None
     except json.JSONDecodeError as exc:
         raise RlsimError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
     if not isinstance(raw, dict):

@@ -71,9 +71,13 @@ def read_run_config(run_dir: Path, missing: str = "is not a run directory") -> d
     if not path.exists():
         raise RlsimError(f"{run_dir} {missing} (no config.json)")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise RlsimError(f"{path} is not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError:
+        raise RlsimError(f"{path} is not UTF-8 text") from None
+    if not isinstance(config, dict):
+        raise RlsimError(f"{path} must hold a JSON object, not {type(config).__name__}")
     if config.get("mode") != "real":
         raise RlsimError(f"{run_dir} is not a real run (rlsim run --real writes one)")
     return config
@@ -116,10 +120,17 @@ class RealRun:
     def __init__(self, out: Path, config: dict[str, Any]) -> None:
         self.out = out
         self.config = config
-        self.cluster = ClusterConfig(**config["ClusterConfig"])
-        self.rl = RLConfig(**config["RLConfig"])
+        where = out / "config.json"
+        for key in ("ClusterConfig", "RLConfig", "RealConfig", "policy", "trace_path", "profile"):
+            if key not in config:
+                raise RlsimError(f"{where} lacks '{key}': the run directory is incomplete or not rlsim's")
+        try:
+            self.cluster = ClusterConfig(**config["ClusterConfig"])
+            self.rl = RLConfig(**config["RLConfig"])
+            self.real = RealConfig(**config["RealConfig"])
+        except TypeError as exc:
+            raise RlsimError(f"{where} holds a config this rlsim cannot read ({exc})") from None
         self.engine_cfg = run_engine_config(config)
-        self.real = RealConfig(**config["RealConfig"])
         self.policy = config["policy"]
         self.trace_path = Path(config["trace_path"])
         self.n = num_instances(self.cluster, self.real.rollout_tp)
@@ -178,6 +189,7 @@ class RealRun:
     @classmethod
     def resume(cls, out: Path, max_steps: int | None = None) -> RealRun:
         config = read_run_config(out, "holds no run to resume")
+        cls(out, config)  # a config missing keys or of another version: one sentence, before anything changes
         if max_steps is not None:
             config["RLConfig"]["max_steps"] = max_steps
             _atomic(out / "config.json", to_json(config).encode())
@@ -339,8 +351,14 @@ class RealRun:
         path = self.out / "checkpoint.pkl"
         if not path.exists():
             return None
-        blob = pickle.loads(path.read_bytes())
-        state: _RunState = blob["state"]
+        try:
+            blob = pickle.loads(path.read_bytes())
+            state: _RunState = blob["state"]
+        except Exception as exc:  # noqa: BLE001 - a truncated or foreign pickle raises many types
+            raise RlsimError(
+                f"{path} cannot be read ({type(exc).__name__}): the run was cut while checkpointing; delete it to "
+                "restart from the last finished step's records, or start a new run"
+            ) from None
         state.driver = blob["driver"]
         return state
 
@@ -365,7 +383,7 @@ class RealRun:
         if rewards:
             summary["reward_mean"] = float(np.mean(rewards))
         segments = [engine.segments(i) for i in range(self.n)]
-        write_run_dir(Result(self.policy, self.config, requests, steps, summary, segments), self.out)
+        write_run_dir(Result(self.policy, self.config, requests, steps, summary, segments), self.out, swap=False)
         return summary
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import Aborted, Event, Finished, Preempted, Request, Timer
 from rlsim.scheduler import InstanceScheduler, Seq
@@ -121,9 +122,10 @@ class SimEngine:
             inst = self.instances[req.instance]
             target = min(req.target_tokens, req.max_tokens)
             if req.num_prompt_tokens + target > cap:
-                raise RuntimeError(
-                    f"request {req.request_id} needs {req.num_prompt_tokens + target} KV tokens, more than "
-                    f"an instance holds ({cap})"
+                raise RlsimError(
+                    f"request {req.request_id} (prompt {req.num_prompt_tokens} + response {target} tokens) needs "
+                    f"{req.num_prompt_tokens + target} KV tokens, more than an instance holds ({cap}): raise "
+                    "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
                 )
             # a continued chunk's KV comes with it (Seer's global KV pool): not recomputed
             seq = Seq(req, target, generated=req.kept_tokens, transfer=req.kept_tokens > 0)
@@ -299,9 +301,10 @@ class SimEngine:
                     self._outbox.append(Preempted(seq.req.request_id, env.now, inst.idx, seq.generated))
                 batch = out.num_decodes + len(out.chunks)
                 if batch == 0 and not out.preempted:  # nothing running and the head cannot fit
-                    raise RuntimeError(
+                    raise RlsimError(
                         f"instance {inst.idx}: a request needs more KV than the capacity "
-                        f"{sched.num_blocks * sched.block_size}"
+                        f"{sched.num_blocks * sched.block_size}: raise --gpu-memory-utilization, use a profile "
+                        "with more GPUs per instance, or lower --max-response-len"
                     )
                 if batch:
                     took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens)

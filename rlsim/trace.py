@@ -61,6 +61,17 @@ class TraceMeta:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
+        for name in ("max_response_len", "samples_per_prompt"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TraceError(f"{name} must be an integer, got {value!r}")
+            if value >= 2**63:
+                raise TraceError(f"{name} must fit in 64 bits, got {value}")
+        for name in ("model", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise TraceError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if not isinstance(self.source_params, dict):
+            raise TraceError(f"source_params must be an object, got {self.source_params!r}")
         if self.max_response_len <= 0:
             raise TraceError(f"max_response_len must be positive, got {self.max_response_len}")
         if self.samples_per_prompt <= 0:
@@ -75,6 +86,8 @@ class TraceMeta:
     def from_json(cls, text: str, where: str) -> TraceMeta:
         try:
             raw = json.loads(text)
+            if not isinstance(raw, dict):
+                raise TypeError("not a JSON object")
             known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
             return cls(**known)
         except TraceError as exc:
@@ -124,17 +137,21 @@ def _read_table(path: Path, columns: list[str] | None) -> tuple[pa.Table, TraceM
     if path.is_dir():
         raise TraceError(f"{where} is a directory, not a Parquet trace file")
     try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise TraceError(f"{where} is not a Parquet file ({str(exc).splitlines()[0]})") from None
-    schema = pf.schema_arrow
+        schema = pq.ParquetFile(path).schema_arrow
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: a footer that is not UTF-8
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise TraceError(f"{where} is not a Parquet file ({first})") from None
     raw_meta = (schema.metadata or {}).get(META_KEY)
     if raw_meta is None:
         raise TraceError(
             f"{where} has no rlsim trace metadata; write traces with rlsim.trace.save "
             "or convert real logs with `rlsim trace import`"
         )
-    meta = TraceMeta.from_json(raw_meta.decode(), where)
+    try:
+        text = raw_meta.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(f"{where}: its rlsim metadata is not UTF-8 text") from None
+    meta = TraceMeta.from_json(text, where)
     for name in REQUIRED_COLUMNS:
         if name not in schema.names:
             raise TraceError(f"{where} is missing required column '{name}'")
@@ -148,7 +165,10 @@ def _read_table(path: Path, columns: list[str] | None) -> tuple[pa.Table, TraceM
         if missing:
             raise TraceError(f"{where} is missing requested column '{missing[0]}'")
     read_dict = [c for c in ("prompt_text", "finish_reason") if c in schema.names]
-    table = pq.read_table(path, columns=wanted, read_dictionary=read_dict)
+    try:
+        table = pq.read_table(path, columns=wanted, read_dictionary=read_dict)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # corrupt pages, codec errors
+        raise TraceError(f"{where}: its data cannot be read ({str(exc).splitlines()[0]})") from None
     if table.num_rows == 0:
         raise TraceError(f"{where} is empty: it has no rows")
     return table, meta
@@ -178,6 +198,13 @@ def validate_table(df: pd.DataFrame, meta: TraceMeta, where: str = "trace") -> N
         bad = df[name].to_numpy() < 0
         if bad.any():
             raise TraceError(f"{where}: {name} must be >= 0 (row {_first_bad(bad)})")
+    bad = df["sample_idx"].to_numpy() >= meta.samples_per_prompt
+    if bad.any():
+        row = _first_bad(bad)
+        raise TraceError(
+            f"{where}: sample_idx must be below samples_per_prompt={meta.samples_per_prompt}, "
+            f"got {int(df['sample_idx'].iloc[row])} (row {row})"
+        )
     over = df["num_output_tokens"].to_numpy() > meta.max_response_len
     if over.any():
         row = _first_bad(over)

@@ -56,6 +56,16 @@ def diff_pct(real: float, sim: float) -> float | None:
     return 100.0 * (sim - real) / real
 
 
+def _read(path: Path) -> pd.DataFrame:
+    """A run table, or one sentence saying why it cannot be read."""
+    if not path.exists():
+        raise RlsimError(f"{path.parent} has no {path.name}: the run directory is incomplete")
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        raise RlsimError(f"{path} is not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+
+
 def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     """Simulate the run in `run_dir` and return real, simulated and Diff% per metric."""
     from rlsim.config import ClusterConfig, RLConfig
@@ -66,6 +76,9 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
 
     config = read_run_config(run_dir)
     cfg_path = run_dir / "config.json"
+    for key in ("RealConfig", "ClusterConfig", "RLConfig", "trace_path", "policy", "profile"):
+        if key not in config:
+            raise RlsimError(f"{cfg_path} lacks '{key}': the run directory is incomplete or not rlsim's")
     real = config["RealConfig"]
     if real["lengths"] != "replay":
         raise RlsimError(
@@ -74,8 +87,7 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
         )
     if not (run_dir / "steps.parquet").exists():
         raise RlsimError(f"{run_dir} has no finished step yet (no steps.parquet)")
-    steps = pd.read_parquet(run_dir / "steps.parquet")
-    requests = pd.read_parquet(run_dir / "requests.parquet")
+    steps, requests = _read(run_dir / "steps.parquet"), _read(run_dir / "requests.parquet")
     prof = load_profile(profile) if profile else profile_from_dict(config["profile"], f"{cfg_path} profile")
     prof = run_profile(prof, real["train"])
     cluster = ClusterConfig(**config["ClusterConfig"])
