@@ -29,7 +29,9 @@ def fit(
 ) -> None:
     """Least-squares fit of the iteration model; held-out MAPE; replay of the workload phase."""
     from calibrate.fit import build_profile, fit_iterations, load_records, replay_workload
+    from rlsim.paths import check_output_file
 
+    check_output_file(out, "--out")
     if not 0 < max_mape < 10:
         raise RlsimError(f"max_mape must be a positive fraction, got {max_mape}")
     rec = load_records(records)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rlsim.cli_sim import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, PROFILE
+from rlsim.errors import RlsimError
 from rlsim.ui import console as make_console
 
 
@@ -32,21 +34,44 @@ def register(app: typer.Typer) -> None:
         executor: str = typer.Option("process", help="process (a local pool) or ray (a Ray cluster)."),
         workers: int = typer.Option(0, help="Worker processes (process) or CPUs (local ray); 0: one per core."),
         ray_address: str | None = typer.Option(None, help="Address of a running Ray cluster (ray executor)."),
+        force: bool = typer.Option(
+            False, "--force", help="Add this grid's rows to an --out that holds another grid's (kept as they are)."
+        ),
     ) -> None:
         """Simulate every point of a grid; rows are saved as points finish, and a rerun resumes."""
-        from rlsim.sweep import done_points, load_grid, make_executor, run_sweep
+        from rlsim.paths import check_output_file
+        from rlsim.sweep import check_caps, done_points, foreign_rows, load_grid, make_executor, run_sweep
 
+        check_output_file(out, "--out")
+        if workers < 0:
+            raise RlsimError(f"--workers must be >= 0 (0: one per core), got {workers}")
         g = load_grid(grid)
+        check_caps(g)
         done = len(done_points(g, out))
+        if foreign_rows(g, out) and not force:
+            run_sweep(g, out, None)  # raises the one-sentence refusal before a pool starts
         pool = make_executor(executor, workers or None, ray_address)
         prog, task = _bar(f"sweep ({executor})", len(g.points))
         prog.update(task, completed=done)
         t0 = time.perf_counter()
+        finished = [done]
+
+        def tick(_row: dict) -> None:
+            finished[0] += 1
+            prog.update(task, advance=1)
+
         try:
             with prog:
-                rows = run_sweep(g, out, pool, on_done=lambda _: prog.update(task, advance=1))
+                rows = run_sweep(g, out, pool, on_done=tick, keep_other_grids=force)
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            typer.echo(
+                f"interrupted: {finished[0]} of {len(g.points)} points saved in {out}; run the same command to resume",
+                err=True,
+            )
+            raise typer.Exit(130) from None
         finally:
-            pool.shutdown()
+            pool.shutdown(wait=False, cancel_futures=True)
         dt = time.perf_counter() - t0
         new = len(g.points) - done
         rate = f", {new / dt:.1f} points/s" if new and dt > 0 else ""
@@ -75,14 +100,20 @@ def register(app: typer.Typer) -> None:
         from concurrent.futures import ProcessPoolExecutor
 
         from policies.registry import REGISTRY
-        from rlsim.cli_sim import _split_policies
+        from rlsim.cli_sim import _check_len, _split_policies
         from rlsim.config import EngineConfig, RLConfig
-        from rlsim.paths import default_trace
+        from rlsim.paths import check_output_file, default_trace
         from rlsim.plan import PlanConfig, candidates, parse_range, plot_plan
         from rlsim.plan import plan as run_plan
         from rlsim.profile import load_profile
         from rlsim.trace import load
 
+        if plot is not None:
+            check_output_file(plot, "--plot")  # before minutes of simulation, not after
+        if workers < 0:
+            raise RlsimError(f"--workers must be >= 0 (0: one per core), got {workers}")
+        if not math.isfinite(target_epoch_hours) or target_epoch_hours <= 0:
+            raise RlsimError(f"--target-epoch-hours must be a positive number, got {target_epoch_hours}")
         engine = EngineConfig(gpu_memory_utilization, max_num_seqs, max_num_batched_tokens)
         lo, hi = parse_range(gpus)
         cfg = PlanConfig(target_epoch_hours, lo, hi, steps)
@@ -92,7 +123,7 @@ def register(app: typer.Typer) -> None:
         rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt,
                       max_response_len=max_response_len, epochs=1)  # fmt: skip
         path = trace or default_trace()
-        load(path, columns=[])  # a bad trace fails here, in one sentence
+        _check_len(load(path, columns=[]), max_response_len)  # a bad trace or cap fails here, in one sentence
         n = len(names) * len(candidates(lo, hi, load_profile(profile).tensor_parallel_size))
         prog, task = _bar("planning", n)
         pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1)

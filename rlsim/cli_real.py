@@ -66,7 +66,9 @@ def register(app: typer.Typer) -> None:
 
             tr = _load(trace)
             trace_path = trace or _default_trace()
-            cap = max_response_len or tr.meta.max_response_len
+            cap = tr.meta.max_response_len if max_response_len is None else max_response_len
+            if cap <= 0:
+                raise RlsimError(f"--max-response-len must be positive, got {cap}")
             if cap > tr.meta.max_response_len:
                 raise RlsimError(f"max_response_len={cap} exceeds the trace's cap {tr.meta.max_response_len}")
             cluster = ClusterConfig(

@@ -161,6 +161,33 @@ def _expected_steps(trace, rl) -> int:  # noqa: ANN001
 def register(app: typer.Typer) -> None:
     """Add the simulation commands to the top-level app."""
 
+    @app.command("policies")
+    def policies_() -> None:
+        """Every registered policy and engine feature: its knobs with defaults, and its paper."""
+        import dataclasses
+        import sys
+
+        from policies.registry import REGISTRY
+        from rlsim.dynamic_sampling import DynamicSamplingConfig
+        from rlsim.speculation import SpecConfig
+
+        def knobs(cfg) -> str:  # noqa: ANN001
+            if cfg is None:
+                return "none"
+            return ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cfg) if f.name != "source")
+
+        table = Table(title="Policies (rlsim simulate --policy 'NAME(knob=value,...)+FEATURE')", title_justify="left")
+        for col in ("name", "knobs (defaults)", "what and where from"):
+            table.add_column(col)
+        for name, cls in REGISTRY.items():
+            doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip().splitlines()
+            table.add_row(name, knobs(getattr(cls, "Config", None)), doc[0] if doc else "")
+        table.add_row("+histospec", knobs(SpecConfig), "engine feature: RhymeRL HistoSpec, drafts from the last visit")
+        table.add_row("+grouped_spec", knobs(SpecConfig), "engine feature: Seer, drafts from sibling responses")
+        table.add_row("+dynamic_sampling", knobs(DynamicSamplingConfig), "DAPO: drops zero-variance groups")
+        table.caption = "your own policy: module:Class, a class with on_step_start and on_event (rlsim/protocol.py)"
+        make_console().print(table)
+
     @app.command()
     def simulate(
         policy: str = typer.Option(
@@ -192,9 +219,11 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Write into an existing run directory."),
     ) -> None:
         """Simulate one policy and write a run directory (tables, summary, timeline, trace.json)."""
+        from rlsim.paths import check_output_dir
         from rlsim.report import to_json, write_run_dir
         from rlsim.simulate import simulate as run
 
+        check_output_dir(out, "--out")
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         tr = _load(trace, [policy])
@@ -242,8 +271,13 @@ def register(app: typer.Typer) -> None:
         """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
         from policies.registry import COMPARE_DEFAULT
         from rlsim.compare import compare as run_all
+        from rlsim.paths import check_output_file
         from rlsim.report import plot_compare
 
+        if plot is not None:
+            check_output_file(plot, "--plot")  # before minutes of simulation, not after
+        if workers < 0:
+            raise RlsimError(f"--workers must be >= 0 (0: one per core), got {workers}")
         names = _split_policies(policies) or list(COMPARE_DEFAULT)
         tr = _load(trace, names)
         cluster, rl, engine = _configs(from_trace(locals(), tr))

@@ -29,6 +29,9 @@ class ImportFormat(str, Enum):
 
 
 def _refuse_overwrite(out: Path, force: bool) -> None:
+    from rlsim.paths import check_output_file
+
+    check_output_file(out, "--out")
     if out.exists() and not force:
         raise RlsimError(f"{out} already exists; pass --force to overwrite it")
 
@@ -159,6 +162,10 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Print statistics as JSON."),
 ) -> None:
     """Per-epoch length statistics: mean, p50/p90/p99, max, clip ratio, CV, Spearman."""
+    if plot is not None:
+        from rlsim.paths import check_output_file
+
+        check_output_file(plot, "--plot")
     from rlsim.stats import plot_length_cdf, trace_stats
     from rlsim.trace import load
 

@@ -24,3 +24,60 @@ def bundled(name: str) -> Path:
 def default_trace() -> Path:
     """The default workload: DAPO-Math-17k prompts with lengths fitted to real verl logs."""
     return bundled(DEFAULT_TRACE)
+
+
+def check_output_file(path: Path, what: str) -> None:
+    """Refuse, before any work, an output file that cannot be written: its parent missing, a file
+    or not writable, or the path itself a directory. One sentence naming the option."""
+    import os
+
+    from rlsim.errors import RlsimError
+
+    path = Path(path)
+    if path.is_dir():
+        raise RlsimError(f"{what} {path} is a directory; give a file path")
+    _check_parent(path, what)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise RlsimError(f"{what} {path} is not writable")
+
+
+def check_output_dir(path: Path, what: str) -> None:
+    """Refuse an output directory that cannot be created or written (a file in its place, or a
+    parent that is missing-and-uncreatable or not writable)."""
+    import os
+
+    from rlsim.errors import RlsimError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RlsimError(f"{what} {path} is a file; give a directory path")
+    if path.is_dir():
+        if not os.access(path, os.W_OK):
+            raise RlsimError(f"{what} {path} is not writable")
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RlsimError(f"{what} {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK):
+        raise RlsimError(f"{what} {path}: {parent} is not writable")
+
+
+def _check_parent(path: Path, what: str) -> None:
+    import os
+
+    from rlsim.errors import RlsimError
+
+    parent = path.parent
+    if not parent.exists():
+        probe = parent
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            raise RlsimError(f"{what} {path}: {probe} is a file, not a directory")
+        raise RlsimError(f"{what} {path}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise RlsimError(f"{what} {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK):
+        raise RlsimError(f"{what} {path}: directory {parent} is not writable")

@@ -102,9 +102,40 @@ def plot_timeline(result: Result, out: Path) -> Path:
     return out
 
 
-def write_run_dir(result: Result, out: Path) -> Path:
-    """Write every file of a run directory."""
-    out.mkdir(parents=True, exist_ok=True)
+def write_run_dir(result: Result, out: Path, swap: bool = True) -> Path:
+    """Write every file of a run directory. With `swap` (a simulated run), all at once: into a
+    temporary sibling directory that replaces `out` only when complete, so a run killed while
+    writing never leaves a directory that mixes two runs (an existing `out` stays whole until the
+    swap). Without it (a real run's directory, which holds the run's other files), file by file,
+    each atomically."""
+    import os
+    import shutil
+    import tempfile
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not swap:
+        out.mkdir(exist_ok=True)
+        _write_files(result, out)
+        return out
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        _write_files(result, tmp)
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            old = out.with_name(f".{out.name}.{os.getpid()}.old")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_files(result: Result, out: Path) -> None:
     _atomic(out / "config.json", to_json(result.config).encode())
     for name, frame in (("steps", result.steps), ("requests", result.requests)):
         tmp = out / f"{name}.parquet.tmp"
@@ -113,7 +144,6 @@ def write_run_dir(result: Result, out: Path) -> Path:
     _atomic(out / "summary.json", to_json(result.summary).encode())
     _atomic(out / "trace.json", json.dumps(perfetto_trace(result)).encode())
     plot_timeline(result, out / "timeline.png")
-    return out
 
 
 def plot_compare(rows: list[dict[str, Any]], out: Path) -> Path:

@@ -143,7 +143,9 @@ def load_grid(path: Path) -> Grid:
     if not path.is_file():
         raise RlsimError(f"{path}: no such grid file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise RlsimError(f"{path} is not UTF-8 text (a grid is a YAML file)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark else ""
@@ -280,9 +282,33 @@ def _read_rows(out: Path) -> list[dict[str, Any]]:
     if not out.exists():
         return []
     try:
-        return pd.read_parquet(out).to_dict("records")
+        frame = pd.read_parquet(out)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise RlsimError(f"{out} exists but is not a sweep result ({str(exc).splitlines()[0]})") from None
+    if "point_id" not in frame.columns:
+        raise RlsimError(f"{out} is a Parquet file but not a sweep result (no point_id column); choose another --out")
+    return frame.to_dict("records")
+
+
+def check_caps(grid: Grid) -> None:
+    """Refuse, before any point runs, a point whose `max_response_len` exceeds its trace file's
+    cap (synthesised traces are drawn up to the point's cap and need no check)."""
+    from rlsim.paths import default_trace
+    from rlsim.trace import load
+
+    caps: dict[str, int] = {}
+    for p in grid.points:
+        if any(k in p for k in SYNTH_FIELDS):
+            continue
+        path = str(p.get("trace") or default_trace())
+        if path not in caps:
+            caps[path] = load(path, columns=[]).meta.max_response_len
+        cap = p.get("max_response_len")
+        if cap is not None and cap > caps[path]:
+            raise RlsimError(
+                f"{grid.source}: point {_label(p)}: max_response_len={cap} exceeds the trace's cap {caps[path]}: "
+                "the trace does not say how long responses would run past it"
+            )
 
 
 def _write_rows(out: Path, rows: list[dict[str, Any]], order: dict[str, int]) -> None:
@@ -300,27 +326,55 @@ def done_points(grid: Grid, out: Path) -> list[dict[str, Any]]:
     return [r for r in _read_rows(out) if r.get("point_id") in order]
 
 
+def foreign_rows(grid: Grid, out: Path) -> list[dict[str, Any]]:
+    """Rows in `out` that belong to another grid: a sweep never rewrites or drops them."""
+    order = {point_id(p) for p in grid.points}
+    return [r for r in _read_rows(out) if r.get("point_id") not in order]
+
+
 def run_sweep(
-    grid: Grid, out: Path, executor: Executor | None = None, on_done: Callable[[dict], None] | None = None
+    grid: Grid,
+    out: Path,
+    executor: Executor | None = None,
+    on_done: Callable[[dict], None] | None = None,
+    keep_other_grids: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every point of `grid` not already in `out`; rows land in `out` as they finish.
-    Returns every row (earlier and new), in grid order. `executor=None` runs in this process."""
+    Returns every row of this grid (earlier and new), in grid order. `executor=None` runs in this
+    process. An `out` holding rows of another grid is refused unless `keep_other_grids`, which
+    keeps those rows, unchanged, after this grid's."""
     order = {point_id(p): i for i, p in enumerate(grid.points)}
     rows = done_points(grid, out)
+    others = foreign_rows(grid, out)
+    if others and not keep_other_grids:
+        raise RlsimError(
+            f"{out} holds {len(others)} rows of another grid; choose another --out, or pass --force to add "
+            "this grid's rows beside them (they are kept as they are)"
+        )
     done = {r["point_id"] for r in rows}
     todo = [p for p in grid.points if point_id(p) not in done]
     out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        _write_rows(out, rows + others, order)
+
     if executor is None:
         for p in todo:
             rows.append(run_point(p))
-            _write_rows(out, rows, order)
+            save()
             if on_done:
                 on_done(rows[-1])
     else:
         futures = [executor.submit(run_point, p) for p in todo]
-        for fut in as_completed(futures):
-            rows.append(fut.result())
-            _write_rows(out, rows, order)
-            if on_done:
-                on_done(rows[-1])
+        try:
+            for fut in as_completed(futures):
+                rows.append(fut.result())
+                save()
+                if on_done:
+                    on_done(rows[-1])
+        except BaseException:
+            # Ctrl-C or a failed point: drop the work not started, keep every row already saved.
+            for fut in futures:
+                fut.cancel()
+            raise
     return sorted(rows, key=lambda r: order[r["point_id"]])
