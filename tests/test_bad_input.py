@@ -1,0 +1,283 @@
+"""Bad input across every command: one sentence and exit code 2, never a traceback, never data
+lost. Each case is a class of input tried on a real command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rlsim.cli import app
+from rlsim.errors import RlsimError
+from rlsim.profile import PROFILE_DIR
+from rlsim.sweep import parse_grid, run_sweep
+from rlsim.trace import META_KEY, Trace, save
+
+from .conftest import REPO
+
+runner = CliRunner()
+SMALL = {"num_prompts": 32, "trace_epochs": 1, "epochs": 1, "prompts_per_step": 16, "samples_per_prompt": 4}
+
+
+def _refused(args: list[str], message: str) -> None:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, (args, r.exit_code, r.output)
+    assert message in r.stderr, (args, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+# ---- data loss ------------------------------------------------------------------------------
+
+
+def test_sweep_refuses_to_overwrite_a_parquet_that_is_not_a_sweep(tmp_path: Path, small_trace_path: Path) -> None:
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"fixed": SMALL, "grid": {"gpus": [4]}}))
+    before = small_trace_path.read_bytes()
+    _refused(["sweep", str(grid), "--out", str(small_trace_path)], "not a sweep result (no point_id column)")
+    assert small_trace_path.read_bytes() == before
+
+
+def test_a_different_grid_never_drops_another_grids_rows(tmp_path: Path) -> None:
+    out = tmp_path / "s.parquet"
+    first = run_sweep(parse_grid({"fixed": SMALL, "grid": {"gpus": [4], "policy": ["sync", "rollpacker"]}}), out)
+    second = parse_grid({"fixed": SMALL, "grid": {"gpus": [8]}})
+    with pytest.raises(RlsimError, match="holds 2 rows of another grid"):
+        run_sweep(second, out)
+    assert len(pd.read_parquet(out)) == 2
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"fixed": SMALL, "grid": {"gpus": [8]}}))
+    _refused(["sweep", str(grid), "--out", str(out), "--workers", "1"], "holds 2 rows of another grid")
+    r = runner.invoke(app, ["sweep", str(grid), "--out", str(out), "--workers", "1", "--force"])
+    assert r.exit_code == 0, r.output
+    rows = pd.read_parquet(out)
+    assert len(rows) == 3
+    kept = rows[rows["point_id"].isin([f["point_id"] for f in first])].sort_values("point_id")
+    want = pd.DataFrame(first).sort_values("point_id")
+    assert kept["epoch_time_s"].tolist() == want["epoch_time_s"].tolist()  # unchanged
+
+
+def test_simulate_force_swaps_the_run_directory_in_whole(tmp_path: Path, small_trace_path: Path) -> None:
+    """A run is written beside the old one and swapped in: a kill mid-write leaves the old run
+    whole (here: the write fails on purpose), and no temporary directory is left behind."""
+    from rlsim.config import ClusterConfig, RLConfig
+    from rlsim.report import write_run_dir
+    from rlsim.simulate import simulate
+    from rlsim.trace import load
+
+    out = tmp_path / "run"
+    args = ["simulate", "--trace", str(small_trace_path), "--gpus", "4", "--prompts-per-step", "8", "--max-steps",
+            "2", "--epochs", "1", "-o", str(out)]  # fmt: skip
+    assert runner.invoke(app, args).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    res = simulate(load(small_trace_path), "rollpacker", ClusterConfig(num_gpus=4),
+                   RLConfig(prompts_per_step=8, samples_per_prompt=4, epochs=1, max_steps=2))  # fmt: skip
+    with pytest.raises(AttributeError):  # the steps table is missing: the write fails half way
+        write_run_dir(dataclasses.replace(res, steps=None), out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert runner.invoke(app, [*args, "--policy", "rollpacker", "--force"]).exit_code == 0
+    assert json.loads((out / "config.json").read_text())["policy"] == "rollpacker"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_ctrl_c_stops_a_sweep_promptly_and_keeps_finished_rows(tmp_path: Path) -> None:
+    grid = tmp_path / "g.yaml"
+    doc = {"fixed": {**SMALL, "num_prompts": 64}, "grid": {"gpus": [4, 8, 16, 32], "seed": list(range(6))}}
+    grid.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "s.parquet"
+    proc = subprocess.Popen([sys.executable, "-m", "rlsim.cli", "sweep", str(grid), "--out", str(out), "--workers",
+                             "2"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.time() + 120
+    while not (out.exists() and len(pd.read_parquet(out)) >= 2) and time.time() < deadline:
+        time.sleep(0.2)
+    assert out.exists(), "no point finished"
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
+    t0 = time.time()
+    _, err = proc.communicate(timeout=60)
+    assert time.time() - t0 < 20, "the sweep computed the remaining points before exiting"
+    assert proc.returncode == 130 and "interrupted:" in err and "Traceback" not in err
+    saved = len(pd.read_parquet(out))
+    assert 2 <= saved < 24
+    r = runner.invoke(app, ["sweep", str(grid), "--out", str(out), "--workers", "1"])
+    assert r.exit_code == 0 and len(pd.read_parquet(out)) == 24  # the rerun resumes
+
+
+# ---- output paths ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["compare", "--plot", "MISSING/b.png", "--max-steps", "1"], "does not exist"),
+        (["compare", "--plot", "FILE/b.png", "--max-steps", "1"], "is a file, not a directory"),
+        (["compare", "--plot", "DIR", "--max-steps", "1"], "is a directory; give a file path"),
+        (["plan", "--target-epoch-hours", "3", "--plot", "MISSING/p.png"], "does not exist"),
+        (["simulate", "-o", "FILE", "--max-steps", "1"], "is a file; give a directory path"),
+        (["simulate", "-o", "FILE/run", "--max-steps", "1"], "is a file, not a directory"),
+        (["sweep", "GRID", "--out", "DIR"], "is a directory; give a file path"),
+        (["trace", "synth", "-o", "DIR", "--num-prompts", "4"], "is a directory; give a file path"),
+        (["trace", "synth", "-o", "MISSING/t.parquet", "--num-prompts", "4"], "does not exist"),
+        (["trace", "inspect", "TRACE", "--plot", "FILE/cdf.png"], "is a file, not a directory"),
+        (["trace", "fit", "TRACE", "-o", "DIR"], "is a directory; give a file path"),
+        (["calibrate", "fit", "DIR", "-o", "MISSING/p.json"], "does not exist"),
+    ],
+)
+def test_output_paths_are_checked_before_any_work(tmp_path: Path, small_trace_path: Path, args, message) -> None:  # noqa: ANN001
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dir").mkdir()
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"fixed": SMALL, "grid": {"gpus": [4]}}))
+    sub = {"MISSING": str(tmp_path / "missing"), "FILE": str(tmp_path / "file"), "DIR": str(tmp_path / "dir"),
+           "GRID": str(grid), "TRACE": str(small_trace_path)}  # fmt: skip
+    args = [next((a.replace(k, v) for k, v in sub.items() if a.startswith(k)), a) for a in args]
+    _refused(args, message)
+    assert not list((tmp_path / "dir").iterdir())  # synth leaves no .tmp behind
+
+
+# ---- policies, profiles, numbers ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [("rollpacker(eta_p=nan)", "must be a finite number"), ("rollpacker(eta_r=inf)", "must be a finite number"),
+     ("os:getcwd", "is not a policy class")],
+)  # fmt: skip
+def test_bad_policies(small_trace_path: Path, policy: str, message: str) -> None:
+    _refused(["simulate", "--trace", str(small_trace_path), "--policy", policy, "--max-steps", "1"], message)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"train": {"flops_per_token": 1.0, "peak_flops_per_gpu": 1e15, "mfu": 0.0, "fixed_s": 1.0}},
+      "field 'train.mfu' must be in (0, 1]"),
+     ({"spec": [1, 2]}, "field 'spec' must be an object"),
+     ({"kv_capacity_tokens": 100}, "does not fit an instance's KV cache of 100 tokens"),
+     ({"beta_s": "NaN"}, "field 'beta_s' must be a finite number")],
+)  # fmt: skip
+def test_bad_profiles(tmp_path: Path, small_trace_path: Path, change: dict, message: str) -> None:
+    raw = json.loads((PROFILE_DIR / "h100-qwen2.5-7b-tp1.json").read_text()) | change
+    raw.pop("model_facts") if "kv_capacity_tokens" in change else None  # keep the tiny capacity as given
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(raw).replace('"NaN"', "NaN"))
+    _refused(["simulate", "--trace", str(small_trace_path), "--profile", str(path), "--gpus", "1", "--max-steps", "1",
+              "-o", str(tmp_path / "run")], message)  # fmt: skip
+    _refused(["simulate", "--trace", str(small_trace_path), "--profile", str(tmp_path), "--max-steps", "1"],
+             "is a directory")  # fmt: skip
+
+
+def test_bad_numbers_and_ranges(tmp_path: Path, small_trace_path: Path) -> None:
+    _refused(["compare", "--workers", "-1"], "--workers must be >= 0")
+    _refused(["plan", "--target-epoch-hours", "nan"], "--target-epoch-hours must be a positive number")
+    _refused(["plan", "--target-epoch-hours", "3", "--gpus", "3..3"], "holds no whole rollout instance")
+    _refused(["plan", "--target-epoch-hours", "3", "--trace", str(small_trace_path), "--max-response-len", "99999"],
+             "exceeds the trace's cap")  # fmt: skip
+    grid = tmp_path / "g.yaml"
+    trace_point = {"trace": str(small_trace_path), "max_response_len": 99999, "prompts_per_step": 16,
+                   "samples_per_prompt": 4, "epochs": 1}  # a trace file, not a synthesised one
+    grid.write_text(yaml.safe_dump({"fixed": trace_point, "grid": {"gpus": [4]}}))
+    _refused(["sweep", str(grid), "--out", str(tmp_path / "s.parquet")], "exceeds the trace's cap")
+    _refused(["sweep", str(grid), "--out", str(tmp_path / "s.parquet"), "--workers", "-1"], "--workers must be >= 0")
+    grid.write_bytes(b"fixed: {gpus: 4}\n# \xff\xfe\n")
+    _refused(["sweep", str(grid), "--out", str(tmp_path / "s.parquet")], "is not UTF-8 text")
+    _refused(["run", "--real", "-o", str(tmp_path / "r"), "--model", str(tmp_path), "--trace", str(small_trace_path),
+              "--train", "none", "--max-response-len", "0"], "--max-response-len must be positive")  # fmt: skip
+
+
+def test_policies_command_lists_every_policy_and_its_knobs() -> None:
+    r = runner.invoke(app, ["policies"])
+    assert r.exit_code == 0
+    for text in ("rollpacker", "eta_p=1.25", "sortedrl", "mode=on_policy", "+histospec", "arXiv 2509.21009"):
+        assert text in r.output
+
+
+# ---- trace files ----------------------------------------------------------------------------
+
+
+def _rewrite(path: Path, table: pa.Table | None = None, meta: bytes | None = None) -> Path:
+    table = table if table is not None else pq.read_table(path)
+    if meta is not None:
+        table = table.replace_schema_metadata({META_KEY: meta})
+    out = path.with_name("bad.parquet")
+    pq.write_table(table, out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [("corrupt", "cannot be read"), ("meta_utf8", "not UTF-8"), ("meta_source", "source must be a string"),
+     ("meta_nan_cap", "max_response_len must be an integer"), ("meta_float_cap", "max_response_len must be an integer"),
+     ("meta_huge", "must fit in 64 bits"), ("sample_idx", "sample_idx must be below samples_per_prompt")],
+)  # fmt: skip
+def test_bad_trace_files(small_trace: Trace, tmp_path: Path, kind: str, message: str) -> None:
+    path = save(small_trace, tmp_path / "t.parquet")
+    meta = json.loads(pq.read_schema(path).metadata[META_KEY])
+    if kind == "corrupt":
+        raw = bytearray(path.read_bytes())
+        col = pq.ParquetFile(path).metadata.row_group(0).column(3)  # num_prompt_tokens
+        at = col.data_page_offset + 24  # past the page header: the compressed values
+        raw[at : at + 32] = b"\x00" * 32
+        bad = tmp_path / "bad.parquet"
+        bad.write_bytes(bytes(raw))
+    elif kind == "meta_utf8":
+        bad = _rewrite(path, meta=b"\xff\xfe{}")
+    elif kind == "sample_idx":
+        t = pq.read_table(path)
+        idx = t["sample_idx"].to_pylist()
+        idx[0] = 7
+        bad = _rewrite(path, t.set_column(t.column_names.index("sample_idx"), "sample_idx", pa.array(idx, pa.int32())))
+    else:
+        value = {"meta_source": {"source": 5}, "meta_nan_cap": {"max_response_len": float("nan")},
+                 "meta_float_cap": {"max_response_len": 2048.5},
+                 "meta_huge": {"max_response_len": 2**70}}[kind]  # fmt: skip
+        bad = _rewrite(path, meta=json.dumps(meta | value).encode())
+    _refused(["trace", "inspect", str(bad)], message)
+
+
+# ---- calibration records and run directories ------------------------------------------------
+
+
+def test_malformed_calibration_records(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    out = str(tmp_path / "p.json")
+    (rec / "facts.json").write_text("{not json")
+    _refused(["calibrate", "fit", str(rec), "-o", out], "is not valid JSON")
+    (rec / "facts.json").write_text(json.dumps({"model": "m"}))
+    _refused(["calibrate", "fit", str(rec), "-o", out], "lacks 'hardware'")
+    facts = {"model": "m", "hardware": "cpu", "tensor_parallel_size": 1, "kv_capacity_tokens": 1024, "block_size": 16,
+             "max_num_seqs": 8, "max_num_batched_tokens": 64, "num_gpu_blocks": 65}  # fmt: skip
+    (rec / "facts.json").write_text(json.dumps(facts))
+    (rec / "iterations.parquet").write_bytes(b"garbage")
+    _refused(["calibrate", "fit", str(rec), "-o", out], "is not a readable Parquet file")
+    pd.DataFrame({"x": [1]}).to_parquet(rec / "iterations.parquet")
+    _refused(["calibrate", "fit", str(rec), "-o", out], "lacks column 'phase'")
+    cols = ["phase", "step_s", "num_generation_requests", "num_ctx_requests", "context_tokens", "num_ctx_tokens",
+            "num_generation_tokens"]  # fmt: skip
+    pd.DataFrame({c: pd.Series([], dtype="float64") for c in cols}).to_parquet(rec / "iterations.parquet")
+    _refused(["calibrate", "fit", str(rec), "-o", out], "only 0 usable iterations")
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [("{oops", "is not valid JSON"), ("[1, 2]", "must hold a JSON object"), (json.dumps({"mode": "real"}), "lacks"),
+     (json.dumps({"mode": "sim"}), "is not a real run")],
+)  # fmt: skip
+def test_malformed_run_directories(tmp_path: Path, config: str, message: str) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(config)
+    _refused(["validate", str(run)], message)
+    _refused(["run", "--real", "--resume", "-o", str(run)], message)
