@@ -167,6 +167,7 @@ def _read_table(path: Path, columns: list[str] | None) -> tuple[pa.Table, TraceM
     read_dict = [c for c in ("prompt_text", "finish_reason") if c in schema.names]
     try:
         table = pq.read_table(path, columns=wanted, read_dictionary=read_dict)
+        table.validate(full=True)  # strings that are not UTF-8, offsets past the data
     except (pa.ArrowException, OSError, ValueError) as exc:  # corrupt pages, codec errors
         raise TraceError(f"{where}: its data cannot be read ({str(exc).splitlines()[0]})") from None
     if table.num_rows == 0:
@@ -261,7 +262,10 @@ def load(path: str | Path, columns: list[str] | None = None) -> Trace:
     path = Path(path)
     table, meta = _read_table(path, columns)
     _validate_token_ids(table, str(path))
-    df = table.to_pandas()
+    try:
+        df = table.to_pandas()
+    except (pa.ArrowException, ValueError) as exc:  # data that validates but does not convert
+        raise TraceError(f"{path}: its data cannot be read ({str(exc).splitlines()[0]})") from None
     validate_table(df, meta, str(path))
     return Trace(df, meta)
 

@@ -56,8 +56,13 @@ def _check(path: Path) -> None:
     assert df["finish_reason"].astype(str).isin(FINISH_REASONS).all()
 
 
-def _write(table: pa.Table, meta: dict | bytes | None = None) -> Path:
-    d = Path(tempfile.mkdtemp())
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory for every case: each overwrites the same file, so a long run leaves no litter."""
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def _write(d: Path, table: pa.Table, meta: dict | bytes | None = None) -> Path:
     if meta is not None:
         blob = meta if isinstance(meta, bytes) else json.dumps(meta, default=str).encode()
         table = table.replace_schema_metadata({META_KEY: blob})
@@ -68,7 +73,9 @@ def _write(table: pa.Table, meta: dict | bytes | None = None) -> Path:
 
 @SETTINGS
 @given(data=st.data())
-def test_mutated_traces_load_or_raise_trace_error(valid: tuple[bytes, pa.Table], data: st.DataObject) -> None:
+def test_mutated_traces_load_or_raise_trace_error(
+    valid: tuple[bytes, pa.Table], workdir: Path, data: st.DataObject
+) -> None:
     blob, table = valid
     kind = data.draw(st.sampled_from(["bytes", "meta", "drop", "cast", "value", "meta_bytes"]))
     meta = json.loads(table.schema.metadata[META_KEY])
@@ -77,8 +84,7 @@ def test_mutated_traces_load_or_raise_trace_error(valid: tuple[bytes, pa.Table],
         for _ in range(data.draw(st.integers(1, 8))):
             i = data.draw(st.integers(0, len(raw) - 1))
             raw[i] = data.draw(st.integers(0, 255))
-        d = Path(tempfile.mkdtemp())
-        path = d / "t.parquet"
+        path = workdir / "t.parquet"
         path.write_bytes(bytes(raw))
     elif kind == "meta":
         key = data.draw(st.sampled_from([*meta, "extra"]))
@@ -86,11 +92,11 @@ def test_mutated_traces_load_or_raise_trace_error(valid: tuple[bytes, pa.Table],
             del meta[key]
         else:
             meta[key] = data.draw(VALUES)
-        path = _write(table, meta)
+        path = _write(workdir, table, meta)
     elif kind == "meta_bytes":
-        path = _write(table, data.draw(st.binary(max_size=40)))
+        path = _write(workdir, table, data.draw(st.binary(max_size=40)))
     elif kind == "drop":
-        path = _write(table.drop_columns([data.draw(st.sampled_from(table.column_names))]))
+        path = _write(workdir, table.drop_columns([data.draw(st.sampled_from(table.column_names))]))
     elif kind == "cast":
         name = data.draw(st.sampled_from(table.column_names))
         typ = data.draw(st.sampled_from(ARROW_TYPES))
@@ -98,7 +104,7 @@ def test_mutated_traces_load_or_raise_trace_error(valid: tuple[bytes, pa.Table],
             col = table[name].cast(typ, safe=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return
-        path = _write(table.set_column(table.column_names.index(name), name, col))
+        path = _write(workdir, table.set_column(table.column_names.index(name), name, col))
     else:
         name = data.draw(st.sampled_from([c for c in table.column_names if c != "output_token_ids"]))
         values = table[name].to_pylist()
@@ -108,5 +114,5 @@ def test_mutated_traces_load_or_raise_trace_error(valid: tuple[bytes, pa.Table],
             col = pa.array(values, type=table.schema.field(name).type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
             return
-        path = _write(table.set_column(table.column_names.index(name), name, col))
+        path = _write(workdir, table.set_column(table.column_names.index(name), name, col))
     _check(path)
