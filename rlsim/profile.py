@@ -29,6 +29,7 @@ PROFILE_DIR = Path(str(resources.files("calibrate") / "profiles"))
 # 1: the five coefficients; 2: adds linear_t0_s (the compute knee) and the per-term provenance of
 # rlsim.iteration_model. A version-1 file loads unchanged (its knee is measured from t_w_s).
 SCHEMA_VERSION = 2
+MAX_ITERATION_S = 60.0  # a profile's iteration of one sequence above this is a unit error
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,29 @@ class Profile:
                 raise RlsimError(f"profile {self.name}: {name} must be positive")
         if self.t_w_s + self.alpha_s + self.gamma_s <= 0:
             raise RlsimError(f"profile {self.name}: an iteration must cost time")
+        if self.block_size > self.kv_capacity_tokens:
+            raise RlsimError(
+                f"profile {self.name}: block_size {self.block_size} exceeds the KV capacity of "
+                f"{self.kv_capacity_tokens} tokens"
+            )
+        gmu = self.gpu_memory_utilization
+        if gmu is not None and not (isinstance(gmu, (int, float)) and 0 < gmu <= 1):
+            raise RlsimError(f"profile {self.name}: gpu_memory_utilization must be in (0, 1], got {gmu!r}")
+        # Seconds per iteration, not per step: an engine iteration of one sequence past a minute, or
+        # one at the engine's limits that overflows, is a unit error that would run for ever.
+        one = self.t_w_s + self.alpha_s + self.gamma_s
+        if one > MAX_ITERATION_S:
+            raise RlsimError(
+                f"profile {self.name}: one sequence's decode iteration takes {one:.3g} s; the coefficients are "
+                f"seconds per iteration (no engine takes over {MAX_ITERATION_S:.0f} s)"
+            )
+        seqs, kv = self.max_num_seqs, self.kv_capacity_tokens
+        full = self.iteration_s(seqs, kv, seqs, self.max_num_batched_tokens)
+        if not full <= 60 * MAX_ITERATION_S:  # NaN too
+            raise RlsimError(
+                f"profile {self.name}: an iteration at the engine's limits ({self.max_num_seqs} sequences, "
+                f"{self.kv_capacity_tokens:,} KV tokens) takes {full:.3g} s; a coefficient is in the wrong unit"
+            )
 
     def iteration_s(self, batch: int, context: int, decode_tokens: int, prefill_tokens: int = 0) -> float:
         """Time of one engine iteration."""

@@ -82,6 +82,10 @@ class ProfileWarning(UserWarning):
     """A profile that loads but looks wrong (a cell close to the memory roofline)."""
 
 
+def _fraction(x: float) -> str:
+    return f"{x:.0%}" if x < 100 else f"{x:.2g} times"
+
+
 def check_roofline(profile: Profile, where: str) -> None:
     """Refuse a GPU profile faster than physics on a feasible cell; warn close to it."""
     if not has_roofline(profile):
@@ -94,7 +98,7 @@ def check_roofline(profile: Profile, where: str) -> None:
     if worst.roofline_fraction > REFUSE_FRACTION:
         raise RlsimError(
             f"{where}: at {at} the profile decodes in {worst.iteration_s * 1e3:.3g} ms, below the memory "
-            f"roofline of {worst.roofline_s * 1e3:.3g} ms ({worst.roofline_fraction:.0%} of the bound): "
+            f"roofline of {worst.roofline_s * 1e3:.3g} ms ({_fraction(worst.roofline_fraction)} of the bound): "
             "a constant is wrong"
         )
     if worst.roofline_fraction > WARN_FRACTION:

@@ -56,14 +56,25 @@ def diff_pct(real: float, sim: float) -> float | None:
     return 100.0 * (sim - real) / real
 
 
+# The columns run_metrics reads from a run's tables.
+RUN_COLUMNS = {
+    "steps.parquet": ("step", "time/start", "timing_s/gen", "timing_s/step", "bubble_ratio"),
+    "requests.parquet": ("step", "outcome", "finish_time", "num_output_tokens"),
+}
+
+
 def _read(path: Path) -> pd.DataFrame:
     """A run table, or one sentence saying why it cannot be read."""
     if not path.exists():
         raise RlsimError(f"{path.parent} has no {path.name}: the run directory is incomplete")
     try:
-        return pd.read_parquet(path)
+        frame = pd.read_parquet(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise RlsimError(f"{path} is not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in RUN_COLUMNS.get(path.name, ()) if c not in frame.columns]
+    if missing:
+        raise RlsimError(f"{path} lacks column '{missing[0]}': not a table rlsim run wrote")
+    return frame
 
 
 def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:

@@ -165,7 +165,12 @@ def test_bad_policies(small_trace_path: Path, policy: str, message: str) -> None
       "field 'train.mfu' must be in (0, 1]"),
      ({"spec": [1, 2]}, "field 'spec' must be an object"),
      ({"kv_capacity_tokens": 100}, "does not fit an instance's KV cache of 100 tokens"),
-     ({"beta_s": "NaN"}, "field 'beta_s' must be a finite number")],
+     ({"beta_s": "NaN"}, "field 'beta_s' must be a finite number"),
+     ({"t_w_s": 1e9}, "the coefficients are seconds per iteration"),
+     ({"beta_s": 1e300}, "a coefficient is in the wrong unit"),
+     ({"block_size": 10**9}, "block_size 1000000000 exceeds the KV capacity"),
+     ({"gpu_memory_utilization": 5.0}, "gpu_memory_utilization must be in (0, 1]"),
+     ({"t_w_s": 1e-300, "alpha_s": 0, "beta_s": 0, "gamma_s": 0, "linear_t0_s": 0}, "below the memory roofline")],
 )  # fmt: skip
 def test_bad_profiles(tmp_path: Path, small_trace_path: Path, change: dict, message: str) -> None:
     raw = json.loads((PROFILE_DIR / "h100-qwen2.5-7b-tp1.json").read_text()) | change
@@ -219,7 +224,8 @@ def _rewrite(path: Path, table: pa.Table | None = None, meta: bytes | None = Non
     ("kind", "message"),
     [("corrupt", "cannot be read"), ("meta_utf8", "not UTF-8"), ("meta_source", "source must be a string"),
      ("meta_nan_cap", "max_response_len must be an integer"), ("meta_float_cap", "max_response_len must be an integer"),
-     ("meta_huge", "must fit in 64 bits"), ("sample_idx", "sample_idx must be below samples_per_prompt")],
+     ("meta_huge", "must fit in 64 bits"), ("sample_idx", "sample_idx must be below samples_per_prompt"),
+     ("utf8_data", "cannot be read")],
 )  # fmt: skip
 def test_bad_trace_files(small_trace: Trace, tmp_path: Path, kind: str, message: str) -> None:
     path = save(small_trace, tmp_path / "t.parquet")
@@ -233,6 +239,11 @@ def test_bad_trace_files(small_trace: Trace, tmp_path: Path, kind: str, message:
         bad.write_bytes(bytes(raw))
     elif kind == "meta_utf8":
         bad = _rewrite(path, meta=b"\xff\xfe{}")
+    elif kind == "utf8_data":  # string bytes that are not UTF-8 (pyarrow reads them; pandas cannot)
+        t = pq.read_table(path)
+        offsets = pa.array(range(t.num_rows + 1), pa.int32()).buffers()[1]
+        col = pa.Array.from_buffers(pa.string(), t.num_rows, [None, offsets, pa.py_buffer(b"\xff" * t.num_rows)])
+        bad = _rewrite(path, t.set_column(t.column_names.index("finish_reason"), "finish_reason", col))
     elif kind == "sample_idx":
         t = pq.read_table(path)
         idx = t["sample_idx"].to_pylist()
@@ -281,3 +292,38 @@ def test_malformed_run_directories(tmp_path: Path, config: str, message: str) ->
     (run / "config.json").write_text(config)
     _refused(["validate", str(run)], message)
     _refused(["run", "--real", "--resume", "-o", str(run)], message)
+
+
+def test_run_directory_with_corrupt_tables_or_checkpoint(tmp_path: Path, small_trace_path: Path) -> None:
+    """A complete real-run config whose tables or checkpoint are missing, corrupt or foreign."""
+    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+    from rlsim.profile import load_profile
+    from rlsim.real_run import RealConfig, config_dict
+    from rlsim.report import to_json
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rl = RLConfig(prompts_per_step=8, samples_per_prompt=4, epochs=1)
+    config = config_dict(ClusterConfig(num_gpus=1), rl, RealConfig(model=str(tmp_path)), EngineConfig()) | {
+        "mode": "real", "policy": "sync", "trace_path": str(small_trace_path),
+        "profile": load_profile("h100-qwen2.5-7b-tp1").to_dict(),
+    }  # fmt: skip
+    (run / "config.json").write_text(to_json(config))
+    _refused(["validate", str(run)], "has no finished step yet")
+    (run / "steps.parquet").write_bytes(b"PAR1 garbage")
+    _refused(["validate", str(run)], "steps.parquet is not a readable Parquet file")
+    pd.DataFrame({"x": [1]}).to_parquet(run / "steps.parquet")
+    _refused(["validate", str(run)], "steps.parquet lacks column 'step'")
+    steps = {"step": [0], "time/start": [0.0], "timing_s/gen": [1.0], "timing_s/step": [2.0], "bubble_ratio": [0.1]}
+    pd.DataFrame(steps).to_parquet(run / "steps.parquet")
+    _refused(["validate", str(run)], "has no requests.parquet: the run directory is incomplete")
+    pd.DataFrame({"x": [1]}).to_parquet(run / "requests.parquet")
+    _refused(["validate", str(run)], "requests.parquet lacks column 'step'")
+    (run / "checkpoint.pkl").write_bytes(b"\x80\x04truncated")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:  # without vLLM the run stops at its first check, in one sentence too
+        _refused(["run", "--real", "--resume", "-o", str(run)], "vLLM")
+    else:
+        _refused(["run", "--real", "--resume", "-o", str(run)], "checkpoint.pkl cannot be read")
+    assert (run / "checkpoint.pkl").read_bytes() == b"\x80\x04truncated"  # nothing rewritten
