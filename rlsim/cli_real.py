@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
         if resume:
             run_ = RealRun.resume(out, steps)
         else:
+            from rlsim.paths import check_output_dir
+
+            check_output_dir(out, "--out")
             if model is None:
                 raise RlsimError("--model is required: a model directory or a Hugging Face id in the local cache")
             if train == "modeled" and profile is None:

@@ -25,7 +25,7 @@ from rlsim.profile import PROFILE_DIR
 from rlsim.sweep import parse_grid, run_sweep
 from rlsim.trace import META_KEY, Trace, save
 
-from .conftest import REPO
+from .conftest import CODER_LOG_DIR, REPO
 
 runner = CliRunner()
 SMALL = {"num_prompts": 32, "trace_epochs": 1, "epochs": 1, "prompts_per_step": 16, "samples_per_prompt": 4}
@@ -133,6 +133,9 @@ def test_ctrl_c_stops_a_sweep_promptly_and_keeps_finished_rows(tmp_path: Path) -
         (["trace", "inspect", "TRACE", "--plot", "FILE/cdf.png"], "is a file, not a directory"),
         (["trace", "fit", "TRACE", "-o", "DIR"], "is a directory; give a file path"),
         (["calibrate", "fit", "DIR", "-o", "MISSING/p.json"], "does not exist"),
+        (["run", "--real", "-o", "FILE", "--model", "DIR", "--train", "none"], "is a file; give a directory path"),
+        (["run", "--real", "-o", "FILE/run", "--model", "DIR", "--train", "none"], "is a file, not a directory"),
+        (["trace", "import", "CODER", "-o", "FILE/t.parquet"], "is a file, not a directory"),
     ],
 )
 def test_output_paths_are_checked_before_any_work(tmp_path: Path, small_trace_path: Path, args, message) -> None:  # noqa: ANN001
@@ -141,7 +144,7 @@ def test_output_paths_are_checked_before_any_work(tmp_path: Path, small_trace_pa
     grid = tmp_path / "g.yaml"
     grid.write_text(yaml.safe_dump({"fixed": SMALL, "grid": {"gpus": [4]}}))
     sub = {"MISSING": str(tmp_path / "missing"), "FILE": str(tmp_path / "file"), "DIR": str(tmp_path / "dir"),
-           "GRID": str(grid), "TRACE": str(small_trace_path)}  # fmt: skip
+           "GRID": str(grid), "TRACE": str(small_trace_path), "CODER": str(CODER_LOG_DIR)}  # fmt: skip
     args = [next((a.replace(k, v) for k, v in sub.items() if a.startswith(k)), a) for a in args]
     _refused(args, message)
     assert not list((tmp_path / "dir").iterdir())  # synth leaves no .tmp behind
