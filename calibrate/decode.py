@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,6 +195,8 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
                 "model": cfg.model,
                 "measured_total_s": float(np.median(totals)),
                 "measured_totals_s": totals,
+                # the load the repeats ran under (1, 5, 15 min): a neighbour's work shows here
+                "load_average": [round(x, 2) for x in os.getloadavg()],
                 "requests": [
                     {k: r[k] for k in ("prompt_id", "sample_idx", "max_tokens")}
                     | {"num_prompt_tokens": len(r["prompt_token_ids"])}

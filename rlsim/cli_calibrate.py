@@ -48,6 +48,7 @@ def fit(
             "repeat_spread": round(max(totals) / min(totals) - 1.0, 4),
             "simulated_s": round(simulated, 4),
             "error": round(simulated / measured - 1.0, 4),
+            "load_average": rec.workload.get("load_average"),
         }
     console = make_console()
     table = Table(
@@ -72,6 +73,7 @@ def fit(
             f"workload replay: measured {replay[0]:.3f} s (median of {len(totals)} repeats, "
             f"{min(totals):.3f}-{max(totals):.3f} s, spread {wr['repeat_spread']:.1%}), "
             f"simulated {replay[1]:.3f} s, error {replay[1] / replay[0] - 1:+.1%}"
+            + (f"; host load average {wr['load_average'][0]:.1f}" if wr.get("load_average") else "")
         )
     if rec.spec:
         console.print(

@@ -81,8 +81,14 @@ def host_spread(calibrated: dict, tmp_path_factory: pytest.TempPathFactory) -> f
                    "--trace", str(trace), "--steps", "3", "--train", "none", "--no-enable-prefix-caching")  # fmt: skip
         gen.append(float(pd.read_parquet(out / "steps.parquet")["timing_s/gen"].mean()))
     spread = abs(gen[0] - gen[1]) / min(gen)
-    print(f"host run-to-run spread: {spread:.1%} (rollout {gen[0]:.3f} s then {gen[1]:.3f} s)")
+    print(f"host run-to-run spread: {spread:.1%} (rollout {gen[0]:.3f} s then {gen[1]:.3f} s; {host_load()})")
     return spread
+
+
+def host_load() -> str:
+    """The machine's load, recorded beside every timing figure: a neighbour's work shows here."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min) / {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +97,8 @@ def calibration_spread(calibrated: dict, host_spread: float) -> float:
     while the fit's iterations were recorded, or the host's spread measured later, the larger.
     A neighbour that loads the machine during calibration shows here, not in `host_spread`."""
     replay = calibrated["profile"]["fit_error"]["workload_replay"]
-    print(f"calibration workload repeats {replay['measured_totals_s']} s: spread {replay['repeat_spread']:.1%}")
+    print(f"calibration workload repeats {replay['measured_totals_s']} s: spread {replay['repeat_spread']:.1%} "
+          f"under load average {replay.get('load_average')}")  # fmt: skip
     return max(host_spread, float(replay["repeat_spread"]))
 
 
@@ -99,6 +106,6 @@ def require_quiet_host(spread: float, band: float) -> None:
     """Skip, saying why, a timing-accuracy check whose band is under three times the host's spread."""
     if spread * 3 > band:
         pytest.skip(
-            f"this host's run-to-run spread is {spread:.1%}: a {band:.0%} timing band cannot be checked here "
-            "(it needs a spread under a third of the band)"
+            f"this host's run-to-run spread is {spread:.1%} ({host_load()}): a {band:.0%} timing band cannot be "
+            "checked here (it needs a spread under a third of the band)"
         )
