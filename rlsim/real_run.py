@@ -128,9 +128,9 @@ class RealRun:
             self.cluster = ClusterConfig(**config["ClusterConfig"])
             self.rl = RLConfig(**config["RLConfig"])
             self.real = RealConfig(**config["RealConfig"])
+            self.engine_cfg = run_engine_config(config)
         except TypeError as exc:
             raise RlsimError(f"{where} holds a config this rlsim cannot read ({exc})") from None
-        self.engine_cfg = run_engine_config(config)
         self.policy = config["policy"]
         self.trace_path = Path(config["trace_path"])
         self.n = num_instances(self.cluster, self.real.rollout_tp)

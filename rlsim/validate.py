@@ -87,22 +87,28 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
 
     config = read_run_config(run_dir)
     cfg_path = run_dir / "config.json"
-    for key in ("RealConfig", "ClusterConfig", "RLConfig", "trace_path", "policy", "profile"):
-        if key not in config:
-            raise RlsimError(f"{cfg_path} lacks '{key}': the run directory is incomplete or not rlsim's")
-    real = config["RealConfig"]
+    real = config.get("RealConfig")
+    if not isinstance(real, dict) or "lengths" not in real:
+        raise RlsimError(f"{cfg_path} lacks 'RealConfig.lengths': the run directory is incomplete or not rlsim's")
     if real["lengths"] != "replay":
         raise RlsimError(
             f"{run_dir} ran with --lengths {real['lengths']}: validation needs a --lengths replay run, "
             "whose samples have the trace's lengths"
         )
+    for key in ("ClusterConfig", "RLConfig", "trace_path", "policy", "profile"):
+        if key not in config:
+            raise RlsimError(f"{cfg_path} lacks '{key}': the run directory is incomplete or not rlsim's")
     if not (run_dir / "steps.parquet").exists():
         raise RlsimError(f"{run_dir} has no finished step yet (no steps.parquet)")
     steps, requests = _read(run_dir / "steps.parquet"), _read(run_dir / "requests.parquet")
     prof = load_profile(profile) if profile else profile_from_dict(config["profile"], f"{cfg_path} profile")
     prof = run_profile(prof, real["train"])
-    cluster = ClusterConfig(**config["ClusterConfig"])
-    rl = RLConfig(**(config["RLConfig"] | {"max_steps": len(steps)}))
+    try:
+        cluster = ClusterConfig(**config["ClusterConfig"])
+        rl = RLConfig(**(config["RLConfig"] | {"max_steps": len(steps)}))
+        engine_cfg = run_engine_config(config)
+    except TypeError as exc:
+        raise RlsimError(f"{cfg_path} holds a config this rlsim cannot read ({exc})") from None
     n_real = num_instances(cluster, real["rollout_tp"])
     n_sim = cluster.num_instances(prof.tensor_parallel_size)
     if n_real != n_sim:
@@ -119,7 +125,7 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     if "histospec" in policy and "output_token_ids" in names:
         cols.append("output_token_ids")
     result = simulate(
-        load(trace_path, columns=cols), policy, cluster, rl, profile=prof, engine_cfg=run_engine_config(config)
+        load(trace_path, columns=cols), policy, cluster, rl, profile=prof, engine_cfg=engine_cfg
     )
     real_m = run_metrics(steps, requests)
     sim_m = run_metrics(result.steps, result.requests)

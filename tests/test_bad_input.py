@@ -322,6 +322,13 @@ def test_run_directory_with_corrupt_tables_or_checkpoint(tmp_path: Path, small_t
     _refused(["validate", str(run)], "has no requests.parquet: the run directory is incomplete")
     pd.DataFrame({"x": [1]}).to_parquet(run / "requests.parquet")
     _refused(["validate", str(run)], "requests.parquet lacks column 'step'")
+    pd.DataFrame({"step": [0], "outcome": ["finished"], "finish_time": [1.0], "num_output_tokens": [5]}).to_parquet(
+        run / "requests.parquet"
+    )
+    (run / "config.json").write_text(to_json(config | {"RLConfig": {"not_a_knob": 1}}))
+    _refused(["validate", str(run)], "holds a config this rlsim cannot read")
+    _refused(["run", "--real", "--resume", "-o", str(run)], "holds a config this rlsim cannot read")
+    (run / "config.json").write_text(to_json(config))
     (run / "checkpoint.pkl").write_bytes(b"\x80\x04truncated")
     try:
         import vllm  # noqa: F401

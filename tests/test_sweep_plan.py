@@ -168,4 +168,4 @@ def test_plan_cli_table_and_plot(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "best:" in res.output and png.stat().st_size > 10_000
     assert "must look like" in _err(["plan", "--target-epoch-hours", "6", "--gpus", "lots"])
-    assert "must be positive" in _err(["plan", "--target-epoch-hours", "0"])
+    assert "must be a positive number" in _err(["plan", "--target-epoch-hours", "0"])
