@@ -176,6 +176,17 @@ def test_compare_cli_json(tmp_path: Path) -> None:
     assert rows[0]["policy"] == "sync" and rows[0]["speedup_vs_sync"] == 1.0
 
 
+def test_compare_table_notes_only_the_rows_shown(tmp_path: Path) -> None:
+    """The oracle's note appears with the oracle's row and not without it."""
+    path = str(save(_trace(), tmp_path / "t.parquet"))
+    common = ["compare", "--trace", path, "--gpus", "8", "--prompts-per-step", "16", "--samples-per-prompt", "4"]
+    without = runner.invoke(app, [*common, "--policies", "sync,rollpacker"])
+    with_oracle = runner.invoke(app, [*common, "--policies", "sync,oracle"])
+    assert without.exit_code == 0 and with_oracle.exit_code == 0
+    flat = [" ".join(r.output.split()) for r in (without, with_oracle)]  # the caption wraps
+    assert "oracle:" not in flat[0] and "oracle: knows every length in advance" in flat[1]
+
+
 def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     path = str(save(_trace(), tmp_path / "t.parquet"))
     broken = tmp_path / "broken.json"
