@@ -217,6 +217,7 @@ def register(app: typer.Typer) -> None:
         use_kl_loss: bool = USE_KL_LOSS,
         exact: bool = typer.Option(False, "--exact", help="Iteration-by-iteration reference mode."),
         force: bool = typer.Option(False, "--force", help="Write into an existing run directory."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
     ) -> None:
         """Simulate one policy and write a run directory (tables, summary, timeline, trace.json)."""
         from rlsim.paths import check_output_dir
@@ -234,9 +235,11 @@ def register(app: typer.Typer) -> None:
         with prog:
             result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine)
         write_run_dir(result, out)
-        con = make_console()
-        con.print(to_json(result.summary))
-        con.print(f"run directory: {out}")
+        if as_json:
+            typer.echo(to_json(result.summary))
+            return
+        _print_summary(result.summary, f"{policy} | {cluster.num_gpus} GPUs, {cluster.profile}, {cluster.placement}")
+        make_console().print(f"run directory: {out} (summary.json holds every figure at full precision)")
 
     @app.command()
     def compare(
@@ -322,6 +325,41 @@ def _compact(n: int) -> str:
         if n >= div:
             return f"{n / div:.1f}{unit}"
     return str(n)
+
+
+def _print_summary(s: dict, title: str) -> None:
+    """One simulated run's figures, rounded and with units (the run directory keeps them exact)."""
+
+    def pct(key: str) -> str:
+        return "-" if s.get(key) is None else f"{s[key]:.1%}"
+
+    rows = [(f"epoch {e} time", f"{t / 3600:.2f} h") for e, t in s["epoch_time_s"].items()]
+    rows += [
+        ("total time", f"{s['total_time_s'] / 3600:.2f} h over {s['num_steps']} steps"),
+        ("GPU-hours", f"{s['gpu_hours']:,.1f}"),
+        ("rollout share of the step", pct("rollout_share")),
+        ("bubble (idle instance-time in rollout)", pct("bubble_ratio")),
+        ("batch-slot bubble (vs max_num_seqs)", pct("slot_bubble_ratio")),
+        ("first-done idle", pct("first_done_idle_ratio")),
+        ("rollout tokens/s (trained)", f"{s['rollout_tokens_per_s']:,.0f}"),
+        ("requests / trained samples", f"{s['num_requests']:,} / {s['trained_samples']:,}"),
+        ("preemptions (KV)", f"{s['preemptions']:,}"),
+        ("wasted tokens", f"{s['wasted_tokens']:,.0f}"),
+        ("staleness max / mean", f"{s['staleness_max']:.0f} / {s['staleness_mean']:.2f}"),
+        ("trained length bias", f"{s['trained_length_bias']:.2f}"),
+        ("order bias (min-max over steps)", "{:.2f}-{:.2f}".format(*s["length_order_bias_range"])),
+        ("prefix-cache hit tokens", f"{s['prefix_hit_tokens']:,}"),
+        ("wake re-prefill tokens", f"{s['wake_reprefill_tokens']:,}"),
+        ("simulation wall time", f"{s['sim_wall_s']:.2f} s"),
+    ]
+    if s.get("reused_samples"):
+        rows.append(("reused samples (past the trace's)", f"{s['reused_samples']:,}"))
+    table = Table(title=title, title_justify="left")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for row in rows:
+        table.add_row(*row)
+    make_console().print(table)
 
 
 def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001

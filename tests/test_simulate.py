@@ -139,6 +139,7 @@ def test_simulate_cli_writes_run_directory(tmp_path: Path) -> None:
     ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
+    assert "rollout share of the step" in result.output and "{" not in result.output  # a table, not JSON
     for name in (
         "config.json",
         "steps.parquet",
@@ -152,6 +153,8 @@ def test_simulate_cli_writes_run_directory(tmp_path: Path) -> None:
     assert any(e.get("name") == "rollout" for e in events)
     again = runner.invoke(app, args)
     assert again.exit_code == 2 and "already holds files" in again.stderr
+    as_json = runner.invoke(app, [*args, "--force", "--json"])
+    assert json.loads(as_json.stdout) == json.loads((out / "summary.json").read_text())
 
 
 def test_compare_cli_json(tmp_path: Path) -> None:
