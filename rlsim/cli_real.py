@@ -91,15 +91,27 @@ def register(app: typer.Typer) -> None:
         total = run_.rl.max_steps or _steps_in(run_)
         prog, cb = _progress(total, f"real run: {run_.policy}", auto_refresh=False)
         con = make_console()
+        def step_line(row: dict) -> None:  # printed above the bar as each step ends
+            gen = row["timing_s/gen"]
+            tokens = row["response_length/mean"] * row["num_samples"]
+            rate = f"{tokens / gen:,.0f} trained tok/s" if gen > 0 else "-"
+            prog.console.print(
+                f"step {row['step']:.0f}: rollout {gen:.2f} s, {rate}, mean length {row['response_length/mean']:,.0f}, "
+                f"step {row['timing_s/step']:.2f} s"
+            )
+
         try:
             with prog:
-                summary = run_.run(progress=cb)
+                summary = run_.run(progress=cb, on_step_row=step_line)
         except KeyboardInterrupt:
             con.print(f"interrupted; finished steps are in {out}; continue: rlsim run --real --resume -o {out}")
             raise typer.Exit(130) from None
-        keys = ("num_steps", "total_time_s", "rollout_share", "bubble_ratio", "wasted_tokens", "num_gpu_blocks")
-        con.print(json.dumps({k: summary.get(k) for k in keys}, default=str))
-        con.print(f"run directory: {out}")
+        con.print(
+            f"{summary['num_steps']} steps in {summary['total_time_s']:.2f} s: rollout {summary['rollout_share']:.1%} "
+            f"of the step, bubble {summary['bubble_ratio']:.1%}, {summary['wasted_tokens']:,.0f} wasted tokens, "
+            f"KV blocks per engine {summary.get('num_gpu_blocks')}"
+        )
+        con.print(f"run directory: {out} (summary.json holds every figure)")
 
     @app.command()
     def validate(

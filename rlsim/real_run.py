@@ -196,7 +196,9 @@ class RealRun:
         return cls(out, config)
 
     # ---- the run --------------------------------------------------------------------------
-    def run(self, progress=None) -> dict[str, Any]:  # noqa: ANN001 - callable(step, now) or None
+    def run(self, progress=None, on_step_row=None) -> dict[str, Any]:  # noqa: ANN001
+        """Drive the engines to the end; `progress(step, now)` as the simulator's, and
+        `on_step_row(row)` with each finished step's row of steps.parquet (veRL's metric names)."""
         from calibrate.engine import require_vllm
         from policies.registry import make_policy, parse_policy
         from rlsim.driver import Driver, run_loop
@@ -237,7 +239,9 @@ class RealRun:
             )
 
         def on_step(drv: Driver) -> None:
-            self._write_step(drv, engine, trace)
+            steps = self._write_step(drv, engine, trace)
+            if on_step_row is not None and len(steps):
+                on_step_row(steps.iloc[-1].to_dict())
             gc.collect()  # between steps, where a collection pause does not land inside a rollout
 
         # As in calibration, the cyclic collector does not run during a step: its pauses would
@@ -304,9 +308,11 @@ class RealRun:
             df[col] = [self.engine_rows.get(r, {}).get(col, np.nan) for r in df["request_id"]]
         return df
 
-    def _write_step(self, drv, engine: RealEngine, trace: Trace) -> None:  # noqa: ANN001
+    def _write_step(self, drv, engine: RealEngine, trace: Trace) -> pd.DataFrame:  # noqa: ANN001
+        """Write every table and the checkpoint after a step; returns the steps table."""
         drv.records.finalize()
-        _write_parquet(self.out / "steps.parquet", drv.records.steps_frame())
+        steps = drv.records.steps_frame()
+        _write_parquet(self.out / "steps.parquet", steps)
         requests = self._requests_frame(drv.records)
         _write_parquet(self.out / "requests.parquet", requests)
         self._write_recorded_trace(requests, trace)
@@ -315,6 +321,7 @@ class RealRun:
         state = _RunState(self.engine_rows, engine.now, engine.responses, engine.prompt_ids)
         blob = pickle.dumps({"driver": drv.snapshot(), "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
         _atomic(self.out / "checkpoint.pkl", blob)
+        return steps
 
     def _write_recorded_trace(self, requests: pd.DataFrame, trace: Trace) -> None:
         """Finished samples as an rlsim trace: visits whose first R0 samples all finished."""

@@ -96,7 +96,9 @@ def test_two_instances_through_ray_with_aborts(calibrated: dict, tmp_path: Path)
     one (least-loaded, so a group spans both engines), and RollPacker's aborts reach vLLM."""
     trace = _trace(calibrated["root"], 0.05)
     out = tmp_path / "ray"
-    _run(out, calibrated["model"], trace, "--policy", "rollpacker", "--gpus", "2", "--steps", "3", "--train", "none")
+    proc = _run(out, calibrated["model"], trace, "--policy", "rollpacker", "--gpus", "2", "--steps", "3", "--train",
+                "none")  # fmt: skip
+    assert all(f"step {k}: rollout" in proc.stdout for k in range(3)), proc.stdout  # a line per step
     _, rq = _check_run(out, trace, 3)
     assert set(rq["instance"]) == {0, 1}
     first = rq[rq["step"] == 0]
