@@ -24,6 +24,17 @@ class _Group(TyperGroup):
             msg = " ".join(str(exc).split())
             typer.echo(f"error: {msg}", err=True)
             raise typer.Exit(2) from None
+        except Exception as exc:
+            # An unknown option or command, a value of the wrong type or choice: click's UsageError
+            # (Typer vendors its own click, so the class is matched by name), but not the help a
+            # bare group prints.
+            kinds = {c.__name__ for c in type(exc).__mro__}
+            if "UsageError" not in kinds or "NoArgsIsHelpError" in kinds:
+                raise
+            msg = " ".join(exc.format_message().split())
+            where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "rlsim"
+            typer.echo(f"error: {msg} (see {where} --help)", err=True)
+            raise typer.Exit(2) from None
 
 
 app = typer.Typer(

@@ -316,7 +316,10 @@ def _split_policies(text: str) -> list[str]:
             cur = ""
         else:
             cur += ch
-    return [p for p in [*parts, cur.strip()] if p]
+    names = [p for p in [*parts, cur.strip()] if p]
+    if text.strip() and not names:
+        raise RlsimError(f"--policies {text!r} names no policy; leave it out for the defaults")
+    return names
 
 
 def _compact(n: int) -> str:

@@ -118,8 +118,10 @@ class RLConfig:
                 raise RlsimError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps <= 0:
             raise RlsimError(f"max_steps must be positive, got {self.max_steps}")
-        if self.reward_latency_s < 0:
-            raise RlsimError("reward_latency_s must be >= 0")
+        if not self.reward_latency_s >= 0 or self.reward_latency_s == float("inf"):  # NaN too
+            raise RlsimError(f"reward_latency_s must be a finite number >= 0, got {self.reward_latency_s}")
+        if self.seed < 0:
+            raise RlsimError(f"seed must be >= 0, got {self.seed}")
 
 
 def config_dict(*configs: Any) -> dict[str, Any]:

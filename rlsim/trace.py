@@ -67,6 +67,12 @@ class TraceMeta:
                 raise TraceError(f"{name} must be an integer, got {value!r}")
             if value >= 2**63:
                 raise TraceError(f"{name} must fit in 64 bits, got {value}")
+        version = self.schema_version
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+            raise TraceError(
+                f"schema_version {version!r}: this rlsim reads trace schema 1 to {SCHEMA_VERSION} "
+                "(a newer rlsim wrote it?)"
+            )
         for name in ("model", "source"):
             if not isinstance(getattr(self, name), str):
                 raise TraceError(f"{name} must be a string, got {getattr(self, name)!r}")

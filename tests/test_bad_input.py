@@ -204,6 +204,22 @@ def test_bad_numbers_and_ranges(tmp_path: Path, small_trace_path: Path) -> None:
               "--train", "none", "--max-response-len", "0"], "--max-response-len must be positive")  # fmt: skip
 
 
+def test_bad_run_settings(tmp_path: Path, small_trace_path: Path) -> None:
+    trace = ["--trace", str(small_trace_path), "--max-steps", "1"]
+    _refused(["simulate", *trace, "--seed", "-1", "-o", str(tmp_path / "a")], "seed must be >= 0")
+    _refused(["simulate", *trace, "--reward-latency", "nan", "-o", str(tmp_path / "b")], "reward_latency_s must be")
+    _refused(["compare", *trace, "--policies", ",,"], "names no policy")
+
+
+def test_usage_errors_are_one_line() -> None:
+    """An unknown command or option, or a value of the wrong type or choice, is one line too."""
+    _refused(["simulate", "--gpus", "abc"], "Invalid value for '--gpus'")
+    _refused(["simulate", "--nope"], "No such option: --nope")
+    _refused(["nope"], "No such command 'nope'")
+    _refused(["trace", "import", "x", "--format", "nope", "-o", "y.parquet"], "'nope' is not one of")
+    _refused(["trace", "synth"], "Missing option '--out'")
+
+
 def test_policies_command_lists_every_policy_and_its_knobs() -> None:
     r = runner.invoke(app, ["policies"])
     assert r.exit_code == 0
@@ -228,7 +244,7 @@ def _rewrite(path: Path, table: pa.Table | None = None, meta: bytes | None = Non
     [("corrupt", "cannot be read"), ("meta_utf8", "not UTF-8"), ("meta_source", "source must be a string"),
      ("meta_nan_cap", "max_response_len must be an integer"), ("meta_float_cap", "max_response_len must be an integer"),
      ("meta_huge", "must fit in 64 bits"), ("sample_idx", "sample_idx must be below samples_per_prompt"),
-     ("utf8_data", "cannot be read")],
+     ("utf8_data", "cannot be read"), ("meta_schema", "this rlsim reads trace schema 1 to 1")],
 )  # fmt: skip
 def test_bad_trace_files(small_trace: Trace, tmp_path: Path, kind: str, message: str) -> None:
     path = save(small_trace, tmp_path / "t.parquet")
@@ -254,6 +270,7 @@ def test_bad_trace_files(small_trace: Trace, tmp_path: Path, kind: str, message:
         bad = _rewrite(path, t.set_column(t.column_names.index("sample_idx"), "sample_idx", pa.array(idx, pa.int32())))
     else:
         value = {"meta_source": {"source": 5}, "meta_nan_cap": {"max_response_len": float("nan")},
+                 "meta_schema": {"schema_version": 99},
                  "meta_float_cap": {"max_response_len": 2048.5},
                  "meta_huge": {"max_response_len": 2**70}}[kind]  # fmt: skip
         bad = _rewrite(path, meta=json.dumps(meta | value).encode())
