@@ -115,7 +115,8 @@ def _kv(prof: dict, util: float) -> int:
     from rlsim.profile import profile_from_dict
     from rlsim.step_costs import kv_capacity
 
-    return kv_capacity(profile_from_dict(prof | {"kv_capacity_tokens": 1}), util)
+    # a placeholder capacity of one block: kv_capacity reads the model's and the GPU's facts only
+    return kv_capacity(profile_from_dict(prof | {"kv_capacity_tokens": prof.get("block_size", 16)}), util)
 
 
 def _train(params: float) -> dict:
