@@ -40,16 +40,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate every point of a grid; rows are saved as points finish, and a rerun resumes."""
         from rlsim.paths import check_output_file
-        from rlsim.sweep import check_caps, done_points, foreign_rows, load_grid, make_executor, run_sweep
+        from rlsim.sweep import check_caps, existing_rows, load_grid, make_executor, run_sweep
 
         check_output_file(out, "--out")
         if workers < 0:
             raise RlsimError(f"--workers must be >= 0 (0: one per core), got {workers}")
         g = load_grid(grid)
         check_caps(g)
-        done = len(done_points(g, out))
-        if foreign_rows(g, out) and not force:
-            run_sweep(g, out, None)  # raises the one-sentence refusal before a pool starts
+        done = len(existing_rows(g, out, keep_other_grids=force)[0])  # refuses another grid's rows before a pool starts
         pool = make_executor(executor, workers or None, ray_address)
         prog, task = _bar(f"sweep ({executor})", len(g.points))
         prog.update(task, completed=done)
@@ -63,8 +61,7 @@ def register(app: typer.Typer) -> None:
         try:
             with prog:
                 rows = run_sweep(g, out, pool, on_done=tick, keep_other_grids=force)
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
+        except KeyboardInterrupt:  # the pool's pending points are cancelled below
             typer.echo(
                 f"interrupted: {finished[0]} of {len(g.points)} points saved in {out}; run the same command to resume",
                 err=True,

@@ -9,6 +9,7 @@ limits default to veRL's rollout config (`verl/trainer/config/rollout/rollout.ya
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -118,7 +119,7 @@ class RLConfig:
                 raise RlsimError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps <= 0:
             raise RlsimError(f"max_steps must be positive, got {self.max_steps}")
-        if not self.reward_latency_s >= 0 or self.reward_latency_s == float("inf"):  # NaN too
+        if not (math.isfinite(self.reward_latency_s) and self.reward_latency_s >= 0):
             raise RlsimError(f"reward_latency_s must be a finite number >= 0, got {self.reward_latency_s}")
         if self.seed < 0:
             raise RlsimError(f"seed must be >= 0, got {self.seed}")

@@ -6,8 +6,11 @@ package `rlsim._bundled` (see pyproject.toml), so both layouts resolve here.
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
+
+from rlsim.errors import RlsimError
 
 DEFAULT_TRACE = "math17k.parquet"
 MATH17K_PROMPTS = "sources/dapo_math_17k_prompts.parquet"
@@ -29,25 +32,23 @@ def default_trace() -> Path:
 def check_output_file(path: Path, what: str) -> None:
     """Refuse, before any work, an output file that cannot be written: its parent missing, a file
     or not writable, or the path itself a directory. One sentence naming the option."""
-    import os
-
-    from rlsim.errors import RlsimError
-
     path = Path(path)
     if path.is_dir():
         raise RlsimError(f"{what} {path} is a directory; give a file path")
-    _check_parent(path, what)
+    if not path.parent.exists():
+        _check_creatable(path, what)  # says which ancestor is a file, if one is
+        raise RlsimError(f"{what} {path}: directory {path.parent} does not exist")
+    if not path.parent.is_dir():
+        raise RlsimError(f"{what} {path}: {path.parent} is a file, not a directory")
+    if not os.access(path.parent, os.W_OK):
+        raise RlsimError(f"{what} {path}: directory {path.parent} is not writable")
     if path.exists() and not os.access(path, os.W_OK):
         raise RlsimError(f"{what} {path} is not writable")
 
 
 def check_output_dir(path: Path, what: str) -> None:
     """Refuse an output directory that cannot be created or written (a file in its place, or a
-    parent that is missing-and-uncreatable or not writable)."""
-    import os
-
-    from rlsim.errors import RlsimError
-
+    nearest existing ancestor that is a file or not writable)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise RlsimError(f"{what} {path} is a file; give a directory path")
@@ -55,6 +56,11 @@ def check_output_dir(path: Path, what: str) -> None:
         if not os.access(path, os.W_OK):
             raise RlsimError(f"{what} {path} is not writable")
         return
+    _check_creatable(path, what)
+
+
+def _check_creatable(path: Path, what: str) -> None:
+    """`path`'s nearest existing ancestor must be a writable directory for `mkdir -p` to work."""
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -62,22 +68,3 @@ def check_output_dir(path: Path, what: str) -> None:
         raise RlsimError(f"{what} {path}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK):
         raise RlsimError(f"{what} {path}: {parent} is not writable")
-
-
-def _check_parent(path: Path, what: str) -> None:
-    import os
-
-    from rlsim.errors import RlsimError
-
-    parent = path.parent
-    if not parent.exists():
-        probe = parent
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        if not probe.is_dir():
-            raise RlsimError(f"{what} {path}: {probe} is a file, not a directory")
-        raise RlsimError(f"{what} {path}: directory {parent} does not exist")
-    if not parent.is_dir():
-        raise RlsimError(f"{what} {path}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK):
-        raise RlsimError(f"{what} {path}: directory {parent} is not writable")

@@ -41,6 +41,19 @@ class TrainCost:
     mfu: float
     fixed_s: float
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if not math.isfinite(getattr(self, f.name)):
+                raise RlsimError(f"field 'train.{f.name}' must be a finite number")
+        if self.peak_flops_per_gpu <= 0:
+            raise RlsimError(f"field 'train.peak_flops_per_gpu' must be positive, got {self.peak_flops_per_gpu}")
+        if self.flops_per_token < 0:
+            raise RlsimError(f"field 'train.flops_per_token' must be >= 0, got {self.flops_per_token}")
+        if not 0 < self.mfu <= 1:
+            raise RlsimError(f"field 'train.mfu' must be in (0, 1], got {self.mfu}")
+        if self.fixed_s < 0:
+            raise RlsimError(f"field 'train.fixed_s' must be >= 0, got {self.fixed_s}")
+
     def seconds(self, tokens: int, gpus: int) -> float:
         return self.fixed_s + tokens * self.flops_per_token / (gpus * self.peak_flops_per_gpu * self.mfu)
 
@@ -203,6 +216,8 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         cost = TrainCost(**{k: float(train[k]) for k in ("flops_per_token", "peak_flops_per_gpu", "mfu", "fixed_s")})
     except (TypeError, ValueError) as exc:
         raise RlsimError(f"{where}: a field has the wrong type ({exc})") from None
+    except RlsimError as exc:
+        raise RlsimError(f"{where}: {exc}") from None
     for name in ("model_facts", "gpu_facts"):
         if not isinstance(raw.get(name, {}), dict):
             raise RlsimError(f"{where}: field '{name}' must be an object")
@@ -211,17 +226,8 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
             if number and not (math.isfinite(value) and value >= 0):
                 raise RlsimError(f"{where}: field '{name}.{key}' must be a finite number >= 0, got {value}")
     bad = [k for k, v in kwargs.items() if isinstance(v, float) and not math.isfinite(v)]
-    bad += [f"train.{f.name}" for f in fields(cost) if not math.isfinite(getattr(cost, f.name))]
     if bad:
         raise RlsimError(f"{where}: field '{bad[0]}' must be a finite number")
-    if cost.peak_flops_per_gpu <= 0:
-        raise RlsimError(f"{where}: field 'train.peak_flops_per_gpu' must be positive, got {cost.peak_flops_per_gpu}")
-    if cost.flops_per_token < 0:
-        raise RlsimError(f"{where}: field 'train.flops_per_token' must be >= 0, got {cost.flops_per_token}")
-    if not 0 < cost.mfu <= 1:
-        raise RlsimError(f"{where}: field 'train.mfu' must be in (0, 1], got {cost.mfu}")
-    if cost.fixed_s < 0:
-        raise RlsimError(f"{where}: field 'train.fixed_s' must be >= 0, got {cost.fixed_s}")
     for name in ("spec", "provenance", "fit_error"):
         if not isinstance(raw.get(name, {}), dict):
             raise RlsimError(f"{where}: field '{name}' must be an object")

@@ -320,16 +320,20 @@ def _write_rows(out: Path, rows: list[dict[str, Any]], order: dict[str, int]) ->
     tmp.replace(out)
 
 
-def done_points(grid: Grid, out: Path) -> list[dict[str, Any]]:
-    """Rows of `grid`'s points already in `out` (an earlier, maybe interrupted, run)."""
-    order = {point_id(p) for p in grid.points}
-    return [r for r in _read_rows(out) if r.get("point_id") in order]
-
-
-def foreign_rows(grid: Grid, out: Path) -> list[dict[str, Any]]:
-    """Rows in `out` that belong to another grid: a sweep never rewrites or drops them."""
-    order = {point_id(p) for p in grid.points}
-    return [r for r in _read_rows(out) if r.get("point_id") not in order]
+def existing_rows(grid: Grid, out: Path, keep_other_grids: bool = False) -> tuple[list[dict], list[dict]]:
+    """`out`'s rows, read once: those of `grid`'s points (an earlier, maybe interrupted, run) and
+    those of another grid, which a sweep never rewrites or drops. Rows of another grid are refused
+    in one sentence unless `keep_other_grids`."""
+    ids = {point_id(p) for p in grid.points}
+    rows, others = [], []
+    for r in _read_rows(out):
+        (rows if r.get("point_id") in ids else others).append(r)
+    if others and not keep_other_grids:
+        raise RlsimError(
+            f"{out} holds {len(others)} rows of another grid; choose another --out, or pass --force to add "
+            "this grid's rows beside them (they are kept as they are)"
+        )
+    return rows, others
 
 
 def run_sweep(
@@ -344,13 +348,7 @@ def run_sweep(
     process. An `out` holding rows of another grid is refused unless `keep_other_grids`, which
     keeps those rows, unchanged, after this grid's."""
     order = {point_id(p): i for i, p in enumerate(grid.points)}
-    rows = done_points(grid, out)
-    others = foreign_rows(grid, out)
-    if others and not keep_other_grids:
-        raise RlsimError(
-            f"{out} holds {len(others)} rows of another grid; choose another --out, or pass --force to add "
-            "this grid's rows beside them (they are kept as they are)"
-        )
+    rows, others = existing_rows(grid, out, keep_other_grids)
     done = {r["point_id"] for r in rows}
     todo = [p for p in grid.points if point_id(p) not in done]
     out.parent.mkdir(parents=True, exist_ok=True)
