@@ -189,10 +189,11 @@ class RealRun:
     @classmethod
     def resume(cls, out: Path, max_steps: int | None = None) -> RealRun:
         config = read_run_config(out, "holds no run to resume")
-        cls(out, config)  # a config missing keys or of another version: one sentence, before anything changes
-        if max_steps is not None:
-            config["RLConfig"]["max_steps"] = max_steps
-            _atomic(out / "config.json", to_json(config).encode())
+        run = cls(out, config)  # a config missing keys or of another version: one sentence, before anything changes
+        if max_steps is None:
+            return run
+        config["RLConfig"]["max_steps"] = max_steps
+        _atomic(out / "config.json", to_json(config).encode())
         return cls(out, config)
 
     # ---- the run --------------------------------------------------------------------------

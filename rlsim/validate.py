@@ -79,9 +79,10 @@ def _read(path: Path) -> pd.DataFrame:
 
 def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     """Simulate the run in `run_dir` and return real, simulated and Diff% per metric."""
-    from rlsim.config import ClusterConfig, RLConfig
+    import dataclasses
+
     from rlsim.profile import load_profile, profile_from_dict
-    from rlsim.real_run import num_instances, read_run_config, run_engine_config, run_profile
+    from rlsim.real_run import RealRun, read_run_config, run_profile
     from rlsim.simulate import simulate
     from rlsim.trace import load
 
@@ -95,38 +96,29 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
             f"{run_dir} ran with --lengths {real['lengths']}: validation needs a --lengths replay run, "
             "whose samples have the trace's lengths"
         )
-    for key in ("ClusterConfig", "RLConfig", "trace_path", "policy", "profile"):
-        if key not in config:
-            raise RlsimError(f"{cfg_path} lacks '{key}': the run directory is incomplete or not rlsim's")
+    run = RealRun(run_dir, config)  # the run's configs, read as a resume reads them (starts nothing)
     if not (run_dir / "steps.parquet").exists():
         raise RlsimError(f"{run_dir} has no finished step yet (no steps.parquet)")
     steps, requests = _read(run_dir / "steps.parquet"), _read(run_dir / "requests.parquet")
     prof = load_profile(profile) if profile else profile_from_dict(config["profile"], f"{cfg_path} profile")
-    prof = run_profile(prof, real["train"])
-    try:
-        cluster = ClusterConfig(**config["ClusterConfig"])
-        rl = RLConfig(**(config["RLConfig"] | {"max_steps": len(steps)}))
-        engine_cfg = run_engine_config(config)
-    except TypeError as exc:
-        raise RlsimError(f"{cfg_path} holds a config this rlsim cannot read ({exc})") from None
-    n_real = num_instances(cluster, real["rollout_tp"])
+    prof = run_profile(prof, run.real.train)
+    cluster, rl = run.cluster, dataclasses.replace(run.rl, max_steps=len(steps))
+    n_real = run.n
     n_sim = cluster.num_instances(prof.tensor_parallel_size)
     if n_real != n_sim:
         raise RlsimError(
-            f"the run had {n_real} instances of TP {real['rollout_tp']} but profile {prof.name} has TP "
+            f"the run had {n_real} instances of TP {run.real.rollout_tp} but profile {prof.name} has TP "
             f"{prof.tensor_parallel_size} ({n_sim} instances); pass a profile calibrated at that TP"
         )
-    trace_path = Path(config["trace_path"])
+    trace_path = run.trace_path
     if not trace_path.exists():
         raise RlsimError(f"the run's trace {trace_path} no longer exists")
-    policy = config["policy"]
+    policy = run.policy
     names = _names(trace_path)
     cols = [c for c in ("reward", "reward_time_s") if c in names]
     if "histospec" in policy and "output_token_ids" in names:
         cols.append("output_token_ids")
-    result = simulate(
-        load(trace_path, columns=cols), policy, cluster, rl, profile=prof, engine_cfg=engine_cfg
-    )
+    result = simulate(load(trace_path, columns=cols), policy, cluster, rl, profile=prof, engine_cfg=run.engine_cfg)
     real_m = run_metrics(steps, requests)
     sim_m = run_metrics(result.steps, result.requests)
     rows = [
