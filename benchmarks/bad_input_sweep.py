@@ -131,6 +131,7 @@ def cases(d: Path) -> list[tuple[str, list[str]]]:
         ("plan --target-epoch-hours -1", ["plan", "--target-epoch-hours", "-1"]),
         ("plan --policies nope", ["plan", "--target-epoch-hours", "3", "--policies", "nope"]),
         ("compare --policies ,,", ["compare", "--trace", g, "--policies", ",,"]),
+        ("compare --workers -1", ["compare", "--workers", "-1"]),
         ("compare on 1 GPU at TP 4", ["compare", "--trace", g, "--gpus", "1", "--max-steps", "1"]),
         ("an unknown command", ["nope"]),
     ]  # fmt: skip

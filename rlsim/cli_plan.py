@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         grid: Path = typer.Argument(..., help="Grid file (YAML): fixed fields and lists to take the product of."),
         out: Path = typer.Option(Path("sweep.parquet"), "--out", "-o", help="Result Parquet (one row per point)."),
         executor: str = typer.Option("process", help="process (a local pool) or ray (a Ray cluster)."),
-        workers: int = typer.Option(0, help="Worker processes (process) or CPUs (local ray); 0: one per core."),
+        workers: int = typer.Option(0, min=0, help="Worker processes (process) or CPUs (local ray); 0: one per core."),
         ray_address: str | None = typer.Option(None, help="Address of a running Ray cluster (ray executor)."),
         force: bool = typer.Option(
             False, "--force", help="Add this grid's rows to an --out that holds another grid's (kept as they are)."
@@ -43,8 +43,6 @@ def register(app: typer.Typer) -> None:
         from rlsim.sweep import check_caps, existing_rows, load_grid, make_executor, run_sweep
 
         check_output_file(out, "--out")
-        if workers < 0:
-            raise RlsimError(f"--workers must be >= 0 (0: one per core), got {workers}")
         g = load_grid(grid)
         check_caps(g)
         done = len(existing_rows(g, out, keep_other_grids=force)[0])  # refuses another grid's rows before a pool starts
@@ -88,7 +86,7 @@ def register(app: typer.Typer) -> None:
         samples_per_prompt: int = typer.Option(16, help="R0: samples per prompt."),
         max_response_len: int = typer.Option(20480, help="Response cap in tokens."),
         steps: int = typer.Option(6, help="Steps simulated per candidate (0: the whole epoch)."),
-        workers: int = typer.Option(0, help="Processes (0: one per core)."),
+        workers: int = typer.Option(0, min=0, help="Processes (0: one per core)."),
         plot: Path | None = typer.Option(None, help="Write epoch time against GPUs per policy (PNG)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
@@ -107,8 +105,6 @@ def register(app: typer.Typer) -> None:
 
         if plot is not None:
             check_output_file(plot, "--plot")  # before minutes of simulation, not after
-        if workers < 0:
-            raise RlsimError(f"--workers must be >= 0 (0: one per core), got {workers}")
         if not math.isfinite(target_epoch_hours) or target_epoch_hours <= 0:
             raise RlsimError(f"--target-epoch-hours must be a positive number, got {target_epoch_hours}")
         engine = EngineConfig(gpu_memory_utilization, max_num_seqs, max_num_batched_tokens)

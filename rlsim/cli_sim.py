@@ -267,7 +267,7 @@ def register(app: typer.Typer) -> None:
         free_cache_engine: bool = FREE_CACHE_ENGINE,
         reward_latency: float = REWARD_LATENCY,
         use_kl_loss: bool = USE_KL_LOSS,
-        workers: int = typer.Option(0, help="Processes to simulate policies in parallel (0: one per core)."),
+        workers: int = typer.Option(0, min=0, help="Processes to simulate policies in parallel (0: one per core)."),
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
         plot: Path | None = typer.Option(None, help="Write a bar chart of epoch time per policy."),
     ) -> None:
@@ -279,8 +279,6 @@ def register(app: typer.Typer) -> None:
 
         if plot is not None:
             check_output_file(plot, "--plot")  # before minutes of simulation, not after
-        if workers < 0:
-            raise RlsimError(f"--workers must be >= 0 (0: one per core), got {workers}")
         names = _split_policies(policies) or list(COMPARE_DEFAULT)
         tr = _load(trace, names)
         cluster, rl, engine = _configs(from_trace(locals(), tr))

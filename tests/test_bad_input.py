@@ -187,7 +187,8 @@ def test_bad_profiles(tmp_path: Path, small_trace_path: Path, change: dict, mess
 
 
 def test_bad_numbers_and_ranges(tmp_path: Path, small_trace_path: Path) -> None:
-    _refused(["compare", "--workers", "-1"], "--workers must be >= 0")
+    for cmd in (["compare"], ["plan", "--target-epoch-hours", "3"]):
+        _refused([*cmd, "--workers", "-1"], "Invalid value for '--workers'")
     _refused(["plan", "--target-epoch-hours", "nan"], "--target-epoch-hours must be a positive number")
     _refused(["plan", "--target-epoch-hours", "3", "--gpus", "3..3"], "holds no whole rollout instance")
     _refused(["plan", "--target-epoch-hours", "3", "--trace", str(small_trace_path), "--max-response-len", "99999"],
@@ -197,7 +198,8 @@ def test_bad_numbers_and_ranges(tmp_path: Path, small_trace_path: Path) -> None:
                    "samples_per_prompt": 4, "epochs": 1}  # a trace file, not a synthesised one
     grid.write_text(yaml.safe_dump({"fixed": trace_point, "grid": {"gpus": [4]}}))
     _refused(["sweep", str(grid), "--out", str(tmp_path / "s.parquet")], "exceeds the trace's cap")
-    _refused(["sweep", str(grid), "--out", str(tmp_path / "s.parquet"), "--workers", "-1"], "--workers must be >= 0")
+    sweep_out = str(tmp_path / "s.parquet")
+    _refused(["sweep", str(grid), "--out", sweep_out, "--workers", "-1"], "Invalid value for '--workers'")
     grid.write_bytes(b"fixed: {gpus: 4}\n# \xff\xfe\n")
     _refused(["sweep", str(grid), "--out", str(tmp_path / "s.parquet")], "is not UTF-8 text")
     _refused(["run", "--real", "-o", str(tmp_path / "r"), "--model", str(tmp_path), "--trace", str(small_trace_path),
