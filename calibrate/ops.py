@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsim.errors import RlsimError
+from rlsim.paths import check_output_dir
 
 GPU_BATCHES, GPU_CONTEXTS, GPU_PREFILL = (1, 4, 16, 32, 64, 128, 256), (1024, 4096, 8192, 16384), (512, 2048, 8192)
 CPU_BATCHES, CPU_CONTEXTS, CPU_PREFILL = (1, 2, 4, 8, 16, 32), (64, 256, 1024), (64, 256, 512)
@@ -235,7 +236,7 @@ def measure(model: str, out: Path, tp: int = 1, device: str | None = None, repea
     weight_bytes_rank = shapes.num_params * dtype_bytes / tp
     if kv_capacity_tokens is None:
         if gpu:
-            free, total_mem = torch.cuda.mem_get_info(dev)
+            _, total_mem = torch.cuda.mem_get_info(dev)
             budget = total_mem * gpu_memory_utilization - weight_bytes_rank
         else:
             budget = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")) * 2**30  # vLLM's CPU default
@@ -354,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RlsimError(f"--repeats must be >= 1, got {args.repeats}")
         if not 0 < args.gpu_memory_utilization <= 1:
             raise RlsimError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
-        if args.out.exists() and not args.out.is_dir():
-            raise RlsimError(f"--out {args.out} is a file, not a directory")
+        check_output_dir(args.out, "--out")
         facts = measure(
             args.model, args.out, tp=args.tp, device=args.device, repeats=args.repeats,
             batches=_ints(args.batch_sizes) if args.batch_sizes else None,
