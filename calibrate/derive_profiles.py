@@ -53,7 +53,6 @@ import numpy as np
 from rlsim.iteration_model import H100, H200, H800, Gpu, Terms, closed_form
 
 OUT = Path(__file__).resolve().parent / "profiles"
-H100_BF16 = 989e12
 OPS = (
     "input_layernorm",
     "attn_pre_proj",
@@ -119,10 +118,10 @@ def _kv(prof: dict, util: float) -> int:
     return kv_capacity(profile_from_dict(prof | {"kv_capacity_tokens": prof.get("block_size", 16)}), util)
 
 
-def _train(params: float) -> dict:
+def _train(params: float, gpu: Gpu) -> dict:
     """6 x params FLOPs per trained token (the update; rlsim.step_costs adds attention and the
-    other phases from the model facts) at 35% MFU of an H100's dense bf16 peak, 5 s fixed."""
-    return {"flops_per_token": 6 * params, "peak_flops_per_gpu": H100_BF16, "mfu": 0.35, "fixed_s": 5.0}
+    other phases from the model facts) at 35% MFU of the GPU's dense bf16 peak, 5 s fixed."""
+    return {"flops_per_token": 6 * params, "peak_flops_per_gpu": gpu.bf16_flops_per_s, "mfu": 0.35, "fixed_s": 5.0}
 
 
 def _linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
@@ -188,7 +187,7 @@ def derive(gpu: Gpu, name: str, tp: int, vidur: Path) -> dict:
         "max_num_seqs": VERL_MAX_NUM_SEQS,
         "max_num_batched_tokens": VERL_MAX_NUM_BATCHED_TOKENS,
         "gpu_memory_utilization": VERL_GPU_MEMORY_UTILIZATION,
-        "train": _train(params),
+        "train": _train(params, gpu),
         "weight_sync_s": 0.0,
         "model_facts": _facts(params, non_emb, layers, hidden, kv_heads, head_dim, 12),  # Qwen2.5: q/k/v biases
         "gpu_facts": _gpu(gpu),
@@ -252,7 +251,7 @@ def h200_llama_8b() -> dict:
         "kv_capacity_tokens": SLIME_KV_CAPACITY,
         "max_num_seqs": VERL_MAX_NUM_SEQS,
         "max_num_batched_tokens": VERL_MAX_NUM_BATCHED_TOKENS,
-        "train": _train(m["params"]),
+        "train": _train(m["params"], H200),
         "weight_sync_s": 0.0,
         "model_facts": _facts(m["params"], m["non_embedding"], m["layers"], m["hidden"], m["kv_heads"], 128, 9),
         "gpu_facts": _gpu(H200),
