@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from rlsim.synth import SynthConfig, synthesize
@@ -46,7 +46,9 @@ def _check(path: Path) -> None:
     try:
         trace = load(path)
     except TraceError:
+        event("refused with TraceError")
         return
+    event("loaded, schema held")
     df, meta = trace.table, trace.meta
     validate_table(df, meta, str(path))
     assert isinstance(meta.max_response_len, int) and 0 < meta.max_response_len < 2**63
@@ -103,6 +105,7 @@ def test_mutated_traces_load_or_raise_trace_error(
         try:
             col = table[name].cast(typ, safe=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            event("mutation not representable: nothing loaded")
             return
         path = _write(workdir, table.set_column(table.column_names.index(name), name, col))
     else:
@@ -113,6 +116,7 @@ def test_mutated_traces_load_or_raise_trace_error(
         try:
             col = pa.array(values, type=table.schema.field(name).type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            event("mutation not representable: nothing loaded")
             return
         path = _write(workdir, table.set_column(table.column_names.index(name), name, col))
     _check(path)
