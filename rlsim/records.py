@@ -102,7 +102,8 @@ class Records:
     def launch(self, reqs, now: float, step: int) -> None:  # noqa: ANN001 - list[Request]
         """Record a batch of launched requests (one extend per column: the hot path of an epoch)."""
         c, k = self.cols, len(reqs)
-        c["num_output_tokens"].extend([q.kept_tokens for q in reqs])
+        fields = dict(zip(reqs[0]._fields, zip(*reqs, strict=True), strict=True))  # Request columns
+        c["num_output_tokens"].extend(fields["kept_tokens"])
         for name in (
             "request_id",
             "epoch",
@@ -113,7 +114,7 @@ class Records:
             "num_prompt_tokens",
             "kept_tokens",
         ):
-            c[name].extend([getattr(q, name) for q in reqs])
+            c[name].extend(fields[name])
         for name, value in (
             ("step", step), ("launch_time", now), ("first_token_time", np.nan), ("finish_time", np.nan),
             ("finish_reason", ""), ("outcome", "in_flight"),

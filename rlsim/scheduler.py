@@ -34,11 +34,15 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
 from rlsim.kv_blocks import BlockPool
 from rlsim.protocol import Request
+
+
+_ORDER = attrgetter("order")  # running-list position
 
 
 @dataclass(slots=True)
@@ -132,24 +136,29 @@ class InstanceScheduler:
         seq.prompt_blocks = seq.req.num_prompt_tokens // self.block_size
         self.waiting.append(seq)
 
-    def remove_waiting(self, rid: int) -> Seq | None:
-        for seq in self.waiting:
-            if seq.req.request_id == rid:
-                self.waiting.remove(seq)
-                return seq
-        return None
+    def remove_waiting(self, rids: set[int]) -> list[Seq]:
+        """Take these requests out of the waiting queue (one pass, order kept); return them."""
+        if not self.waiting:
+            return []
+        gone = [seq for seq in self.waiting if seq.req.request_id in rids]
+        if gone:
+            self.waiting = deque(seq for seq in self.waiting if seq.req.request_id not in rids)
+        return gone
 
     def _stop_decoding(self, seq: Seq) -> None:
-        seq.generated = self.generated(seq)
-        seq.computed = int(round(self.computed(seq)))
         seq.decoding = False
         self.n_dec -= 1
         self.rate_sum -= seq.rate
         self.verify_sum -= seq.verify
-        if seq.rate == 1.0:
+        if seq.rate == 1.0:  # generated() and computed() at one token per iteration
+            ran = self.iters - seq.start_iter
+            seq.generated += min(ran, seq.target - seq.generated)
+            seq.computed += ran
             self.n_unit -= 1
             del self.phase[(seq.computed - 1 - self.iters) % self.block_size][seq.req.request_id]
         else:
+            seq.generated = self.generated(seq)
+            seq.computed = int(round(self.computed(seq)))
             del self.spec[seq.req.request_id]
             j = self._slot.pop(seq.req.request_id)
             self._sc[j] = self._sst[j] = self._sr[j] = 0.0  # an empty slot adds no blocks
@@ -190,19 +199,22 @@ class InstanceScheduler:
         c = seq.computed
         self.ctx -= c
         la, seq.held_la = seq.held_la, 0
+        b = self.block_size
         if self.caching:
-            b = self.block_size
             full, pool, hashed = c // b, self.pool, seq.hashed
-            pool.give(self._blocks(c + la) - full)  # the partial tail block and the lookahead
+            pool.give(-(-(c + la) // b) - full)  # the partial tail block and the lookahead
             if how == "preempt":  # its own full blocks stay hittable, for its readmission
                 pool.release([s for s in [pool.new(("own", seq.req.request_id), seq.nhashed, full)] if s])
                 pool.release(reversed(hashed))
             else:
                 pool.give(full - seq.nhashed, cached=True)  # its own full blocks: nothing hits them again
-                pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
-                pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
+                if len(hashed) == 1:
+                    pool.release(hashed, dead=type(hashed[0].key) is tuple)
+                elif hashed:
+                    pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
+                    pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
         else:
-            self.pool.give(self._blocks(c + la))
+            self.pool.give(-(-(c + la) // b))
         seq.hashed = []
         seq.nhashed = seq.computed = 0
         return seq.generated
@@ -247,27 +259,30 @@ class InstanceScheduler:
         return self._blocks(c + seq.rate) - self._blocks(c)
 
     def _chunk_blocks(self, seq: Seq, take: int) -> tuple[int, int]:
-        """(blocks a prefill chunk of `take` tokens allocates, lookahead held after it)."""
-        end = seq.computed + take
+        """(blocks a prefill chunk of `take` tokens allocates, lookahead held after it). Token
+        counts of a sequence not decoding are integers, so the block counts are exact."""
+        end, b = seq.computed + take, self.block_size
         la = seq.lookahead if end >= seq.req.num_prompt_tokens + seq.generated else 0
-        return self._blocks(end + la) - self._blocks(seq.computed + seq.held_la), la
+        return -(-(end + la) // b) + (seq.computed + seq.held_la) // -b, la
 
-    def _admit_check(self, seq: Seq, budget: int) -> tuple[int, list[tuple]] | str | None:
-        """(tokens of its first chunk, prefix hit) if the head of the queue can be admitted; None
-        when its blocks do not fit, "budget" when chunked prefill is off and it exceeds the budget."""
-        ntok = seq.req.num_prompt_tokens + seq.generated
-        hit = []
+    def _admit_check(self, seq: Seq, budget: int) -> tuple[int, list[tuple], int] | str | None:
+        """(tokens of its first chunk, prefix hit, blocks hit) if the head of the queue can be
+        admitted; None when its blocks do not fit, "budget" when chunked prefill is off and it
+        exceeds the budget."""
+        req, b = seq.req, self.block_size
+        ntok = req.num_prompt_tokens + seq.generated
+        hit, nhit, evict = [], 0, 0
         if self.caching:
-            limit = (ntok - 1) // self.block_size
-            hit = self.pool.lookup(seq.req.prompt_id, seq.prompt_blocks, seq.req.request_id, limit)
-        nhit = sum(b - a for _, a, b in hit)
-        new = 1 if seq.transfer else ntok - nhit * self.block_size
+            hit = self.pool.lookup(req.prompt_id, seq.prompt_blocks, req.request_id, (ntok - 1) // b)
+            if hit:
+                nhit = sum(hi - lo for _, lo, hi in hit)
+                evict = self.pool.evictable(hit)
+        new = 1 if seq.transfer else ntok - nhit * b
         if not self.chunked and new > budget:
             return "budget"
-        need = self._blocks(ntok + seq.lookahead) - nhit + (self.pool.evictable(hit) if hit else 0)
-        if need > self.pool.free:
+        if -(-(ntok + seq.lookahead) // b) - nhit + evict > self.pool.free:  # blocks it needs (ints: exact)
             return None
-        return min(new, budget), hit
+        return min(new, budget), hit, nhit
 
     def schedule(self) -> Scheduled:
         """vLLM's `schedule()`: the batch of this iteration (blocks allocated, preemptions done)."""
@@ -339,7 +354,7 @@ class InstanceScheduler:
         them all: only the requests whose next token opens a block allocate, in running order,
         preempting from the back when the pool is empty, as the loop over all of them would."""
         b = self.block_size
-        needers = sorted(self.phase[(b - 1 - self.iters) % b].values(), key=lambda s: s.order)
+        needers = sorted(self.phase[(b - 1 - self.iters) % b].values(), key=_ORDER)
         pool, running = self.pool, self.running
         i, n = 0, len(needers)
         while i < n:
@@ -392,11 +407,11 @@ class InstanceScheduler:
             if not isinstance(ok, tuple):
                 out.blocked_by_kv = ok is None
                 break
-            take, hit = ok
+            take, hit, nhit = ok
             self.waiting.popleft()
             seq.hashed = pool.acquire(hit) if hit else []
-            seq.nhashed = sum(b - a for _, a, b in hit)
-            seq.computed = seq.nhashed * self.block_size
+            seq.nhashed = nhit
+            seq.computed = nhit * self.block_size
             self.ctx += seq.computed
             self.prefix_hit_tokens += seq.computed
             if seq.transfer:  # its KV was moved here: all but the last token are in place
@@ -432,7 +447,7 @@ class InstanceScheduler:
                 continue  # stale entry (aborted, preempted or postponed)
             due.append(seq)
         if len(due) > 1:
-            due.sort(key=lambda s: s.order)
+            due.sort(key=_ORDER)
         for seq in due:
             self.finish(seq)
         return due

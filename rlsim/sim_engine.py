@@ -141,16 +141,25 @@ class SimEngine:
             self._poke(self.instances[i])
 
     def abort(self, request_ids: Iterable[int]) -> None:
+        request_ids = list(request_ids)
+        by_inst: dict[int, set[int]] = {}
         for rid in request_ids:
+            i = self._where.get(rid)
+            if i is not None:
+                by_inst.setdefault(i, set()).add(rid)
+        gone = {}  # waiting requests, taken out of each queue in one pass
+        for i, rids in by_inst.items():
+            gone.update((seq.req.request_id, seq) for seq in self.instances[i].sched.remove_waiting(rids))
+        for rid in request_ids:  # events in the order given
             i = self._where.get(rid)
             if i is None:
                 continue
-            inst = self.instances[i]
-            seq = inst.sched.remove_waiting(rid)
+            seq = gone.get(rid)
             if seq is not None:
                 del self._where[rid]
                 self._outbox.append(Aborted(rid, self.env.now, i, seq.generated))
                 continue
+            inst = self.instances[i]
             inst.aborts.add(rid)
             if inst.run_start is None:  # between iterations (idle or paused): abort now
                 self._apply_aborts(inst)
