@@ -41,7 +41,6 @@ import numpy as np
 from rlsim.kv_blocks import BlockPool
 from rlsim.protocol import Request
 
-
 _ORDER = attrgetter("order")  # running-list position
 
 
