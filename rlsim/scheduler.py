@@ -114,6 +114,7 @@ class InstanceScheduler:
         self.rate_sum = 0.0
         self.verify_sum = 0.0
         self.prefix_hit_tokens = 0
+        self._planned = (-1, 0, 0)  # (iters, k, decode_blocks(k)) of the last jump_plan
 
     # ---- token and block positions -----------------------------------------------------------
     def computed(self, seq: Seq) -> float:
@@ -145,6 +146,9 @@ class InstanceScheduler:
         return gone
 
     def _stop_decoding(self, seq: Seq) -> None:
+        if seq.rate != 1.0:
+            seq.generated = self.generated(seq)
+            seq.computed = int(round(self.computed(seq)))
         seq.decoding = False
         self.n_dec -= 1
         self.rate_sum -= seq.rate
@@ -156,8 +160,6 @@ class InstanceScheduler:
             self.n_unit -= 1
             del self.phase[(seq.computed - 1 - self.iters) % self.block_size][seq.req.request_id]
         else:
-            seq.generated = self.generated(seq)
-            seq.computed = int(round(self.computed(seq)))
             del self.spec[seq.req.request_id]
             j = self._slot.pop(seq.req.request_id)
             self._sc[j] = self._sst[j] = self._sr[j] = 0.0  # an empty slot adds no blocks
@@ -482,7 +484,9 @@ class InstanceScheduler:
         if k_finish <= 0:
             return 0
         free = self.pool.free
-        if self.decode_blocks(k_finish) <= free:
+        blocks = self.decode_blocks(k_finish)
+        if blocks <= free:
+            self._planned = (self.iters, k_finish, blocks)  # advance(k_finish) reuses the count
             return k_finish
         lo, hi = 0, k_finish  # decode_blocks(lo) <= free < decode_blocks(hi)
         guess = int(free * self.block_size / max(self.rate_sum, 1e-9))
@@ -500,7 +504,9 @@ class InstanceScheduler:
         return lo
 
     def advance(self, k: int) -> None:
-        """Commit k decode iterations (`jump_plan` said they fit)."""
-        self.pool.take(self.decode_blocks(k))
+        """Commit k decode iterations (`jump_plan` said they fit). The decoders cannot change
+        between the plan and the commit (arrivals wait, aborts apply after it)."""
+        it, planned_k, blocks = self._planned
+        self.pool.take(blocks if it == self.iters and planned_k == k else self.decode_blocks(k))
         self.iters += k
         self.ctx += k * self.rate_sum
