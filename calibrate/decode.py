@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,9 +143,14 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
         {"request_id": f"warm{i}", "prompt_token_ids": rng.integers(2, vocab, 32).tolist(), "max_tokens": 32}
         for i in range(4)
     ]
+    widest = min(max(max(cfg.batch_sizes), cfg.workload_prompts * cfg.workload_samples), facts["max_num_seqs"])
+    say(f"warm-up: {len(warm)} short requests, then every batch width up to {widest} (not recorded)")
+    t0 = time.perf_counter()
     eng.run(warm, phase="warmup")
-    widest = max(max(cfg.batch_sizes), cfg.workload_prompts * cfg.workload_samples)
-    eng.run(warmup_requests(vocab, min(widest, facts["max_num_seqs"])), phase="warmup")
+    eng.run(warmup_requests(vocab, widest), phase="warmup")
+    ncells = len(cfg.batch_sizes) * len(cfg.prompt_lens)
+    took = time.perf_counter() - t0
+    say(f"warm-up done in {took:.1f} s; measuring {ncells} grid cells, {cfg.grid_repeats} times each")
     # Grid cells (each twice) in a seeded random order, with the workload runs spread evenly
     # between them: a machine whose speed drifts then biases neither the fit nor the replay.
     cells = [(b, p) for p in cfg.prompt_lens for b in cfg.batch_sizes] * cfg.grid_repeats

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from rlsim.errors import RlsimError
 from rlsim.ui import console as make_console
+from rlsim.ui import engine_log
 
 
 def register(app: typer.Typer) -> None:
@@ -89,29 +90,36 @@ def register(app: typer.Typer) -> None:
             engine = EngineConfig(enable_prefix_caching=enable_prefix_caching)
             run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)
         total = run_.rl.max_steps or _steps_in(run_)
-        prog, cb = _progress(total, f"real run: {run_.policy}", auto_refresh=False)
-        con = make_console()
-        def step_line(row: dict) -> None:  # printed above the bar as each step ends
-            gen = row["timing_s/gen"]
-            tokens = row["response_length/mean"] * row["num_samples"]
-            rate = f"{tokens / gen:,.0f} trained tok/s" if gen > 0 else "-"
-            prog.console.print(
-                f"step {row['step']:.0f}: rollout {gen:.2f} s, {rate}, mean length {row['response_length/mean']:,.0f}, "
-                f"step {row['timing_s/step']:.2f} s"
-            )
-
+        log = out / "vllm.log"
         try:
-            with prog:
-                summary = run_.run(progress=cb, on_step_row=step_line)
+            # vLLM's start-up and warning lines go to the run directory, not over the progress
+            with engine_log(log) as term:
+                prog, cb = _progress(total, f"real run: {run_.policy}", auto_refresh=False, file=term)
+                con = make_console(term)
+                con.print(f"engines' log: {log}")
+
+                def step_line(row: dict) -> None:  # printed above the bar as each step ends
+                    gen = row["timing_s/gen"]
+                    tokens = row["response_length/mean"] * row["num_samples"]
+                    rate = f"{tokens / gen:,.0f} trained tok/s" if gen > 0 else "-"
+                    prog.console.print(
+                        f"step {row['step']:.0f}: rollout {gen:.2f} s, {rate}, mean length "
+                        f"{row['response_length/mean']:,.0f}, step {row['timing_s/step']:.2f} s"
+                    )
+
+                with prog:
+                    summary = run_.run(progress=cb, on_step_row=step_line)
         except KeyboardInterrupt:
-            con.print(f"interrupted; finished steps are in {out}; continue: rlsim run --real --resume -o {out}")
+            msg = f"interrupted; finished steps are in {out}; continue: rlsim run --real --resume -o {out}"
+            make_console().print(msg)
             raise typer.Exit(130) from None
+        con = make_console()
         con.print(
             f"{summary['num_steps']} steps in {summary['total_time_s']:.2f} s: rollout {summary['rollout_share']:.1%} "
             f"of the step, bubble {summary['bubble_ratio']:.1%}, {summary['wasted_tokens']:,.0f} wasted tokens, "
             f"KV blocks per engine {summary.get('num_gpu_blocks')}"
         )
-        con.print(f"run directory: {out} (summary.json holds every figure)")
+        con.print(f"run directory: {out} (summary.json holds every figure; the engines' log: vllm.log)")
 
     @app.command()
     def validate(

@@ -129,7 +129,7 @@ def _check_len(trace, max_len: int) -> None:  # noqa: ANN001
         )
 
 
-def _progress(total_steps: int, label: str, auto_refresh: bool = True):  # noqa: ANN202
+def _progress(total_steps: int, label: str, auto_refresh: bool = True, file=None):  # noqa: ANN001, ANN202
     """A step progress bar and its callback. Real runs pass `auto_refresh=False`: the bar then
     redraws only when a step ends, since a refresh thread would compete with the engine for the
     CPU and slow the very iterations being timed."""
@@ -138,7 +138,7 @@ def _progress(total_steps: int, label: str, auto_refresh: bool = True):  # noqa:
         BarColumn(),
         TextColumn("{task.completed}/{task.total} steps"),
         TimeElapsedColumn(),
-        console=make_console(),
+        console=make_console(file),
         transient=True,
         auto_refresh=auto_refresh,
     )
