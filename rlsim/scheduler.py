@@ -105,6 +105,7 @@ class InstanceScheduler:
         # unit-rate decoders by phase (computed - 1 - start_iter) % block_size: those at phase p
         # allocate a block in the iterations where (p + iters) % block_size == block_size - 1
         self.phase: list[dict[int, Seq]] = [{} for _ in range(block_size)]
+        self._pc = [0] * block_size  # len() of each phase dict, for decode_blocks' slices
         self._order = 0  # running-list position counter
         self.spec: dict[int, Seq] = {}  # decoding sequences at a rate other than one
         # their computed tokens, start iteration and rate in numpy slots, to count blocks at once
@@ -158,7 +159,9 @@ class InstanceScheduler:
             seq.generated += min(ran, seq.target - seq.generated)
             seq.computed += ran
             self.n_unit -= 1
-            del self.phase[(seq.computed - 1 - self.iters) % self.block_size][seq.req.request_id]
+            ph = (seq.computed - 1 - self.iters) % self.block_size
+            del self.phase[ph][seq.req.request_id]
+            self._pc[ph] -= 1
         else:
             del self.spec[seq.req.request_id]
             j = self._slot.pop(seq.req.request_id)
@@ -178,7 +181,9 @@ class InstanceScheduler:
         self.verify_sum += seq.verify
         if seq.rate == 1.0:
             self.n_unit += 1
-            self.phase[(seq.computed - 1 - at) % self.block_size][seq.req.request_id] = seq
+            ph = (seq.computed - 1 - at) % self.block_size
+            self.phase[ph][seq.req.request_id] = seq
+            self._pc[ph] += 1
         else:
             self.spec[seq.req.request_id] = seq
             if not self._free_slots:  # grow the slot arrays
@@ -462,8 +467,9 @@ class InstanceScheduler:
         if s:
             # a unit-rate decoder at phase p allocates in this iteration when (p + iters) % b == 0,
             # i.e. once in the first s iterations when (p + iters) % b >= b - s
-            it, ph = self.iters, self.phase
-            n += sum(len(ph[(j - it) % b]) for j in range(b - s, b))
+            lo = (b - s - self.iters) % b  # phases (j - iters) % b for j in [b - s, b): a circular slice
+            pc, hi = self._pc, lo + s
+            n += sum(pc[lo:hi]) if hi <= b else sum(pc[lo:]) + sum(pc[: hi - b])
         if self.spec:
             r = self._sr
             c = self._sc + (self.iters - self._sst) * r  # as computed(), for every speculative decoder

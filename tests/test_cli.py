@@ -136,3 +136,27 @@ def test_readme_names_the_regeneration_command() -> None:
     """The README documents the command the test above runs."""
     readme = (REPO / "traces" / "README.md").read_text()
     assert "rlsim trace synth --prompts traces/sources/dapo_math_17k_prompts.parquet" in readme
+
+
+def test_engine_log_keeps_engine_output_off_the_terminal(tmp_path: Path) -> None:
+    """What engines write to file descriptors 1 and 2 (Python prints, C-level writes, child
+    processes) lands in the log; the command's own lines reach the terminal; both fds are restored."""
+    log = tmp_path / "vllm.log"
+    code = (
+        "import os, subprocess, sys\n"
+        "from pathlib import Path\n"
+        "from rlsim.ui import engine_log\n"
+        f"with engine_log(Path({str(log)!r})) as term:\n"
+        "    print('engine print'); print('engine warning', file=sys.stderr)\n"
+        "    os.write(2, b'c-level write\\n')\n"
+        "    subprocess.run([sys.executable, '-c', 'print(\"child process\")'], check=True)\n"
+        "    term.write('our progress line\\n')\n"
+        "print('after the block')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["our progress line", "after the block"]
+    assert proc.stderr == ""
+    text = log.read_text()
+    for line in ("engine print", "engine warning", "c-level write", "child process"):
+        assert line in text, text

@@ -99,6 +99,9 @@ def test_two_instances_through_ray_with_aborts(calibrated: dict, tmp_path: Path)
     proc = _run(out, calibrated["model"], trace, "--policy", "rollpacker", "--gpus", "2", "--steps", "3", "--train",
                 "none")  # fmt: skip
     assert all(f"step {k}: rollout" in proc.stdout for k in range(3)), proc.stdout  # a line per step
+    # vLLM's own output (its logger's WARNING lines, the checkpoint loader) is in the run's log, not the terminal
+    log = (out / "vllm.log").read_text()
+    assert "WARNING" in log and "WARNING" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     _, rq = _check_run(out, trace, 3)
     assert set(rq["instance"]) == {0, 1}
     first = rq[rq["step"] == 0]
