@@ -420,13 +420,13 @@ class Driver:
             if req.max_tokens < self.rl.max_response_len and ev.finish_reason == "length":
                 if req.target_tokens > ev.num_output_tokens:
                     # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
-                    first = self.first_token.get(rid)
+                    first = self.first_token.pop(rid, None)
                     self.records.finish(rid, ev.time, ev.num_output_tokens, "length", first, "chunk")
                     return ev
                 ev = ev._replace(finish_reason="stop")  # it ended exactly at the chunk's end
             self.finished.setdefault((req.epoch, req.prompt_id), []).append(ev.num_output_tokens)
             self.records.finish(
-                rid, ev.time, ev.num_output_tokens, ev.finish_reason, self.first_token.get(rid), "finished"
+                rid, ev.time, ev.num_output_tokens, ev.finish_reason, self.first_token.pop(rid, None), "finished"
             )
             self._reward(rid, ev.time)
         elif kind is Aborted:
@@ -434,7 +434,7 @@ class Driver:
             req = self.requests[rid]
             self.assigned[req.instance] -= 1
             self.in_flight[req.prompt_id].discard(rid)
-            self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.get(rid), "aborted")
+            self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.pop(rid, None), "aborted")
         elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
         return ev
@@ -472,7 +472,7 @@ class Driver:
         gen_end = self.engine.now
         window.mark_gen_end(self.engine)
         ids = act.request_ids
-        reward_end = max((self.reward_done[r] for r in ids), default=gen_end)
+        reward_end = max((self.reward_done.pop(r) for r in ids), default=gen_end)  # popped: a run's memory stays flat
         out = self.records.num_output_tokens
         lens = np.array([out[r] + self.requests[r].num_prompt_tokens for r in ids], dtype=float)
         colocated = self.cluster.placement == "colocated"
