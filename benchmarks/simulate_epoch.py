@@ -24,6 +24,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -101,23 +102,29 @@ def one(policy: str) -> dict:
     }  # fmt: skip
 
 
-def big() -> dict:
-    """One sync epoch of the bundled trace with every prompt repeated ten times (new ids)."""
+def write_big(path: str) -> None:
+    """The bundled trace's first epoch with every prompt repeated ten times (new ids), as Parquet."""
     import pandas as pd
 
-    from rlsim.config import RLConfig
     from rlsim.paths import default_trace
-    from rlsim.simulate import simulate
-    from rlsim.trace import Trace, load
+    from rlsim.trace import Trace, load, save
 
-    trace = load(default_trace(), columns=[])
+    trace = load(default_trace())
     df = trace.table[trace.table["epoch"] == trace.epochs[0]]
     step = int(df["prompt_id"].max()) + 1
     tiled = pd.concat([df.assign(prompt_id=df["prompt_id"] + r * step) for r in range(10)], ignore_index=True)
     tiled = tiled.sort_values(["epoch", "prompt_id", "sample_idx"], kind="stable").reset_index(drop=True)
-    big_trace = Trace(tiled, trace.meta)
+    save(Trace(tiled, trace.meta), path)
+
+
+def big(path: str) -> dict:
+    """In this (fresh) process, as a user would: load the 10x trace, simulate one sync epoch."""
+    from rlsim.config import RLConfig
+    from rlsim.simulate import simulate
+    from rlsim.trace import load
+
     t0 = time.perf_counter()
-    res = simulate(big_trace, "sync", rl=RLConfig(epochs=1), tables=False)
+    res = simulate(load(path, columns=[]), "sync", rl=RLConfig(epochs=1), tables=False)
     return {
         "wall_s": time.perf_counter() - t0, "requests": res.summary["num_requests"],
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -143,13 +150,13 @@ def main() -> None:
     ap.add_argument("--skip-cli", action="store_true", help="leave out rlsim compare and rlsim plan")
     ap.add_argument("--big", action="store_true", help="also one epoch of the 10x trace")
     ap.add_argument("--one", help=argparse.SUPPRESS)
-    ap.add_argument("--big-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--big-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one)))
         return
     if a.big_child:
-        print(json.dumps(big()))
+        print(json.dumps(big(a.big_child)))
         return
 
     load = os.getloadavg()[0]
@@ -196,7 +203,10 @@ def main() -> None:
         t = _wall([*cli, "plan", "--target-epoch-hours", "3.4"])
         print(f"rlsim plan --target-epoch-hours 3.4 (other options default): {t:.1f} s (target 10 s)")
     if a.big:
-        r = _child(["--big-child"])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "math17k_x10.parquet")
+            write_big(path)
+            r = _child(["--big-child", path])
         rate = r["requests"] / r["wall_s"]
         print(
             f"10x trace, one sync epoch: {r['requests']:,} requests in {r['wall_s']:.1f} s ({rate:,.0f} requests/s), "

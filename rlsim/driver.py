@@ -145,7 +145,10 @@ class View:
         return sorted(self._drv.in_flight.get(prompt_id, ()))
 
     def request(self, request_id: int) -> RequestInfo:
-        q = self._drv.requests[request_id]
+        requests = self._drv.requests
+        if not 0 <= request_id < len(requests):
+            raise RlsimError(f"policy {self._policy} asked for request {request_id}, which was never launched")
+        q = requests[request_id]
         return RequestInfo(
             q.request_id, q.prompt_id, q.sample_idx, q.epoch, q.num_prompt_tokens, q.instance, q.policy_version,
             q.kept_tokens,
@@ -218,7 +221,7 @@ class Driver:
         self.finished: dict[tuple[int, int], list[int]] = {}  # visit -> finished lengths
         self.history: dict[int, list[int]] = {}  # prompt -> finished lengths of its previous visit
         self.in_flight: dict[int, set[int]] = {}
-        self.requests: dict[int, Request] = {}
+        self.requests: list[Request] = []  # by request id (ids are handed out in order)
         self.version = 0
         self.rr = 0
         self.assigned = [0] * self.engine.num_instances  # requests assigned and not yet ended
@@ -249,6 +252,8 @@ class Driver:
         drv = cls(engine, state.pop("policy"), trace, profile, cluster, rl, engine_cfg, ds)
         step, version, now = state.pop("view")
         vars(drv).update(state)
+        if isinstance(drv.requests, dict):  # a checkpoint written when requests were a dict by id
+            drv.requests = [drv.requests[i] for i in range(len(drv.requests))]
         drv.view = View(drv, drv.policy)
         drv.view.step, drv.view.version, drv.view.now = step, version, now
         flying = sorted(r for ids in drv.in_flight.values() for r in ids)
@@ -375,7 +380,7 @@ class Driver:
             where = inst[j] if per_sample else (-1 if inst is None else inst)
             row = base + s  # index.length(epoch, pid, s), inlined: the hot path of an epoch
             req = Request(rid, pid, s, epoch, int(prompt_tokens[row]), max_tokens, int(out_tokens[row]), where, version)
-            requests[rid] = req
+            requests.append(req)
             flight.add(rid)
             out.append(req)
         return out
@@ -383,7 +388,7 @@ class Driver:
     def _resume(self, act: Launch, max_tokens: int, inst) -> Request:  # noqa: ANN001
         """A request continuing an ended chunk's response (divided rollout): same sample, its
         tokens so far kept, the behaviour version of its first tokens."""
-        old = self.requests.get(act.resume)
+        old = self.requests[act.resume] if 0 <= act.resume < len(self.requests) else None
         if old is None or old.prompt_id != act.prompt_id or self.records.cols["outcome"][act.resume] != "chunk":
             raise RlsimError(
                 f"policy resumed request {act.resume}, which is not an ended chunk of prompt {act.prompt_id}"
@@ -397,16 +402,20 @@ class Driver:
         rid = len(self.requests)
         where = inst[0] if isinstance(inst, tuple) else (-1 if inst is None else inst)
         req = old._replace(request_id=rid, max_tokens=max_tokens, instance=where, kept_tokens=kept)
-        self.requests[rid] = req
+        self.requests.append(req)
         self.in_flight.setdefault(act.prompt_id, set()).add(rid)
         return req
 
     # ---- events ---------------------------------------------------------------------------
     def _reward(self, rid: int, t: float) -> None:
-        q = self.requests[rid]
-        free = heapq.heappop(self.reward_free)
-        done = max(free, t) + self.index.reward_time_s(q.epoch, q.prompt_id, q.sample_idx, self.rl.reward_latency_s)
-        heapq.heappush(self.reward_free, done)
+        index, free = self.index, self.reward_free[0]  # the worker free first
+        if index.reward_time is None:
+            took = self.rl.reward_latency_s
+        else:
+            q = self.requests[rid]
+            took = index.reward_time_s(q.epoch, q.prompt_id, q.sample_idx, self.rl.reward_latency_s)
+        done = max(free, t) + took
+        heapq.heapreplace(self.reward_free, done)
         self.reward_done[rid] = done
 
     def handle(self, ev):  # noqa: ANN001, ANN201 - an Event in, the event the policy is told out

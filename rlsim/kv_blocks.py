@@ -50,9 +50,14 @@ class BlockPool:
         """Allocate `n` blocks from the front of the free queue (the caller checked room),
         evicting the cached blocks among them."""
         self.free -= n
-        if not self.caching:
+        if not self.caching or n <= 0:
             return
         q = self._queue
+        qid = next(iter(q))
+        item = q[qid]
+        if type(item) is int and item > n:  # the common case: part of the front run, in place
+            q[qid] = item - n
+            return
         while n > 0:
             qid, item = q.popitem(last=False)
             if type(item) is int:

@@ -253,13 +253,6 @@ class InstanceScheduler:
         return carried
 
     # ---- one iteration ---------------------------------------------------------------------
-    def _cache_prompt_blocks(self, seq: Seq, upto: int) -> None:
-        """Hash the prompt's full blocks that this chunk completes (vLLM caches at allocation)."""
-        lo, hi = seq.nhashed, min(seq.prompt_blocks, upto // self.block_size)
-        if self.caching and hi > lo:
-            seq.hashed.append(self.pool.new(seq.req.prompt_id, lo, hi))
-            seq.nhashed = hi
-
     def _decode_need(self, seq: Seq) -> int:
         c = self.computed(seq) + seq.held_la
         return self._blocks(c + seq.rate) - self._blocks(c)
@@ -400,7 +393,11 @@ class InstanceScheduler:
     def _prefill_chunk(self, seq: Seq, take: int, out: Scheduled) -> None:
         blocks, seq.held_la = self._chunk_blocks(seq, take)
         self.pool.take(blocks)
-        self._cache_prompt_blocks(seq, seq.computed + take)
+        if self.caching:  # hash the prompt's full blocks this chunk completes (vLLM caches at allocation)
+            lo, hi = seq.nhashed, min(seq.prompt_blocks, (seq.computed + take) // self.block_size)
+            if hi > lo:
+                seq.hashed.append(self.pool.new(seq.req.prompt_id, lo, hi))
+                seq.nhashed = hi
         out.chunks.append((seq, take))
         out.prefill_tokens += take
         self.ctx += take
@@ -445,17 +442,17 @@ class InstanceScheduler:
 
     def finish_due(self) -> list[Seq]:
         """Finish the decoding requests whose last token the iterations so far sampled."""
-        heap, due = self.heap, []
-        while heap and heap[0][0] <= self.iters:
-            _, rid = heapq.heappop(heap)
-            seq = self.running.get(rid)
-            if seq is None or not seq.decoding or seq.finish_iter != self.iters:
+        heap, due, it, running = self.heap, [], self.iters, self.running
+        while heap and heap[0][0] <= it:
+            rid = heapq.heappop(heap)[1]
+            seq = running.get(rid)
+            if seq is None or not seq.decoding or seq.finish_iter != it:
                 continue  # stale entry (aborted, preempted or postponed)
             due.append(seq)
         if len(due) > 1:
             due.sort(key=_ORDER)
         for seq in due:
-            self.finish(seq)
+            self._free(seq, "finish")
         return due
 
     # ---- event jumping ---------------------------------------------------------------------
