@@ -92,6 +92,13 @@ def test_simulate_force_swaps_the_run_directory_in_whole(tmp_path: Path, small_t
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def _default_sigint() -> None:
+    """A shell without job control starts background commands (a CI script run with `&`) with
+    SIGINT ignored, which their children inherit and Python then keeps; the sweep under test
+    must see Ctrl-C as a terminal would deliver it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_a_sweep_promptly_and_keeps_finished_rows(tmp_path: Path) -> None:
     grid = tmp_path / "g.yaml"
     # 400 points (about 4 s through 2 workers): enough that Ctrl-C after the second row always
@@ -101,7 +108,7 @@ def test_ctrl_c_stops_a_sweep_promptly_and_keeps_finished_rows(tmp_path: Path) -
     out = tmp_path / "s.parquet"
     proc = subprocess.Popen([sys.executable, "-m", "rlsim.cli", "sweep", str(grid), "--out", str(out), "--workers",
                              "2"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
     deadline = time.time() + 120
     while not (out.exists() and len(pd.read_parquet(out)) >= 2) and time.time() < deadline:
         time.sleep(0.2)
