@@ -115,7 +115,6 @@ class InstanceScheduler:
         self.rate_sum = 0.0
         self.verify_sum = 0.0
         self.prefix_hit_tokens = 0
-        self._planned = (-1, 0, 0)  # (iters, k, decode_blocks(k)) of the last jump_plan
 
     # ---- token and block positions -----------------------------------------------------------
     def computed(self, seq: Seq) -> float:
@@ -214,11 +213,8 @@ class InstanceScheduler:
                 pool.release(reversed(hashed))
             else:
                 pool.give(full - seq.nhashed, cached=True)  # its own full blocks: nothing hits them again
-                if len(hashed) == 1:
-                    pool.release(hashed, dead=type(hashed[0].key) is tuple)
-                elif hashed:
-                    pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
-                    pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
+                pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
+                pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
         else:
             self.pool.give(-(-(c + la) // b))
         seq.hashed = []
@@ -487,9 +483,7 @@ class InstanceScheduler:
         if k_finish <= 0:
             return 0
         free = self.pool.free
-        blocks = self.decode_blocks(k_finish)
-        if blocks <= free:
-            self._planned = (self.iters, k_finish, blocks)  # advance(k_finish) reuses the count
+        if self.decode_blocks(k_finish) <= free:
             return k_finish
         lo, hi = 0, k_finish  # decode_blocks(lo) <= free < decode_blocks(hi)
         guess = int(free * self.block_size / max(self.rate_sum, 1e-9))
@@ -507,9 +501,7 @@ class InstanceScheduler:
         return lo
 
     def advance(self, k: int) -> None:
-        """Commit k decode iterations (`jump_plan` said they fit). The decoders cannot change
-        between the plan and the commit (arrivals wait, aborts apply after it)."""
-        it, planned_k, blocks = self._planned
-        self.pool.take(blocks if it == self.iters and planned_k == k else self.decode_blocks(k))
+        """Commit k decode iterations (`jump_plan` said they fit)."""
+        self.pool.take(self.decode_blocks(k))
         self.iters += k
         self.ctx += k * self.rate_sum

@@ -81,8 +81,6 @@ class SimEngine:
         self.exact = exact
         self.spec = spec
         self._draft_s = spec.draft_s if spec is not None else 0.0
-        t0 = profile.t_w_s if profile.linear_t0_s is None else profile.linear_t0_s
-        self._knee = (profile.prefill_s_per_token - profile.gamma_s, t0)  # Profile.compute_excess_s's terms
         self.block_size = block_size
         self.env = simpy.Environment()
         self._outbox: list[Event] = []
@@ -271,8 +269,7 @@ class SimEngine:
     def _jump_cost(self, inst: _Instance, k: int) -> tuple[float, float]:
         p, s = self.profile, inst.sched
         a = p.t_w_s + p.alpha_s * s.n_dec + p.gamma_s * s.verify_sum + p.beta_s * (s.ctx + s.rate_sum)
-        slope, t0 = self._knee  # p.compute_excess_s, inlined: once per jump
-        a += max(0.0, slope * s.verify_sum - t0) + self._draft_s * len(s.spec)
+        a += p.compute_excess_s(s.verify_sum) + self._draft_s * len(s.spec)
         q = p.beta_s * s.rate_sum
         return a * k + q * k * (k - 1) / 2, q  # (total, per-iteration increment)
 
