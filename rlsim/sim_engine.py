@@ -21,6 +21,12 @@ progress) are committed, and the instance re-plans at the next iteration boundar
 during training. `exact=True` runs every iteration one at a time: the reference that proves the
 fast path.
 
+Replay (`iteration_times`, what `rlsim validate` uses to separate scheduling from timing): the
+k-th iteration of instance i takes the measured time of the k-th iteration that instance ran in
+a real run, instead of the profile's prediction; it runs one iteration at a time, and counts how
+many of its iterations had the same batch as the real one they took their time from (decode
+requests and prefill tokens), and how many ran past the recording (those fall back to the model).
+
 Sleep (veRL's `free_cache_engine`): `pause(sleep=True)` frees every instance's KV cache (and its
 prefix cache) once its iteration in progress ends. Running requests keep their generated tokens
 and go back to the front of the waiting queue, so after `resume()` they re-prefill prompt plus
@@ -75,10 +81,15 @@ class SimEngine:
         enable_prefix_caching: bool = True,
         block_size: int = 16,
         enable_chunked_prefill: bool = True,
+        iteration_times: Sequence[Sequence[tuple[float, int, int]]] | None = None,
     ) -> None:
         self.profile = profile
         self.num_instances = num_instances
-        self.exact = exact
+        self.exact = exact or iteration_times is not None
+        # replay: per instance, (seconds, decode requests, prefill tokens) of each real iteration
+        self._replay = [list(t) for t in iteration_times] if iteration_times is not None else None
+        self._replay_pos = [0] * num_instances
+        self.replay = {"iterations": 0, "same_batch": 0, "past_recording": 0}
         self.spec = spec
         self._draft_s = spec.draft_s if spec is not None else 0.0
         self.block_size = block_size
@@ -273,6 +284,19 @@ class SimEngine:
         q = p.beta_s * s.rate_sum
         return a * k + q * k * (k - 1) / 2, q  # (total, per-iteration increment)
 
+    def _replayed(self, i: int, out, modeled: float) -> float:  # noqa: ANN001 - scheduler output
+        """The measured time of instance i's next recorded iteration (the model's past its end)."""
+        rec, k = self._replay[i], self._replay_pos[i]
+        self.replay["iterations"] += 1
+        if k >= len(rec):
+            self.replay["past_recording"] += 1
+            return modeled
+        self._replay_pos[i] = k + 1
+        took, decodes, prefill = rec[k]
+        if decodes == out.num_decodes and prefill == out.prefill_tokens:
+            self.replay["same_batch"] += 1
+        return took
+
     def _iters_done(self, inst: _Instance, elapsed: float, k: int) -> int:
         """Whole iterations of a jump completed after `elapsed` seconds (at most k)."""
         a, q = self._jump_cost(inst, 1)
@@ -318,6 +342,8 @@ class SimEngine:
                 if batch:
                     took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens)
                     took += p.compute_excess_s(out.decode_tokens) + self._draft_s * len(sched.spec)
+                    if self._replay is not None:
+                        took = self._replayed(inst.idx, out, took)
                     inst.cur_batch = batch
                     yield env.timeout(took)
                     inst.seq_time += batch * took

@@ -103,9 +103,11 @@ def simulate(
     progress=None,  # noqa: ANN001 - optional callable(step, sim_time)
     tables: bool = True,
     engine_cfg: EngineConfig | None = None,
+    iteration_times=None,  # noqa: ANN001 - per instance [(seconds, decode requests, prefill tokens)]
 ) -> Result:
     """Simulate `policy` on `trace`; see `rlsim.config` for the knobs and their defaults.
-    `tables=False` skips building the per-request table (a summary-only run, as in compare)."""
+    `tables=False` skips building the per-request table (a summary-only run, as in compare).
+    `iteration_times` replays a real run's measured iteration times (`rlsim.sim_engine`)."""
     cluster = cluster or ClusterConfig()
     rl = rl or RLConfig()
     engine_cfg = engine_cfg or EngineConfig()
@@ -118,6 +120,7 @@ def simulate(
     engine = SimEngine(
         prof, n, exact=exact, spec=spec, enable_prefix_caching=engine_cfg.enable_prefix_caching,
         block_size=prof.block_size, enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
+        iteration_times=iteration_times,
     )
     pol = make_policy(policy)
     t0 = time.perf_counter()
@@ -143,6 +146,8 @@ def simulate(
     summary["prefix_hit_tokens"] = engine.prefix_hit_tokens
     summary["wake_reprefill_tokens"] = engine.wake_reprefill_tokens
     summary["pause_interrupts"] = engine.pause_interrupts
+    if iteration_times is not None:
+        summary["replay"] = dict(engine.replay)
     if spec is not None:
         summary["histospec"] = {"source": spec.source, "acceptance_prob": spec.acceptance_prob}
     config = config_dict(cluster, rl, engine_cfg) | {

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+_DETAILS = ("num_ctx_requests", "num_ctx_tokens", "num_generation_requests", "num_generation_tokens")
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceConfig:
@@ -69,6 +71,7 @@ class VllmInstance:
         # ("CPU Generator does not use offset"), so per-request seeds are used on GPUs only.
         self.per_request_seed = not self.facts["hardware"].startswith("CPU")
         self.tokens: dict[str, list[int]] = {}
+        self.prompt_len: dict[str, int] = {}
         self.iterations = 0
 
     def ready(self) -> dict[str, Any]:
@@ -103,22 +106,37 @@ class VllmInstance:
             prompt = {"prompt_token_ids": list(r["prompt_token_ids"])} if "prompt_token_ids" in r else r["prompt"]
             self.engine.add_request(r["request_id"], prompt, sp)
             self.tokens[r["request_id"]] = []
+            # a text prompt's length is known from its first output
+            self.prompt_len[r["request_id"]] = len(r["prompt_token_ids"]) if "prompt_token_ids" in r else 0
 
     def abort(self, request_ids: list[str]) -> dict[str, int]:
         """Abort requests; answer how many tokens each had generated (absent: already done)."""
         live = [r for r in request_ids if r in self.tokens]
         if live:
             self.engine.abort_request(live)
+        for r in live:
+            self.prompt_len.pop(r, None)
         return {r: len(self.tokens.pop(r)) for r in live}
 
     def step(self) -> dict[str, Any]:
         """Run one engine iteration. Answers `progress` (request -> tokens so far, for requests
         that gained tokens), `finished` (one dict per request that finished), the iteration's
-        wall time `step_s` and its `new_tokens`."""
+        wall time `step_s`, its `new_tokens` and its batch as vLLM's scheduler reported it
+        (`details`: calibration's columns, `calibrate.fit.ITERATION_COLUMNS`, so the profile's
+        iteration model can be checked on the run's own iterations)."""
+        # KV context of the decoding requests, counted as calibration counts it
+        context = sum(self.prompt_len[r] + len(t) for r, t in self.tokens.items() if t)
+        d0 = len(self.sink.details)
         t0 = time.perf_counter()
         outs = self.engine.step()
         step_s = time.perf_counter() - t0
         self.iterations += 1
+        det = self.sink.details[d0:]
+        del self.sink.details[d0:]  # a run is long: keep nothing per iteration here
+        details = {
+            "context_tokens": context,
+            **{k: sum(getattr(d, k) for d in det) for k in _DETAILS},
+        }
         progress: dict[str, int] = {}
         finished: list[dict[str, Any]] = []
         for o in outs:
@@ -127,9 +145,12 @@ class VllmInstance:
                 continue
             toks.extend(o.outputs[0].token_ids)
             progress[o.request_id] = len(toks)
+            if not self.prompt_len.get(o.request_id) and o.prompt_token_ids:
+                self.prompt_len[o.request_id] = len(o.prompt_token_ids)
             if o.finished:
                 m = o.metrics
                 del self.tokens[o.request_id]
+                self.prompt_len.pop(o.request_id, None)
                 finished.append(
                     {
                         "request_id": o.request_id,
@@ -146,7 +167,9 @@ class VllmInstance:
                     }
                 )
         new_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        return {"progress": progress, "finished": finished, "step_s": step_s, "new_tokens": new_tokens}
+        return {
+            "progress": progress, "finished": finished, "step_s": step_s, "new_tokens": new_tokens, "details": details,
+        }  # fmt: skip
 
     def publish_history(self, rows: list[dict]) -> None:
         """Append previous-visit responses (`{"prompt_token_ids", "responses"}`) for the drafter."""
