@@ -201,7 +201,9 @@ def print_parts(console, parts: dict) -> None:  # noqa: ANN001 - a rich Console
         console.print(
             f"schedule: {it['same_batch']:,} of {it['simulated']:,} simulated iterations had the real one's batch "
             f"({it['real']:,} real); finish order Kendall tau {fo['kendall_tau']}, same order in "
-            f"{fo['steps_same_order']} steps, median finish-time difference {gap_ms:.1f} ms"
+            f"{fo['steps_same_order']} steps, median finish-time difference {gap_ms:.1f} ms; the real rollout "
+            f"spent {sched['driver_time_pct']:.1f}% of its time outside engine iterations (the driver's own "
+            "work, not simulated)"
         )
         by = ", ".join(f"B {k}: {v['signed_pct']:+.1f}%" for k, v in model["by_batch"].items())
         console.print(f"iteration model: MAPE {model['mape']:.1%}, summed {model['total_time_pct']:+.1f}% ({by})")

@@ -43,7 +43,8 @@ def _machine_busy_s() -> float | None:
 
 
 def _tree_cpu_s(root: int) -> float:
-    """CPU seconds (user + system) of `root` and every live descendant."""
+    """CPU seconds (user + system) of `root`, every live descendant and the descendants they
+    have reaped."""
     children: dict[int, list[int]] = {}
     cpu: dict[int, int] = {}
     for entry in _PROC.iterdir():
@@ -56,7 +57,8 @@ def _tree_cpu_s(root: int) -> float:
         fields = raw[raw.rindex(")") + 2 :].split()  # the command name may hold spaces
         pid = int(entry.name)
         children.setdefault(int(fields[1]), []).append(pid)
-        cpu[pid] = int(fields[11]) + int(fields[12])
+        # utime + stime, and cutime + cstime: the children it has reaped (ended ones count too)
+        cpu[pid] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()

@@ -21,6 +21,12 @@ progress) are committed, and the instance re-plans at the next iteration boundar
 during training. `exact=True` runs every iteration one at a time: the reference that proves the
 fast path.
 
+Lockstep (`lockstep=True`, how `rlsim run --real` drives its engines: the driver calls each
+engine's `step()` and reacts to its outputs before the next): an instance whose iteration
+produced a finish or a preemption starts its next iteration only once the driver has taken the
+events, so a submit or abort the driver makes in reaction lands before that iteration, not one
+iteration later as with an engine that runs on by itself (vLLM's `AsyncLLM`, the default).
+
 Replay (`iteration_times`, what `rlsim validate` uses to separate scheduling from timing): the
 k-th iteration of instance i takes the measured time of the k-th iteration that instance ran in
 a real run, instead of the profile's prediction; it runs one iteration at a time, and counts how
@@ -67,6 +73,7 @@ class _Instance:
     cur_batch: int = 0  # sequences of the iteration or jump in progress
     run_start: float | None = None  # start of the iteration or jump in progress
     segments: list = field(default_factory=list)  # merged (start, end) busy intervals
+    emitted: bool = False  # lockstep: its last iteration produced events the driver has not seen
 
 
 class SimEngine:
@@ -82,6 +89,7 @@ class SimEngine:
         block_size: int = 16,
         enable_chunked_prefill: bool = True,
         iteration_times: Sequence[Sequence[tuple[float, int, int]]] | None = None,
+        lockstep: bool = False,
     ) -> None:
         self.profile = profile
         self.num_instances = num_instances
@@ -89,6 +97,8 @@ class SimEngine:
         # replay: per instance, (seconds, decode requests, prefill tokens) of each real iteration
         self._replay = [list(t) for t in iteration_times] if iteration_times is not None else None
         self._replay_pos = [0] * num_instances
+        self.lockstep = lockstep
+        self._held: list[simpy.Event] = []
         self.replay = {"iterations": 0, "same_batch": 0, "past_recording": 0}
         self.spec = spec
         self._draft_s = spec.draft_s if spec is not None else 0.0
@@ -204,6 +214,10 @@ class SimEngine:
 
     def step(self) -> list[Event]:
         env = self.env
+        if self._held:  # lockstep: the driver has seen the outputs; the instances go on
+            held, self._held = self._held, []
+            for hold in held:
+                hold.succeed()
         outbox, peek, advance = self._outbox, env.peek, env.step
         while not outbox:
             if peek() == math.inf:
@@ -265,6 +279,8 @@ class SimEngine:
 
     def _finished(self, inst: _Instance, done: list[Seq]) -> None:
         now = self.env.now
+        if done:
+            inst.emitted = True
         for seq in done:
             rid = seq.req.request_id
             reason = "length" if seq.generated >= seq.req.max_tokens else "stop"
@@ -326,12 +342,20 @@ class SimEngine:
                 yield inst.wake
                 inst.wake = None
                 continue
+            if self.lockstep and inst.emitted:
+                inst.emitted = False
+                # the previous iteration's outputs reach the driver before the next one starts
+                hold = env.event()
+                self._held.append(hold)
+                yield hold
+                continue
             k = 0 if self.exact else sched.jump_plan()
             start = inst.run_start = env.now
             if k == 0:
                 out = sched.schedule()
                 for seq in out.preempted:
                     self._outbox.append(Preempted(seq.req.request_id, env.now, inst.idx, seq.generated))
+                    inst.emitted = True
                 batch = out.num_decodes + len(out.chunks)
                 if batch == 0 and not out.preempted:  # nothing running and the head cannot fit
                     raise RlsimError(

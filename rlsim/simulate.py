@@ -104,10 +104,12 @@ def simulate(
     tables: bool = True,
     engine_cfg: EngineConfig | None = None,
     iteration_times=None,  # noqa: ANN001 - per instance [(seconds, decode requests, prefill tokens)]
+    lockstep: bool = False,
 ) -> Result:
     """Simulate `policy` on `trace`; see `rlsim.config` for the knobs and their defaults.
     `tables=False` skips building the per-request table (a summary-only run, as in compare).
-    `iteration_times` replays a real run's measured iteration times (`rlsim.sim_engine`)."""
+    `iteration_times` replays a real run's measured iteration times and `lockstep` drives the
+    instances as `rlsim run --real` drives its engines (`rlsim.sim_engine`)."""
     cluster = cluster or ClusterConfig()
     rl = rl or RLConfig()
     engine_cfg = engine_cfg or EngineConfig()
@@ -120,7 +122,7 @@ def simulate(
     engine = SimEngine(
         prof, n, exact=exact, spec=spec, enable_prefix_caching=engine_cfg.enable_prefix_caching,
         block_size=prof.block_size, enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
-        iteration_times=iteration_times,
+        iteration_times=iteration_times, lockstep=lockstep,
     )
     pol = make_policy(policy)
     t0 = time.perf_counter()

@@ -137,7 +137,8 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     if "histospec" in policy and "output_token_ids" in names:
         cols.append("output_token_ids")
     trace = load(trace_path, columns=cols)
-    result = simulate(trace, policy, cluster, rl, profile=prof, engine_cfg=run.engine_cfg)
+    # the real engines ran in lockstep with the driver (rlsim.real_engine): so does the simulation
+    result = simulate(trace, policy, cluster, rl, profile=prof, engine_cfg=run.engine_cfg, lockstep=True)
     real_m = run_metrics(steps, requests)
     rows = compare_rows(real_m, run_metrics(result.steps, result.requests))
     its = _iterations(run_dir)
@@ -149,7 +150,7 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
             for g in (its[its["instance"] == i].sort_values("time", kind="stable") for i in range(n_real))
         ]  # fmt: skip
         replayed = simulate(
-            trace, policy, cluster, rl, profile=prof, engine_cfg=run.engine_cfg, iteration_times=replay
+            trace, policy, cluster, rl, profile=prof, engine_cfg=run.engine_cfg, iteration_times=replay, lockstep=True
         )  # fmt: skip
     sched_rows = None if replayed is None else compare_rows(real_m, run_metrics(replayed.steps, replayed.requests))
     parts = decompose(prof, steps, requests, its, rows, sched_rows, replayed, n_real)

@@ -110,6 +110,26 @@ def finish_order(real: pd.DataFrame, sim: pd.DataFrame, real_steps: pd.DataFrame
     }
 
 
+def driver_share(steps: pd.DataFrame, its: pd.DataFrame) -> float | None:
+    """Share of the real rollout time in which no engine ran an iteration: the driver's own
+    work (from a step's start to its first submit, from the last finish to the rollout
+    decision, policy and reward handling while the engines wait), which the simulator does not
+    charge; the schedule part's remainder."""
+    total = covered = 0.0
+    ends, walls = its["time"].to_numpy(float), its["wall_s"].to_numpy(float)
+    for a, gen in zip(steps["time/start"].astype(float), steps["timing_s/gen"].astype(float), strict=True):
+        b = a + gen
+        m = (ends > a) & (ends - walls < b)
+        spans = sorted(zip(np.maximum(ends[m] - walls[m], a), np.minimum(ends[m], b), strict=True))
+        end = a
+        for lo, hi in spans:  # the union of the iterations' intervals
+            if hi > end:
+                covered += hi - max(lo, end)
+                end = hi
+        total += gen
+    return round(100 * (1 - covered / total), 2) if total > 0 else None
+
+
 def decompose(
     prof: Profile,
     steps: pd.DataFrame,
@@ -138,6 +158,7 @@ def decompose(
         "rows": sched_rows,
         "iterations": {"simulated": replay.get("iterations", 0), "real": int(len(its)), **replay},
         "same_batch_share": round(replay["same_batch"] / replay["iterations"], 4) if replay.get("iterations") else None,
+        "driver_time_pct": driver_share(steps, its),
         "finish_order": finish_order(requests, replayed.requests, steps, replayed.steps),
     }
     model = iteration_model_part(prof, its, n_instances, len(steps), real_m)

@@ -180,3 +180,25 @@ def test_sleep_frees_kv_and_carried_requests_reprefill(exact: bool) -> None:
     # after the wake with its KV freed: one prefill of 701 tokens that samples token 202.
     assert done[False] == pytest.approx(10.0 + 0.01 * (1000 - 201), rel=1e-9)
     assert done[True] == pytest.approx(done[False] + 1e-5 * 701, rel=1e-9)
+
+
+def test_replay_takes_each_iteration_time_from_the_recording() -> None:
+    """Replay: the k-th iteration takes the k-th recorded time, whatever the profile says; an
+    iteration whose batch matches the recording's is counted, and iterations past the end of
+    the recording fall back to the model."""
+    p = _profile(t_w_s=0.01, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=0, max_num_seqs=1)
+    lengths = [3, 2]  # 5 iterations one at a time (batch 1, no prefill beyond each first)
+    exact = SimEngine(p, 1, exact=True)
+    exact.submit([_req(i, 10, n) for i, n in enumerate(lengths)])
+    _drain(exact)
+    times = [0.5, 0.25, 0.125, 0.0625]  # one short of the 5 iterations
+    rec = [(t, 1, 0) for t in times]
+    eng = SimEngine(p, 1, iteration_times=[rec])
+    eng.submit([_req(i, 10, n) for i, n in enumerate(lengths)])
+    events = _drain(eng)
+    assert sorted(e.request_id for e in events if isinstance(e, Finished)) == [0, 1]
+    assert eng.now == pytest.approx(sum(times) + 0.01, rel=1e-12)  # the 5th from the model
+    # each request's first iteration prefills its 10 prompt tokens, unlike the (1 decode, 0
+    # prefill) batches recorded: only iterations 2 and 3 (request 0 decoding) match
+    assert eng.replay == {"iterations": 5, "same_batch": 2, "past_recording": 1}
+    assert exact.now == pytest.approx(0.05, rel=1e-12)
