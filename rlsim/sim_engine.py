@@ -228,6 +228,9 @@ class SimEngine:
         while peek() <= now:  # everything else happening at this instant
             advance()
         out, self._outbox = self._outbox, []
+        if self.lockstep:  # the driver sees these events now: an instance that has not yet held need not
+            for inst in self.instances:
+                inst.emitted = False
         return out
 
     def busy_time(self, instance: int) -> float:

