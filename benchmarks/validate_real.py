@@ -56,7 +56,8 @@ def main() -> None:
         sh("-m", script, "--model", str(model), "--out", str(rec))
     fit_out = sh("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(prof), "--force")
     print(f"calibrated in {time.perf_counter() - t0:.0f} s:")
-    print("\n".join("  " + ln for ln in fit_out.splitlines() if ln.startswith(("held-out", "the grid", "host", "workload"))))
+    keep = ("held-out", "the grid", "host", "workload")
+    print("\n".join("  " + ln for ln in fit_out.splitlines() if ln.startswith(keep)))
     results = {}
     for policy in args.policies.split(","):
         run = out / f"run-{policy}"
