@@ -31,15 +31,19 @@ def test_engine_facts_are_recorded(calibrated: dict) -> None:
     assert calibrated["profile"]["kv_capacity_tokens"] == facts["kv_capacity_tokens"]
 
 
-def test_heldout_mape_below_15_percent(calibrated: dict, calibration_spread: float) -> None:
-    """The iteration model fits held-out CPU iterations within 15% MAPE (where the host is quiet
-    enough for a 15% band to mean anything)."""
+def test_heldout_mape_beyond_the_grids_noise_within_half_the_gate(calibrated: dict) -> None:
+    """The iteration model's own error on held-out CPU iterations, its MAPE less the grid's
+    repeat noise measured in the same minutes (what `rlsim calibrate fit` gates on), is within
+    7.5%, half the 15% gate; the load during the grid is recorded beside it."""
     err = calibrated["profile"]["fit_error"]
     prov = calibrated["profile"]["provenance"]
     assert prov["kind"] == "calibrated" and prov["vllm_version"] and prov["measured_at"]
-    print(f"held-out MAPE {err['heldout_mape']:.1%} by batch {err['heldout_mape_by_batch']}")
-    require_quiet_host(calibration_spread, 0.15)
-    assert err["heldout_mape"] < 0.15
+    assert prov["host_load"]["host/probe_ms"] > 0 and prov["host_load"]["host/others_cpus"] >= 0
+    noise = err["grid_repeat_noise"]
+    print(f"held-out MAPE {err['heldout_mape']:.1%} by batch {err['heldout_mape_by_batch']}; the grid's repeat "
+          f"noise {noise:.1%}; {prov['host_load']}")  # fmt: skip
+    assert 0 < noise < err["heldout_mape"] + 0.05
+    assert err["heldout_mape"] - noise < 0.075
 
 
 def test_simulated_replay_of_the_workload_within_10_percent(calibrated: dict, calibration_spread: float) -> None:

@@ -232,7 +232,7 @@ def test_validate_against_the_profile_calibrated_here(
             print(f"\ntry {k} ({tries[-1][1]}): real vs simulated; parts of the rollout-time Diff%: schedule "
                   f"{parts['schedule']['rollout_time_pct']:+.1f}%, iteration model "
                   f"{parts['iteration_model']['rollout_time_pct']:+.1f}%, interaction "
-                  f"{parts['interaction']['rollout_time_pct']:+.1f}%; probe {parts['load']['machine_pct']}")  # fmt: skip
+                  f"{parts['interaction']['rollout_time_pct']:+.1f}%; probe: {parts['load']['machine_pct']}")
             for r in res["rows"]:
                 diff = "-" if r["diff_pct"] is None else f"{r['diff_pct']:+.1f}%"
                 print(f"  {r['label']}: {r['real']:.3f} vs {r['sim']:.3f} ({diff})")
