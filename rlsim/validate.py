@@ -155,7 +155,10 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     sched_rows = None if replayed is None else compare_rows(real_m, run_metrics(replayed.steps, replayed.requests))
     parts = decompose(prof, steps, requests, its, rows, sched_rows, replayed, n_real)
     host_path = run_dir / "host.json"
-    host = json.loads(host_path.read_text()) if host_path.exists() else None
+    try:  # the speed probes around the run (absent in runs recorded before them)
+        host = json.loads(host_path.read_text()) if host_path.exists() else None
+    except (OSError, json.JSONDecodeError):
+        host = None
     parts["load"] = load_part(prof, steps, host)
     return {
         "run_dir": str(run_dir),
