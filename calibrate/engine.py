@@ -224,6 +224,22 @@ def warmup_requests(vocab: int, width: int) -> list[dict]:
         for i in range(width)
     ]  # fmt: skip
 
+# The engine probe: a fixed small batch timed on the engine itself, during calibration and
+# around a real run, so `rlsim validate` can tell how much faster or slower the machine ran the
+# engine in the two (a Python probe misses what the engine's OpenMP threads meet on a shared VM).
+PROBE_BATCH, PROBE_PROMPT, PROBE_TOKENS, PROBE_REPEATS = 16, 64, 32, 3
+
+
+def probe_requests(vocab: int, tag: str) -> list[dict]:
+    """The engine probe's requests: the same token ids and lengths every time."""
+    return [
+        {"request_id": f"probe-{tag}-{i}",
+         "prompt_token_ids": [2 + (11 * i + j) % (vocab - 2) for j in range(PROBE_PROMPT)],
+         "max_tokens": PROBE_TOKENS, "min_tokens": PROBE_TOKENS, "ignore_eos": True, "temperature": 1.0}
+        for i in range(PROBE_BATCH)
+    ]  # fmt: skip
+
+
 def create_engine(
     model: str,
     tp: int = 1,

@@ -212,7 +212,8 @@ def print_parts(console, parts: dict) -> None:  # noqa: ANN001 - a rich Console
 
     console.print(f"load: calibration {describe(load.get('calibration'))}; run {describe(load.get('run'))}")
     if load.get("machine_pct") is not None:
-        console.print(f"machine: the speed probe alone predicts {load['machine_pct']:+.1f}% for the total")
+        probe = load.get("probe", "probe_ms").replace("_ms", "").replace("_", " ")
+        console.print(f"machine: the {probe} alone predicts {load['machine_pct']:+.1f}% for the total")
     if load.get("warning"):
         console.print(f"warning: {load['warning']}")
 

@@ -96,8 +96,9 @@ def describe(load: dict[str, float] | None) -> str:
         return "not recorded"
     others = load.get("host/others_cpus", math.nan)
     share = "unknown" if others is None or math.isnan(others) else f"{others:.2f}"
-    probe = load.get("host/probe_ms")
+    probe, engine = load.get("host/probe_ms"), load.get("host/engine_probe_ms")
     speed = "" if probe is None else f", speed probe {probe:.2f} ms"
+    speed += "" if engine is None else f", engine probe {engine:.1f} ms"
     return f"others used {share} CPUs (load average {load.get('host/load_1m', math.nan):.1f}{speed})"
 
 

@@ -250,7 +250,7 @@ class RealRun:
             rows = old_steps.to_dict("records")[: len(driver.records.steps)]
             self.host_load = [{k: float(row.get(k, np.nan)) for k in LOAD_COLUMNS} for row in rows]
         self.meter = LoadMeter()
-        self._probe("start")
+        self._probe("start", backend, facts)
 
         def on_step(drv: Driver) -> None:
             steps = self._write_step(drv, engine, trace)
@@ -268,19 +268,24 @@ class RealRun:
                 self.engine_cfg, parsed.dynamic_sampling,
             )
             stats = [backend.call(i, "stats") for i in range(self.n)]
+            self._probe("end", backend, facts)
         finally:
             if gc_was:
                 gc.enable()
             backend.close()
-        self._probe("end")
         return self._finish(records, engine, facts, stats)
 
-    def _probe(self, when: str) -> None:
-        """The machine's speed (`rlsim.hostload.speed_probe`) before and after the steps, kept
-        in host.json (a resumed run adds its own pair)."""
+    def _probe(self, when: str, backend, facts: list[dict]) -> None:  # noqa: ANN001
+        """The machine's speed before and after the steps, kept in host.json (a resumed run adds
+        its own pair): `rlsim.hostload.speed_probe`, and with the engines up, the engine probe
+        calibration also times (`calibrate.engine.probe_requests`), the mean over instances."""
         path = self.out / "host.json"
         host = json.loads(path.read_text()) if path.exists() else {"probes": []}
-        host["probes"].append({"when": when, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "probe_ms": speed_probe()})
+        row = {"when": when, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "probe_ms": speed_probe()}
+        if backend is not None:
+            ms = [backend.call(i, "probe", f["vocab_size"]) for i, f in zip(range(self.n), facts, strict=True)]
+            row["engine_probe_ms"] = round(float(np.mean(ms)), 3)
+        host["probes"].append(row)
         _atomic(path, to_json(host).encode())
 
     def _start_engines(self, histospec: bool):  # noqa: ANN202

@@ -183,9 +183,10 @@ def load_part(prof: Profile, steps: pd.DataFrame, host: dict[str, Any] | None) -
             "host/others_cpus": round(float(steps["host/others_cpus"].mean()), 3),
             "host/load_1m": round(float(steps["host/load_1m"].mean()), 2),
         }
-    probes = [p["probe_ms"] for p in (host or {}).get("probes", []) if p.get("probe_ms")]
-    if probes:
-        run = (run or {}) | {"host/probe_ms": round(float(np.mean(probes)), 3)}
+    for key, name in (("probe_ms", "host/probe_ms"), ("engine_probe_ms", "host/engine_probe_ms")):
+        probes = [p[key] for p in (host or {}).get("probes", []) if p.get(key)]
+        if probes:
+            run = (run or {}) | {name: round(float(np.mean(probes)), 3)}
     out: dict[str, Any] = {"calibration": calib, "run": run, "machine_pct": None, "warning": None}
     warnings = []
     a, b = (calib or {}).get("host/others_cpus"), (run or {}).get("host/others_cpus")
@@ -193,13 +194,18 @@ def load_part(prof: Profile, steps: pd.DataFrame, host: dict[str, Any] | None) -
         busier = "the run" if b > a else "calibration"
         warnings.append(f"other processes used {b:.2f} CPUs during the run and {a:.2f} during calibration: {busier} "
                         "shared the machine")  # fmt: skip
-    pa, pb = (calib or {}).get("host/probe_ms"), (run or {}).get("host/probe_ms")
+    # the engine probe (the same batch timed on the engine) where both sides have it, else the Python one
+    key = "host/engine_probe_ms" if (calib or {}).get("host/engine_probe_ms") and (run or {}).get(
+        "host/engine_probe_ms") else "host/probe_ms"  # fmt: skip
+    out["probe"] = key.split("/")[1]
+    pa, pb = (calib or {}).get(key), (run or {}).get(key)
     if pa and pb:
         out["machine_pct"] = round(100 * (pa / pb - 1), 2)
         if abs(pb / pa - 1) >= PROBE_WARN:
             slower = "slower" if pb > pa else "faster"
             warnings.append(
-                f"the speed probe took {pb:.2f} ms during the run and {pa:.2f} ms during calibration: the machine "
+                f"the {out['probe'].replace('_ms', '').replace('_', ' ')} took {pb:.2f} ms during the run and "
+                f"{pa:.2f} ms during calibration: the machine "
                 f"itself was {abs(pb / pa - 1):.0%} {slower}, which alone moves the simulated total "
                 f"{out['machine_pct']:+.1f}% against the real one"
             )

@@ -88,6 +88,27 @@ class VllmInstance:
             self.step()
         self.iterations = 0
 
+    def probe(self, vocab: int) -> float:
+        """Milliseconds this engine takes for the probe batch (`calibrate.engine.probe_requests`,
+        the batch calibration times), median of its repeats."""
+        import gc
+
+        from calibrate.engine import PROBE_REPEATS, probe_requests
+
+        times, counted = [], self.iterations
+        for k in range(PROBE_REPEATS):
+            self.add(probe_requests(vocab, f"run{k}"))
+            gc_was = gc.isenabled()
+            gc.disable()
+            t0 = time.perf_counter()
+            while self.engine.has_unfinished_requests():
+                self.step()
+            times.append(time.perf_counter() - t0)
+            if gc_was:
+                gc.enable()
+        self.iterations = counted  # the probe's iterations are not the run's
+        return 1e3 * sorted(times)[len(times) // 2]
+
     def add(self, requests: list[dict]) -> None:
         """Requests as dicts: request_id, prompt_token_ids or prompt (text), max_tokens, min_tokens,
         ignore_eos, temperature, seed."""

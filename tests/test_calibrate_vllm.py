@@ -39,6 +39,7 @@ def test_heldout_mape_beyond_the_grids_noise_within_half_the_gate(calibrated: di
     prov = calibrated["profile"]["provenance"]
     assert prov["kind"] == "calibrated" and prov["vllm_version"] and prov["measured_at"]
     assert prov["host_load"]["host/probe_ms"] > 0 and prov["host_load"]["host/others_cpus"] >= 0
+    assert prov["host_load"]["host/engine_probe_ms"] > 0
     noise = err["grid_repeat_noise"]
     print(f"held-out MAPE {err['heldout_mape']:.1%} by batch {err['heldout_mape_by_batch']}; the grid's repeat "
           f"noise {noise:.1%}; {prov['host_load']}")  # fmt: skip

@@ -225,6 +225,8 @@ def test_validate_against_the_profile_calibrated_here(
         assert abs(res["parts"]["schedule"]["rollout_time_pct"]) < 2.0, res["parts"]["schedule"]
         load = res["parts"]["load"]
         assert load["calibration"]["host/probe_ms"] > 0 and load["run"]["host/probe_ms"] > 0
+        assert load["calibration"]["host/engine_probe_ms"] > 0 and load["run"]["host/engine_probe_ms"] > 0
+        assert load["probe"] == "engine_probe_ms" and load["machine_pct"] is not None
         assert load["run"]["host/others_cpus"] >= 0 and "host/load_1m" in load["calibration"]
         rows = {r["metric"]: r for r in res["rows"]}
         assert rows["step_time_s"]["real"] > rows["rollout_time_s"]["real"] > 0
