@@ -222,6 +222,7 @@ class RealRun:
         prof = run_profile(_profile_from(self.config["profile"]), self.real.train)
         state = self._load_checkpoint()
         backend, facts = self._start_engines(parsed.histospec is not None)
+        self._probe("start", backend, facts)  # before a resumed driver submits its in-flight samples again
         texts = None
         if "prompt_text" in trace.table:
             first = trace.table.drop_duplicates("prompt_id")
@@ -250,7 +251,6 @@ class RealRun:
             rows = old_steps.to_dict("records")[: len(driver.records.steps)]
             self.host_load = [{k: float(row.get(k, np.nan)) for k in LOAD_COLUMNS} for row in rows]
         self.meter = LoadMeter()
-        self._probe("start", backend, facts)
 
         def on_step(drv: Driver) -> None:
             steps = self._write_step(drv, engine, trace)

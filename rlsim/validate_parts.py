@@ -184,7 +184,7 @@ def load_part(prof: Profile, steps: pd.DataFrame, host: dict[str, Any] | None) -
             "host/load_1m": round(float(steps["host/load_1m"].mean()), 2),
         }
     for key, name in (("probe_ms", "host/probe_ms"), ("engine_probe_ms", "host/engine_probe_ms")):
-        probes = [p[key] for p in (host or {}).get("probes", []) if p.get(key)]
+        probes = [p[key] for p in (host or {}).get("probes", []) if p.get(key) and math.isfinite(p[key])]
         if probes:
             run = (run or {}) | {name: round(float(np.mean(probes)), 3)}
     out: dict[str, Any] = {"calibration": calib, "run": run, "machine_pct": None, "warning": None}

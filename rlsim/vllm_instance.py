@@ -95,6 +95,8 @@ class VllmInstance:
 
         from calibrate.engine import PROBE_REPEATS, probe_requests
 
+        if self.engine.has_unfinished_requests():  # the probe would take the run's outputs
+            return float("nan")
         times, counted = [], self.iterations
         for k in range(PROBE_REPEATS):
             self.add(probe_requests(vocab, f"run{k}"))
