@@ -25,6 +25,7 @@ import numpy as np
 
 from rlsim.errors import RlsimError
 from rlsim.protocol import Aborted, Event, Finished, Preempted, Request, Timer
+from rlsim.vllm_instance import DETAILS
 
 LENGTH_MODES = ("replay", "free")
 
@@ -107,9 +108,7 @@ class _RayBackend:
 # The columns of a run's iterations.parquet: vLLM's batch (calibration's columns, -1 where the
 # engine did not report them), the engine call's own time `step_s`, and `wall_s`, the time the
 # instance spent on the iteration as the simulator counts it.
-DETAIL_COLUMNS = (
-    "num_ctx_requests", "num_ctx_tokens", "num_generation_requests", "num_generation_tokens", "context_tokens",
-)  # fmt: skip
+DETAIL_COLUMNS = (*DETAILS, "context_tokens")
 ITERATION_COLUMNS = ("instance", "time", "step_s", "wall_s", "num_running", "new_tokens", *DETAIL_COLUMNS)
 
 

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-_DETAILS = ("num_ctx_requests", "num_ctx_tokens", "num_generation_requests", "num_generation_tokens")
+# vLLM's SchedulerIterationDetails fields a step reports (rlsim.real_engine records them)
+DETAILS = ("num_ctx_requests", "num_ctx_tokens", "num_generation_requests", "num_generation_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,7 @@ class VllmInstance:
         del self.sink.details[d0:]  # a run is long: keep nothing per iteration here
         details = {
             "context_tokens": context,
-            **{k: sum(getattr(d, k) for d in det) for k in _DETAILS},
+            **{k: sum(getattr(d, k) for d in det) for k in DETAILS},
         }
         progress: dict[str, int] = {}
         finished: list[dict[str, Any]] = []
