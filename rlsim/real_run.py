@@ -56,6 +56,7 @@ class RealConfig:
     dtype: str | None = None
     ray_address: str | None = None
     histospec_k: int = 16
+    calibrate: str | None = None  # a calibrate.decode grid measured on the run's engines (rlsim.run_calibration)
 
     def __post_init__(self) -> None:
         if self.lengths not in LENGTH_MODES:
@@ -64,6 +65,8 @@ class RealConfig:
             raise RlsimError(f"--train must be one of {', '.join(TRAIN_MODES)}, got {self.train!r}")
         if self.rollout_tp <= 0:
             raise RlsimError(f"rollout_tp must be positive, got {self.rollout_tp}")
+        if self.calibrate is not None and self.calibrate not in ("small", "default"):
+            raise RlsimError(f"--calibrate must be small or default (calibrate.decode's grids), got {self.calibrate!r}")
 
 
 def read_run_config(run_dir: Path, missing: str = "is not a run directory") -> dict[str, Any]:
@@ -203,9 +206,10 @@ class RealRun:
         return cls(out, config)
 
     # ---- the run --------------------------------------------------------------------------
-    def run(self, progress=None, on_step_row=None) -> dict[str, Any]:  # noqa: ANN001
-        """Drive the engines to the end; `progress(step, now)` as the simulator's, and
-        `on_step_row(row)` with each finished step's row of steps.parquet (veRL's metric names)."""
+    def run(self, progress=None, on_step_row=None, say=None) -> dict[str, Any]:  # noqa: ANN001
+        """Drive the engines to the end; `progress(step, now)` as the simulator's,
+        `on_step_row(row)` with each finished step's row of steps.parquet (veRL's metric names),
+        `say(line)` with what happens outside the steps (the `--calibrate` passes)."""
         from calibrate.engine import require_vllm
         from policies.registry import make_policy, parse_policy
         from rlsim.driver import Driver, run_loop
@@ -222,6 +226,9 @@ class RealRun:
         prof = run_profile(_profile_from(self.config["profile"]), self.real.train)
         state = self._load_checkpoint()
         backend, facts = self._start_engines(parsed.histospec is not None)
+        say = say or (lambda line: None)
+        if self.real.calibrate and state is None:  # the profile the run uses, measured on its engines
+            prof = run_profile(self._calibrate_before(backend, facts, say), self.real.train)
         self._probe("start", backend, facts)  # before a resumed driver submits its in-flight samples again
         texts = None
         if "prompt_text" in trace.table:
@@ -256,6 +263,8 @@ class RealRun:
             steps = self._write_step(drv, engine, trace)
             if on_step_row is not None and len(steps):
                 on_step_row(steps.iloc[-1].to_dict())
+            if self.real.calibrate:
+                self._calibrate_between(engine, backend, facts, len(steps))
             gc.collect()  # between steps, where a collection pause does not land inside a rollout
 
         # As in calibration, the cyclic collector does not run during a step: its pauses would
@@ -269,11 +278,111 @@ class RealRun:
             )
             stats = [backend.call(i, "stats") for i in range(self.n)]
             self._probe("end", backend, facts)
+            if self.real.calibrate:
+                self._calibrate_end(backend, facts, len(records.steps), say)
         finally:
             if gc_was:
                 gc.enable()
             backend.close()
         return self._finish(records, engine, facts, stats)
+
+    # ---- --calibrate (rlsim.run_calibration) ----------------------------------------------
+    def _measure_cells(self, which: str, ks: list[int], backend, facts: list[dict], at_step: int) -> pd.DataFrame:  # noqa: ANN001
+        """Measure cells `ks` of pass `which`; append them to calibration/iterations.parquet and
+        this pass's load to calibration/host.json; answer every row measured so far."""
+        from rlsim.run_calibration import measure_cells
+
+        meter = LoadMeter()
+        new = measure_cells(backend, facts, self.real.calibrate, self.rl.seed, which, ks).assign(at_step=at_step)
+        folder = self.out / "calibration"
+        folder.mkdir(exist_ok=True)
+        path, host_path = folder / "iterations.parquet", folder / "host.json"
+        rows = new
+        if path.exists():
+            old = pd.read_parquet(path)
+            if which == "before":  # a run restarted before its first step measures the pass again
+                old = old[old["pass"] != which]
+            rows = pd.concat([old, new], ignore_index=True)
+        _write_parquet(path, rows.sort_values("cell", kind="stable").reset_index(drop=True))
+        loads = json.loads(host_path.read_text()) if host_path.exists() else {}
+        loads.setdefault(which, []).append(meter.read())
+        _atomic(host_path, to_json(loads).encode())
+        return rows
+
+    def _pass_load(self, which: str, backend, facts: list[dict]) -> dict[str, float]:  # noqa: ANN001
+        """The pass's mean load from calibration/host.json, with the speed and engine probes now."""
+        loads = json.loads((self.out / "calibration" / "host.json").read_text())[which]
+        out = {k: round(float(np.nanmean([ld[k] for ld in loads])), 3) for k in loads[0]}
+        out["host/probe_ms"] = speed_probe()
+        ms = [backend.call(i, "probe", f["vocab_size"]) for i, f in zip(range(self.n), facts, strict=True)]
+        out["host/engine_probe_ms"] = round(float(np.mean(ms)), 3)
+        return out
+
+    def _calibrate_before(self, backend, facts: list[dict], say) -> Profile:  # noqa: ANN001
+        """The first pass, whole, before the steps: its fit becomes the run's profile (config.json)."""
+        from rlsim.run_calibration import check_grid_fits, fit_profile, grid_cells
+
+        grid = self.real.calibrate
+        check_grid_fits(grid, facts)
+        n = len(grid_cells(grid, self.rl.seed, 0))
+        say(f"calibrating before the steps: calibrate.decode's {grid} grid, {n} cells on {self.n} engine(s)")
+        t0 = time.perf_counter()
+        rows = self._measure_cells("before", list(range(n)), backend, facts, -1)
+        prof = fit_profile(_profile_from(self.config["profile"]), rows, facts, grid,
+                           self._pass_load("before", backend, facts))  # fmt: skip
+        self.config["profile"] = prof.to_dict()
+        self.config["profile_name"] = prof.name
+        _atomic(self.out / "config.json", to_json(self.config).encode())
+        say(f"calibrated in {time.perf_counter() - t0:.0f} s: held-out MAPE {prof.fit_error['heldout_mape']:.1%}; "
+            f"the second pass runs between the steps, with the run's clock stopped")  # fmt: skip
+        return prof
+
+    def _pending(self) -> list[int]:
+        from rlsim.run_calibration import pending_cells
+
+        path = self.out / "calibration" / "iterations.parquet"
+        rows = pd.read_parquet(path) if path.exists() else None
+        rows = None if rows is None else rows[rows["pass"] == "during"]
+        return pending_cells(rows, self.real.calibrate, self.n)
+
+    def _calibrate_between(self, engine: RealEngine, backend, facts: list[dict], done: int) -> None:  # noqa: ANN001
+        """A share of the second pass at this step boundary, if every engine is idle: the cells
+        left over the boundaries left (one after each step still to run, and this one)."""
+        pending = self._pending()
+        left = max(1, self.total_steps() - done + 1)
+        if not pending or not engine.idle() or not all(backend.call(i, "idle") for i in range(self.n)):
+            return
+        take = pending[: -(-len(pending) // left)]
+        with engine.clock_stopped():
+            self._measure_cells("during", take, backend, facts, done)
+
+    def _calibrate_end(self, backend, facts: list[dict], done: int, say) -> None:  # noqa: ANN001
+        """The second pass's remaining cells, then its fit: calibration/profile.json."""
+        from rlsim.run_calibration import fit_profile
+
+        pending = self._pending()
+        if pending:
+            self._measure_cells("during", pending, backend, facts, done)
+        rows = pd.read_parquet(self.out / "calibration" / "iterations.parquet")
+        during = rows[rows["pass"] == "during"]
+        prof = fit_profile(_profile_from(self.config["profile"]), during, facts, self.real.calibrate,
+                           self._pass_load("during", backend, facts), rows)  # fmt: skip
+        drift = prof.provenance.get("drift_pct", 0.0)
+        _atomic(self.out / "calibration" / "profile.json", to_json(prof.to_dict()).encode())
+        say(f"calibrated between the steps: {len(during) and during['cell'].nunique() // self.n} cells at "
+            f"{during['at_step'].nunique()} step boundaries; held-out MAPE {prof.fit_error['heldout_mape']:.1%}; the "
+            f"same cells took {drift:+.1f}% longer than before the steps")  # fmt: skip
+
+    def total_steps(self) -> int:
+        """The steps this run will take: --steps, or every epoch of the trace's prompts."""
+        import math
+
+        import pyarrow.parquet as pq
+
+        if self.rl.max_steps:
+            return self.rl.max_steps
+        prompts = pq.read_table(self.trace_path, columns=["prompt_id"]).column(0).to_numpy()
+        return math.ceil(len(set(prompts.tolist())) / self.rl.prompts_per_step) * self.rl.epochs
 
     def _probe(self, when: str, backend, facts: list[dict]) -> None:  # noqa: ANN001
         """The machine's speed before and after the steps, kept in host.json (a resumed run adds

@@ -118,7 +118,15 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     if not (run_dir / "steps.parquet").exists():
         raise RlsimError(f"{run_dir} has no finished step yet (no steps.parquet)")
     steps, requests = _read(run_dir / "steps.parquet"), _read(run_dir / "requests.parquet")
-    prof = load_profile(profile) if profile else profile_from_dict(config["profile"], f"{cfg_path} profile")
+    from rlsim.run_calibration import read_run_profile
+
+    bracket = None if profile else read_run_profile(run_dir)  # a --calibrate run's fit between its steps
+    if profile:
+        prof, source = load_profile(profile), "given"
+    elif bracket is not None:
+        prof, source = profile_from_dict(bracket, f"{run_dir}/calibration/profile.json"), "calibrated between the steps"
+    else:
+        prof, source = profile_from_dict(config["profile"], f"{cfg_path} profile"), "the run's"
     prof = run_profile(prof, run.real.train)
     cluster, rl = run.cluster, dataclasses.replace(run.rl, max_steps=len(steps))
     n_real = run.n
@@ -164,6 +172,7 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "policy": policy,
         "profile": prof.name,
+        "profile_source": source,
         "steps": len(steps),
         "instances": n_real,
         "rows": rows,

@@ -92,25 +92,42 @@ class VllmInstance:
     def probe(self, vocab: int) -> float:
         """Milliseconds this engine takes for the probe batch (`calibrate.engine.probe_requests`,
         the batch calibration times), median of its repeats."""
-        import gc
-
         from calibrate.engine import PROBE_REPEATS, probe_requests
 
         if self.engine.has_unfinished_requests():  # the probe would take the run's outputs
             return float("nan")
-        times, counted = [], self.iterations
-        for k in range(PROBE_REPEATS):
-            self.add(probe_requests(vocab, f"run{k}"))
-            gc_was = gc.isenabled()
-            gc.disable()
-            t0 = time.perf_counter()
+        times = [sum(r["step_s"] for r in self.measure(probe_requests(vocab, f"run{k}"))) for k in range(PROBE_REPEATS)]
+        return 1e3 * sorted(times)[len(times) // 2]
+
+    def idle(self) -> bool:
+        return not self.engine.has_unfinished_requests()
+
+    def measure(self, requests: list[dict]) -> list[dict]:
+        """Run `requests` to completion on an otherwise idle engine and answer one row per
+        iteration: `step_s` timed back to back as calibration times `LLMEngine.step()` (output
+        handling included), `new_tokens` and the batch (`DETAILS`, `context_tokens`). Neither the
+        requests nor their iterations count as the run's."""
+        import gc
+
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("measure() needs an idle engine: the run's requests are in flight")
+        counted = self.iterations
+        self.add(requests)
+        rows = []
+        gc_was = gc.isenabled()
+        gc.disable()  # as in calibration: no collection pause lands on a timed iteration
+        try:
+            t_prev = time.perf_counter()
             while self.engine.has_unfinished_requests():
-                self.step()
-            times.append(time.perf_counter() - t0)
+                res = self.step()
+                t_now = time.perf_counter()
+                rows.append({"step_s": t_now - t_prev, "new_tokens": res["new_tokens"], **res["details"]})
+                t_prev = t_now
+        finally:
             if gc_was:
                 gc.enable()
-        self.iterations = counted  # the probe's iterations are not the run's
-        return 1e3 * sorted(times)[len(times) // 2]
+        self.iterations = counted
+        return rows
 
     def add(self, requests: list[dict]) -> None:
         """Requests as dicts: request_id, prompt_token_ids or prompt (text), max_tokens, min_tokens,

@@ -57,6 +57,7 @@ def test_impossible_config_is_refused(tmp_path: Path, small_trace_path: Path) ->
     assert "divisible" in _err([*base, "--gpus", "3", "--rollout-tp", "2"])
     assert "exceeds the trace's cap" in _err([*base, "--max-response-len", "10000000"])
     assert "--lengths" in _err([*base, "--lengths", "sometimes"])
+    assert "--calibrate must be small or default" in _err([*base, "--calibrate", "huge"])
     assert not out.exists()
 
 
