@@ -29,7 +29,20 @@ def register(app: typer.Typer) -> None:
         rollout_tp: int = typer.Option(1, help="Tensor parallel size of each vLLM instance."),
         steps: int | None = typer.Option(None, help="RL steps to run (default: every epoch)."),
         lengths: str = typer.Option("replay", help="replay: the trace's lengths exactly; free: natural generation."),
-        train: str = typer.Option("modeled", help="modeled: wait the profile's train + sync time; none: skip."),
+        train: str = typer.Option(
+            "modeled", help="modeled: wait the profile's train + sync time; none: skip; grpo: train the model for real "
+            "(GRPO/DAPO in torch, weights pushed into the engines every step; needs --lengths free).",
+        ),
+        lr: float = typer.Option(1e-6, help="With --train grpo: AdamW learning rate."),
+        old_log_prob: str = typer.Option(
+            "recompute", help="With --train grpo: recompute (a trainer forward pass, veRL's default) or rollout "
+            "(the engines' sampled log-probs).",
+        ),
+        ppo_mini_batch_size: int | None = typer.Option(
+            None, help="With --train grpo: samples per optimizer step (default: the step's whole batch)."
+        ),
+        ppo_max_token_len_per_gpu: int = typer.Option(16384, help="With --train grpo: tokens per micro-batch."),
+        device: str = typer.Option("cpu", help="With --train grpo: the trainer's torch device (cpu, cuda)."),
         profile: str | None = typer.Option(
             None, help="Profile for modeled training and policies that plan (a calibrated one for this machine)."
         ),
@@ -90,6 +103,8 @@ def register(app: typer.Typer) -> None:
             cfg = RealConfig(
                 model=model, lengths=lengths, train=train, rollout_tp=rollout_tp, temperature=temperature,
                 max_model_len=max_model_len, max_num_seqs=max_num_seqs, ray_address=ray_address, calibrate=calibrate,
+                lr=lr, old_log_prob=old_log_prob, ppo_mini_batch_size=ppo_mini_batch_size,
+                ppo_max_token_len_per_gpu=ppo_max_token_len_per_gpu, device=device,
             )  # fmt: skip
             engine = EngineConfig(enable_prefix_caching=enable_prefix_caching)
             run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)
@@ -106,9 +121,14 @@ def register(app: typer.Typer) -> None:
                     gen = row["timing_s/gen"]
                     tokens = row["response_length/mean"] * row["num_samples"]
                     rate = f"{tokens / gen:,.0f} trained tok/s" if gen > 0 else "-"
+                    score = row.get("critic/score/mean")
+                    learned = "" if score is None or score != score else (
+                        f", score {score:+.3f}, update {row['timing_s/update_actor']:.2f} s, "
+                        f"weights {row['timing_s/update_weights']:.2f} s"
+                    )  # fmt: skip
                     prog.console.print(
                         f"step {row['step']:.0f}: rollout {gen:.2f} s, {rate}, mean length "
-                        f"{row['response_length/mean']:,.0f}, step {row['timing_s/step']:.2f} s"
+                        f"{row['response_length/mean']:,.0f}, step {row['timing_s/step']:.2f} s{learned}"
                     )
 
                 with prog:

@@ -156,6 +156,33 @@ def synth(
 
 
 @trace_app.command()
+def task(
+    out: Path = typer.Option(..., "--out", "-o", help="Output Parquet trace."),
+    name: str = typer.Option("stop-within", "--task", help="The task (rlsim.tasks): stop-within."),
+    num_prompts: int = typer.Option(16, help="Prompts."),
+    samples_per_prompt: int = typer.Option(8, help="Samples per prompt per visit (R0)."),
+    epochs: int = typer.Option(8, help="Visits of every prompt."),
+    max_response_len: int = typer.Option(48, help="Response cap."),
+    style: str = typer.Option("tiny", help="tiny: calibrate.tiny_model's words; text: English for a real model."),
+    seed: int = typer.Option(0, help="Random seed."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+) -> None:
+    """Write a built-in verifiable task's trace, for `rlsim run --real --train grpo --lengths free`."""
+    from rlsim.tasks import task_trace
+    from rlsim.trace import save
+
+    _refuse_overwrite(out, force)
+    trace = task_trace(name, num_prompts, samples_per_prompt, epochs, max_response_len, style, seed)
+    save(trace, out)
+    t = trace.table  # its lengths are the cap (a free run generates its own), so no length table
+    make_console().print(
+        f"{out}: task {name}, {num_prompts} prompts x {samples_per_prompt} samples x {epochs} epochs, targets "
+        f"{t['target_len'].min()}-{t['target_len'].max()} tokens, cap {max_response_len}; train on it with "
+        f"rlsim run --real --train grpo --lengths free --trace {out}"
+    )
+
+
+@trace_app.command()
 def inspect(
     path: Path = typer.Argument(..., help="Parquet trace."),
     plot: Path | None = typer.Option(None, help="Write the per-epoch length CDF to this PNG."),

@@ -490,7 +490,14 @@ class Driver:
         start = max(gen_end + cost.rollout_sleep, reward_end)
         if colocated:
             self.engine.pause(sleep=sleep)
-        self.engine.call_at(start + cost.training + cost.rollout_wake_up + cost.update_weights, "train_done")
+        # A real engine with a learner trains for real once the rewards are in: the phases take
+        # the time they take, and the measured StepCost replaces the profile's.
+        learner = getattr(self.engine, "learner", None)
+        if learner is None:
+            self.engine.call_at(start + cost.training + cost.rollout_wake_up + cost.update_weights, "train_done")
+        else:
+            self.engine.call_at(start, "train_start")
+        metrics: dict = {}
         while True:
             events = self.engine.step()
             if not events:
@@ -500,6 +507,9 @@ class Driver:
             for ev in events:
                 if isinstance(ev, Timer) and ev.tag == "train_done":
                     done = True
+                elif isinstance(ev, Timer) and ev.tag == "train_start":
+                    cost, metrics = learner([self.requests[r] for r in ids], self.version)
+                    self.engine.call_at(self.engine.now, "train_done")
                 else:
                     acts = self.policy.on_event(self.handle(ev), self.view)
                     if acts:
@@ -511,6 +521,8 @@ class Driver:
         self.records.step_done(
             window, ids, self.requests, self.version, self.index, self.rl.samples_per_prompt, self.cluster.num_gpus
         )
+        if metrics:  # the trainer's own (veRL's names: actor/pg_loss, critic/score/mean, ...)
+            self.records.steps[-1].update(metrics)
         self.version += 1
         self.view.version = self.version
         # A visit closes once R0 of its samples trained (a policy may train them over several

@@ -144,6 +144,10 @@ class RealEngine:
         self.temperature = temperature
         self.histospec = histospec
         self.on_finish = on_finish
+        # `rlsim run --real --train grpo`: the driver trains through `learner(requests, version)`
+        # (-> StepCost, metrics), which reads the finished samples' tokens kept here until then
+        self.learner: Callable[[list[Request], int], tuple[Any, dict]] | None = None
+        self.samples: dict[int, dict] = {}
         self._t0 = time.perf_counter() - clock_offset
         self._timers: list[tuple[float, int, str]] = []
         self._order = 0
@@ -335,6 +339,8 @@ class RealEngine:
                 self.responses.setdefault(req.prompt_id, {}).setdefault(req.epoch, []).append(f["output_token_ids"])
                 if f.get("prompt_token_ids"):
                     self.prompt_ids[req.prompt_id] = f["prompt_token_ids"]
+            if self.learner is not None:
+                self.samples[rid] = {k: f.get(k) for k in ("prompt_token_ids", "output_token_ids", "logprobs")}
             if self.on_finish is not None:
                 self.on_finish(req, f)
             self._outbox.extend(Preempted(rid, now, i, n) for _ in range(int(f["vllm/num_preemptions"])))

@@ -9,8 +9,13 @@ and the clock). Killing a run loses at most the step in flight; `--resume` conti
 checkpoint on fresh engines, submitting again the samples that were in flight (from their
 first token). At the end: `summary.json`, `timeline.png` and `trace.json` as a simulated run.
 
-Training is not run: `train=modeled` waits the profile's training and weight-sync time (so step
-timing is realistic), `train=none` skips both. Weights therefore never change during a run.
+`train=grpo` trains for real (`rlsim.trainer`): after the policy's `Train`, the trained samples'
+tokens go to a torch copy of the model, one GRPO/DAPO update runs, the weights go into every
+engine through vLLM's reload path (`VllmInstance.update_weights`), and the actor checkpoint of
+each weight version is kept under `actor/v<N>` until the step's records point past it; the
+measured phases replace the profile's in `steps.parquet`. `train=modeled` waits the profile's
+training and weight-sync time instead (so step timing is realistic without training), and
+`train=none` skips both: the weights then never change.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import gc
 import json
 import os
 import pickle
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +42,7 @@ from rlsim.real_engine import ITERATION_COLUMNS, LENGTH_MODES, PromptSource, Rea
 from rlsim.report import _atomic, to_json
 from rlsim.trace import Trace
 
-TRAIN_MODES = ("modeled", "none")
+TRAIN_MODES = ("modeled", "none", "grpo")
 ENGINE_COLUMNS = (
     "vllm/queued_ts", "vllm/scheduled_ts", "vllm/first_token_ts", "vllm/last_token_ts", "vllm/num_preemptions",
 )  # fmt: skip
@@ -57,6 +63,12 @@ class RealConfig:
     ray_address: str | None = None
     histospec_k: int = 16
     calibrate: str | None = None  # a calibrate.decode grid measured on the run's engines (rlsim.run_calibration)
+    # train=grpo (rlsim.trainer): veRL's actor settings
+    lr: float = 1e-6
+    old_log_prob: str = "recompute"
+    ppo_mini_batch_size: int | None = None
+    ppo_max_token_len_per_gpu: int = 16384
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.lengths not in LENGTH_MODES:
@@ -65,8 +77,19 @@ class RealConfig:
             raise RlsimError(f"--train must be one of {', '.join(TRAIN_MODES)}, got {self.train!r}")
         if self.rollout_tp <= 0:
             raise RlsimError(f"rollout_tp must be positive, got {self.rollout_tp}")
+        if self.train == "grpo":
+            self.trainer_config()  # one sentence for a learning rate that is not positive, and the like
         if self.calibrate is not None and self.calibrate not in ("small", "default"):
             raise RlsimError(f"--calibrate must be small or default (calibrate.decode's grids), got {self.calibrate!r}")
+
+
+    def trainer_config(self):  # noqa: ANN201 - rlsim.trainer.TrainerConfig
+        from rlsim.trainer import TrainerConfig
+
+        return TrainerConfig(
+            lr=self.lr, old_log_prob=self.old_log_prob, ppo_mini_batch_size=self.ppo_mini_batch_size,
+            ppo_max_token_len_per_gpu=self.ppo_max_token_len_per_gpu, device=self.device,
+        )  # fmt: skip
 
 
 def read_run_config(run_dir: Path, missing: str = "is not a run directory") -> dict[str, Any]:
@@ -94,8 +117,9 @@ def num_instances(cluster: ClusterConfig, rollout_tp: int) -> int:
 
 
 def run_profile(profile: Profile, train: str) -> Profile:
-    """The profile a run times training with: `train=none` makes training and sync free."""
-    if train == "none":
+    """The profile a run times training with: `train=none` makes training and sync free, and so
+    does `train=grpo`, whose phases are measured, not modeled."""
+    if train in ("none", "grpo"):
         return dataclasses.replace(
             profile, train=TrainCost(0.0, 1.0, 1.0, 0.0), weight_sync_s=0.0, model_facts={}, gpu_facts={}
         )
@@ -145,6 +169,8 @@ class RealRun:
         self.host_load: list[dict[str, float]] = []  # per step: others' CPU use (rlsim.hostload)
         self.meter = None
         self.answers: dict[int, str] = {}
+        self.targets: dict[int, int] = {}
+        self.trainer = None
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
@@ -174,6 +200,15 @@ class RealRun:
                 "dynamic sampling reads rewards from the trace, so it runs with --lengths replay only "
                 "(a free run scores its own samples)"
             )
+        if real.train == "grpo":
+            if real.lengths != "free":
+                raise RlsimError("--train grpo learns from the model's own responses: add --lengths free")
+            if cluster.placement != "colocated":
+                raise RlsimError("--train grpo trains in the driver between rollouts: --placement colocated only")
+            from rlsim.trainer import check_weights, require_torch
+
+            require_torch()
+            check_weights(real.model)
         if (out / "config.json").exists():
             raise RlsimError(f"{out} already holds a run; continue it with --resume or choose another --out")
         prof = load_profile(profile)
@@ -218,6 +253,7 @@ class RealRun:
         require_vllm()
         parsed = parse_policy(self.policy)
         cols = (["prompt_text"] if self.real.lengths == "free" else []) + ["reward", "reward_time_s", "step"]
+        cols.append("target_len")  # a built-in task's stated length (rlsim.tasks)
         trace = load(self.trace_path, columns=[c for c in cols if _has_column(self.trace_path, c)])
         if self.rl.max_response_len > trace.meta.max_response_len:
             raise RlsimError(
@@ -235,6 +271,9 @@ class RealRun:
             first = trace.table.drop_duplicates("prompt_id")
             texts = dict(zip(first["prompt_id"].astype(int), first["prompt_text"], strict=True))
             self.answers = _answers_for(texts)
+        if "target_len" in trace.table:  # a built-in task (rlsim.tasks): the reward for the stated length
+            first = trace.table.drop_duplicates("prompt_id")
+            self.targets = dict(zip(first["prompt_id"].astype(int), first["target_len"].astype(int), strict=True))
         prompts = PromptSource(min(f["vocab_size"] for f in facts), self.rl.seed, texts)
         engine = RealEngine(
             backend, self.n, prompts, self.real.lengths, self.rl.seed, self.real.temperature,
@@ -252,6 +291,8 @@ class RealRun:
             driver = Driver.restore(
                 state.driver, engine, trace, prof, self.cluster, self.rl, self.engine_cfg, parsed.dynamic_sampling
             )
+        if self.real.train == "grpo":
+            self._start_trainer(engine, backend, driver.version if driver is not None else 0)
 
         if driver is not None and (self.out / "steps.parquet").exists():  # the finished steps' loads
             old_steps = pd.read_parquet(self.out / "steps.parquet")
@@ -285,6 +326,67 @@ class RealRun:
                 gc.enable()
             backend.close()
         return self._finish(records, engine, facts, stats)
+
+    # ---- --train grpo (rlsim.trainer) -------------------------------------------------------
+    def _start_trainer(self, engine: RealEngine, backend, version: int) -> None:  # noqa: ANN001
+        """The trainer on the run's model; a resumed run loads the actor checkpoint of the
+        driver's weight version and pushes it into the fresh engines."""
+        from rlsim.trainer import Trainer
+
+        if not self.targets and not self.answers:
+            raise RlsimError(
+                "--train grpo needs rewards: a task trace (rlsim trace task) or DAPO-Math-17k prompts with answers"
+            )
+        cfg = dataclasses.replace(self.real.trainer_config(), use_kl_loss=self.rl.use_kl_loss, seed=self.rl.seed)
+        self.trainer = Trainer(self.real.model, cfg)
+        if version:
+            ckpt = self.out / "actor" / f"v{version}"
+            if not (ckpt / "optimizer.pt").exists():
+                raise RlsimError(f"{ckpt} is missing: the run's actor checkpoint for weight version {version}")
+            self.trainer.load_checkpoint(ckpt)
+            self._push_weights(backend)
+        engine.learner = lambda reqs, v: self._learn(engine, backend, reqs, v)
+
+    def _weights_dir(self) -> Path:
+        """Where the weights pushed into the engines are written: memory where there is some."""
+        shm = Path("/dev/shm")
+        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.out
+        return base / f"rlsim-weights-{os.getpid()}"
+
+    def _push_weights(self, backend) -> float:  # noqa: ANN001
+        t0 = time.perf_counter()
+        folder = self.trainer.save_weights(self._weights_dir())
+        backend.call_all("update_weights", [str(folder)] * self.n)  # every instance at once
+        return time.perf_counter() - t0
+
+    def _learn(self, engine: RealEngine, backend, reqs: list, version: int):  # noqa: ANN001, ANN202
+        """One real update on the trained samples, the weights into every engine, the actor
+        checkpoint; the measured phases (veRL's timing names) and the trainer's metrics."""
+        from rlsim.step_costs import StepCost
+        from rlsim.trainer import Sample
+
+        samples = []
+        for q in reqs:
+            d = engine.samples.pop(q.request_id, None)
+            if d is None:
+                continue
+            row = self.engine_rows.get(q.request_id, {})
+            samples.append(Sample(
+                group=(q.epoch, q.prompt_id), prompt_token_ids=tuple(d["prompt_token_ids"] or ()),
+                response_token_ids=tuple(d["output_token_ids"]), reward=float(row.get("reward", 0.0)),
+                rollout_log_probs=tuple(d["logprobs"]) if d.get("logprobs") else None,
+                staleness=version - q.policy_version,
+            ))  # fmt: skip
+        metrics = self.trainer.update(samples)
+        upd = self._push_weights(backend)
+        ckpt = self.out / "actor" / f"v{self.trainer.version}"
+        self.trainer.save_checkpoint(ckpt, Path(self.real.model))
+        cost = StepCost(
+            old_log_prob=metrics.pop("timing_s/old_log_prob", 0.0),
+            update_actor=metrics.pop("timing_s/update_actor", 0.0),
+            update_weights=upd,
+        )
+        return cost, metrics
 
     # ---- --calibrate (rlsim.run_calibration) ----------------------------------------------
     def _measure_cells(self, which: str, ks: list[int], backend, facts: list[dict], at_step: int) -> pd.DataFrame:  # noqa: ANN001
@@ -411,6 +513,7 @@ class RealRun:
             dtype=self.real.dtype,
             enable_prefix_caching=self.engine_cfg.enable_prefix_caching,
             histospec_k=self.real.histospec_k if histospec else 0,
+            logprobs=self.real.train == "grpo",
         )
         if self.n == 1 and not self.real.ray_address:
             inst = VllmInstance(cfg)
@@ -432,7 +535,12 @@ class RealRun:
         if self.real.lengths == "free":
             row["output_token_ids"] = f["output_token_ids"]
             truth = self.answers.get(req.prompt_id)
-            if truth is not None:  # an empty response has no answer line: scored wrong
+            target = self.targets.get(req.prompt_id)
+            if target is not None:
+                from rlsim.tasks import length_reward
+
+                row["reward"] = length_reward(len(f["output_token_ids"]), target, self.rl.max_response_len)
+            elif truth is not None:  # an empty response has no answer line: scored wrong
                 from rlsim.rewards import score
 
                 row["reward"] = score(f.get("text") or "", truth)
@@ -443,6 +551,8 @@ class RealRun:
         df = records.requests_frame()
         for col in ENGINE_COLUMNS:
             df[col] = [self.engine_rows.get(r, {}).get(col, np.nan) for r in df["request_id"]]
+        if self.answers or self.targets:  # a free run scores its own samples
+            df["reward"] = [self.engine_rows.get(r, {}).get("reward", np.nan) for r in df["request_id"]]
         return df
 
     def _write_step(self, drv, engine: RealEngine, trace: Trace) -> pd.DataFrame:  # noqa: ANN001
@@ -460,6 +570,9 @@ class RealRun:
         state = _RunState(self.engine_rows, engine.now, engine.responses, engine.prompt_ids)
         blob = pickle.dumps({"driver": drv.snapshot(), "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
         _atomic(self.out / "checkpoint.pkl", blob)
+        for old in (self.out / "actor").glob("v*") if self.trainer is not None else ():
+            if old.name[1:].isdigit() and int(old.name[1:]) < drv.version:  # the checkpoint now points past it
+                shutil.rmtree(old, ignore_errors=True)
         return steps
 
     def _with_load(self, steps: pd.DataFrame) -> pd.DataFrame:
@@ -489,7 +602,7 @@ class RealRun:
         if free:
             rows = [self.engine_rows.get(int(r), {}) for r in done["request_id"]]
             table["output_token_ids"] = [list(r.get("output_token_ids", [])) for r in rows]
-            if self.answers:
+            if self.answers or self.targets:
                 table["reward"] = [r.get("reward", np.nan) for r in rows]
         meta = TraceMeta(
             model=self.real.model,
@@ -538,7 +651,31 @@ class RealRun:
             summary["reward_mean"] = float(np.mean(rewards))
         segments = [engine.segments(i) for i in range(self.n)]
         write_run_dir(Result(self.policy, self.config, requests, steps, summary, segments), self.out, swap=False)
+        if self.trainer is not None and "critic/score/mean" in steps:
+            plot_training(steps, self.out / "training.png")
         return summary
+
+
+def plot_training(steps: pd.DataFrame, path: Path) -> None:
+    """Reward and mean response length over the steps of a `--train grpo` run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(steps["step"], steps["critic/score/mean"], "o-", color="tab:blue", label="mean reward")
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward (critic/score/mean)", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(steps["step"], steps["response_length/mean"], "s--", color="tab:orange", label="mean response length")
+    ax2.set_ylabel("mean response length (tokens)", color="tab:orange")
+    ax.set_title("GRPO on real engines: reward and response length per step")
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
 
 
 def _profile_from(raw: dict) -> Profile:

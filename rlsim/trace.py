@@ -44,6 +44,7 @@ OPTIONAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "reward_time_s": (pa.float32(), "float"),  # seconds to score the sample (else the run's reward latency)
     "output_token_ids": (pa.list_(pa.int32()), "list<integer>"),
     "prompt_text": (pa.string(), "string"),
+    "target_len": (pa.int32(), "integer"),  # a built-in task's stated length (rlsim.tasks), scored by length
 }
 KEY_COLUMNS = ["epoch", "prompt_id", "sample_idx"]
 

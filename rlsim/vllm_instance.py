@@ -33,6 +33,7 @@ class InstanceConfig:
     dtype: str | None = None
     enable_prefix_caching: bool = True
     histospec_k: int = 0  # > 0: HistoSpec drafting with this many speculative tokens at most
+    logprobs: bool = False  # return each sampled token's log-prob and the prompt's ids (training)
 
 
 class VllmInstance:
@@ -72,6 +73,7 @@ class VllmInstance:
         # ("CPU Generator does not use offset"), so per-request seeds are used on GPUs only.
         self.per_request_seed = not self.facts["hardware"].startswith("CPU")
         self.tokens: dict[str, list[int]] = {}
+        self.logprobs: dict[str, list[float]] | None = {} if cfg.logprobs else None
         self.prompt_len: dict[str, int] = {}
         self.iterations = 0
 
@@ -143,10 +145,13 @@ class VllmInstance:
                 temperature=float(r.get("temperature", 1.0)),
                 seed=r.get("seed") if self.per_request_seed else None,
                 output_kind=RequestOutputKind.DELTA,
+                logprobs=0 if self.logprobs is not None else None,  # 0: the sampled token's only
             )
             prompt = {"prompt_token_ids": list(r["prompt_token_ids"])} if "prompt_token_ids" in r else r["prompt"]
             self.engine.add_request(r["request_id"], prompt, sp)
             self.tokens[r["request_id"]] = []
+            if self.logprobs is not None:
+                self.logprobs[r["request_id"]] = []
             # a text prompt's length is known from its first output
             self.prompt_len[r["request_id"]] = len(r["prompt_token_ids"]) if "prompt_token_ids" in r else 0
 
@@ -157,6 +162,8 @@ class VllmInstance:
             self.engine.abort_request(live)
         for r in live:
             self.prompt_len.pop(r, None)
+            if self.logprobs is not None:
+                self.logprobs.pop(r, None)
         return {r: len(self.tokens.pop(r)) for r in live}
 
     def step(self) -> dict[str, Any]:
@@ -185,6 +192,10 @@ class VllmInstance:
             if toks is None:  # aborted meanwhile
                 continue
             toks.extend(o.outputs[0].token_ids)
+            if self.logprobs is not None and o.outputs[0].logprobs:
+                lps = self.logprobs[o.request_id]
+                for tok, pos in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=False):
+                    lps.append(float(pos[tok].logprob) if tok in pos else float("nan"))
             progress[o.request_id] = len(toks)
             if not self.prompt_len.get(o.request_id) and o.prompt_token_ids:
                 self.prompt_len[o.request_id] = len(o.prompt_token_ids)
@@ -192,11 +203,13 @@ class VllmInstance:
                 m = o.metrics
                 del self.tokens[o.request_id]
                 self.prompt_len.pop(o.request_id, None)
+                keep_prompt = self.history_path or self.logprobs is not None
                 finished.append(
                     {
                         "request_id": o.request_id,
                         "num_prompt_tokens": len(o.prompt_token_ids or ()),
-                        "prompt_token_ids": list(o.prompt_token_ids or ()) if self.history_path else None,
+                        "prompt_token_ids": list(o.prompt_token_ids or ()) if keep_prompt else None,
+                        "logprobs": None if self.logprobs is None else self.logprobs.pop(o.request_id, []),
                         "output_token_ids": toks,
                         "finish_reason": o.outputs[0].finish_reason,
                         "text": o.outputs[0].text or "",
@@ -211,6 +224,16 @@ class VllmInstance:
         return {
             "progress": progress, "finished": finished, "step_s": step_s, "new_tokens": new_tokens, "details": details,
         }  # fmt: skip
+
+    def update_weights(self, folder: str) -> float:
+        """Load the weights in `folder` (safetensors, Hugging Face names) through vLLM's own reload
+        path, then drop every KV block computed under the old ones: the prefix cache, and the
+        running requests' own (preempted, so they recompute prompt and kept tokens under the new
+        weights when they next run). Seconds taken."""
+        t0 = time.perf_counter()
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        self.engine.reset_prefix_cache(reset_running_requests=True)
+        return time.perf_counter() - t0
 
     def publish_history(self, rows: list[dict]) -> None:
         """Append previous-visit responses (`{"prompt_token_ids", "responses"}`) for the drafter."""

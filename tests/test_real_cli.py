@@ -117,3 +117,35 @@ def test_run_metrics_on_a_simulated_run(small_trace) -> None:  # noqa: ANN001
     starts = res.steps.set_index("step")["time/start"]
     done = res.requests[res.requests["outcome"] == "finished"]
     assert np.isclose(m["finish_p90_s"], np.percentile(done["finish_time"] - done["step"].map(starts), 90))
+
+
+def test_real_training_refuses_bad_input_in_one_sentence(tmp_path: Path, small_trace_path: Path) -> None:
+    """`--train grpo`: a learning rate that is not positive, replayed lengths, a model directory
+    without weights, and no torch (a `torch` that fails to import stands in) each get one
+    sentence and exit 2, with nothing written."""
+    out = tmp_path / "run"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # a model directory with a config and no weights
+    base = ["run", "--real", "--out", str(out), "--trace", str(small_trace_path), "--model", str(model),
+            "--train", "grpo", "--lengths", "free"]  # fmt: skip
+    assert "learning rate must be positive" in _err([*base, "--lr", "0"])
+    assert "learning rate must be positive" in _err([*base, "--lr", "-1e-5"])
+    assert "add --lengths free" in _err([*base[:-1], "replay"])
+    assert "--placement colocated" in _err([*base, "--placement", "disaggregated", "--gpus", "2", "--train-gpus", "1"])
+    assert "old_log_prob" in _err([*base, "--old-log-prob", "engine"])
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named torch')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
+    proc = subprocess.run([sys.executable, "-m", "rlsim.cli", *base], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "needs torch and transformers" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        return  # without torch the weights are never looked at
+    assert "holds no weights" in _err(base)
+    assert not out.exists()
