@@ -325,6 +325,8 @@ class RealRun:
             if gc_was:
                 gc.enable()
             backend.close()
+            if self.trainer is not None:  # the pushed weights sit in memory (/dev/shm): not left behind
+                shutil.rmtree(self._weights_dir(), ignore_errors=True)
         return self._finish(records, engine, facts, stats)
 
     # ---- --train grpo (rlsim.trainer) -------------------------------------------------------

@@ -118,6 +118,7 @@ def test_killed_training_run_resumes_from_its_actor_checkpoint(calibrated: dict,
     st = pd.read_parquet(out / "steps.parquet")
     assert list(st["step"]) == list(range(6)) and st["critic/score/mean"].notna().all()
     assert [p.name for p in (out / "actor").glob("v*")] == ["v6"]
+    assert not list(Path("/dev/shm").glob("rlsim-weights-*"))  # the runs' pushed weights are removed
 
 
 def _steps(out: Path) -> int:
