@@ -353,7 +353,11 @@ class RealRun:
         """Where the weights pushed into the engines are written: memory where there is some."""
         shm = Path("/dev/shm")
         base = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.out
-        return base / f"rlsim-weights-{os.getpid()}"
+        # named after the run directory: a resumed run reuses, and at its end removes, the folder of
+        # the run that was killed
+        import hashlib
+
+        return base / f"rlsim-weights-{hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:12]}"
 
     def _push_weights(self, backend) -> float:  # noqa: ANN001
         t0 = time.perf_counter()
