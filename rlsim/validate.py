@@ -120,11 +120,11 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     steps, requests = _read(run_dir / "steps.parquet"), _read(run_dir / "requests.parquet")
     from rlsim.run_calibration import read_run_profile
 
-    bracket = None if profile else read_run_profile(run_dir)  # a --calibrate run's fit between its steps
+    between = None if profile else read_run_profile(run_dir)  # a --calibrate run's fit between its steps
     if profile:
         prof, source = load_profile(profile), "given"
-    elif bracket is not None:
-        prof, source = profile_from_dict(bracket, f"{run_dir}/calibration/profile.json"), "calibrated between the steps"
+    elif between is not None:
+        prof, source = profile_from_dict(between, f"{run_dir}/calibration/profile.json"), "calibrated between the steps"
     else:
         prof, source = profile_from_dict(config["profile"], f"{cfg_path} profile"), "the run's"
     prof = run_profile(prof, run.real.train)

@@ -227,12 +227,12 @@ def test_validate_a_run_calibrated_between_its_steps(calibrated: dict, tmp_path:
     assert config["profile"]["provenance"]["passes"] == ["before"]
     assert config["profile"]["kv_capacity_tokens"] == facts["kv_capacity_tokens"]
     assert config["profile"]["train"] == calibrated["profile"]["train"]  # training cost from --profile
-    bracket = json.loads((out / "calibration" / "profile.json").read_text())
-    assert bracket["provenance"]["passes"] == ["during"] and "drift_pct" in bracket["provenance"]
-    assert bracket["provenance"]["host_load"]["host/engine_probe_ms"] > 0
+    between = json.loads((out / "calibration" / "profile.json").read_text())
+    assert between["provenance"]["passes"] == ["during"] and "drift_pct" in between["provenance"]
+    assert between["provenance"]["host_load"]["host/engine_probe_ms"] > 0
 
     res = _check_schedule_part(out, aborts=False)
-    assert res["profile_source"] == "calibrated between the steps" and res["profile"] == bracket["name"]
+    assert res["profile_source"] == "calibrated between the steps" and res["profile"] == between["name"]
     assert abs(res["parts"]["schedule"]["rollout_time_pct"]) < 2.0, res["parts"]["schedule"]
     load = res["parts"]["load"]
     assert load["calibration"]["host/engine_probe_ms"] > 0 and load["run"]["host/engine_probe_ms"] > 0
@@ -249,7 +249,7 @@ def test_validate_a_run_calibrated_between_its_steps(calibrated: dict, tmp_path:
               f"{parts['schedule']['rollout_time_pct']:+.1f}%, iteration model "
               f"{parts['iteration_model']['rollout_time_pct']:+.1f}%, interaction "
               f"{parts['interaction']['rollout_time_pct']:+.1f}%; grid drift "
-              f"{bracket['provenance']['drift_pct']:+.1f}%")
+              f"{between['provenance']['drift_pct']:+.1f}%")
         for r in res["rows"]:
             diff = "-" if r["diff_pct"] is None else f"{r['diff_pct']:+.1f}%"
             print(f"  {r['label']}: {r['real']:.3f} vs {r['sim']:.3f} ({diff})")
