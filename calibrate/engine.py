@@ -269,7 +269,7 @@ def create_engine(
         enable_prefix_caching=enable_prefix_caching,
         disable_log_stats=False,
         enable_logging_iteration_details=True,
-        dtype=dtype or ("float32" if _is_cpu_build() else "auto"),
+        dtype=dtype or ("float32" if is_cpu_build() else "auto"),
     )
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
@@ -310,7 +310,7 @@ def create_engine(
     return engine, facts
 
 
-def _is_cpu_build() -> bool:
+def is_cpu_build() -> bool:
     try:
         import torch
 

@@ -228,17 +228,29 @@ def train_cost(train: dict[str, Any] | None) -> tuple[dict[str, float], float, s
         raise RlsimError("no train.json in the records; run python -m calibrate.train --model ... --out DIR")
     if float(train.get("achieved_flops_per_device", 0)) <= 0:
         raise RlsimError("train.json holds no positive training cost; run python -m calibrate.train again")
-    return (
-        {
-            "flops_per_token": float(train["flops_per_token"]),
-            "peak_flops_per_gpu": float(train["achieved_flops_per_device"]),
-            "mfu": 1.0,
-            "fixed_s": float(train["fixed_s"]),
-        },
-        float(train["weight_sync_s"]),
+    block = {
+        "flops_per_token": float(train["flops_per_token"]),
+        "peak_flops_per_gpu": float(train["achieved_flops_per_device"]),
+        "mfu": 1.0,
+        "fixed_s": float(train["fixed_s"]),
+    }
+    note = (
         f"measured forward+backward: {train['seconds_per_token'] * 1e3:.4g} ms per trained token "
-        f"on {train['hardware']} (achieved FLOP/s stands in for peak x MFU)",
+        f"on {train['hardware']} (achieved FLOP/s stands in for peak x MFU)"
     )
+    if float(train.get("forward_s_per_token", 0)) > 0:  # the run's trainer, its phases apart
+        block |= {"forward_fixed_s": float(train["forward_fixed_s"]),
+                  "forward_s_per_token": float(train["forward_s_per_token"]),
+                  "padded_micro_batch_tokens": int(train.get("padded_micro_batch_tokens", 0))}  # fmt: skip
+        note = (
+            f"measured with {train.get('trainer', 'the trainer')} on {train['hardware']}"
+            f"{f' ({t} threads)' if (t := train.get('trainer_threads')) else ''}: old_log_prob "
+            f"{train['forward_s_per_token'] * 1e3:.4g} ms per padded token + {train['forward_fixed_s']:.3g} s, "
+            f"update_actor {train['seconds_per_token'] * 1e3:.4g} ms per token + {train['fixed_s']:.3g} s "
+            f"(achieved FLOP/s stands in for peak x MFU), update_weights {train['weight_sync_s']:.3g} s "
+            f"({train.get('weight_sync_measured', 'measured')})"
+        )
+    return block, float(train["weight_sync_s"]), note
 
 
 def acceptance_prob(summary: dict[str, Any]) -> float | None:

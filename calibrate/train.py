@@ -1,12 +1,23 @@
-"""Measure the training cost per trained token: forward + backward + optimizer step with torch.
+"""Measure the training phases of `rlsim run --real --train grpo` with its own trainer.
 
-    python -m calibrate.train --model PATH_OR_ID --out DIR [--seq-len 256] [--batches 1,2,4,8]
+    python -m calibrate.train --model PATH_OR_ID --out DIR [--seq-len 128] [--batches 4,8,16,32] [--no-engine]
 
-Loads the model with transformers (bf16 on a GPU, float32 on a CPU), runs AdamW steps on random
-token batches of `seq_len x batch` tokens (one warm-up, then the median of `--repeats`), and fits
-`seconds = fixed_s + tokens * seconds_per_token`. It also times one in-memory copy of all weights,
-a lower bound on a weight sync. Writes DIR/train.json, which `rlsim calibrate fit` turns into the
-profile's `train` block (6 x params FLOPs per token at the achieved rate) and `weight_sync_s`.
+Runs `rlsim.trainer.Trainer` (the run's trainer: torch with one thread on a CPU, bf16 on a GPU)
+on synthetic GRPO batches of `batch` samples of up to `seq_len` tokens (a quarter prompt, the
+rest a response of random length, so micro-batches pad as a run's do), one warm-up, then the
+median of `--repeats` per batch, and fits two lines in the tokens the trainer computes over
+(prompt + response, each micro-batch padded to its longest sample: `padded_micro_batch_tokens`):
+
+- `old_log_prob`: the forward pass without gradient, `forward_fixed_s + tokens * forward_s_per_token`
+  (veRL's `timing_s/old_log_prob`, and `timing_s/ref` with a KL loss);
+- `update_actor`: forward, backward and the AdamW step, `fixed_s + tokens * seconds_per_token`.
+
+The weight update (`timing_s/update_weights`) is timed as the run does it: the weights written as
+one safetensors file (in /dev/shm where there is one) and, when vLLM is installed, reloaded by a
+vLLM engine of the model through its `reload_weights` path with the prefix cache reset; without
+vLLM (or with `--no-engine`) only the write is timed and the record says so. Writes DIR/train.json,
+which `rlsim calibrate fit` turns into the profile's `train` block (the update's FLOPs per token at
+the achieved rate, and the forward's seconds per token) and `weight_sync_s`.
 One device only: on a multi-GPU node the per-GPU rate is what the profile needs.
 """
 
@@ -14,84 +25,135 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from rlsim.errors import RlsimError
 
 
-def measure(model: str, seq_len: int = 256, batches: tuple[int, ...] = (1, 2, 4, 8), repeats: int = 3) -> dict:
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        raise RlsimError("calibrate.train needs torch and transformers: pip install -e '.[real]'") from None
-    from calibrate.engine import check_model, hardware
+def synthetic_samples(batch: int, seq_len: int, vocab: int, seed: int) -> list:  # rlsim.trainer.Sample
+    """`batch` GRPO samples in groups of two with random rewards: prompts of seq_len / 4
+    tokens, responses of 1 to 3 seq_len / 4 tokens."""
+    import numpy as np
 
+    from rlsim.trainer import Sample
+
+    rng = np.random.default_rng(seed)
+    prompt = max(1, seq_len // 4)
+    out = []
+    for i in range(batch):
+        n = int(rng.integers(1, max(2, seq_len - prompt + 1)))
+        out.append(Sample(
+            group=i // 2, prompt_token_ids=tuple(int(t) for t in rng.integers(1, vocab, prompt)),
+            response_token_ids=tuple(int(t) for t in rng.integers(1, vocab, n)), reward=float(rng.random()),
+        ))  # fmt: skip
+    return out
+
+
+def measure(
+    model: str, seq_len: int = 128, batches: tuple[int, ...] = (4, 8, 16, 32), repeats: int = 3, engine: bool = True
+) -> dict:
+    from calibrate.engine import check_model, hardware
+    from rlsim.trainer import Trainer, TrainerConfig, require_torch
+
+    torch = require_torch()
     check_model(model)
     cuda = torch.cuda.is_available()
-    dtype = torch.bfloat16 if cuda else torch.float32
+    # The engine first, as a run starts it: an in-process vLLM CPU engine binds the process's
+    # OpenMP threads, which the trainer then uses too (see rlsim.trainer).
+    inst = start_engine(model) if engine else None
     try:
-        net = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-    except Exception as exc:  # transformers raises many types for a model it cannot load
-        raise RlsimError(f"transformers could not load model {model} ({str(exc).splitlines()[0]})") from None
-    dev = torch.device("cuda" if cuda else "cpu")
-    net.to(dev).train()
-    params = sum(p.numel() for p in net.parameters())
-    vocab = net.config.vocab_size
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-6)
-    gen = torch.Generator().manual_seed(0)
+        trainer = Trainer(model, TrainerConfig(lr=1e-6, device="cuda" if cuda else "cpu"))
+        rec = _measure(trainer, seq_len, batches, repeats)
+        rec["weight_sync_s"], rec["weight_sync_measured"] = weight_sync(trainer, inst, repeats)
+    finally:
+        if inst is not None:
+            inst.close()
+    return {"model": model, "hardware": hardware(), **rec, "torch_version": str(torch.__version__),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
 
-    def step(b: int) -> float:
-        ids = torch.randint(0, vocab, (b, seq_len), generator=gen).to(dev)
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = net(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
 
-    step(batches[0])  # warm-up
+def start_engine(model: str):  # noqa: ANN201 - rlsim.vllm_instance.VllmInstance, or None without vLLM
+    from calibrate.engine import require_vllm
+
+    try:
+        require_vllm()
+    except RlsimError:
+        return None
+    from rlsim.vllm_instance import InstanceConfig, VllmInstance
+
+    return VllmInstance(InstanceConfig(model=model))
+
+
+def _measure(trainer, seq_len: int, batches: tuple[int, ...], repeats: int) -> dict:  # noqa: ANN001
+    from rlsim.step_costs import padded_tokens
+
+    params = sum(p.numel() for p in trainer.model.parameters())
+    vocab = int(trainer.model.config.vocab_size)
+
+    def phases(b: int, seed: int) -> tuple[int, float, float]:
+        samples = synthetic_samples(b, seq_len, vocab, seed)
+        m = trainer.update(samples)
+        lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
+        tokens = padded_tokens(lengths, trainer.cfg.ppo_max_token_len_per_gpu)  # what the trainer computes over
+        return tokens, m["timing_s/old_log_prob"], m["timing_s/update_actor"]
+
+    phases(batches[0], 10**6)  # warm-up
     rows = []
     for b in batches:
-        rows.append((b * seq_len, statistics.median(step(b) for _ in range(repeats))))
+        runs = [phases(b, b) for _ in range(repeats)]  # the same batch each time
+        rows.append(tuple(statistics.median(r[i] for r in runs) for i in range(3)))
     tokens = [r[0] for r in rows]
-    secs = [r[1] for r in rows]
-    slope, intercept = _line(tokens, secs)
-    if slope <= 0:
-        # A noisy machine can time a bigger batch faster than a smaller one; then the cost per
-        # token is the line through the origin instead, which is always positive.
-        slope = sum(t * s for t, s in rows) / sum(t * t for t in tokens)
-        intercept = 0.0
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        copies = [p.detach().clone() for p in net.parameters()]
-        if cuda:
-            torch.cuda.synchronize()
-        sync_s = time.perf_counter() - t0
-        del copies
+    fwd_slope, fwd_fixed = _fit(tokens, [r[1] for r in rows])
+    slope, fixed = _fit(tokens, [r[2] for r in rows])
     flops = 6.0 * params
     return {
-        "model": model,
-        "hardware": hardware(),
-        "dtype": str(dtype).replace("torch.", ""),
+        "dtype": str(next(trainer.model.parameters()).dtype).replace("torch.", ""),
         "num_params": int(params),
         "seq_len": seq_len,
-        "points": [{"tokens": t, "seconds": s} for t, s in rows],
+        "trainer": "rlsim.trainer.Trainer",
+        "trainer_threads": trainer.threads,
+        "points": [{"tokens": t, "old_log_prob_s": f, "update_actor_s": u} for t, f, u in rows],
         "seconds_per_token": slope,
-        "fixed_s": max(intercept, 0.0),
+        "fixed_s": fixed,
+        "forward_s_per_token": fwd_slope,
+        "forward_fixed_s": fwd_fixed,
+        "padded_micro_batch_tokens": trainer.cfg.ppo_max_token_len_per_gpu,
         "flops_per_token": flops,
-        "achieved_flops_per_device": flops / slope if slope > 0 else 0.0,
-        "weight_sync_s": sync_s,
-        "torch_version": str(torch.__version__),
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "achieved_flops_per_device": flops / slope,
     }
+
+
+def weight_sync(trainer, inst, repeats: int) -> tuple[float, str]:  # noqa: ANN001
+    """Median seconds of the run's weight update (`RealRun._push_weights`): write, then reload in
+    the vLLM engine `inst` when there is one; and what was timed."""
+    shm = Path("/dev/shm")
+    folder = Path(tempfile.mkdtemp(prefix="rlsim-train-", dir=shm if shm.is_dir() else None))
+    try:
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            trainer.save_weights(folder)
+            if inst is not None:
+                inst.update_weights(str(folder))
+            times.append(time.perf_counter() - t0)
+        how = "write + vLLM reload_weights" if inst is not None else "write only (no vLLM engine)"
+        return statistics.median(times[1:]), how
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fit(x: list[float], y: list[float]) -> tuple[float, float]:
+    """(slope, intercept >= 0) of seconds on tokens; a noisy machine can time a bigger batch
+    faster than a smaller one, and then the line goes through the origin (always positive)."""
+    slope, intercept = _line(x, y)
+    if slope <= 0 or intercept < 0:
+        return sum(a * b for a, b in zip(x, y, strict=True)) / sum(a * a for a in x), 0.0
+    return slope, intercept
 
 
 def _line(x: list[float], y: list[float]) -> tuple[float, float]:
@@ -108,23 +170,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--batches", default="1,2,4,8")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batches", default="4,8,16,32")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-engine", action="store_true", help="time the weight write only, not a vLLM reload")
     args = ap.parse_args(argv)
     try:
         from calibrate.decode import check_records_dir, parse_ints
 
+        if args.seq_len < 8 or args.repeats <= 0:
+            raise RlsimError("--seq-len must be at least 8 and --repeats positive")
         args.out.mkdir(parents=True, exist_ok=True)
         check_records_dir(args.out, args.model)
-        rec = measure(args.model, args.seq_len, parse_ints(args.batches), args.repeats)
+        rec = measure(args.model, args.seq_len, parse_ints(args.batches), args.repeats, not args.no_engine)
     except RlsimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     (args.out / "train.json").write_text(json.dumps(rec, indent=2) + "\n")
     print(
-        f"{rec['seconds_per_token'] * 1e3:.4g} ms per trained token, fixed {rec['fixed_s']:.3g} s; "
-        f"wrote {args.out}/train.json"
+        f"old_log_prob {rec['forward_s_per_token'] * 1e3:.4g} ms per trained token + {rec['forward_fixed_s']:.3g} s; "
+        f"update_actor {rec['seconds_per_token'] * 1e3:.4g} ms per token + {rec['fixed_s']:.3g} s; "
+        f"update_weights {rec['weight_sync_s']:.3g} s ({rec['weight_sync_measured']}); wrote {args.out}/train.json"
     )
     return 0
 

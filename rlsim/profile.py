@@ -34,12 +34,24 @@ MAX_ITERATION_S = 60.0  # a profile's iteration of one sequence above this is a 
 
 @dataclass(frozen=True, slots=True)
 class TrainCost:
-    """Training-stage cost: fixed overhead plus FLOPs per trained token at a stated MFU."""
+    """Training-stage cost: fixed overhead plus FLOPs per trained token at a stated MFU.
+
+    A profile fitted by `calibrate.train` also holds the measured forward pass without gradient
+    (veRL's `old_log_prob` and `ref` phases): `forward_fixed_s + tokens * forward_s_per_token`
+    on one device, tokens counted padded as its trainer pads them (`padded_micro_batch_tokens`).
+    Then the FLOPs terms cost the update alone (`update_actor`); where the forward was not
+    measured (0, older profiles) they cost the whole training stage.
+    """
 
     flops_per_token: float
     peak_flops_per_gpu: float
     mfu: float
     fixed_s: float
+    forward_fixed_s: float = 0.0
+    forward_s_per_token: float = 0.0
+    # > 0: the tokens above are padded ones, the trainer padding micro-batches of at most this many
+    # tokens to their longest sample (rlsim.trainer; rlsim.step_costs.padded_tokens); 0: unpadded
+    padded_micro_batch_tokens: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -51,11 +63,20 @@ class TrainCost:
             raise RlsimError(f"field 'train.flops_per_token' must be >= 0, got {self.flops_per_token}")
         if not 0 < self.mfu <= 1:
             raise RlsimError(f"field 'train.mfu' must be in (0, 1], got {self.mfu}")
-        if self.fixed_s < 0:
-            raise RlsimError(f"field 'train.fixed_s' must be >= 0, got {self.fixed_s}")
+        for name in ("fixed_s", "forward_fixed_s", "forward_s_per_token", "padded_micro_batch_tokens"):
+            if getattr(self, name) < 0:
+                raise RlsimError(f"field 'train.{name}' must be >= 0, got {getattr(self, name)}")
 
     def seconds(self, tokens: int, gpus: int) -> float:
         return self.fixed_s + tokens * self.flops_per_token / (gpus * self.peak_flops_per_gpu * self.mfu)
+
+    @property
+    def measures_forward(self) -> bool:
+        return self.forward_s_per_token > 0
+
+    def forward_seconds(self, tokens: int, gpus: int) -> float:
+        """One forward pass without gradient over `tokens` trained tokens (0 where not measured)."""
+        return self.forward_fixed_s + tokens * self.forward_s_per_token / gpus if self.measures_forward else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +234,11 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
             kwargs[k] = int(kwargs[k])
         for k in ("t_w_s", "alpha_s", "beta_s", "gamma_s", "prefill_s_per_token", "weight_sync_s"):
             kwargs[k] = float(kwargs[k])
-        cost = TrainCost(**{k: float(train[k]) for k in ("flops_per_token", "peak_flops_per_gpu", "mfu", "fixed_s")})
+        names = ("flops_per_token", "peak_flops_per_gpu", "mfu", "fixed_s", "forward_fixed_s", "forward_s_per_token")
+        cost = TrainCost(
+            **{k: float(train[k]) for k in names if k in train},
+            padded_micro_batch_tokens=int(train.get("padded_micro_batch_tokens", 0)),
+        )
     except (TypeError, ValueError) as exc:
         raise RlsimError(f"{where}: a field has the wrong type ({exc})") from None
     except RlsimError as exc:

@@ -15,7 +15,11 @@ Training (veRL's phases, each a `timing_s/...` column of steps.parquet):
   loads it back; the KV is gone, so carried requests re-prefill.
 
 A profile without `model_facts` (one calibrated on real hardware) falls back to its fitted
-`train` block for the whole training stage and its measured `weight_sync_s`, and has no sleep cost.
+`train` block and its measured `weight_sync_s`, and has no sleep cost: `calibrate.train` times
+the trainer's forward pass without gradient (old log-probs; the reference's too, with KL) and
+its update apart, so each phase has its own measured cost (per padded token when the profile
+says its trainer pads micro-batches, as `rlsim.trainer` does: `padded_tokens`); an older fit
+without the forward costs the whole training stage as `update_actor`.
 
 KV capacity (`kv_capacity`): vLLM gives the KV cache what `gpu_memory_utilization` of each GPU
 leaves after the rank's weight shard: `(u * memory - weight_bytes / TP) * TP / kv_bytes_per_token`,
@@ -121,6 +125,29 @@ def sleep_s(profile: Profile) -> float:
     return weight_bytes(profile) / profile.tensor_parallel_size / link
 
 
+def micro_batches(lengths, budget: int) -> list[list[int]]:  # noqa: ANN001 - a sequence of ints
+    """Sample indices packed in order into micro-batches of at most `budget` tokens (a longer
+    sample alone): how `rlsim.trainer.Trainer` splits a batch (veRL's `ppo_max_token_len_per_gpu`)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    tokens = 0
+    for i, n in enumerate(lengths):
+        if cur and tokens + n > budget:
+            out.append(cur)
+            cur, tokens = [], 0
+        cur.append(i)
+        tokens += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def padded_tokens(lengths, budget: int) -> int:  # noqa: ANN001
+    """Tokens the trainer computes over, padding each micro-batch to its longest sample."""
+    lengths = [int(n) for n in lengths]
+    return sum(len(mb) * max(lengths[i] for i in mb) for mb in micro_batches(lengths, budget))
+
+
 def step_cost(profile: Profile, seq_lens: np.ndarray, train_gpus: int, use_kl_loss: bool, sleep: bool) -> StepCost:
     """The phases of one step that trains on samples of these total lengths (prompt + response)."""
     tc = profile.train
@@ -128,7 +155,10 @@ def step_cost(profile: Profile, seq_lens: np.ndarray, train_gpus: int, use_kl_lo
         rate = train_gpus * tc.peak_flops_per_gpu * tc.mfu
         fwd = forward_flops(profile, seq_lens) / rate
         old, ref, update = fwd, (fwd if use_kl_loss else 0.0), tc.fixed_s + 3 * fwd
-    else:  # a fitted training cost covers the whole training stage
-        old, ref, update = 0.0, 0.0, tc.seconds(int(np.sum(seq_lens)), train_gpus)
+    else:  # fitted: the measured forward (old log-probs, reference) and update, or the whole stage
+        budget = tc.padded_micro_batch_tokens
+        tokens = padded_tokens(seq_lens, budget) if budget else int(np.sum(seq_lens))
+        fwd = tc.forward_seconds(tokens, train_gpus)
+        old, ref, update = fwd, (fwd if use_kl_loss else 0.0), tc.seconds(tokens, train_gpus)
     slept = sleep_s(profile) if sleep else 0.0
     return StepCost(old, ref, update, weight_sync_s(profile), slept, slept)

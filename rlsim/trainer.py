@@ -14,14 +14,17 @@ actor runs it:
 3. *update* (`timing_s/update_actor`): mini-batches of `ppo_mini_batch_size` samples, each one
    optimizer step over micro-batches packed to `ppo_max_token_len_per_gpu` tokens; the
    clipped surrogate with clip-higher and token-mean aggregation over the mini-batch
-   (`rlsim.grpo`), KL against a frozen reference model when `use_kl_loss`; gradient clipping
-   at `grad_clip`.
+   (`rlsim.grpo`), KL against a frozen reference model when `use_kl_loss` (its log-probs in
+   one pass before the update, veRL's `timing_s/ref`); gradient clipping at `grad_clip`.
 
 Samples generated under older weights carry their behaviour log-probs from the step that made
 them: with `old_log_prob="rollout"` those are what the ratio divides by (off-policy correction),
 and each sample's staleness is returned for the run's records.
 
-On a CPU the trainer runs torch with one thread, so it does not take the engines' cores.
+On a CPU the trainer runs torch with one thread, so it does not take the engines' cores (each
+pinned to its own under Ray). With one local instance the engine lives in the driver process,
+has bound its OpenMP threads and refuses `torch.set_num_threads`: the trainer then runs on the
+engine's threads, which are idle while a colocated run trains (`Trainer.threads` says which).
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class TrainerConfig:
             raise RlsimError(f"old_log_prob must be one of {', '.join(OLD_LOG_PROB_MODES)}, got {self.old_log_prob!r}")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise RlsimError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
+        if not self.kl_loss_coef >= 0:
+            raise RlsimError(f"the KL loss coefficient must be >= 0, got {self.kl_loss_coef}")
         if self.ppo_max_token_len_per_gpu <= 0 or (self.ppo_mini_batch_size or 1) <= 0:
             raise RlsimError("ppo_max_token_len_per_gpu and ppo_mini_batch_size must be positive")
 
@@ -109,8 +114,12 @@ class Trainer:
 
         check_weights(model)
         self.cfg = cfg
-        if cfg.device == "cpu":
+        if cfg.device == "cpu" and getattr(torch.set_num_threads, "__name__", "") != "skip_set_num_threads":
             torch.set_num_threads(1)  # the engines have the other cores
+        # An in-process vLLM CPU engine (one local instance) has bound this process's OpenMP threads
+        # and replaced torch.set_num_threads: the trainer then uses the engine's threads, which
+        # the paused engine does not use while it trains.
+        self.threads = torch.get_num_threads() if cfg.device == "cpu" else 0
         torch.manual_seed(cfg.seed)
         dtype = torch.float32 if cfg.device == "cpu" else torch.bfloat16
         try:
@@ -129,18 +138,10 @@ class Trainer:
     def micro_batches(self, samples: list[Sample]) -> list[list[int]]:
         """Sample indices packed in order into micro-batches of at most
         `ppo_max_token_len_per_gpu` prompt + response tokens (a longer sample alone)."""
-        out: list[list[int]] = []
-        cur, tokens = [], 0
-        for i, s in enumerate(samples):
-            n = len(s.prompt_token_ids) + len(s.response_token_ids)
-            if cur and tokens + n > self.cfg.ppo_max_token_len_per_gpu:
-                out.append(cur)
-                cur, tokens = [], 0
-            cur.append(i)
-            tokens += n
-        if cur:
-            out.append(cur)
-        return out
+        from rlsim.step_costs import micro_batches
+
+        lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
+        return micro_batches(lengths, self.cfg.ppo_max_token_len_per_gpu)
 
     def _forward(self, model, samples: list[Sample], entropy: bool = False):  # noqa: ANN001, ANN202
         """Per-token log-probs (and entropy) of the responses, (batch, longest response), and the
@@ -172,14 +173,14 @@ class Trainer:
         ent = entropy_from_logits(picked) if entropy else None
         return logp, ent, mask.to(logits.device)
 
-    def log_probs(self, samples: list[Sample]) -> list[list[float]]:
-        """The trainer's log-prob of every response token, without gradient."""
+    def log_probs(self, samples: list[Sample], model=None) -> list[list[float]]:  # noqa: ANN001
+        """The trainer's (or `model`'s: the reference) log-prob of every response token, without gradient."""
         import torch
 
         out: list[list[float]] = [[] for _ in samples]
         with torch.no_grad():
             for mb in self.micro_batches(samples):
-                logp, _, _ = self._forward(self.model, [samples[i] for i in mb])
+                logp, _, _ = self._forward(model or self.model, [samples[i] for i in mb])
                 for row, i in enumerate(mb):
                     out[i] = logp[row, : len(samples[i].response_token_ids)].tolist()
         return out
@@ -209,6 +210,11 @@ class Trainer:
             if any(s.rollout_log_probs is None for s in samples):
                 raise RlsimError("old_log_prob='rollout' needs the engines' sampled log-probs for every sample")
             old = [list(s.rollout_log_probs) for s in samples]
+        ref = None
+        if self.ref is not None:  # veRL's ref phase: the frozen model's log-probs, one pass before the update
+            t0 = time.perf_counter()
+            ref = self.log_probs(samples, self.ref)
+            metrics["timing_s/ref"] = time.perf_counter() - t0
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         adv, _ = compute_grpo_outcome_advantage(rewards.unsqueeze(-1), torch.ones(len(samples), 1),
                                                 [s.group for s in samples])  # fmt: skip
@@ -226,9 +232,7 @@ class Trainer:
                 ids = [mini[j] for j in mb]
                 batch = [samples[i] for i in ids]
                 logp, ent, mask = self._forward(self.model, batch, entropy=True)
-                old_t = torch.zeros_like(logp)
-                for row, i in enumerate(ids):
-                    old_t[row, : len(old[i])] = torch.tensor(old[i])
+                old_t = self._padded(old, ids, logp)
                 adv_t = adv[ids].to(logp.device).unsqueeze(-1) * mask
                 # the micro-batches' losses add up to the mini-batch's (veRL's global_batch_info)
                 scale = {"batch_num_tokens": total_tokens, "global_batch_size": len(mini)}
@@ -237,10 +241,8 @@ class Trainer:
                     cfg.clip_ratio_c, **scale,
                 )
                 loss = pg_loss
-                if self.ref is not None:
-                    with torch.no_grad():
-                        ref_logp, _, _ = self._forward(self.ref, batch)
-                    kl = agg_loss(kl_penalty(logp, ref_logp), mask, cfg.loss_agg_mode, **scale)
+                if ref is not None:
+                    kl = agg_loss(kl_penalty(logp, self._padded(ref, ids, logp)), mask, cfg.loss_agg_mode, **scale)
                     loss = loss + cfg.kl_loss_coef * kl
                     acc.setdefault("actor/kl_loss", []).append(float(kl))
                 loss.backward()
@@ -261,6 +263,16 @@ class Trainer:
         metrics["critic/score/mean"] = float(rewards.mean())
         metrics["critic/advantages/mean"] = float(adv.mean())
         return metrics
+
+    @staticmethod
+    def _padded(rows: list[list[float]], ids: list[int], like):  # noqa: ANN001, ANN205
+        """Per-sample lists of `ids` as a right-padded tensor shaped like `like`."""
+        import torch
+
+        out = torch.zeros_like(like)
+        for row, i in enumerate(ids):
+            out[row, : len(rows[i])] = torch.tensor(rows[i], dtype=like.dtype)
+        return out
 
     # ---- weights ----------------------------------------------------------------------------
     def save_weights(self, folder: Path) -> Path:

@@ -31,6 +31,20 @@ def test_engine_facts_are_recorded(calibrated: dict) -> None:
     assert calibrated["profile"]["kv_capacity_tokens"] == facts["kv_capacity_tokens"]
 
 
+def test_training_phases_are_measured_with_the_runs_trainer(calibrated: dict) -> None:
+    """calibrate.train times rlsim.trainer's forward and update apart, per padded token, and the
+    weight update as a run pushes it (a vLLM engine reloading the written file); the fit keeps all."""
+    rec = json.loads((calibrated["records"] / "train.json").read_text())
+    assert rec["trainer"] == "rlsim.trainer.Trainer" and rec["trainer_threads"] >= 1
+    assert rec["forward_s_per_token"] > 0 and rec["seconds_per_token"] > rec["forward_s_per_token"]
+    assert rec["weight_sync_measured"] == "write + vLLM reload_weights" and rec["weight_sync_s"] > 0
+    assert len({p["tokens"] for p in rec["points"]}) == 4
+    train = calibrated["profile"]["train"]
+    assert train["forward_s_per_token"] == rec["forward_s_per_token"]
+    assert train["padded_micro_batch_tokens"] == rec["padded_micro_batch_tokens"] > 0
+    assert calibrated["profile"]["weight_sync_s"] == rec["weight_sync_s"]
+
+
 def test_heldout_mape_beyond_the_grids_noise_within_half_the_gate(calibrated: dict) -> None:
     """The iteration model's own error on held-out CPU iterations, its MAPE less the grid's
     repeat noise measured in the same minutes (what `rlsim calibrate fit` gates on), is within

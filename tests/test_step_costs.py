@@ -8,9 +8,17 @@ import numpy as np
 import pytest
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
-from rlsim.profile import load_profile
+from rlsim.profile import TrainCost, load_profile, profile_from_dict
 from rlsim.simulate import simulate
-from rlsim.step_costs import forward_flops, kv_capacity, step_cost, weight_sync_s, with_engine
+from rlsim.step_costs import (
+    forward_flops,
+    kv_capacity,
+    micro_batches,
+    padded_tokens,
+    step_cost,
+    weight_sync_s,
+    with_engine,
+)
 from rlsim.synth import SynthConfig, synthesize
 
 
@@ -67,3 +75,38 @@ def test_per_sample_reward_time_from_the_trace() -> None:
     tr.table["reward_time_s"] = np.float32(120.0)  # a slow sandbox: longer than the rollout tail
     slow = simulate(tr, "sync", cl, rl).steps["timing_s/reward"].sum()
     assert base == 0 and slow > 60
+
+
+def _fitted(train: TrainCost):  # noqa: ANN202 - a Profile as calibrate.fit writes one (no model facts)
+    base = load_profile("h100-qwen2.5-7b-tp1")
+    return dataclasses.replace(base, train=train, model_facts={}, gpu_facts={}, weight_sync_s=0.25)
+
+
+def test_a_fitted_profile_costs_each_training_phase_from_its_own_measurement() -> None:
+    """calibrate.train's fit: the forward without gradient (old log-probs, and the reference's
+    with KL) and the update apart, per padded token; the measured weight update as it is."""
+    train = TrainCost(6.0, 6.0 / 1e-4, 1.0, 0.5, forward_fixed_s=0.1, forward_s_per_token=2e-5,
+                      padded_micro_batch_tokens=100)  # fmt: skip
+    p = _fitted(train)
+    lens = np.array([30.0, 50.0, 40.0, 60.0])  # micro-batches [30, 50] and [40, 60]: 2 x 50 + 2 x 60 padded
+    assert micro_batches([30, 50, 40, 60], 100) == [[0, 1], [2, 3]]
+    assert padded_tokens(lens, 100) == 220
+    off = step_cost(p, lens, 2, use_kl_loss=False, sleep=False)
+    on = step_cost(p, lens, 2, use_kl_loss=True, sleep=False)
+    assert off.old_log_prob == pytest.approx(0.1 + 220 * 2e-5 / 2)
+    assert off.update_actor == pytest.approx(0.5 + 220 * 1e-4 / 2)
+    assert off.ref == 0 and on.ref == pytest.approx(off.old_log_prob) and off.update_weights == 0.25
+    # unpadded (0): the sum of the lengths; a fit without the forward costs the stage as the update
+    plain = step_cost(_fitted(dataclasses.replace(train, padded_micro_batch_tokens=0)), lens, 1, False, False)
+    assert plain.update_actor == pytest.approx(0.5 + 180 * 1e-4)
+    old = step_cost(_fitted(TrainCost(6.0, 6.0 / 1e-4, 1.0, 0.5)), lens, 1, False, False)
+    assert old.old_log_prob == 0 and old.update_actor == pytest.approx(0.5 + 180 * 1e-4)
+
+
+def test_the_fitted_forward_survives_a_profile_round_trip() -> None:
+    train = TrainCost(6.0, 1e9, 1.0, 0.5, forward_fixed_s=0.1, forward_s_per_token=2e-5, padded_micro_batch_tokens=64)
+    p = _fitted(train)
+    assert profile_from_dict(p.to_dict(), "round trip").train == train
+    raw = p.to_dict()
+    raw["train"] = {k: v for k, v in raw["train"].items() if not k.startswith(("forward", "padded"))}
+    assert not profile_from_dict(raw, "an older profile").train.measures_forward
