@@ -43,6 +43,15 @@ def register(app: typer.Typer) -> None:
         ),
         ppo_max_token_len_per_gpu: int = typer.Option(16384, help="With --train grpo: tokens per micro-batch."),
         device: str = typer.Option("cpu", help="With --train grpo: the trainer's torch device (cpu, cuda)."),
+        use_kl_loss: bool = typer.Option(
+            False, "--use-kl-loss", help="KL loss against a frozen reference model (DAPO drops it); with --train "
+            "grpo a reference copy scores every batch (timing_s/ref).",
+        ),
+        kl_loss_coef: float = typer.Option(0.001, help="With --use-kl-loss and --train grpo: the KL loss weight."),
+        save_freq: int = typer.Option(
+            1, help="Steps between checkpoints (the driver's, and with --train grpo the model's and optimizer's); "
+            "a resumed run starts again after the last one.",
+        ),
         profile: str | None = typer.Option(
             None, help="Profile for modeled training and policies that plan (a calibrated one for this machine)."
         ),
@@ -60,8 +69,8 @@ def register(app: typer.Typer) -> None:
         ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
         enable_prefix_caching: bool = PREFIX_CACHING,
         calibrate: str | None = typer.Option(
-            None, help="Measure calibrate.decode's grid (small or default) on the run's own engines before and "
-            "after its steps: the run uses the fit, and rlsim validate the fit on both passes.",
+            None, help="Measure calibrate.decode's grid (small or default) on the run's own engines before its "
+            "steps (the run uses that fit) and between them (rlsim validate uses that one).",
         ),
     ) -> None:
         """Run the RL step loop against real vLLM engines with the simulator's driver and policies."""
@@ -98,13 +107,14 @@ def register(app: typer.Typer) -> None:
             )  # fmt: skip
             rl = RLConfig(
                 prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, max_response_len=cap,
-                epochs=epochs, max_steps=steps, seed=seed,
+                epochs=epochs, max_steps=steps, seed=seed, use_kl_loss=use_kl_loss,
             )  # fmt: skip
             cfg = RealConfig(
                 model=model, lengths=lengths, train=train, rollout_tp=rollout_tp, temperature=temperature,
                 max_model_len=max_model_len, max_num_seqs=max_num_seqs, ray_address=ray_address, calibrate=calibrate,
                 lr=lr, old_log_prob=old_log_prob, ppo_mini_batch_size=ppo_mini_batch_size,
-                ppo_max_token_len_per_gpu=ppo_max_token_len_per_gpu, device=device,
+                ppo_max_token_len_per_gpu=ppo_max_token_len_per_gpu, device=device, kl_loss_coef=kl_loss_coef,
+                save_freq=save_freq,
             )  # fmt: skip
             engine = EngineConfig(enable_prefix_caching=enable_prefix_caching)
             run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)
@@ -191,10 +201,25 @@ def register(app: typer.Typer) -> None:
         table.caption = f"profile {res['profile']}{src}; Diff% = (simulated - real) / real"
         console = make_console()
         console.print(table)
+        if res.get("phases"):
+            print_phases(console, res["phases"], res["profile"])
         if "parts" in res:
             print_parts(console, res["parts"])
         else:
             console.print(f"{res['gpus']} GPUs on profile {res['profile']}; per step: --json")
+
+
+def print_phases(console, phases: list[dict], profile: str) -> None:  # noqa: ANN001 - a rich Console
+    """The phase-by-phase table of a `--train grpo` run: measured vs the profile's costs."""
+    table = Table(title="the step phase by phase (s per step, mean)")
+    for col in ("phase", "real", "simulated", "Diff%"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for r in phases:
+        d = r["diff_pct"]
+        table.add_row(f"{r['label']} ({r['phase']})", _fmt(r["real"]), _fmt(r["sim"]),
+                      "n/a" if d is None else f"{d:+.1f}%")  # fmt: skip
+    table.caption = f"training phases simulated with profile {profile}'s train block (calibrate.train)"
+    console.print(table)
 
 
 def print_parts(console, parts: dict) -> None:  # noqa: ANN001 - a rich Console

