@@ -216,7 +216,7 @@ def print_phases(console, phases: list[dict], profile: str) -> None:  # noqa: AN
         table.add_column(col, justify="left" if col == "phase" else "right")
     for r in phases:
         d = r["diff_pct"]
-        table.add_row(f"{r['label']} ({r['phase']})", _fmt(r["real"]), _fmt(r["sim"]),
+        table.add_row(f"{r['label']} ({r['phase']})", _fmt(r["real"]), "-" if r["sim"] is None else _fmt(r["sim"]),
                       "n/a" if d is None else f"{d:+.1f}%")  # fmt: skip
     table.caption = f"training phases simulated with profile {profile}'s train block (calibrate.train)"
     console.print(table)

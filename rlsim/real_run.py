@@ -418,7 +418,9 @@ class RealRun:
             woke = time.perf_counter() - t0
         upd = self._push_weights(backend)
         if self._checkpoints(self.trainer.version):  # the driver's checkpoint of this step will point at it
+            t0 = time.perf_counter()
             self.trainer.save_checkpoint(self.out / "actor" / f"v{self.trainer.version}", Path(self.real.model))
+            metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0  # veRL's name; not simulated
         cost = StepCost(
             old_log_prob=metrics.pop("timing_s/old_log_prob", 0.0),
             ref=metrics.pop("timing_s/ref", 0.0),
