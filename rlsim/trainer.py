@@ -17,9 +17,10 @@ actor runs it:
    (`rlsim.grpo`), KL against a frozen reference model when `use_kl_loss` (its log-probs in
    one pass before the update, veRL's `timing_s/ref`); gradient clipping at `grad_clip`.
 
-Samples generated under older weights carry their behaviour log-probs from the step that made
-them: with `old_log_prob="rollout"` those are what the ratio divides by (off-policy correction),
-and each sample's staleness is returned for the run's records.
+Samples generated under older weights (partial and asynchronous policies) carry their behaviour
+log-probs, the engine's for each token under the weights that sampled it: those are what the
+ratio divides by (off-policy correction) in either mode, and how many samples were trained so is
+reported (`training/off_policy_samples`); each sample's staleness is in the run's records.
 
 On a CPU the trainer runs torch with one thread, so it does not take the engines' cores (each
 pinned to its own under Ray). With one local instance the engine lives in the driver process,
@@ -210,6 +211,15 @@ class Trainer:
             if any(s.rollout_log_probs is None for s in samples):
                 raise RlsimError("old_log_prob='rollout' needs the engines' sampled log-probs for every sample")
             old = [list(s.rollout_log_probs) for s in samples]
+        else:
+            # A sample generated (in part) under older weights keeps its behaviour log-probs, the
+            # engine's for each token under the weights that sampled it: the ratio then corrects
+            # for its staleness (off-policy) instead of starting at 1 under today's weights.
+            stale = [i for i, s in enumerate(samples) if s.staleness > 0 and s.rollout_log_probs is not None
+                     and len(s.rollout_log_probs) == len(old[i])]  # fmt: skip
+            for i in stale:
+                old[i] = list(samples[i].rollout_log_probs)
+            metrics["training/off_policy_samples"] = float(len(stale))
         ref = None
         if self.ref is not None:  # veRL's ref phase: the frozen model's log-probs, one pass before the update
             t0 = time.perf_counter()
@@ -246,7 +256,7 @@ class Trainer:
                     loss = loss + cfg.kl_loss_coef * kl
                     acc.setdefault("actor/kl_loss", []).append(float(kl))
                 loss.backward()
-                mini_loss += float(pg_loss)  # the scaled parts add up to the mini-batch's loss
+                mini_loss += float(pg_loss.detach())  # the scaled parts add up to the mini-batch's loss
                 for k, v in (("actor/pg_clipfrac", clipfrac), ("actor/ppo_kl", ppo_kl),
                              ("actor/pg_clipfrac_lower", clipfrac_lower),
                              ("actor/entropy", agg_loss(ent.detach(), mask, "token-mean"))):  # fmt: skip

@@ -88,7 +88,7 @@ def test_resume_and_validate_refuse_what_is_not_a_real_run(tmp_path: Path) -> No
     assert "no run to resume" in _err(["run", "--real", "--resume", "--out", str(tmp_path)])
     assert "not a run directory" in _err(["validate", str(tmp_path)])
     (tmp_path / "config.json").write_text(json.dumps({"mode": "real", "RealConfig": {"lengths": "free"}}))
-    assert "--lengths replay" in _err(["validate", str(tmp_path)])
+    assert "has no recorded_trace.parquet" in _err(["validate", str(tmp_path)])  # a free run's lengths unknown
     (tmp_path / "config.json").write_text("{not json")
     assert "not valid JSON" in _err(["validate", str(tmp_path)])
 

@@ -85,6 +85,9 @@ def test_reward_rises_against_a_run_that_never_updates(calibrated: dict, task: P
                 assert (out / "training.png").stat().st_size > 10_000
                 if policy == "async_partial":
                     assert (rq["staleness"] > 0).any()  # samples carried across an update
+                    # every one of them trained with its behaviour log-probs
+                    trained = rq[rq["trained_step"] >= 0]
+                    assert st["training/off_policy_samples"].sum() == (trained["staleness"] > 0).sum()
         gains.append(scores["grpo"][0] - scores["none"][0])
         print(f"\n{policy} seed {seed}: mean reward of the last third {scores['grpo'][0]:+.3f} trained, "
               f"{scores['none'][0]:+.3f} control; mean length {scores['grpo'][1]:.1f} vs {scores['none'][1]:.1f}")
