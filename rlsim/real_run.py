@@ -95,7 +95,7 @@ class RealConfig:
         return TrainerConfig(
             lr=self.lr, old_log_prob=self.old_log_prob, ppo_mini_batch_size=self.ppo_mini_batch_size,
             ppo_max_token_len_per_gpu=self.ppo_max_token_len_per_gpu, device=self.device,
-            kl_loss_coef=self.kl_loss_coef,
+            kl_loss_coef=self.kl_loss_coef, temperature=self.temperature,
         )  # fmt: skip
 
 

@@ -61,6 +61,7 @@ class TrainerConfig:
     old_log_prob: str = "recompute"
     device: str = "cpu"
     seed: int = 0
+    temperature: float = 1.0  # the rollout's sampling temperature (log-probs are of that distribution)
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -69,6 +70,8 @@ class TrainerConfig:
             raise RlsimError(f"old_log_prob must be one of {', '.join(OLD_LOG_PROB_MODES)}, got {self.old_log_prob!r}")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise RlsimError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
+        if not self.temperature > 0:
+            raise RlsimError(f"training needs a sampling temperature above 0, got {self.temperature}")
         if not self.kl_loss_coef >= 0:
             raise RlsimError(f"the KL loss coefficient must be >= 0, got {self.kl_loss_coef}")
         if self.ppo_max_token_len_per_gpu <= 0 or (self.ppo_mini_batch_size or 1) <= 0:
@@ -160,6 +163,8 @@ class Trainer:
             ids[i, : len(x)] = torch.tensor(x)
             attn[i, : len(x)] = 1
         logits = model(input_ids=ids.to(self.cfg.device), attention_mask=attn.to(self.cfg.device)).logits
+        if self.cfg.temperature != 1.0:  # the distribution the engines sampled from (veRL's logits.div_)
+            logits = logits / self.cfg.temperature
         # the logit at position t predicts token t + 1: gather each response token's from the one before
         idx = torch.zeros(len(seqs), resp, dtype=torch.long)
         labels = torch.zeros(len(seqs), resp, dtype=torch.long)

