@@ -195,6 +195,7 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
 # The phases of a trained step, veRL's names (`rlsim.step_costs.StepCost`, `rlsim.records`).
 PHASES = (
     ("timing_s/gen", "generation"),
+    ("timing_s/reward", "reward (after the last sample)"),
     ("timing_s/old_log_prob", "old log-prob"),
     ("timing_s/ref", "reference log-prob"),
     ("timing_s/update_actor", "update"),
