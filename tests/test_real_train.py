@@ -148,8 +148,8 @@ def test_kl_loss_save_freq_and_the_phases_of_a_trained_run_validated(calibrated:
     phases = {r["phase"]: r for r in res["phases"]}
     ckpt = phases.pop("timing_s/save_checkpoint")  # measured, and not simulated
     assert ckpt["real"] > 0 and ckpt["sim"] is None and ckpt["diff_pct"] is None
-    assert set(phases) == {"timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
-                           "timing_s/update_weights", "timing_s/step"}  # fmt: skip
+    assert set(phases) == {"timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref",
+                           "timing_s/update_actor", "timing_s/update_weights", "timing_s/step"}  # fmt: skip
     assert all(r["real"] > 0 and r["sim"] > 0 for r in phases.values()), phases
     assert st["timing_s/save_checkpoint"].notna().sum() == 2  # steps 3 and 4 (the last) only
     it = res["parts"]["schedule"]["iterations"]
