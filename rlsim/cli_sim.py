@@ -268,12 +268,17 @@ def register(app: typer.Typer) -> None:
         reward_latency: float = REWARD_LATENCY,
         use_kl_loss: bool = USE_KL_LOSS,
         workers: int = typer.Option(0, min=0, help="Processes to simulate policies in parallel (0: one per core)."),
+        seeds: int = typer.Option(
+            1, min=1, help="Data-order seeds (--seed, --seed + 1, ...): every time with its spread, and a rank that "
+            "changes between seeds marked as a tie.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
         plot: Path | None = typer.Option(None, help="Write a bar chart of epoch time per policy."),
     ) -> None:
         """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
         from policies.registry import COMPARE_DEFAULT
         from rlsim.compare import compare as run_all
+        from rlsim.compare import compare_seeds
         from rlsim.paths import check_output_file
         from rlsim.report import plot_compare
 
@@ -287,13 +292,16 @@ def register(app: typer.Typer) -> None:
             TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
             TextColumn("{task.description}"), TimeElapsedColumn(), console=make_console(), transient=True,
         )  # fmt: skip
-        task = prog.add_task("", total=len(names))
+        task = prog.add_task("", total=len(names) * seeds)
 
         def done(name: str) -> None:
             prog.update(task, advance=1, description=f"(last: {name})")
 
         with prog:
-            rows = run_all(tr, names, cluster, rl, workers or None, on_done=done, engine_cfg=engine)
+            if seeds > 1:
+                rows = compare_seeds(tr, names, cluster, rl, seeds, workers or None, on_done=done, engine_cfg=engine)
+            else:
+                rows = run_all(tr, names, cluster, rl, workers or None, on_done=done, engine_cfg=engine)
         if plot is not None:
             plot_compare(rows, plot)
         if as_json:
@@ -382,15 +390,24 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         "length bias",
         "order bias",
     ]
+    spread = "total_time_s_range" in rows[0]  # --seeds N: mean ± half the min-max spread, and the rank
     reused = any(r.get("reused_samples") for r in rows)
     if reused:  # a policy launching more samples per prompt than the trace holds (RollPacker, async_partial)
         cols.append("reused")
     cells = []
+    def pm(mean: float, lo_hi: tuple[float, float] | None, scale: float = 1.0) -> str:
+        return f"{mean / scale:.2f}" + (f"±{(lo_hi[1] - lo_hi[0]) / 2 / scale:.2f}" if lo_hi else "")
+
     for r in rows:
-        sp = "-" if r["speedup_vs_sync"] is None else f"{r['speedup_vs_sync']:.2f}x"
+        sp = "-" if r["speedup_vs_sync"] is None else pm(r["speedup_vs_sync"], r.get("speedup_vs_sync_range")) + "x"
+        ranges = r.get("epoch_time_s_range", {})
+        name = "oracle (lower bound)" if r["policy"] == "oracle" else r["policy"]
+        if spread:
+            ranks = r["rank_by_seed"]
+            name += f" #{min(ranks)}-{max(ranks)} tie" if r["tie"] else f" #{ranks[0]}"
         cells.append([
-            "oracle (lower bound)" if r["policy"] == "oracle" else r["policy"],
-            *[f"{r['epoch_time_s'].get(e, float('nan')) / 3600:.2f}" for e in epochs],
+            name,
+            *[pm(r["epoch_time_s"].get(e, float("nan")), ranges.get(e), 3600) for e in epochs],
             sp,
             f"{r['rollout_share']:.0%}",
             f"{r['bubble_ratio']:.0%}",
@@ -413,6 +430,12 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         "length / mean length of the same prompts' samples; order bias: step mean trained "
         "length / epoch mean, min-max over steps"
     )
+    if spread:
+        table.caption += (
+            f"; over {len(rows[0]['seeds'])} data-order seeds {rows[0]['seeds']}: times and speedup are the mean "
+            "± half the min-max spread, other columns the first seed's; #: rank by total time, a 'tie' where it "
+            "changes between seeds (the order is noise, not a result)"
+        )
     if any(r["policy"] == "oracle" for r in rows):  # the notes of the rows shown, no others
         table.caption += (
             "; oracle: knows every length in advance, a lower bound for synchronous steps, not a real system"

@@ -4,6 +4,9 @@ Policies are independent simulations, so they run on any `concurrent.futures.Exe
 process pool by default: `rlsim compare` on all policies uses every core). Each row is the
 policy's `Result.summary` plus `policy` and `speedup_vs_sync` (total time of `sync` over this
 policy's, when `sync` is among the rows). Same configs and seed, same rows, whatever the executor.
+
+`compare_seeds` runs the comparison under several data-order seeds and reports each time with its
+spread, and a policy whose rank changes between seeds as a tie rather than a winner.
 """
 
 from __future__ import annotations
@@ -66,4 +69,61 @@ def compare(
     base = rows.get("sync")
     for r in out:
         r["speedup_vs_sync"] = base["total_time_s"] / r["total_time_s"] if base else None
+    return out
+
+
+def compare_seeds(
+    trace: Trace,
+    names: Sequence[str],
+    cluster: ClusterConfig,
+    rl: RLConfig,
+    seeds: int,
+    workers: int | None = None,
+    on_done: Callable[[str], None] | None = None,
+    engine_cfg: EngineConfig | None = None,
+) -> list[dict[str, Any]]:
+    """`compare` over `seeds` data orders (seeds rl.seed, rl.seed + 1, ...), aggregated by `aggregate`."""
+    import dataclasses
+
+    runs = [
+        compare(trace, names, cluster, dataclasses.replace(rl, seed=rl.seed + k), workers, on_done=on_done,
+                engine_cfg=engine_cfg)  # fmt: skip
+        for k in range(seeds)
+    ]
+    return aggregate(runs, [rl.seed + k for k in range(seeds)])
+
+
+def aggregate(runs: Sequence[Sequence[dict[str, Any]]], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """One row per policy from the same comparison under several seeds: the first seed's row with
+    the times and speedup replaced by their mean, their (min, max) beside them, the policy's rank
+    by total time under each seed, and `tie` when that rank changes between seeds (the order
+    between it and another policy is noise, not a result)."""
+    import numpy as np
+
+    out = []
+    ranks = []
+    for run in runs:
+        order = np.argsort([r["total_time_s"] for r in run], kind="stable")
+        rank = np.empty(len(run), dtype=int)
+        rank[order] = np.arange(1, len(run) + 1)
+        ranks.append(rank)
+    for i, first in enumerate(runs[0]):
+        rows = [run[i] for run in runs]
+        total = [r["total_time_s"] for r in rows]
+        row = dict(first)
+        row["seeds"] = list(seeds)
+        row["total_time_s"] = float(np.mean(total))
+        row["total_time_s_range"] = (min(total), max(total))
+        row["total_time_s_by_seed"] = total
+        epochs = sorted({e for r in rows for e in r["epoch_time_s"]})
+        per = {e: [r["epoch_time_s"].get(e, np.nan) for r in rows] for e in epochs}
+        row["epoch_time_s"] = {e: float(np.mean(v)) for e, v in per.items()}
+        row["epoch_time_s_range"] = {e: (float(np.min(v)), float(np.max(v))) for e, v in per.items()}
+        speed = [r["speedup_vs_sync"] for r in rows]
+        if all(s is not None for s in speed):
+            row["speedup_vs_sync"] = float(np.mean(speed))
+            row["speedup_vs_sync_range"] = (min(speed), max(speed))
+        row["rank_by_seed"] = [int(rk[i]) for rk in ranks]
+        row["tie"] = len(set(row["rank_by_seed"])) > 1
+        out.append(row)
     return out
