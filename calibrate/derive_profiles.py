@@ -87,9 +87,13 @@ HOST_LINK_BPS = 50e9  # PCIe Gen5 x16: 64 GB/s a direction; 50 effective (assume
 SYNC_BPS, SYNC_PER_TENSOR_S = 10e9, 5e-3  # assumed; see the module docstring
 # (GPU, model, rollout TP) shipped: the H100 family, and the H800 setups RollPacker ran (7B TP 1,
 # 14B TP 2, 32B TP 4 as veRL's DAPO Qwen2.5-32B recipe rolls out).
+# The rest of the H100 family (each model at TP 1/2/4/8 where its bf16 weights fit in half of
+# an 80 GB GPU) is what `rlsim plan --tp` searches over.
 SHIPPED = (
     (H100, "qwen2.5-7b", 1), (H100, "qwen2.5-14b", 2), (H100, "qwen2.5-32b", 2), (H100, "qwen2.5-32b", 4),
     (H800, "qwen2.5-7b", 1), (H800, "qwen2.5-14b", 2), (H800, "qwen2.5-32b", 4),
+    (H100, "qwen2.5-7b", 2), (H100, "qwen2.5-7b", 4), (H100, "qwen2.5-7b", 8),
+    (H100, "qwen2.5-14b", 1), (H100, "qwen2.5-14b", 4), (H100, "qwen2.5-14b", 8), (H100, "qwen2.5-32b", 8),
 )  # fmt: skip
 
 
