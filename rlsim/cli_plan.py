@@ -11,8 +11,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlsim.cli_sim import GPU_MEMORY_UTILIZATION, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, PROFILE
-from rlsim.errors import RlsimError
+from rlsim.cli_sim import MAX_NUM_BATCHED_TOKENS, PROFILE
 from rlsim.ui import console as make_console
 
 
@@ -74,77 +73,122 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def plan(
-        target_epoch_hours: float = typer.Option(..., help="Wall-clock hours one epoch may take."),
+        target_epoch_hours: float | None = typer.Option(
+            None, help="Objective: the fewest GPU-hours per epoch with an epoch within this many hours."
+        ),
+        gpu_budget: int | None = typer.Option(None, help="Objective: the fastest epoch on at most this many GPUs."),
         trace: Path | None = typer.Option(None, help="Parquet trace (default: the bundled math17k)."),
         profile: str = PROFILE,
-        gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
-        max_num_seqs: int | None = MAX_NUM_SEQS,
+        gpus: str = typer.Option("8..256", help="GPU counts: a range (powers of two, 8..256) or a list (16,32,64)."),
+        placement: str = typer.Option("colocated", help="Placements to try: colocated, disaggregated, or both."),
+        train_share: str = typer.Option(
+            "0.25,0.5", help="Disaggregated: fractions of the GPUs for training (rollout rounded to whole instances)."
+        ),
+        tp: str = typer.Option("", help="Rollout TP sizes to try, e.g. 2,4,8 (default: the profile's own)."),
+        max_num_seqs: str = typer.Option("", help="vLLM max_num_seqs values to try, e.g. 256,1024."),
+        gpu_memory_utilization: str = typer.Option("", help="vLLM gpu_memory_utilization values to try, e.g. 0.5,0.8."),
         max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
-        gpus: str = typer.Option("8..256", help="GPU range to search, e.g. 8..256."),
+        max_response_len: str = typer.Option("20480", help="Response caps to try, e.g. 16384,20480."),
         policies: str = typer.Option("", help="Comma-separated policies (default: every registered one but oracle)."),
         prompts_per_step: int = typer.Option(512, help="P0: prompts per step."),
         samples_per_prompt: int = typer.Option(16, help="R0: samples per prompt."),
-        max_response_len: int = typer.Option(20480, help="Response cap in tokens."),
-        steps: int = typer.Option(6, help="Steps simulated per candidate (0: the whole epoch)."),
-        workers: int = typer.Option(0, min=0, help="Processes (0: one per core)."),
-        plot: Path | None = typer.Option(None, help="Write epoch time against GPUs per policy (PNG)."),
+        steps: int = typer.Option(6, help="Steps simulated per finalist (0: the whole epoch)."),
+        min_steps: int = typer.Option(2, help="Steps simulated per candidate in the first round of halving."),
+        eta: int = typer.Option(3, help="Each round keeps the best 1/eta per policy, at eta times the steps."),
+        seeds: int = typer.Option(3, help="Data-order seeds the finalists are simulated under (error bars)."),
+        executor: str = typer.Option("process", help="process (a local pool) or ray (a Ray cluster)."),
+        workers: int = typer.Option(0, min=0, help="Worker processes (0: one per core)."),
+        ray_address: str | None = typer.Option(None, help="Address of a running Ray cluster (ray executor)."),
+        cache: Path | None = typer.Option(None, help="Estimate cache (JSON lines; default ~/.cache/rlsim/plan.jsonl)."),
+        no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
+        plot: Path | None = typer.Option(None, help="Write the candidates, Pareto front and finalists (PNG)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
-        """For each policy, the fewest GPUs meeting an epoch-time target, and the best policy."""
-        import os
-        from concurrent.futures import ProcessPoolExecutor
-
+        """Search GPUs, placement, rollout TP, engine knobs and response cap per policy; the best
+        configuration per policy with error bars over seeds, and the Pareto front."""
         from policies.registry import REGISTRY
-        from rlsim.cli_sim import _check_len, _split_policies
-        from rlsim.config import EngineConfig, RLConfig
+        from rlsim.cli_sim import _split_policies
+        from rlsim.config import RLConfig
         from rlsim.paths import check_output_file, default_trace
-        from rlsim.plan import PlanConfig, candidates, parse_range, plot_plan
+        from rlsim.plan import PlanCache, PlanConfig, default_cache_path, rungs, steps_per_epoch
         from rlsim.plan import plan as run_plan
-        from rlsim.profile import load_profile
+        from rlsim.plan_report import answer_rows, objective_text, pareto_rows, plot_plan
+        from rlsim.plan_space import SearchSpace, candidates, parse_gpus, parse_list
+        from rlsim.sweep import make_executor
         from rlsim.trace import load
 
         if plot is not None:
             check_output_file(plot, "--plot")  # before minutes of simulation, not after
-        if not math.isfinite(target_epoch_hours) or target_epoch_hours <= 0:
-            raise RlsimError(f"--target-epoch-hours must be a positive number, got {target_epoch_hours}")
-        engine = EngineConfig(gpu_memory_utilization, max_num_seqs, max_num_batched_tokens)
-        lo, hi = parse_range(gpus)
-        cfg = PlanConfig(target_epoch_hours, lo, hi, steps)
+        cache_path = None if no_cache else (cache or default_cache_path())
+        if cache_path is not None and (cache_path.is_dir() or cache_path.parent.exists()):
+            check_output_file(cache_path, "--cache")  # a missing cache directory is created
+        cfg = PlanConfig(target_epoch_hours, gpu_budget, steps, min_steps, eta, seeds)
         # HistoSpec variants are left out by default: a plan estimates an epoch from its first
         # steps, where no prompt has a previous visit to draft from yet.
         names = _split_policies(policies) or [p for p in REGISTRY if p != "oracle"]
-        rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt,
-                      max_response_len=max_response_len, epochs=1)  # fmt: skip
+        space = SearchSpace(
+            policies=tuple(names), gpus=parse_gpus(gpus), placements=parse_list(placement, str, "--placement"),
+            train_shares=parse_list(train_share, float, "--train-share"), tps=parse_list(tp, int, "--tp"),
+            max_num_seqs=parse_list(max_num_seqs, int, "--max-num-seqs") or (None,),
+            gpu_memory_utilization=parse_list(gpu_memory_utilization, float, "--gpu-memory-utilization") or (None,),
+            max_response_len=parse_list(max_response_len, int, "--max-response-len"),
+        )  # fmt: skip
+        rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, epochs=1)
         path = trace or default_trace()
-        _check_len(load(path, columns=[]), max_response_len)  # a bad trace or cap fails here, in one sentence
-        n = len(names) * len(candidates(lo, hi, load_profile(profile).tensor_parallel_size))
-        prog, task = _bar("planning", n)
-        pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1)
+        tr = load(path, columns=[])  # a bad trace fails here, in one sentence
+        cands = candidates(space, profile, gpu_budget, max_num_batched_tokens)  # a bad space fails here
+        # how many estimates the halving asks for: every candidate, then 1/eta per policy per round
+        per_policy = [sum(c.policy == p for c in cands) for p in names]
+        total = 0
+        for _ in rungs(cfg, steps_per_epoch(tr, prompts_per_step)):
+            total += sum(per_policy)
+            per_policy = [max(1, math.ceil(n / eta)) if n else 0 for n in per_policy]
+        total += sum(1 for n in per_policy if n) * (seeds - 1)
+        prog, task = _bar("planning", total)
+        pool = make_executor(executor, workers or None, ray_address)
+        t0 = time.perf_counter()
         try:
             with prog:
                 res = run_plan(
-                    path, names, profile, rl, cfg, pool, on_done=lambda _: prog.update(task, advance=1), engine=engine
-                )
+                    path, space, profile, rl, cfg, pool, PlanCache(cache_path),
+                    on_done=lambda _: prog.update(task, advance=1), max_num_batched_tokens=max_num_batched_tokens,
+                )  # fmt: skip
         finally:
             pool.shutdown(cancel_futures=True)
+        wall = time.perf_counter() - t0
         if plot is not None:
             plot_plan(res, plot)
         if as_json:
-            typer.echo(json.dumps(res, indent=2))
+            typer.echo(json.dumps(res, indent=2, default=str))
             return
-        table = Table(title=f"Fewest GPUs for a {target_epoch_hours:g} h epoch ({profile})")
-        for col in ("policy", "GPUs", "epoch (h)", "GPU-hours / epoch"):
-            table.add_column(col, justify="left" if col == "policy" else "right")
-        for a in res["answers"]:
-            if a["gpus"] is None:
-                table.add_row(a["policy"], f"> {hi}", "-", "-")
-            else:
-                table.add_row(a["policy"], str(a["gpus"]), f"{a['epoch_hours']:.2f}", f"{a['gpu_hours']:,.0f}")
-        best = res["best"]
-        table.caption = (
-            f"best: {best['policy']} on {best['gpus']} GPUs" if best else f"no policy meets the target within {gpus}"
-        ) + f"; epoch time estimated from {steps or 'all'} simulated steps per candidate"
         con = make_console()
+        table = Table(title=f"Plan: {objective_text(res)} ({profile} family)")
+        for col in ("policy", "configuration", "cap", "clipped", "epoch (h)", "GPU-h / epoch", "rank", "meets"):
+            table.add_column(col, justify="left" if col in ("policy", "configuration") else "right")
+        for row in answer_rows(res):
+            table.add_row(*row)
+        best = res["best"]
+        tie = best is not None and best["tie"]
+        table.caption = (
+            f"best: {best['policy']} on {best['label']}" + (" (a tie: the order changes between seeds)" if tie else "")
+            if best
+            else "no policy has an answer"
+        ) + (
+            f"; finalists over seeds {res['seeds'][0]}-{res['seeds'][-1]} (mean ± half the spread); "
+            f"{res['num_candidates']} candidates, rounds of {'/'.join(map(str, res['rungs']))} steps"
+        )
         con.print(table)
+        if res["no_answer"]:
+            con.print(f"no runnable candidate: {', '.join(res['no_answer'])}")
+        front = Table(title="Pareto front: epoch time against GPU-hours (each at its last round's steps)")
+        for col in ("policy", "configuration", "cap", "epoch (h)", "GPU-h / epoch", "steps"):
+            front.add_column(col, justify="left" if col in ("policy", "configuration") else "right")
+        for row in pareto_rows(res):
+            front.add_row(*row)
+        con.print(front)
+        con.print(
+            f"{res['simulated']} simulations, {res['cache_hits']} from the cache"
+            + (f" ({cache_path})" if cache_path else "") + f", {wall:.1f} s"
+        )
         if plot is not None:
             con.print(f"plot: {plot}")

@@ -1,68 +1,73 @@
-"""`rlsim plan`: the fewest GPUs that train an epoch within a target time, per policy.
+"""`rlsim plan`: search placement, rollout/train split, rollout TP, engine knobs and response cap
+per policy, by successive halving, with error bars on the finalists.
 
-For each policy and each candidate GPU count (powers of two in the range, at multiples of the
-profile's tensor parallel size) the first `steps` RL steps of an epoch are simulated and the
-epoch time is estimated as their mean step time x the epoch's steps (`steps=0` simulates the
-whole epoch). The answer per policy is the fewest GPUs whose estimate meets the target, with the
-GPU-hours per epoch there; the best policy is the one that meets the target on the fewest GPUs,
-ties broken by GPU-hours. Epoch time falls with GPUs but not always monotonically (instances
-change how a batch splits), so every candidate is simulated rather than bisected.
+Objectives: the fastest epoch within `gpu_budget` GPUs, or the fewest GPU-hours per epoch whose
+epoch meets `target_epoch_hours` (both: the fewest GPU-hours under the target within the budget).
+
+Search (successive halving, as HetRL does over placements): every candidate of the space
+(`rlsim.plan_space`) is simulated for `min_steps` RL steps; per policy the best `1/eta` by the
+objective go on to `eta` times as many steps, and so on up to `steps`, where each policy's best is
+its finalist. The finalists are simulated again under `seeds - 1` further data-order seeds, and
+every figure printed for them is the mean over seeds with its (min, max); a finalist whose rank
+among the finalists changes between seeds is a tie, not a winner.
+
+Epoch estimate from k simulated steps of durations d_0..d_{k-1} and n steps per epoch: the
+first and last steps stand for themselves (the pipeline fills in the first, an async policy drains
+in the last) and the mean of the others for the n - 2 between (k = 1: n d_0; k = 2: d_0 + (n-1) d_1).
+
+Every estimate is cached by its configuration (candidate, RL step, steps, seed, and digests of the
+trace file, the profile and rlsim's own source) in a JSON-lines file, so a second question over an
+overlapping space reuses the first's points, and a changed simulator never reuses stale ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.errors import RlsimError
+from rlsim.plan_space import Candidate, SearchSpace, candidates, clip_ratio
 from rlsim.trace import Trace
 
 
 @dataclass(frozen=True, slots=True)
 class PlanConfig:
-    target_epoch_hours: float
-    min_gpus: int = 8
-    max_gpus: int = 256
-    steps: int = 6  # steps simulated per candidate (0: the whole epoch)
+    target_epoch_hours: float | None = None
+    gpu_budget: int | None = None
+    steps: int = 6  # steps of the last rung (0: the whole epoch)
+    min_steps: int = 2  # steps of the first rung
+    eta: int = 3  # each rung keeps the best 1/eta per policy, at eta times the steps
+    seeds: int = 3  # data-order seeds the finalists are simulated under
 
     def __post_init__(self) -> None:
-        if self.target_epoch_hours <= 0:
-            raise RlsimError(f"--target-epoch-hours must be positive, got {self.target_epoch_hours}")
-        if not 0 < self.min_gpus <= self.max_gpus:
-            raise RlsimError(f"the GPU range {self.min_gpus}..{self.max_gpus} is empty")
-        if self.steps < 0:
-            raise RlsimError(f"--steps must be >= 0, got {self.steps}")
-
-
-def parse_range(text: str) -> tuple[int, int]:
-    """`8..256` -> (8, 256); `64` -> (64, 64)."""
-    lo, sep, hi = text.partition("..")
-    try:
-        a, b = int(lo), int(hi) if sep else int(lo)
-    except ValueError:
-        raise RlsimError(f"--gpus must look like 8..256 or 64, got {text!r}") from None
-    if a < 1 or b < a:
-        raise RlsimError(f"--gpus must be a range of at least 1 GPU, low end first, got {text!r}")
-    return a, b
-
-
-def candidates(min_gpus: int, max_gpus: int, tp: int) -> list[int]:
-    """Powers of two in [min, max] and both ends, rounded up to whole instances of `tp` GPUs."""
-    vals = {min_gpus, max_gpus} | {2**k for k in range(20) if min_gpus <= 2**k <= max_gpus}
-    out = [v for v in sorted({math.ceil(v / tp) * tp for v in vals}) if v <= max_gpus]
-    if not out:
-        raise RlsimError(
-            f"--gpus {min_gpus}..{max_gpus} holds no whole rollout instance: the profile runs at TP {tp}, so give a "
-            f"range that includes a multiple of {tp}"
-        )
-    return out
+        t, b = self.target_epoch_hours, self.gpu_budget
+        if t is None and b is None:
+            raise RlsimError(
+                "give an objective: --gpu-budget N (fastest epoch) or --target-epoch-hours H (fewest GPU-hours)"
+            )
+        if t is not None and not (math.isfinite(t) and t > 0):
+            raise RlsimError(f"--target-epoch-hours must be a positive number, got {t}")
+        if b is not None and b < 1:
+            raise RlsimError(f"--gpu-budget must be a positive number of GPUs, got {b}")
+        if self.steps < 0 or self.min_steps < 1:
+            raise RlsimError(f"--steps must be >= 0 and --min-steps >= 1, got {self.steps} and {self.min_steps}")
+        if self.steps and self.min_steps > self.steps:
+            raise RlsimError(f"--min-steps {self.min_steps} is above --steps {self.steps}")
+        if self.eta < 2:
+            raise RlsimError(f"--eta must be >= 2, got {self.eta}")
+        if self.seeds < 1:
+            raise RlsimError(f"--seeds must be >= 1, got {self.seeds}")
 
 
 def steps_per_epoch(trace: Trace, prompts_per_step: int) -> int:
@@ -70,93 +75,272 @@ def steps_per_epoch(trace: Trace, prompts_per_step: int) -> int:
     return math.ceil(first / prompts_per_step)
 
 
-def _estimate(
-    trace_path: str, policy: str, gpus: int, profile: str, rl: RLConfig, steps: int, engine: EngineConfig
-) -> dict[str, Any]:
+def rungs(cfg: PlanConfig, n_steps: int) -> list[int]:
+    """Steps simulated at each rung: min_steps, x eta, ..., up to the last rung's."""
+    last = min(cfg.steps or n_steps, n_steps)
+    out, s = [], min(cfg.min_steps, last)
+    while s < last:
+        out.append(s)
+        s *= cfg.eta
+    return [*out, last]
+
+
+def epoch_estimate_s(durations: Sequence[float], n_steps: int) -> float:
+    d = list(durations)
+    if len(d) == 1 or n_steps == 1:
+        return d[0] * n_steps
+    if len(d) == 2 or n_steps == 2:
+        return d[0] + (n_steps - 1) * d[1]
+    return d[0] + (n_steps - 2) * float(np.mean(d[1:-1])) + d[-1]
+
+
+def score(row: dict[str, Any], cfg: PlanConfig) -> tuple[int, float]:
+    """Lower is better: (0, GPU-hours) meeting the target, (1, epoch hours) missing it; with a
+    budget alone, (0, epoch hours)."""
+    if row.get("error"):
+        return (2, math.inf)
+    if cfg.target_epoch_hours is None:
+        return (0, row["epoch_hours"])
+    if row["epoch_hours"] <= cfg.target_epoch_hours:
+        return (0, row["gpu_hours"])
+    return (1, row["epoch_hours"])
+
+
+def digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:  # noqa: PTH123
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def code_digest() -> str:
+    """Of rlsim's and the policies' source: a changed simulator invalidates the cache."""
+    import policies
+    import rlsim
+
+    h = hashlib.sha256()
+    for pkg in (rlsim, policies):
+        root = Path(pkg.__file__).parent
+        for f in sorted(root.rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+class PlanCache:
+    """Estimates by configuration key, in a JSON-lines file (one line appended per estimate; a line
+    cut short by a crash is skipped on reading). `path=None`: in memory only."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.hits = 0
+        if path is not None and path.exists():
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    entry = json.loads(line)
+                    self.rows[entry["key"]] = entry["row"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        row = self.rows.get(key)
+        if row is not None:
+            self.hits += 1
+        return row
+
+    def put(self, key: str, row: dict[str, Any]) -> None:
+        self.rows[key] = row
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:  # noqa: PTH123
+                f.write(json.dumps({"key": key, "row": row}) + "\n")
+
+
+def default_cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rlsim" / "plan.jsonl"
+
+
+def estimate(trace_path: str, cand: dict[str, Any], rl: dict[str, Any], steps: int, seed: int) -> dict[str, Any]:
+    """Simulate one candidate for `steps` steps under `seed` (in a worker); its estimate as a row.
+    A configuration the simulator refuses (a request larger than the KV cache...) is a row with
+    `error`, not a failure of the search."""
     from rlsim.simulate import simulate
     from rlsim.sweep import _trace_for
 
+    c = Candidate(**cand)
     trace = _trace_for(json.dumps({"trace": trace_path}))
-    cluster = ClusterConfig(num_gpus=gpus, profile=profile)
-    n_steps = steps_per_epoch(trace, rl.prompts_per_step)
-    run_rl = dataclasses.replace(rl, epochs=1, max_steps=min(steps, n_steps) if steps else None)
-    s = simulate(trace, policy, cluster, run_rl, tables=False, engine_cfg=engine).summary
-    epoch_s = s["total_time_s"] / s["num_steps"] * n_steps
-    return {"policy": policy, "gpus": gpus, "epoch_hours": epoch_s / 3600, "gpu_hours": epoch_s / 3600 * gpus,
-            "steps_simulated": s["num_steps"], "steps_per_epoch": n_steps}  # fmt: skip
+    n_steps = steps_per_epoch(trace, rl["prompts_per_step"])
+    run_rl = RLConfig(**{**rl, "max_response_len": c.max_response_len, "epochs": 1, "max_steps": steps, "seed": seed})
+    cluster = ClusterConfig(num_gpus=c.num_gpus, profile=c.profile, placement=c.placement, train_gpus=c.train_gpus)
+    engine = EngineConfig(c.gpu_memory_utilization, c.max_num_seqs, c.max_num_batched_tokens)
+    row: dict[str, Any] = {**cand, "steps_simulated": steps, "seed": seed, "steps_per_epoch": n_steps}
+    try:
+        res = simulate(trace, c.policy, cluster, run_rl, tables=False, engine_cfg=engine)
+    except RlsimError as exc:
+        return {**row, "error": str(exc)}
+    ends = res.steps["time/end"].to_numpy()
+    durations = np.diff(np.concatenate([[0.0], ends])).tolist()
+    epoch_s = epoch_estimate_s(durations, n_steps)
+    s = res.summary
+    row.update(epoch_hours=epoch_s / 3600, gpu_hours=epoch_s / 3600 * c.num_gpus, step_s=durations,
+               rollout_share=s["rollout_share"], preemptions=s["preemptions"], error=None)  # fmt: skip
+    return row
+
+
+def pareto(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows no other row beats on both epoch hours and GPU-hours, fastest first."""
+    pts = sorted((r for r in rows if not r.get("error")), key=lambda r: (r["epoch_hours"], r["gpu_hours"]))
+    front, best_gh = [], math.inf
+    for r in pts:
+        if r["gpu_hours"] < best_gh - 1e-12:
+            front.append(r)
+            best_gh = r["gpu_hours"]
+    return front
 
 
 def plan(
     trace_path: str | Path,
-    policies: Sequence[str],
+    space: SearchSpace,
     profile: str,
     rl: RLConfig,
     config: PlanConfig,
     executor: Executor | None = None,
+    cache: PlanCache | None = None,
     on_done: Callable[[dict], None] | None = None,
-    engine: EngineConfig | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Estimates for every (policy, GPUs) candidate, the answer per policy and the best policy."""
+    """Search `space` for `config`'s objective; see the module docstring. Returns the finalists
+    (`answers`, one per policy, with seed spreads, ranks and ties), the best, the Pareto front and
+    every row simulated (`rows`, each candidate at the last rung it reached)."""
     from policies.registry import parse_policy
     from rlsim.profile import load_profile
-    from rlsim.step_costs import with_engine
+    from rlsim.sweep import _trace_for
 
-    for p in policies:
+    for p in space.policies:
         parse_policy(p)
-    engine = engine or EngineConfig()
-    tp = with_engine(load_profile(profile), engine).tensor_parallel_size  # an impossible memory setting fails here
-    gpus = candidates(config.min_gpus, config.max_gpus, tp)
-    jobs = [(p, g) for p in policies for g in gpus]
-    rows: list[dict[str, Any]] = []
-    if executor is None:
-        for p, g in jobs:
-            rows.append(_estimate(str(trace_path), p, g, profile, rl, config.steps, engine))
+    cands = candidates(space, profile, config.gpu_budget, max_num_batched_tokens)
+    trace_path = str(trace_path)
+    trace = _trace_for(json.dumps({"trace": trace_path}))
+    for cap in space.max_response_len:
+        if cap > trace.meta.max_response_len:
+            raise RlsimError(
+                f"--max-response-len {cap} exceeds the trace's cap {trace.meta.max_response_len}: the trace does not "
+                "say how long responses would run past it"
+            )
+    for c in {c.profile for c in cands}:
+        load_profile(c)
+    n_steps = steps_per_epoch(trace, rl.prompts_per_step)
+    steps_at = rungs(config, n_steps)
+    cache = cache if cache is not None else PlanCache(None)
+    lengths = trace.table.loc[trace.table["epoch"] == trace.epochs[0], "num_output_tokens"].to_numpy()
+    clips = {cap: clip_ratio(lengths, cap) for cap in space.max_response_len}
+    rl_d = {k: v for k, v in dataclasses.asdict(rl).items() if k not in ("epochs", "max_steps", "seed")}
+    base_key = {"trace": digest(trace_path), "code": code_digest(), "rl": rl_d,
+                "profiles": {p: digest(_profile_path(p)) for p in {c.profile for c in cands}}}  # fmt: skip
+
+    simulated = [0]
+
+    def run(jobs: list[tuple[Candidate, int, int]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any] | None] = [None] * len(jobs)
+        todo = []
+        for i, (c, steps, seed) in enumerate(jobs):
+            key = json.dumps({**base_key, "cand": c.key(), "steps": steps, "seed": seed}, sort_keys=True)
+            hit = cache.get(key)
+            if hit is not None:
+                out[i] = hit
+                if on_done:
+                    on_done(hit)
+            else:
+                todo.append((i, key, (trace_path, dataclasses.asdict(c), rl_d, steps, seed)))
+        if executor is None:
+            results = ((i, key, estimate(*args)) for i, key, args in todo)
+        else:
+            futs = {executor.submit(estimate, *args): (i, key) for i, key, args in todo}
+            results = ((*futs[f], f.result()) for f in as_completed(futs))
+        for i, key, row in results:
+            simulated[0] += 1
+            cache.put(key, row)
+            out[i] = row
             if on_done:
-                on_done(rows[-1])
-    else:
-        futs = [executor.submit(_estimate, str(trace_path), p, g, profile, rl, config.steps, engine) for p, g in jobs]
-        for f in as_completed(futs):
-            rows.append(f.result())
-            if on_done:
-                on_done(rows[-1])
-    rows.sort(key=lambda r: (list(policies).index(r["policy"]), r["gpus"]))
-    answers = []
-    for p in policies:
-        ok = [r for r in rows if r["policy"] == p and r["epoch_hours"] <= config.target_epoch_hours]
-        best = min(ok, key=lambda r: r["gpus"]) if ok else None
-        answers.append({"policy": p, "gpus": best and best["gpus"], "epoch_hours": best and best["epoch_hours"],
-                        "gpu_hours": best and best["gpu_hours"]})  # fmt: skip
-    meeting = [a for a in answers if a["gpus"] is not None]
-    best = min(meeting, key=lambda a: (a["gpus"], a["gpu_hours"])) if meeting else None
-    return {"target_epoch_hours": config.target_epoch_hours, "profile": profile, "candidates": gpus,
-            "rows": rows, "answers": answers, "best": best}  # fmt: skip
+                on_done(row)
+        return [r for r in out if r is not None]
+
+    alive: dict[str, list[Candidate]] = {p: [c for c in cands if c.policy == p] for p in space.policies}
+    latest: dict[str, dict[str, Any]] = {}
+    for k, steps in enumerate(steps_at):
+        jobs = [(c, steps, rl.seed) for p in space.policies for c in alive[p]]
+        rows = run(jobs)
+        for (c, _, _), row in zip(jobs, rows, strict=True):
+            latest[c.key()] = row
+        if k < len(steps_at) - 1:
+            for p in space.policies:
+                ranked = sorted(alive[p], key=lambda c: score(latest[c.key()], config))
+                ranked = [c for c in ranked if not latest[c.key()].get("error")]
+                alive[p] = ranked[: max(1, math.ceil(len(ranked) / config.eta))] if ranked else []
+    finalists: dict[str, Candidate] = {}
+    for p in space.policies:
+        ok = [c for c in alive[p] if not latest[c.key()].get("error")]
+        if ok:
+            finalists[p] = min(ok, key=lambda c: score(latest[c.key()], config))
+    rows_all = list(latest.values())
+    if not finalists:
+        first = next(r["error"] for r in rows_all if r.get("error"))
+        raise RlsimError(f"no candidate of the search space can run: {first}")
+    extra = [(c, steps_at[-1], rl.seed + s) for c in finalists.values() for s in range(1, config.seeds)]
+    by_seed = {(c.key(), rl.seed): latest[c.key()] for c in finalists.values()}
+    for (c, _, seed), row in zip(extra, run(extra), strict=True):
+        by_seed[(c.key(), seed)] = row
+    seeds = [rl.seed + s for s in range(config.seeds)]
+    answers = _answers(finalists, by_seed, seeds, config, clips)
+    front = pareto(rows_all)
+    for r in rows_all:
+        r["clip_ratio"] = clips[r["max_response_len"]]
+    best = answers[0] if answers else None
+    return {
+        "objective": {"target_epoch_hours": config.target_epoch_hours, "gpu_budget": config.gpu_budget},
+        "profile": profile, "rungs": steps_at, "seeds": seeds, "steps_per_epoch": n_steps,
+        "num_candidates": len(cands), "simulated": simulated[0],
+        "cache_hits": cache.hits, "answers": answers, "best": best, "pareto": front, "rows": rows_all,
+        "no_answer": [p for p in space.policies if p not in finalists],
+    }  # fmt: skip
 
 
-def plot_plan(result: dict[str, Any], out) -> None:  # noqa: ANN001
-    """Epoch time against GPUs per policy, with the target as a horizontal line."""
-    import matplotlib
+def _profile_path(name: str) -> Path:
+    from rlsim.profile import _resolve
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+    return _resolve(name)
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-    markers, styles = "osD^vP*X", ("-", "--", "-.", ":")
-    for k, a in enumerate(result["answers"]):
-        pts = [r for r in result["rows"] if r["policy"] == a["policy"]]
-        ax.plot([r["gpus"] for r in pts], [r["epoch_hours"] for r in pts], marker=markers[k % len(markers)],
-                ls=styles[k % len(styles)], label=a["policy"])  # fmt: skip
-    ax.axhline(result["target_epoch_hours"], color="black", ls="--", lw=1, label="target")
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(result["candidates"]))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("GPUs")
-    ax.set_ylabel("epoch time (hours)")
-    ax.set_title(f"Epoch time vs GPUs ({result['profile']})")
-    ax.legend(fontsize=8, ncol=2)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+
+def _answers(
+    finalists: dict[str, Candidate],
+    by_seed: dict[tuple[str, int], dict[str, Any]],
+    seeds: list[int],
+    cfg: PlanConfig,
+    clips: dict[int, float],
+) -> list[dict[str, Any]]:
+    """One row per finalist: mean and (min, max) over seeds, rank per seed, tie, best first."""
+    names = list(finalists)
+    ranks = {p: [] for p in names}
+    for seed in seeds:
+        order = sorted(names, key=lambda p: score(by_seed[(finalists[p].key(), seed)], cfg))
+        for r, p in enumerate(order, 1):
+            ranks[p].append(r)
+    out = []
+    for p in names:
+        c = finalists[p]
+        rows = [by_seed[(c.key(), s)] for s in seeds]
+        eh = [r["epoch_hours"] for r in rows]
+        gh = [r["gpu_hours"] for r in rows]
+        meets = None if cfg.target_epoch_hours is None else all(e <= cfg.target_epoch_hours for e in eh)
+        out.append({
+            **dataclasses.asdict(c), "label": c.label(), "clip_ratio": clips[c.max_response_len],
+            "epoch_hours": float(np.mean(eh)), "epoch_hours_range": (min(eh), max(eh)),
+            "gpu_hours": float(np.mean(gh)), "gpu_hours_range": (min(gh), max(gh)),
+            "epoch_hours_by_seed": eh, "rank_by_seed": ranks[p], "tie": len(set(ranks[p])) > 1,
+            "meets_target": meets, "rollout_share": float(np.mean([r["rollout_share"] for r in rows])),
+        })  # fmt: skip
+    out.sort(key=lambda a: (float(np.mean(a["rank_by_seed"])), a["policy"]))
+    return out

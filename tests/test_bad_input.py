@@ -199,7 +199,7 @@ def test_bad_numbers_and_ranges(tmp_path: Path, small_trace_path: Path) -> None:
     for cmd in (["compare"], ["plan", "--target-epoch-hours", "3"]):
         _refused([*cmd, "--workers", "-1"], "Invalid value for '--workers'")
     _refused(["plan", "--target-epoch-hours", "nan"], "--target-epoch-hours must be a positive number")
-    _refused(["plan", "--target-epoch-hours", "3", "--gpus", "3..3"], "holds no whole rollout instance")
+    _refused(["plan", "--target-epoch-hours", "3", "--gpus", "3..3"], "--tp 4 does not divide 3 GPUs")
     _refused(["plan", "--target-epoch-hours", "3", "--trace", str(small_trace_path), "--max-response-len", "99999"],
              "exceeds the trace's cap")  # fmt: skip
     grid = tmp_path / "g.yaml"

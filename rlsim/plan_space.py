@@ -1,0 +1,222 @@
+"""The planner's search space: every (policy, GPUs, placement, rollout TP, engine knobs, response
+cap) a user asks about, checked and expanded into candidates before anything is simulated.
+
+- **GPUs**: a range (`16..256`: powers of two and both ends) or a list (`16,32,64`).
+- **Placement**: `colocated` (rollout and training share every GPU, veRL's hybrid engine) or
+  `disaggregated` at each `train_shares` fraction of the GPUs for training; the rollout pool is
+  rounded down to whole instances and training gets the rest (the split actually simulated is in
+  each candidate's `train_gpus`).
+- **Rollout TP**: the profile's family, the shipped profiles of the same model on the same GPU at
+  other tensor-parallel sizes (`tp_family`); they are derived from the same model facts and
+  iteration model (`calibrate/derive_profiles.py`), so only TP changes between them. A calibrated
+  profile has no family: only its own TP can be searched.
+- **Engine knobs**: `max_num_seqs` and `gpu_memory_utilization` (None keeps the profile's).
+- **Response cap**: `max_response_len`, each with the clip ratio it implies on the user's trace
+  (the share of the trace's samples longer than the cap, which are then cut).
+
+Every impossible question is one sentence (an `RlsimError`): an empty space, a split that leaves
+no training GPU or no rollout instance, a TP that does not divide a colocated GPU count, a GPU
+budget below one instance.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from rlsim.config import PLACEMENTS
+from rlsim.errors import RlsimError
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One configuration the planner may simulate."""
+
+    policy: str
+    num_gpus: int
+    placement: str
+    train_gpus: int  # disaggregated: the training pool; colocated: 0 (training uses every GPU)
+    tp: int
+    profile: str  # the profile of that TP
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_response_len: int = 20480
+    max_num_batched_tokens: int | None = None  # held fixed by the search
+
+    @property
+    def rollout_gpus(self) -> int:
+        return self.num_gpus - self.train_gpus
+
+    def key(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    def label(self) -> str:
+        """Short and readable: `64 GPUs, disagg 48+16, TP 4, seqs 256, mem 0.8, cap 16384`."""
+        place = "coloc" if self.placement == "colocated" else f"disagg {self.rollout_gpus}+{self.train_gpus}"
+        parts = [f"{self.num_gpus} GPUs", place, f"TP {self.tp}"]
+        if self.max_num_seqs is not None:
+            parts.append(f"seqs {self.max_num_seqs}")
+        if self.gpu_memory_utilization is not None:
+            parts.append(f"mem {self.gpu_memory_utilization:g}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    """The lists the candidates are the product of (one value each: that dimension is fixed)."""
+
+    policies: tuple[str, ...]
+    gpus: tuple[int, ...]
+    placements: tuple[str, ...] = ("colocated",)
+    train_shares: tuple[float, ...] = (0.25,)
+    tps: tuple[int, ...] = ()  # empty: the profile's own TP
+    max_num_seqs: tuple[int | None, ...] = (None,)
+    gpu_memory_utilization: tuple[float | None, ...] = (None,)
+    max_response_len: tuple[int, ...] = (20480,)
+
+    def __post_init__(self) -> None:
+        for name in ("policies", "gpus", "placements", "max_num_seqs", "gpu_memory_utilization", "max_response_len"):
+            if not getattr(self, name):
+                raise RlsimError(f"the search space is empty: no {name.replace('_', ' ')} to try")
+        for p in self.placements:
+            if p not in PLACEMENTS:
+                raise RlsimError(f"--placement must be among {', '.join(PLACEMENTS)}, got {p!r}")
+        if "disaggregated" in self.placements and not self.train_shares:
+            raise RlsimError("the search space is empty: disaggregated placement needs at least one --train-share")
+        for s in self.train_shares:
+            if not 0 < s < 1:
+                raise RlsimError(f"--train-share must be a fraction between 0 and 1, got {s:g}")
+        for g in self.gpus:
+            if g < 1:
+                raise RlsimError(f"a GPU count must be positive, got {g}")
+        for t in self.tps:
+            if t < 1:
+                raise RlsimError(f"--tp must be positive, got {t}")
+        for v in self.max_num_seqs:
+            if v is not None and v < 1:
+                raise RlsimError(f"--max-num-seqs must be positive, got {v}")
+        for u in self.gpu_memory_utilization:
+            if u is not None and not 0 < u <= 1:
+                raise RlsimError(f"--gpu-memory-utilization must be in (0, 1], got {u:g}")
+        for c in self.max_response_len:
+            if c < 1:
+                raise RlsimError(f"--max-response-len must be positive, got {c}")
+
+
+def parse_list(text: str, kind: type, what: str) -> tuple:
+    """`"256,1024"` -> (256, 1024); an empty text is an empty tuple."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            out.append(kind(part))
+        except ValueError:
+            raise RlsimError(f"{what} must be a comma-separated list of {kind.__name__} values, got {text!r}") from None
+    return tuple(out)
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """`16..256` (powers of two and both ends) or `16,32,64`."""
+    if ".." in text:
+        lo, _, hi = text.partition("..")
+        try:
+            a, b = int(lo), int(hi)
+        except ValueError:
+            raise RlsimError(f"--gpus must look like 8..256 or 16,32,64, got {text!r}") from None
+        if a < 1 or b < a:
+            raise RlsimError(f"--gpus must be a range of at least 1 GPU, low end first, got {text!r}")
+        return tuple(sorted({a, b} | {2**k for k in range(20) if a <= 2**k <= b}))
+    try:
+        vals = parse_list(text, int, "--gpus")
+    except RlsimError:
+        vals = ()
+    if not vals:
+        raise RlsimError(f"--gpus must look like 8..256 or 16,32,64, got {text!r}")
+    return tuple(sorted(set(vals)))
+
+
+def tp_family(profile: str) -> dict[int, str]:
+    """TP -> profile name: the shipped profiles of `profile`'s model on its GPU at every TP
+    (its own TP alone for a profile outside the shipped families)."""
+    from rlsim.profile import PROFILE_DIR, load_profile, shipped_profiles
+
+    base = load_profile(profile)
+    family = {base.tensor_parallel_size: profile}
+    if not str(profile).endswith(".json") and (PROFILE_DIR / f"{profile}.json").exists():
+        gpu = base.hardware.split("x ", 1)[-1]
+        for name in shipped_profiles():
+            p = load_profile(name)
+            if p.model == base.model and p.hardware.split("x ", 1)[-1] == gpu:
+                family.setdefault(p.tensor_parallel_size, name)
+    return dict(sorted(family.items()))
+
+
+def candidates(
+    space: SearchSpace, profile: str, gpu_budget: int | None = None, max_num_batched_tokens: int | None = None
+) -> list[Candidate]:
+    """Every candidate of the space (GPU counts above `gpu_budget` left out), in a fixed order."""
+    family = tp_family(profile)
+    tps = space.tps or (min(family, key=lambda t: abs(t - _own_tp(profile))),)
+    missing = [t for t in tps if t not in family]
+    if missing:
+        raise RlsimError(
+            f"no profile of {profile} at TP {', '.join(map(str, missing))}: its family has TP "
+            f"{', '.join(map(str, family))}"
+        )
+    gpus = [g for g in space.gpus if gpu_budget is None or g <= gpu_budget]
+    if gpu_budget is not None:
+        if gpu_budget < min(tps):
+            t = min(tps)
+            raise RlsimError(f"--gpu-budget {gpu_budget} is below one rollout instance (TP {t}: {t} GPUs)")
+        if not gpus:
+            raise RlsimError(f"the search space is empty: every GPU count in --gpus is above --gpu-budget {gpu_budget}")
+    out = []
+    for g in gpus:
+        for tp in tps:
+            places: list[tuple[str, int]] = []
+            if "colocated" in space.placements:
+                if g % tp:
+                    raise RlsimError(f"--tp {tp} does not divide {g} GPUs: a colocated rollout needs whole instances")
+                places.append(("colocated", 0))
+            if "disaggregated" in space.placements:
+                for share in space.train_shares:
+                    train = round(g * share)
+                    if train < 1:
+                        raise RlsimError(
+                            f"--train-share {share:g} of {g} GPUs leaves no training GPU ({g * share:g}); raise the "
+                            "share or the GPU count"
+                        )
+                    rollout = (g - train) // tp * tp
+                    if rollout < tp:
+                        raise RlsimError(
+                            f"--train-share {share:g} of {g} GPUs leaves {g - train} for rollout, less than one "
+                            f"TP {tp} instance; lower the share or raise the GPU count"
+                        )
+                    if ("disaggregated", g - rollout) not in places:
+                        places.append(("disaggregated", g - rollout))
+            knobs = itertools.product(
+                places, space.max_num_seqs, space.gpu_memory_utilization, space.max_response_len, space.policies
+            )
+            for (place, train), seqs, util, cap, pol in knobs:
+                out.append(Candidate(pol, g, place, train, tp, family[tp], seqs, util, cap, max_num_batched_tokens))
+    if not out:
+        raise RlsimError("the search space is empty")
+    return out
+
+
+def _own_tp(profile: str) -> int:
+    from rlsim.profile import load_profile
+
+    return load_profile(profile).tensor_parallel_size
+
+
+def clip_ratio(lengths: Sequence[int] | object, cap: int) -> float:
+    """Share of the trace's samples that reach `cap` (cut there when it is the response limit)."""
+    import numpy as np
+
+    arr = np.asarray(lengths)
+    return float((arr >= cap).mean()) if arr.size else math.nan
