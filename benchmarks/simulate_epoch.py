@@ -217,7 +217,7 @@ def main() -> None:
         cli = [sys.executable, "-m", "rlsim.cli"]
         t = _wall([*cli, "compare"])
         print(f"rlsim compare (defaults: {len(COMPARE_DEFAULT)} policies, 2 epochs): {t:.1f} s (target 15 s)")
-        t = _wall([*cli, "plan", "--target-epoch-hours", "3.4"])
+        t = _wall([*cli, "plan", "--target-epoch-hours", "3.4", "--no-cache"])
         print(f"rlsim plan --target-epoch-hours 3.4 (other options default): {t:.1f} s (target 10 s)")
     if a.big:
         with tempfile.TemporaryDirectory() as tmp:

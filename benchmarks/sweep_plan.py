@@ -5,8 +5,9 @@
 The sweep is the 50-point grid of tests/test_sweep_plan.py (5 GPU counts x 5 policies x 2 rho on a
 64-prompt synthetic trace). Each executor runs it twice into a fresh file; the second run is the
 figure (the first includes starting workers and generating the traces they cache). The plan is
-`rlsim plan --target-epoch-hours 3.4` on the bundled trace with its defaults (6 policies, 8..256
-GPUs, 6 simulated steps per candidate), run as a user runs it.
+`rlsim plan --target-epoch-hours 3.4 --no-cache` on the bundled trace with its defaults (every
+policy but oracle, 8..256 GPUs colocated at the profile's TP, halving from 2 to 6 simulated steps,
+3 seeds for the finalists), run as a user runs it.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def main() -> int:
     print(f"identical rows through both executors: {same}")
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "rlsim.cli", "plan", "--target-epoch-hours", "3.4", "--workers", str(args.workers)],
+        [sys.executable, "-m", "rlsim.cli", "plan", "--target-epoch-hours", "3.4", "--workers", str(args.workers),
+         "--no-cache"],
         capture_output=True, text=True,
     )  # fmt: skip
     dt = time.perf_counter() - t0
