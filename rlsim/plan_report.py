@@ -59,8 +59,9 @@ def plot_plan(result: dict[str, Any], out) -> None:  # noqa: ANN001
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    fig, ax = plt.subplots(figsize=(10.5, 5), dpi=120)
     policies = list(dict.fromkeys(r["policy"] for r in result["rows"]))
     colours = {p: f"C{i % 10}" for i, p in enumerate(policies)}
     markers = "osD^vP*X"
@@ -83,10 +84,14 @@ def plot_plan(result: dict[str, Any], out) -> None:  # noqa: ANN001
     if target is not None:
         ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g} h")
     ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel("GPU-hours per epoch")
     ax.set_ylabel("epoch time (hours)")
     ax.set_title(f"Plan: {objective_text(result)} ({result['profile']} family)", fontsize=10)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out)
