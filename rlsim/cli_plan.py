@@ -186,6 +186,9 @@ def register(app: typer.Typer) -> None:
         for row in pareto_rows(res):
             front.add_row(*row)
         con.print(front)
+        if len(res["tp_profiles"]) > 1:
+            used = ", ".join(f"TP {t}: {name}" for t, name in sorted(res["tp_profiles"].items()))
+            con.print(f"rollout TP profiles: {used} (one family: the same model facts and iteration model)")
         con.print(
             f"{res['simulated']} simulations, {res['cache_hits']} from the cache"
             + (f" ({cache_path})" if cache_path else "") + f", {wall:.1f} s"

@@ -301,7 +301,8 @@ def plan(
     best = answers[0] if answers else None
     return {
         "objective": {"target_epoch_hours": config.target_epoch_hours, "gpu_budget": config.gpu_budget},
-        "profile": profile, "rungs": steps_at, "seeds": seeds, "steps_per_epoch": n_steps,
+        "profile": profile, "tp_profiles": {c.tp: c.profile for c in cands},
+        "rungs": steps_at, "seeds": seeds, "steps_per_epoch": n_steps,
         "num_candidates": len(cands), "simulated": simulated[0],
         "cache_hits": cache.hits, "answers": answers, "best": best, "pareto": front, "rows": rows_all,
         "no_answer": [p for p in space.policies if p not in finalists],
