@@ -145,13 +145,19 @@ def register(app: typer.Typer) -> None:
             per_policy = [max(1, math.ceil(n / eta)) if n else 0 for n in per_policy]
         total += sum(1 for n in per_policy if n) * (seeds - 1)
         prog, task = _bar("planning", total)
+        done = [0]
+
+        def tick() -> None:  # the front's early points may add a few estimates past the plan
+            done[0] += 1
+            prog.update(task, completed=done[0], total=max(total, done[0]))
+
         pool = make_executor(executor, workers or None, ray_address)
         t0 = time.perf_counter()
         try:
             with prog:
                 res = run_plan(
                     path, space, profile, rl, cfg, pool, PlanCache(cache_path),
-                    on_done=lambda _: prog.update(task, advance=1), max_num_batched_tokens=max_num_batched_tokens,
+                    on_done=lambda _: tick(), max_num_batched_tokens=max_num_batched_tokens,
                 )  # fmt: skip
         finally:
             pool.shutdown(cancel_futures=True)

@@ -6,10 +6,12 @@ epoch meets `target_epoch_hours` (both: the fewest GPU-hours under the target wi
 
 Search (successive halving, as HetRL does over placements): every candidate of the space
 (`rlsim.plan_space`) is simulated for `min_steps` RL steps; per policy the best `1/eta` by the
-objective go on to `eta` times as many steps, and so on up to `steps`, where each policy's best is
-its finalist. The finalists are simulated again under `seeds - 1` further data-order seeds, and
-every figure printed for them is the mean over seeds with its (min, max); a finalist whose rank
-among the finalists changes between seeds is a tie, not a winner.
+objective go on to `eta` times as many steps, and so on up to `steps`. A candidate pruned early
+that lies on the Pareto front (epoch hours against GPU-hours) is then simulated for `steps` too,
+until every point of the front is; each policy's best at `steps` is its finalist. The finalists
+are simulated again under `seeds - 1` further data-order seeds, and every figure printed for them
+is the mean over seeds with its (min, max); a finalist whose rank among the finalists changes
+between seeds is a tie, not a winner.
 
 Epoch estimate from k simulated steps of durations d_0..d_{k-1} and n steps per epoch: the
 first and last steps stand for themselves (the pipeline fills in the first, an async policy drains
@@ -280,6 +282,19 @@ def plan(
                 ranked = sorted(alive[p], key=lambda c: score(latest[c.key()], config))
                 ranked = [c for c in ranked if not latest[c.key()].get("error")]
                 alive[p] = ranked[: max(1, math.ceil(len(ranked) / config.eta))] if ranked else []
+    # The Pareto front is reported at the last round's steps: a candidate pruned early that sits
+    # on the front is simulated as long as the finalists (and may then become its policy's best).
+    fields = Candidate.__dataclass_fields__
+    promoted = 0
+    while True:
+        early = [Candidate(**{f: r[f] for f in fields}) for r in pareto(list(latest.values()))]
+        early = [c for c in early if latest[c.key()]["steps_simulated"] < steps_at[-1]]
+        if not early:
+            break
+        promoted += len(early)
+        for c, row in zip(early, run([(c, steps_at[-1], rl.seed) for c in early]), strict=True):
+            latest[c.key()] = row
+            alive[c.policy].append(c)
     finalists: dict[str, Candidate] = {}
     for p in space.policies:
         ok = [c for c in alive[p] if not latest[c.key()].get("error")]
@@ -303,7 +318,7 @@ def plan(
         "objective": {"target_epoch_hours": config.target_epoch_hours, "gpu_budget": config.gpu_budget},
         "profile": profile, "tp_profiles": {c.tp: c.profile for c in cands},
         "rungs": steps_at, "seeds": seeds, "steps_per_epoch": n_steps,
-        "num_candidates": len(cands), "simulated": simulated[0],
+        "num_candidates": len(cands), "simulated": simulated[0], "promoted": promoted,
         "cache_hits": cache.hits, "answers": answers, "best": best, "pareto": front, "rows": rows_all,
         "no_answer": [p for p in space.policies if p not in finalists],
     }  # fmt: skip

@@ -90,7 +90,8 @@ def test_pareto_front_keeps_only_undominated_points() -> None:
 
 def test_search_halves_reuses_its_cache_and_marks_ties(tmp_path: Path, small_trace_path: Path) -> None:
     """A small space on the small trace: the halving simulates every candidate at 1 step and the
-    best third per policy at 3; a second, wider question reuses every point of the first."""
+    best third per policy at 3, and the Pareto front's early points at 3 too; a second, wider
+    question reuses every point of the first."""
     rl = RLConfig(prompts_per_step=16, samples_per_prompt=4, epochs=1)
     space = SearchSpace(("sync", "one_step_off"), (4, 8, 16), ("colocated", "disaggregated"), (0.5,), (1, 2),
                         max_response_len=(4096,))  # fmt: skip
@@ -100,8 +101,11 @@ def test_search_halves_reuses_its_cache_and_marks_ties(tmp_path: Path, small_tra
     res = plan(small_trace_path, space, "h100-qwen2.5-7b-tp1", rl, cfg, cache=cache, on_done=done.append)
     n = res["num_candidates"]
     assert n == 3 * 2 * 2 * 2 == 24 and res["rungs"] == [1, 3]
-    # 12 per policy at 1 step, 4 per policy at 3, then the 2 finalists under 2 more seeds
-    assert res["simulated"] == len(done) == 24 + 8 + 4 and res["cache_hits"] == 0
+    # 12 per policy at 1 step, 4 per policy at 3, the front's early points at 3, then the 2
+    # finalists under 2 more seeds
+    assert res["simulated"] == len(done) == 24 + 8 + res["promoted"] + 4 and res["cache_hits"] == 0
+    assert all(r["steps_simulated"] == 3 for r in res["pareto"])
+    first = res["simulated"]
     assert {a["policy"] for a in res["answers"]} == {"sync", "one_step_off"}
     for a in res["answers"]:
         assert len(a["epoch_hours_by_seed"]) == 3 and a["epoch_hours_range"][0] <= a["epoch_hours"]
@@ -109,20 +113,21 @@ def test_search_halves_reuses_its_cache_and_marks_ties(tmp_path: Path, small_tra
     assert res["best"] is res["answers"][0]
     assert res["pareto"] and all(not r.get("error") for r in res["pareto"])
     lines = (tmp_path / "cache.jsonl").read_text().splitlines()
-    assert len(lines) == 36
+    assert len(lines) == first
     # the same question again: all from the cache, the same answer
     again = plan(small_trace_path, space, "h100-qwen2.5-7b-tp1", rl, cfg, cache=PlanCache(tmp_path / "cache.jsonl"))
-    assert again["simulated"] == 0 and again["cache_hits"] == 36
+    assert again["simulated"] == 0 and again["cache_hits"] == first
     assert [a["epoch_hours"] for a in again["answers"]] == [a["epoch_hours"] for a in res["answers"]]
     # a wider question (one more policy) simulates only the new policy's points
     wider = SearchSpace(("sync", "one_step_off", "rollpacker"), *[getattr(space, f) for f in (
         "gpus", "placements", "train_shares", "tps", "max_num_seqs", "gpu_memory_utilization", "max_response_len")])
     third = plan(small_trace_path, wider, "h100-qwen2.5-7b-tp1", rl, cfg, cache=PlanCache(tmp_path / "cache.jsonl"))
-    assert third["cache_hits"] == 36 and third["simulated"] == 12 + 4 + 2
+    assert third["cache_hits"] >= 24 + 8  # every first-round and second-round point of sync and one_step_off
+    assert third["simulated"] >= 12 + 4 + 2  # rollpacker's rounds and its seeds
     # a cut-off last line (a crash mid-write) is skipped, not fatal
     with open(tmp_path / "cache.jsonl", "a") as f:  # noqa: PTH123
         f.write('{"key": "x", "ro')
-    assert len(PlanCache(tmp_path / "cache.jsonl").rows) == 36 + 18
+    assert len(PlanCache(tmp_path / "cache.jsonl").rows) == first + third["simulated"]
 
 
 def test_a_rank_that_changes_between_seeds_is_a_tie() -> None:
