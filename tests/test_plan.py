@@ -15,16 +15,9 @@ from rlsim.errors import RlsimError
 from rlsim.plan import PlanCache, PlanConfig, epoch_estimate_s, pareto, plan, rungs
 from rlsim.plan_report import answer_rows
 from rlsim.plan_space import SearchSpace, candidates, tp_family
+from tests.test_sweep_plan import _err  # one sentence, exit code 2
 
 runner = CliRunner()
-
-
-def _err(args: list[str]) -> str:
-    res = runner.invoke(app, args)
-    assert res.exit_code == 2, res.output
-    msg = res.output.strip()
-    assert msg.startswith("error:") and len(msg.splitlines()) == 1 and "Traceback" not in msg, msg
-    return msg
 
 
 def test_tp_family_is_the_same_model_on_the_same_gpu() -> None:
