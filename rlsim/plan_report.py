@@ -12,6 +12,13 @@ def spread(mean: float, rng: tuple[float, float], fmt: str = ".2f") -> str:
     return f"{mean:{fmt}} ± {half:{fmt}}" if half > 0 else f"{mean:{fmt}}"
 
 
+def share(v: float) -> str:
+    """A clip ratio readable at the sizes it has: 0%, 0.001%, 2.5%."""
+    if v == 0:
+        return "0%"
+    return f"{v:.3%}" if v < 1e-3 else f"{v:.1%}"
+
+
 def objective_text(result: dict[str, Any]) -> str:
     o = result["objective"]
     parts = []
@@ -32,7 +39,7 @@ def answer_rows(result: dict[str, Any]) -> list[list[str]]:
         rank = f"#{min(ranks)}-{max(ranks)} tie" if a["tie"] else f"#{ranks[0]}"
         meets = "-" if a["meets_target"] is None else ("yes" if a["meets_target"] else "no")
         out.append([
-            a["policy"], a["label"], str(a["max_response_len"]), f"{a['clip_ratio']:.1%}",
+            a["policy"], a["label"], str(a["max_response_len"]), share(a["clip_ratio"]),
             spread(a["epoch_hours"], a["epoch_hours_range"]), spread(a["gpu_hours"], a["gpu_hours_range"], ".0f"),
             rank, meets,
         ])  # fmt: skip

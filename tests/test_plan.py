@@ -133,7 +133,7 @@ def test_a_rank_that_changes_between_seeds_is_a_tie() -> None:
          "rank_by_seed": [2, 1, 2], "tie": True, "meets_target": True},
     ]}  # fmt: skip
     rows = answer_rows(res)
-    assert rows[0][6] == "#1-2 tie" and rows[0][4] == "1.00 ± 0.10" and rows[0][7] == "-"
+    assert rows[0][6] == "#1-2 tie" and rows[0][4] == "1.00 ± 0.10" and rows[0][7] == "-" and rows[0][3] == "1.0%"
     assert rows[1][4] == "1.05" and rows[1][7] == "yes"
 
 
