@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -110,7 +109,7 @@ def register(app: typer.Typer) -> None:
         from rlsim.cli_sim import _split_policies
         from rlsim.config import RLConfig
         from rlsim.paths import check_output_file, default_trace
-        from rlsim.plan import PlanCache, PlanConfig, default_cache_path, rungs, steps_per_epoch
+        from rlsim.plan import PlanCache, PlanConfig, default_cache_path
         from rlsim.plan import plan as run_plan
         from rlsim.plan_report import answer_rows, objective_text, pareto_rows, plot_plan
         from rlsim.plan_space import SearchSpace, candidates, parse_gpus, parse_list
@@ -135,21 +134,18 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
         rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, epochs=1)
         path = trace or default_trace()
-        tr = load(path, columns=[])  # a bad trace fails here, in one sentence
-        cands = candidates(space, profile, gpu_budget, max_num_batched_tokens)  # a bad space fails here
-        # how many estimates the halving asks for: every candidate, then 1/eta per policy per round
-        per_policy = [sum(c.policy == p for c in cands) for p in names]
-        total = 0
-        for _ in rungs(cfg, steps_per_epoch(tr, prompts_per_step)):
-            total += sum(per_policy)
-            per_policy = [max(1, math.ceil(n / eta)) if n else 0 for n in per_policy]
-        total += sum(1 for n in per_policy if n) * (seeds - 1)
-        prog, task = _bar("planning", total)
-        done = [0]
+        load(path, columns=[])  # a bad trace fails here, in one sentence, before a pool starts
+        candidates(space, profile, gpu_budget, max_num_batched_tokens)  # and a bad search space
+        prog, task = _bar("planning", 0)
+        total, done = [0], [0]
+
+        def start(n: int) -> None:
+            total[0] = n
+            prog.update(task, total=n)
 
         def tick() -> None:  # the front's early points may add a few estimates past the plan
             done[0] += 1
-            prog.update(task, completed=done[0], total=max(total, done[0]))
+            prog.update(task, completed=done[0], total=max(total[0], done[0]))
 
         pool = make_executor(executor, workers or None, ray_address)
         t0 = time.perf_counter()
@@ -157,7 +153,7 @@ def register(app: typer.Typer) -> None:
             with prog:
                 res = run_plan(
                     path, space, profile, rl, cfg, pool, PlanCache(cache_path),
-                    on_done=lambda _: tick(), max_num_batched_tokens=max_num_batched_tokens,
+                    on_done=lambda _: tick(), max_num_batched_tokens=max_num_batched_tokens, on_start=start,
                 )  # fmt: skip
         finally:
             pool.shutdown(cancel_futures=True)
@@ -178,6 +174,8 @@ def register(app: typer.Typer) -> None:
         table.caption = (
             f"best: {best['policy']} on {best['label']}" + (" (a tie: the order changes between seeds)" if tie else "")
             if best
+            else "no finalist meets the target under every seed"
+            if target_epoch_hours is not None
             else "no policy has an answer"
         ) + (
             f"; finalists over seeds {res['seeds'][0]}-{res['seeds'][-1]} (mean ± half the spread); "

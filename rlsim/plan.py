@@ -213,12 +213,14 @@ def plan(
     cache: PlanCache | None = None,
     on_done: Callable[[dict], None] | None = None,
     max_num_batched_tokens: int | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Search `space` for `config`'s objective; see the module docstring. Returns the finalists
-    (`answers`, one per policy, with seed spreads, ranks and ties), the best, the Pareto front and
-    every row simulated (`rows`, each candidate at the last rung it reached)."""
+    (`answers`, one per policy, with seed spreads, ranks and ties), the best (in target mode, the
+    best that meets the target under every seed), the Pareto front and every row simulated (`rows`,
+    each candidate at the last rung it reached). `on_start` is told how many estimates the halving
+    plans (the front's early points may add a few); `on_done` sees each estimate, cached or not."""
     from policies.registry import parse_policy
-    from rlsim.profile import load_profile
     from rlsim.sweep import _trace_for
 
     for p in space.policies:
@@ -232,10 +234,15 @@ def plan(
                 f"--max-response-len {cap} exceeds the trace's cap {trace.meta.max_response_len}: the trace does not "
                 "say how long responses would run past it"
             )
-    for c in {c.profile for c in cands}:
-        load_profile(c)
     n_steps = steps_per_epoch(trace, rl.prompts_per_step)
     steps_at = rungs(config, n_steps)
+    if on_start:
+        per_policy = [sum(c.policy == p for c in cands) for p in space.policies]
+        planned = 0
+        for _ in steps_at:  # every candidate, then the best 1/eta per policy each round
+            planned += sum(per_policy)
+            per_policy = [max(1, math.ceil(n / config.eta)) if n else 0 for n in per_policy]
+        on_start(planned + sum(1 for n in per_policy if n) * (config.seeds - 1))
     cache = cache if cache is not None else PlanCache(None)
     lengths = trace.table.loc[trace.table["epoch"] == trace.epochs[0], "num_output_tokens"].to_numpy()
     clips = {cap: clip_ratio(lengths, cap) for cap in space.max_response_len}
@@ -300,7 +307,7 @@ def plan(
         ok = [c for c in alive[p] if not latest[c.key()].get("error")]
         if ok:
             finalists[p] = min(ok, key=lambda c: score(latest[c.key()], config))
-    rows_all = list(latest.values())
+    rows_all = [{**r, "clip_ratio": clips[r["max_response_len"]]} for r in latest.values()]
     if not finalists:
         first = next(r["error"] for r in rows_all if r.get("error"))
         raise RlsimError(f"no candidate of the search space can run: {first}")
@@ -311,9 +318,8 @@ def plan(
     seeds = [rl.seed + s for s in range(config.seeds)]
     answers = _answers(finalists, by_seed, seeds, config, clips)
     front = pareto(rows_all)
-    for r in rows_all:
-        r["clip_ratio"] = clips[r["max_response_len"]]
-    best = answers[0] if answers else None
+    meeting = [a for a in answers if config.target_epoch_hours is None or a["meets_target"]]
+    best = meeting[0] if meeting else None
     return {
         "objective": {"target_epoch_hours": config.target_epoch_hours, "gpu_budget": config.gpu_budget},
         "profile": profile, "tp_profiles": {c.tp: c.profile for c in cands},

@@ -160,7 +160,7 @@ def candidates(
 ) -> list[Candidate]:
     """Every candidate of the space (GPU counts above `gpu_budget` left out), in a fixed order."""
     family = tp_family(profile)
-    tps = space.tps or (min(family, key=lambda t: abs(t - _own_tp(profile))),)
+    tps = space.tps or tuple(t for t, name in family.items() if name == profile)
     missing = [t for t in tps if t not in family]
     if missing:
         raise RlsimError(
@@ -206,12 +206,6 @@ def candidates(
     if not out:
         raise RlsimError("the search space is empty")
     return out
-
-
-def _own_tp(profile: str) -> int:
-    from rlsim.profile import load_profile
-
-    return load_profile(profile).tensor_parallel_size
 
 
 def clip_ratio(lengths: Sequence[int] | object, cap: int) -> float:

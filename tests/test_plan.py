@@ -117,6 +117,10 @@ def test_search_halves_reuses_its_cache_and_marks_ties(tmp_path: Path, small_tra
     third = plan(small_trace_path, wider, "h100-qwen2.5-7b-tp1", rl, cfg, cache=PlanCache(tmp_path / "cache.jsonl"))
     assert third["cache_hits"] >= 24 + 8  # every first-round and second-round point of sync and one_step_off
     assert third["simulated"] >= 12 + 4 + 2  # rollpacker's rounds and its seeds
+    # a target no configuration meets: finalists are still shown, but none is called the best
+    hard = PlanConfig(target_epoch_hours=1e-6, steps=3, min_steps=1, eta=3, seeds=2)
+    none = plan(small_trace_path, space, "h100-qwen2.5-7b-tp1", rl, hard, cache=PlanCache(None))
+    assert none["answers"] and not any(a["meets_target"] for a in none["answers"]) and none["best"] is None
     # a cut-off last line (a crash mid-write) is skipped, not fatal
     with open(tmp_path / "cache.jsonl", "a") as f:  # noqa: PTH123
         f.write('{"key": "x", "ro')
