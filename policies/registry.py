@@ -27,9 +27,8 @@ from policies.rollpacker import RollPackerPolicy
 from policies.seer import SeerPolicy
 from policies.sortedrl import SortedRLPolicy
 from policies.sync import SyncPolicy
-from rlsim.dynamic_sampling import DynamicSamplingConfig
+from rlsim.config import DynamicSamplingConfig, SpecConfig
 from rlsim.errors import RlsimError
-from rlsim.speculation import SpecConfig
 
 POLICY_METHODS = ("on_step_start", "on_event")  # rlsim.protocol.Policy
 

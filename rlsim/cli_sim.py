@@ -168,8 +168,7 @@ def register(app: typer.Typer) -> None:
         import sys
 
         from policies.registry import REGISTRY
-        from rlsim.dynamic_sampling import DynamicSamplingConfig
-        from rlsim.speculation import SpecConfig
+        from rlsim.config import DynamicSamplingConfig, SpecConfig
 
         def knobs(cfg) -> str:  # noqa: ANN001
             if cfg is None:

@@ -128,3 +128,46 @@ class RLConfig:
 def config_dict(*configs: Any) -> dict[str, Any]:
     """Configs as one JSON-ready dict keyed by class name (echoed into every result file)."""
     return {type(c).__name__: asdict(c) for c in configs}
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicSamplingConfig:
+    """`max_num_gen_batches`: generation batches per step before training on what is valid
+    (0: no limit)."""
+
+    max_num_gen_batches: int = 10
+
+    def __post_init__(self) -> None:
+        if self.max_num_gen_batches < 0:
+            raise RlsimError(f"max_num_gen_batches must be >= 0, got {self.max_num_gen_batches}")
+
+
+SPEC_SOURCES = ("auto", "parametric", "tokens", "grouped")
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    """HistoSpec knobs (`--policy sync+histospec(source=parametric,acceptance_prob=0.8)`)."""
+
+    source: str = "auto"  # tokens when the trace has token ids, else parametric
+    acceptance_prob: float | None = None  # parametric only; default: profile, else 0.75
+    min_draft: int = 2
+    max_draft: int = 16
+    init_draft: int = 2
+    lookahead: int | None = None  # KV slots reserved per speculating request; None = max_draft
+    draft_us: float = 2.5  # drafter CPU time per speculating request per verify step
+    drift: float = 0.002  # relative acceptance lost per policy version between visits
+
+    def __post_init__(self) -> None:
+        if self.source not in SPEC_SOURCES:
+            raise RlsimError(f"histospec source must be one of {', '.join(SPEC_SOURCES)}, got {self.source!r}")
+        if self.acceptance_prob is not None and not 0.0 <= self.acceptance_prob < 1.0:
+            raise RlsimError(f"histospec acceptance_prob must lie in [0, 1), got {self.acceptance_prob}")
+        if not 1 <= self.min_draft <= self.init_draft <= self.max_draft:
+            raise RlsimError("histospec needs 1 <= min_draft <= init_draft <= max_draft")
+        if self.lookahead is not None and self.lookahead < 0:
+            raise RlsimError("histospec lookahead must be >= 0")
+        if self.draft_us < 0:
+            raise RlsimError("histospec draft_us must be >= 0")
+        if not 0.0 <= self.drift < 1.0:
+            raise RlsimError(f"histospec drift must lie in [0, 1), got {self.drift}")

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+from rlsim.config import ClusterConfig, DynamicSamplingConfig, EngineConfig, RLConfig
 from rlsim.dispatch import least_loaded
-from rlsim.dynamic_sampling import DynamicSamplingConfig, GroupFilter, check_rewards
+from rlsim.dynamic_sampling import GroupFilter, check_rewards
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import (

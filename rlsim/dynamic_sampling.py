@@ -15,19 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from rlsim.config import DynamicSamplingConfig
 from rlsim.errors import RlsimError
-
-
-@dataclass(frozen=True, slots=True)
-class DynamicSamplingConfig:
-    """`max_num_gen_batches`: generation batches per step before training on what is valid
-    (0: no limit)."""
-
-    max_num_gen_batches: int = 10
-
-    def __post_init__(self) -> None:
-        if self.max_num_gen_batches < 0:
-            raise RlsimError(f"max_num_gen_batches must be >= 0, got {self.max_num_gen_batches}")
 
 
 @dataclass

@@ -38,43 +38,15 @@ Acceptance sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from rlsim.config import SpecConfig
 from rlsim.drafter import DrafterConfig, SuffixDrafter, replay
 from rlsim.errors import RlsimError
 
 DEFAULT_ACCEPTANCE = 0.75
-SOURCES = ("auto", "parametric", "tokens", "grouped")
 
 
-@dataclass(frozen=True, slots=True)
-class SpecConfig:
-    """HistoSpec knobs (`--policy sync+histospec(source=parametric,acceptance_prob=0.8)`)."""
-
-    source: str = "auto"  # tokens when the trace has token ids, else parametric
-    acceptance_prob: float | None = None  # parametric only; default: profile, else 0.75
-    min_draft: int = 2
-    max_draft: int = 16
-    init_draft: int = 2
-    lookahead: int | None = None  # KV slots reserved per speculating request; None = max_draft
-    draft_us: float = 2.5  # drafter CPU time per speculating request per verify step
-    drift: float = 0.002  # relative acceptance lost per policy version between visits
-
-    def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise RlsimError(f"histospec source must be one of {', '.join(SOURCES)}, got {self.source!r}")
-        if self.acceptance_prob is not None and not 0.0 <= self.acceptance_prob < 1.0:
-            raise RlsimError(f"histospec acceptance_prob must lie in [0, 1), got {self.acceptance_prob}")
-        if not 1 <= self.min_draft <= self.init_draft <= self.max_draft:
-            raise RlsimError("histospec needs 1 <= min_draft <= init_draft <= max_draft")
-        if self.lookahead is not None and self.lookahead < 0:
-            raise RlsimError("histospec lookahead must be >= 0")
-        if self.draft_us < 0:
-            raise RlsimError("histospec draft_us must be >= 0")
-        if not 0.0 <= self.drift < 1.0:
-            raise RlsimError(f"histospec drift must lie in [0, 1), got {self.drift}")
 
 
 def stationary_rate(p: float, min_draft: int = 2, max_draft: int = 16) -> tuple[float, float]:
