@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlsim.synth import SynthConfig, synthesize
-from rlsim.trace import META_KEY, save
+from rlsim.trace.format import META_KEY, save
+from rlsim.trace.synth import SynthConfig, synthesize
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from policies.registry import REGISTRY
-from rlsim.compare import compare
 from rlsim.config import ClusterConfig, RLConfig
-from rlsim.fit import fit_preset
-from rlsim.fit_check import check_fit, cross_validate
-from rlsim.importers import import_logs
-from rlsim.synth import SynthConfig, synthesize
+from rlsim.sim.compare import compare
+from rlsim.trace.fit import fit_preset
+from rlsim.trace.fit_check import check_fit, cross_validate
+from rlsim.trace.importers import import_logs
+from rlsim.trace.synth import SynthConfig, synthesize
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 LOGS = (

@@ -43,9 +43,9 @@ import pandas as pd
 from policies.registry import REGISTRY
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.paths import default_trace
-from rlsim.simulate import simulate
-from rlsim.synth import SynthConfig, synthesize
-from rlsim.trace import Trace, TraceMeta, load
+from rlsim.sim.simulate import simulate
+from rlsim.trace.format import Trace, TraceMeta, load
+from rlsim.trace.synth import SynthConfig, synthesize
 
 ROWS: list[tuple[str, str, str, bool | None]] = []
 RESULT = {True: "pass", False: "FAIL", None: "reported"}

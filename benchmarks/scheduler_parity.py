@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from rlsim.sched_parity import VLLM_VERSION, compare, grid, vllm_available
+from rlsim.sim.sched_parity import VLLM_VERSION, compare, grid, vllm_available
 
 
 def main() -> int:

@@ -94,8 +94,8 @@ def one(policy: str) -> dict:
     """In this (fresh) process: the heap loop, then one epoch of `policy`; figures as a dict."""
     from rlsim.config import ClusterConfig, RLConfig
     from rlsim.paths import default_trace
-    from rlsim.simulate import simulate
-    from rlsim.trace import load
+    from rlsim.sim.simulate import simulate
+    from rlsim.trace.format import load
 
     trace = load(default_trace(), columns=[])
     rl, cluster = RLConfig(epochs=1), ClusterConfig()
@@ -121,7 +121,7 @@ def write_big(path: str) -> None:
     import pandas as pd
 
     from rlsim.paths import default_trace
-    from rlsim.trace import Trace, load, save
+    from rlsim.trace.format import Trace, load, save
 
     trace = load(default_trace())
     df = trace.table[trace.table["epoch"] == trace.epochs[0]]
@@ -134,8 +134,8 @@ def write_big(path: str) -> None:
 def big(path: str) -> dict:
     """In this (fresh) process, as a user would: load the 10x trace, simulate one sync epoch."""
     from rlsim.config import RLConfig
-    from rlsim.simulate import simulate
-    from rlsim.trace import load
+    from rlsim.sim.simulate import simulate
+    from rlsim.trace.format import load
 
     t0 = time.perf_counter()
     res = simulate(load(path, columns=[]), "sync", rl=RLConfig(epochs=1), tables=False)
@@ -197,8 +197,8 @@ def main() -> None:
 
     from rlsim.config import ClusterConfig, RLConfig
     from rlsim.paths import default_trace
-    from rlsim.simulate import simulate
-    from rlsim.trace import load
+    from rlsim.sim.simulate import simulate
+    from rlsim.trace.format import load
 
     trace = load(default_trace(), columns=[])
     sl, cl = RLConfig(max_steps=2), ClusterConfig(num_gpus=8)

@@ -2,7 +2,7 @@
 
     python benchmarks/trace_load.py
 
-Prints wall times (best of N) for `rlsim.trace.load` on traces/math17k.parquet (target: under
+Prints wall times (best of N) for `rlsim.trace.format.load` on traces/math17k.parquet (target: under
 one second), for `trace_stats`, and for regenerating the whole trace with `synthesize`.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 
 from rlsim.paths import bundled, default_trace
-from rlsim.stats import trace_stats
-from rlsim.synth import SynthConfig, load_prompts, synthesize
-from rlsim.trace import load
+from rlsim.trace.format import load
+from rlsim.trace.stats import trace_stats
+from rlsim.trace.synth import SynthConfig, load_prompts, synthesize
 
 
 def best_of(fn, repeat: int) -> float:  # noqa: ANN001

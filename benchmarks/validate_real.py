@@ -125,7 +125,7 @@ def model_table(rec: Path, out: Path, results: dict) -> None:
 
     from calibrate.fit import fit_iterations, load_records
     from rlsim.profile import load_profile
-    from rlsim.validate_parts import predicted_s
+    from rlsim.real.validate_parts import predicted_s
 
     records = load_records(rec)
     base = load_profile(str(out / "profile.json"))

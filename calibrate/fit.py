@@ -326,8 +326,8 @@ def replay_workload(rec: Records, profile: dict[str, Any]) -> tuple[float, float
         return None
     from rlsim.config import ClusterConfig, EngineConfig, RLConfig
     from rlsim.profile import profile_from_dict
-    from rlsim.simulate import simulate
-    from rlsim.trace import Trace, TraceMeta
+    from rlsim.sim.simulate import simulate
+    from rlsim.trace.format import Trace, TraceMeta
 
     reqs = pd.DataFrame(rec.workload["requests"])
     n_s = int(reqs["sample_idx"].max()) + 1

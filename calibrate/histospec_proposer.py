@@ -1,4 +1,4 @@
-"""The HistoSpec drafter (`rlsim.drafter`) behind vLLM's `custom_class` speculative hook.
+"""The HistoSpec drafter (`rlsim.spec.drafter`) behind vLLM's `custom_class` speculative hook.
 
     speculative_config={"method": "custom_class",
                         "model": "calibrate.histospec_proposer.HistoSpecProposer",
@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from rlsim.drafter import AdaptiveDraftLength, DrafterConfig, SuffixDrafter
+from rlsim.spec.drafter import AdaptiveDraftLength, DrafterConfig, SuffixDrafter
 
 HISTORY_ENV = "RLSIM_HISTOSPEC_HISTORY"
 FINGERPRINT = 16  # leading tokens compared to tell a row's request from its successor

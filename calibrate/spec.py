@@ -6,7 +6,7 @@
 Runs the trace's first prompts twice, as two visits of an RL epoch. Visit 1 runs with the
 HistoSpec drafter and no history, so it may not draft; its responses become the history. Visit 2
 runs the same prompts with the drafter fed that history (`calibrate.histospec_proposer`, the
-`rlsim.drafter` module behind vLLM's `custom_class` hook), and with each other method the
+`rlsim.spec.drafter` module behind vLLM's `custom_class` hook), and with each other method the
 installed vLLM supports (`ngram`; `suffix` needs Arctic Inference). Every acceptance figure comes
 from vLLM's own speculative-decoding counters (`SpecDecodingStats`, per position), not from the
 drafter's bookkeeping.
@@ -36,7 +36,7 @@ PROPOSER = "calibrate.histospec_proposer.HistoSpecProposer"
 
 
 def prompts_from_trace(path: Path, n: int, vocab: int, model: str) -> list[list[int]]:
-    from rlsim.trace import load
+    from rlsim.trace.format import load
 
     trace = load(path)
     first = trace.visit(0).drop_duplicates("prompt_id").head(n)

@@ -2,7 +2,7 @@
 
     python -m calibrate.train --model PATH_OR_ID --out DIR [--seq-len 128] [--batches 4,8,16,32] [--no-engine]
 
-Runs `rlsim.trainer.Trainer` (the run's trainer: torch with one thread on a CPU, bf16 on a GPU)
+Runs `rlsim.real.trainer.Trainer` (the run's trainer: torch with one thread on a CPU, bf16 on a GPU)
 on synthetic GRPO batches of `batch` samples of up to `seq_len` tokens (a quarter prompt, the
 rest a response of random length, so micro-batches pad as a run's do), one warm-up, then the
 median of `--repeats` per batch, and fits two lines in the tokens the trainer computes over
@@ -35,12 +35,12 @@ from pathlib import Path
 from rlsim.errors import RlsimError
 
 
-def synthetic_samples(batch: int, seq_len: int, vocab: int, seed: int) -> list:  # rlsim.trainer.Sample
+def synthetic_samples(batch: int, seq_len: int, vocab: int, seed: int) -> list:  # rlsim.real.trainer.Sample
     """`batch` GRPO samples in groups of two with random rewards: prompts of seq_len / 4
     tokens, responses of 1 to 3 seq_len / 4 tokens."""
     import numpy as np
 
-    from rlsim.trainer import Sample
+    from rlsim.real.trainer import Sample
 
     rng = np.random.default_rng(seed)
     prompt = max(1, seq_len // 4)
@@ -58,13 +58,13 @@ def measure(
     model: str, seq_len: int = 128, batches: tuple[int, ...] = (4, 8, 16, 32), repeats: int = 3, engine: bool = True
 ) -> dict:
     from calibrate.engine import check_model, hardware
-    from rlsim.trainer import Trainer, TrainerConfig, require_torch
+    from rlsim.real.trainer import Trainer, TrainerConfig, require_torch
 
     torch = require_torch()
     check_model(model)
     cuda = torch.cuda.is_available()
     # The engine first, as a run starts it: an in-process vLLM CPU engine binds the process's
-    # OpenMP threads, which the trainer then uses too (see rlsim.trainer).
+    # OpenMP threads, which the trainer then uses too (see rlsim.real.trainer).
     inst = start_engine(model) if engine else None
     try:
         trainer = Trainer(model, TrainerConfig(lr=1e-6, device="cuda" if cuda else "cpu"))
@@ -77,14 +77,14 @@ def measure(
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
 
 
-def start_engine(model: str):  # noqa: ANN201 - rlsim.vllm_instance.VllmInstance, or None without vLLM
+def start_engine(model: str):  # noqa: ANN201 - rlsim.real.vllm_instance.VllmInstance, or None without vLLM
     from calibrate.engine import require_vllm
 
     try:
         require_vllm()
     except RlsimError:
         return None
-    from rlsim.vllm_instance import InstanceConfig, VllmInstance
+    from rlsim.real.vllm_instance import InstanceConfig, VllmInstance
 
     return VllmInstance(InstanceConfig(model=model))
 
@@ -115,7 +115,7 @@ def _measure(trainer, seq_len: int, batches: tuple[int, ...], repeats: int) -> d
         "dtype": str(next(trainer.model.parameters()).dtype).replace("torch.", ""),
         "num_params": int(params),
         "seq_len": seq_len,
-        "trainer": "rlsim.trainer.Trainer",
+        "trainer": "rlsim.real.trainer.Trainer",
         "trainer_threads": trainer.threads,
         "points": [{"tokens": t, "old_log_prob_s": f, "update_actor_s": u} for t, f, u in rows],
         "seconds_per_token": slope,

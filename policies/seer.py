@@ -20,7 +20,7 @@ min(chunk, mean finished length so far), the mean starting at half a chunk) stay
 capacity, as Seer's global scheduler keeps instances full without preemption.
 
 Grouped speculative decoding (drafts from the group's sibling responses) is the engine feature
-`+grouped_spec` (`rlsim.speculation`), so `seer+grouped_spec` is Seer as published and `seer`
+`+grouped_spec` (`rlsim.spec.speculation`), so `seer+grouped_spec` is Seer as published and `seer`
 its scheduling alone. Parameters: `chunk_tokens` 4096 (the paper's chunk size is not given here:
 an assumption), `probe` True. Not modelled: Seer's global KV pool (Mooncake), which moves a
 chunk's KV to the next instance; rlsim recomputes it (prefill of prompt plus kept tokens), a

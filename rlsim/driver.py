@@ -38,7 +38,7 @@ from rlsim.protocol import (
 )
 from rlsim.records import Records, StepWindow
 from rlsim.step_costs import step_cost
-from rlsim.trace import Trace
+from rlsim.trace.format import Trace
 
 
 class TraceIndex:

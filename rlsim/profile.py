@@ -50,7 +50,7 @@ class TrainCost:
     forward_fixed_s: float = 0.0
     forward_s_per_token: float = 0.0
     # > 0: the tokens above are padded ones, the trainer padding micro-batches of at most this many
-    # tokens to their longest sample (rlsim.trainer; rlsim.step_costs.padded_tokens); 0: unpadded
+    # tokens to their longest sample (rlsim.real.trainer; rlsim.step_costs.padded_tokens); 0: unpadded
     padded_micro_batch_tokens: int = 0
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlsim.simulate import Result
+from rlsim.result import Result
 
 
 def _atomic(path: Path, data: bytes) -> None:

@@ -18,7 +18,7 @@ A profile without `model_facts` (one calibrated on real hardware) falls back to 
 `train` block and its measured `weight_sync_s`, and has no sleep cost: `calibrate.train` times
 the trainer's forward pass without gradient (old log-probs; the reference's too, with KL) and
 its update apart, so each phase has its own measured cost (per padded token when the profile
-says its trainer pads micro-batches, as `rlsim.trainer` does: `padded_tokens`); an older fit
+says its trainer pads micro-batches, as `rlsim.real.trainer` does: `padded_tokens`); an older fit
 without the forward costs the whole training stage as `update_actor`.
 
 KV capacity (`kv_capacity`): vLLM gives the KV cache what `gpu_memory_utilization` of each GPU
@@ -127,7 +127,7 @@ def sleep_s(profile: Profile) -> float:
 
 def micro_batches(lengths, budget: int) -> list[list[int]]:  # noqa: ANN001 - a sequence of ints
     """Sample indices packed in order into micro-batches of at most `budget` tokens (a longer
-    sample alone): how `rlsim.trainer.Trainer` splits a batch (veRL's `ppo_max_token_len_per_gpu`)."""
+    sample alone): how `rlsim.real.trainer.Trainer` splits a batch (veRL's `ppo_max_token_len_per_gpu`)."""
     out: list[list[int]] = []
     cur: list[int] = []
     tokens = 0

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlsim.synth import SynthConfig, synthesize
-from rlsim.trace import Trace, save
+from rlsim.trace.format import Trace, save
+from rlsim.trace.synth import SynthConfig, synthesize
 
 DATA = Path(__file__).parent / "data"
 POLYTRACE_DIR = DATA / "polytrace_verl_dapo_qwen2.5"

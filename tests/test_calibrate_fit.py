@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from calibrate.fit import COEFFS, acceptance_prob, fit_iterations, load_records
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.errors import RlsimError
 
 TRUE = {"t_w_s": 2e-3, "alpha_s": 5e-5, "beta_s": 4e-8, "gamma_s": 2e-5, "prefill_s_per_token": 3e-5}

@@ -32,10 +32,10 @@ def test_engine_facts_are_recorded(calibrated: dict) -> None:
 
 
 def test_training_phases_are_measured_with_the_runs_trainer(calibrated: dict) -> None:
-    """calibrate.train times rlsim.trainer's forward and update apart, per padded token, and the
+    """calibrate.train times rlsim.real.trainer's forward and update apart, per padded token, and the
     weight update as a run pushes it (a vLLM engine reloading the written file); the fit keeps all."""
     rec = json.loads((calibrated["records"] / "train.json").read_text())
-    assert rec["trainer"] == "rlsim.trainer.Trainer" and rec["trainer_threads"] >= 1
+    assert rec["trainer"] == "rlsim.real.trainer.Trainer" and rec["trainer_threads"] >= 1
     assert rec["forward_s_per_token"] > 0 and rec["seconds_per_token"] > rec["forward_s_per_token"]
     assert rec["weight_sync_measured"] == "write + vLLM reload_weights" and rec["weight_sync_s"] > 0
     assert len({p["tokens"] for p in rec["points"]}) == 4

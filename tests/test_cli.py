@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
 from rlsim import __version__
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.paths import bundled, default_trace
-from rlsim.trace import load
+from rlsim.trace.format import load
 
 from .conftest import REPO
 
@@ -24,7 +24,7 @@ runner = CliRunner()
 def test_help_imports_no_heavy_package() -> None:
     """Importing the CLI loads neither pandas, pyarrow, matplotlib, torch nor vllm."""
     code = (
-        "import sys, rlsim.cli; heavy = {'pandas', 'pyarrow', 'matplotlib', 'torch', 'vllm', "
+        "import sys, rlsim.cli.app; heavy = {'pandas', 'pyarrow', 'matplotlib', 'torch', 'vllm', "
         "'scipy'} & set(sys.modules); print(sorted(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -145,7 +145,7 @@ def test_engine_log_keeps_engine_output_off_the_terminal(tmp_path: Path) -> None
     code = (
         "import os, subprocess, sys\n"
         "from pathlib import Path\n"
-        "from rlsim.ui import engine_log\n"
+        "from rlsim.cli.ui import engine_log\n"
         f"with engine_log(Path({str(log)!r})) as term:\n"
         "    print('engine print'); print('engine warning', file=sys.stderr)\n"
         "    os.write(2, b'c-level write\\n')\n"

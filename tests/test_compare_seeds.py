@@ -1,5 +1,5 @@
 """`rlsim compare --seeds N`: every time with its spread over data-order seeds, and a policy whose
-rank changes between seeds marked as a tie rather than a winner (rlsim.compare.aggregate)."""
+rank changes between seeds marked as a tie rather than a winner (rlsim.sim.compare.aggregate)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlsim.cli import app
-from rlsim.compare import aggregate
+from rlsim.cli.app import app
+from rlsim.sim.compare import aggregate
 
 runner = CliRunner()
 

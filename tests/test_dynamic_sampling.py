@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rlsim.errors import RlsimError
-from rlsim.trace import Trace
+from rlsim.trace.format import Trace
 from tests.test_policies import make_trace, run
 
 
@@ -81,7 +81,7 @@ def test_bundled_trace_drops_about_as_many_groups_as_dapo_did() -> None:
     """The bundled trace's rewards drop 60% of 16-sample groups: the verl DAPO run dropped 68.4% of
     its 8-sample groups at the start of training, which the reward model reproduces at n = 8."""
     from rlsim.paths import default_trace
-    from rlsim.trace import load
+    from rlsim.trace.format import load
 
     t = load(default_trace(), columns=["reward"]).table
     first = t[t.epoch == 0]

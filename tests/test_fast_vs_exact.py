@@ -16,8 +16,8 @@ import pytest
 from policies.registry import REGISTRY
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.paths import default_trace
-from rlsim.simulate import simulate
-from rlsim.trace import Trace, load
+from rlsim.sim.simulate import simulate
+from rlsim.trace.format import Trace, load
 
 POLICIES = [*REGISTRY, *(f"{p}+histospec" for p in REGISTRY), "histopipe(cross_step=true)", "sortedrl(mode=partial)"]
 PLACEMENTS = {

@@ -11,14 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from policies.registry import REGISTRY
-from rlsim.cli import app
-from rlsim.compare import compare
+from rlsim.cli.app import app
 from rlsim.config import ClusterConfig, RLConfig
-from rlsim.fit import fit_preset
-from rlsim.fit_check import check_fit, cross_validate
-from rlsim.importers import import_logs
-from rlsim.synth import SynthConfig, synthesize
-from rlsim.trace import Trace, load
+from rlsim.sim.compare import compare
+from rlsim.trace.fit import fit_preset
+from rlsim.trace.fit_check import check_fit, cross_validate
+from rlsim.trace.format import Trace, load
+from rlsim.trace.importers import import_logs
+from rlsim.trace.synth import SynthConfig, synthesize
 
 from .conftest import CODER_LOG_DIR, POLYTRACE_DIR
 

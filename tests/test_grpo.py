@@ -1,4 +1,4 @@
-"""`rlsim.grpo` against veRL's own numbers (tests/data/verl_golden.json, written by
+"""`rlsim.real.grpo` against veRL's own numbers (tests/data/verl_golden.json, written by
 tests/data/make_verl_golden.py with the veRL version it names), and the trainer's checks."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is installed with the real-mode extras")
 
-from rlsim import grpo  # noqa: E402
 from rlsim.errors import RlsimError  # noqa: E402
+from rlsim.real import grpo  # noqa: E402
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "verl_golden.json").read_text())
 X = {k: (torch.tensor(v) if k != "index" else v) for k, v in GOLDEN["inputs"].items()}
@@ -60,7 +60,7 @@ def test_kl_entropy_and_log_probs_are_verls() -> None:
 
 
 def test_trainer_settings_are_checked() -> None:
-    from rlsim.trainer import TrainerConfig, check_weights
+    from rlsim.real.trainer import TrainerConfig, check_weights
 
     with pytest.raises(RlsimError, match="learning rate must be positive"):
         TrainerConfig(lr=0.0)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from rlsim.config import ClusterConfig, RLConfig
-from rlsim.drafter import AdaptiveDraftLength, SuffixDrafter, replay
 from rlsim.profile import load_profile
-from rlsim.simulate import simulate
-from rlsim.speculation import stationary_rate
-from rlsim.synth import SynthConfig, synthesize
+from rlsim.sim.simulate import simulate
+from rlsim.spec.drafter import AdaptiveDraftLength, SuffixDrafter, replay
+from rlsim.spec.speculation import stationary_rate
+from rlsim.trace.synth import SynthConfig, synthesize
 
 
 def test_drafter_follows_the_history() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.errors import RlsimError
-from rlsim.importers import detect_format, import_polytrace, import_verl
-from rlsim.stats import trace_stats
-from rlsim.trace import load
+from rlsim.trace.format import load
+from rlsim.trace.importers import detect_format, import_polytrace, import_verl
+from rlsim.trace.stats import trace_stats
 
 from .conftest import CODER_LOG_DIR, POLYTRACE_DIR
 
@@ -156,7 +156,7 @@ def test_a_given_cap_that_disagrees_with_the_data_is_warned_or_refused(tmp_path:
 
 def test_no_pile_up_means_an_assumed_cap_that_is_said(tmp_path: Path) -> None:
     """The verl DAPO log peaks at 10,112 once: no cap is in the data, so one is assumed and said."""
-    from rlsim.importers import import_logs
+    from rlsim.trace.importers import import_logs
 
     imported = import_logs(POLYTRACE_DIR)
     assert imported.trace.meta.max_response_len == 16384
@@ -202,7 +202,7 @@ def test_verl_dump_with_gts_and_extra_fields_infers_its_cap(tmp_path: Path) -> N
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
-    from rlsim.importers import import_logs
+    from rlsim.trace.importers import import_logs
 
     imported = import_logs(d, tokenizer=tmp_path / "tokenizer.json")
     trace = imported.trace
@@ -269,8 +269,8 @@ def test_a_real_log_replays_in_its_own_step_order(tmp_path: Path) -> None:
     """With the `step` column the dataloader hands out the log's step k as step k; compare and
     simulate default to the log's own P0, R0, cap and epochs, and show RollPacker's reused samples."""
     from rlsim.config import ClusterConfig, RLConfig
-    from rlsim.importers import import_logs
-    from rlsim.simulate import simulate
+    from rlsim.sim.simulate import simulate
+    from rlsim.trace.importers import import_logs
 
     trace = import_logs(CODER_LOG_DIR).trace
     rl = RLConfig(prompts_per_step=16, samples_per_prompt=8, epochs=1, max_response_len=16000)
@@ -279,7 +279,7 @@ def test_a_real_log_replays_in_its_own_step_order(tmp_path: Path) -> None:
     logged = trace.table.groupby("prompt_id").step.first()
     assert (req.step.to_numpy() == logged.loc[req.prompt_id].to_numpy()).all()
     path = tmp_path / "coder.parquet"
-    from rlsim.trace import save
+    from rlsim.trace.format import save
 
     save(trace, path)
     out = CliRunner().invoke(

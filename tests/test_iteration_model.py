@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from calibrate.derive_profiles import H100, H800, SHIPPED, derive, h200_llama_8b, terms_for
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.errors import RlsimError
 from rlsim.iteration_model import closed_form, reference_iteration_s
 from rlsim.profile import PROFILE_DIR, load_profile, profile_from_dict

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.config import RLConfig
 from rlsim.errors import RlsimError
-from rlsim.plan import PlanCache, PlanConfig, epoch_estimate_s, pareto, plan, rungs
-from rlsim.plan_report import answer_rows
-from rlsim.plan_space import SearchSpace, candidates, tp_family
+from rlsim.plan.planner import PlanCache, PlanConfig, epoch_estimate_s, pareto, plan, rungs
+from rlsim.plan.report import answer_rows
+from rlsim.plan.space import SearchSpace, candidates, tp_family
 from tests.test_sweep_plan import _err  # one sentence, exit code 2
 
 runner = CliRunner()

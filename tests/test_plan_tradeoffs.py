@@ -1,5 +1,5 @@
 """The planner rediscovers known trade-offs from the model alone: each test sweeps one parameter
-through the planner's own estimate (`rlsim.plan.estimate`: 4 simulated steps of the bundled trace,
+through the planner's own estimate (`rlsim.plan.planner.estimate`: 4 simulated steps of the bundled trace,
 DAPO's batch, Qwen2.5-32B on 32 H100s) and asserts a direction across the sweep, not one point.
 
 Figures measured on this release (epoch hours; the docstrings give each test's own)."""
@@ -13,8 +13,8 @@ import pytest
 
 from rlsim.config import RLConfig
 from rlsim.paths import default_trace
-from rlsim.plan import estimate
-from rlsim.plan_space import Candidate
+from rlsim.plan.planner import estimate
+from rlsim.plan.space import Candidate
 
 RL = {k: v for k, v in asdict(RLConfig()).items() if k not in ("epochs", "max_steps", "seed")}  # DAPO's batch
 STEPS = 4

@@ -14,7 +14,7 @@ from rlsim.driver import run_loop
 from rlsim.errors import RlsimError
 from rlsim.profile import load_profile
 from rlsim.protocol import Finished, Launch, Train
-from rlsim.trace import Trace, TraceMeta, validate_table
+from rlsim.trace.format import Trace, TraceMeta, validate_table
 from tests.fake_engine import FakeEngine
 
 PROFILE = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), weight_sync_s=0.0)
@@ -266,7 +266,7 @@ def test_seer_on_the_fake_engine_trains_every_sample_whole_each_step() -> None:
 
 
 def _seer(policy: str, kv: int):  # noqa: ANN202
-    from rlsim.simulate import simulate
+    from rlsim.sim.simulate import simulate
 
     lengths = np.repeat((np.arange(1, 13) * 250)[None, :, None], 6, axis=2)  # prompt i: 250 (i + 1) tokens
     tr = make_trace(lengths, max_len=4096)

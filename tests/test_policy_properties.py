@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from policies.registry import COMPARE_DEFAULT, REGISTRY, make_policy
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.profile import load_profile
-from rlsim.simulate import simulate
-from rlsim.synth import SynthConfig, synthesize
+from rlsim.sim.simulate import simulate
+from rlsim.trace.synth import SynthConfig, synthesize
 from tests.test_policies import make_trace
 
 ALL = list(

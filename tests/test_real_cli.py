@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.config import ClusterConfig, RLConfig
-from rlsim.rewards import extract_answer, normalize, score
-from rlsim.simulate import simulate
-from rlsim.validate import run_metrics
+from rlsim.real.rewards import extract_answer, normalize, score
+from rlsim.real.validate import run_metrics
+from rlsim.sim.simulate import simulate
 
 from .conftest import REPO
 

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from policies.registry import REGISTRY, make_policy
-from rlsim.trace import load
+from rlsim.trace.format import load
 
 from .conftest import REPO, host_load, run_python
 

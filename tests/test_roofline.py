@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.errors import RlsimError
 from rlsim.profile import PROFILE_DIR, load_profile, shipped_profiles
 from rlsim.roofline import cell, grid, has_roofline, kv_bytes_per_token, roofline_s

@@ -1,4 +1,4 @@
-"""`rlsim run --real --calibrate`'s grid, fit and drift (`rlsim.run_calibration`), without vLLM.
+"""`rlsim run --real --calibrate`'s grid, fit and drift (`rlsim.real.run_calibration`), without vLLM.
 
 The passes themselves run on real engines in tests/test_real_run.py; here the cells, the fit of
 a known iteration model, the engines' own limits and the drift between passes.
@@ -13,7 +13,14 @@ import pytest
 from calibrate.decode import GRIDS, cell_lengths
 from rlsim.errors import RlsimError
 from rlsim.profile import load_profile
-from rlsim.run_calibration import cell_requests, check_grid_fits, fit_profile, grid_cells, pass_drift, pending_cells
+from rlsim.real.run_calibration import (
+    cell_requests,
+    check_grid_fits,
+    fit_profile,
+    grid_cells,
+    pass_drift,
+    pending_cells,
+)
 
 FACTS = {
     "model": "/models/tiny-llama", "hardware": "CPU x86_64 x2", "tensor_parallel_size": 1, "kv_capacity_tokens": 65_520,

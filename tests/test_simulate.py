@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.errors import RlsimError
 from rlsim.paths import default_trace
 from rlsim.profile import PROFILE_DIR, load_profile
-from rlsim.simulate import simulate
-from rlsim.synth import SynthConfig, synthesize
-from rlsim.trace import Trace, load, save
+from rlsim.sim.simulate import simulate
+from rlsim.trace.format import Trace, load, save
+from rlsim.trace.synth import SynthConfig, synthesize
 
 runner = CliRunner()
 

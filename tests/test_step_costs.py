@@ -9,7 +9,7 @@ import pytest
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.profile import TrainCost, load_profile, profile_from_dict
-from rlsim.simulate import simulate
+from rlsim.sim.simulate import simulate
 from rlsim.step_costs import (
     forward_flops,
     kv_capacity,
@@ -19,7 +19,7 @@ from rlsim.step_costs import (
     weight_sync_s,
     with_engine,
 )
-from rlsim.synth import SynthConfig, synthesize
+from rlsim.trace.synth import SynthConfig, synthesize
 
 
 def test_weight_sync_of_an_8b_model_is_inside_slimes_measurement() -> None:

@@ -12,15 +12,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.errors import RlsimError
 from rlsim.paths import default_trace
-from rlsim.plan import PlanConfig, plan
-from rlsim.plan_space import SearchSpace, parse_gpus
-from rlsim.simulate import simulate
-from rlsim.sweep import RayExecutor, load_grid, parse_grid, policy_string, run_sweep
-from rlsim.trace import load
+from rlsim.plan.planner import PlanConfig, plan
+from rlsim.plan.space import SearchSpace, parse_gpus
+from rlsim.plan.sweep import RayExecutor, load_grid, parse_grid, policy_string, run_sweep
+from rlsim.sim.simulate import simulate
+from rlsim.trace.format import load
 
 runner = CliRunner()
 

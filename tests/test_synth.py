@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlsim.cli_trace import PRESET_NAMES
+from rlsim.cli.trace import PRESET_NAMES
 from rlsim.errors import RlsimError
-from rlsim.importers import import_polytrace
-from rlsim.presets import DAPO_QWEN25_32B, PRESETS, fit_prompt_share, fit_quantile_knots
-from rlsim.stats import compare_stats, trace_stats
-from rlsim.synth import SynthConfig, synthesize
-from rlsim.trace import load, save
+from rlsim.trace.format import load, save
+from rlsim.trace.importers import import_polytrace
+from rlsim.trace.presets import DAPO_QWEN25_32B, PRESETS, fit_prompt_share, fit_quantile_knots
+from rlsim.trace.stats import compare_stats, trace_stats
+from rlsim.trace.synth import SynthConfig, synthesize
 
 from .conftest import POLYTRACE_DIR
 
@@ -163,7 +163,7 @@ def test_prompt_table_sets_ids_lengths_and_text(tmp_path: Path) -> None:
     """A prompt table fixes prompt ids, prompt lengths and text."""
     import pandas as pd
 
-    from rlsim.synth import load_prompts
+    from rlsim.trace.synth import load_prompts
 
     table = pd.DataFrame(
         {

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from rlsim.cli import app
+from rlsim.cli.app import app
 from rlsim.errors import TraceError
-from rlsim.trace import META_KEY, Trace, TraceMeta, load, save
+from rlsim.trace.format import META_KEY, Trace, TraceMeta, load, save
 
 
 def test_round_trip_keeps_rows_types_and_metadata(tmp_path: Path, small_trace: Trace) -> None:

@@ -1,4 +1,4 @@
-"""Fuzz `rlsim.trace.load`: mutated columns, dtypes, values, metadata and bytes of a small valid
+"""Fuzz `rlsim.trace.format.load`: mutated columns, dtypes, values, metadata and bytes of a small valid
 trace either load as a trace that keeps the schema or raise `TraceError`, nothing else.
 
 The default run draws 300 derandomized cases; the long run draws fresh random ones:
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rlsim.synth import SynthConfig, synthesize
-from rlsim.trace import FINISH_REASONS, META_KEY, TraceError, load, save, validate_table
+from rlsim.trace.format import FINISH_REASONS, META_KEY, TraceError, load, save, validate_table
+from rlsim.trace.synth import SynthConfig, synthesize
 
 LONG = int(os.environ.get("RLSIM_FUZZ_EXAMPLES", "0"))
 SETTINGS = settings(

@@ -1,4 +1,4 @@
-"""rlsim.trainer on a tiny random Llama built here (torch and transformers, no vLLM): samples
+"""rlsim.real.trainer on a tiny random Llama built here (torch and transformers, no vLLM): samples
 generated under older weights are trained with their behaviour log-probs, fresh ones with
 recomputed ones; the reference model's pass is its own phase."""
 
@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from calibrate.tiny_model import build  # noqa: E402
-from rlsim.trainer import Sample, Trainer, TrainerConfig  # noqa: E402
+from rlsim.real.trainer import Sample, Trainer, TrainerConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from rlsim.hostload import LoadMeter, describe, speed_probe
 from rlsim.profile import load_profile
-from rlsim.validate_parts import finish_order, iteration_model_part, load_part, predicted_s
+from rlsim.real.validate_parts import finish_order, iteration_model_part, load_part, predicted_s
 
 from .conftest import REPO, run_python
 
@@ -108,8 +108,8 @@ def _verl_metrics(tmp_path: Path, scale: float, console: bool) -> Path:
     """The log's steps simulated on a shipped profile, written as veRL's file logger (or its
     console logger, inside other log lines) writes them, timings scaled by `scale`."""
     from rlsim.config import ClusterConfig, RLConfig
-    from rlsim.importers import import_logs
-    from rlsim.simulate import simulate
+    from rlsim.sim.simulate import simulate
+    from rlsim.trace.importers import import_logs
 
     trace = import_logs(POLYTRACE).trace
     params = trace.meta.source_params
@@ -138,7 +138,7 @@ def _verl_metrics(tmp_path: Path, scale: float, console: bool) -> Path:
 def test_verl_metrics_against_the_simulation(tmp_path: Path, console: bool) -> None:
     """Metrics that are the simulation's own give 0%; timings 10% slower give -9.1% (the
     simulation is then 1/1.1 of them); the response length is the log's either way."""
-    from rlsim.validate_verl import validate_verl
+    from rlsim.real.validate_verl import validate_verl
 
     for scale, want in ((1.0, 0.0), (1.1, 100 * (1 / 1.1 - 1))):
         res = validate_verl(_verl_metrics(tmp_path, scale, console), POLYTRACE, "h100-qwen2.5-7b-tp1", 8)

@@ -6,7 +6,7 @@
 veRL with its dependencies downgrades `transformers` below what vLLM needs, so it is installed
 without them (plus the few its `core_algos` imports) only to run this script; the JSON it writes
 holds the inputs, veRL's outputs and the veRL version, and `tests/test_grpo.py` holds
-`rlsim.grpo` to them without veRL installed.
+`rlsim.real.grpo` to them without veRL installed.
 """
 
 from __future__ import annotations

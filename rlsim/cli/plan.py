@@ -1,0 +1,201 @@
+"""`rlsim sweep` and `rlsim plan`: many simulations for capacity questions."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rlsim.cli.sim import MAX_NUM_BATCHED_TOKENS, PROFILE
+from rlsim.cli.ui import console as make_console
+
+
+def _bar(label: str, total: int) -> tuple[Progress, int]:
+    prog = Progress(
+        TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+        console=make_console(), transient=True,
+    )  # fmt: skip
+    return prog, prog.add_task(label, total=total)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the planning commands to the top-level app."""
+
+    @app.command()
+    def sweep(
+        grid: Path = typer.Argument(..., help="Grid file (YAML): fixed fields and lists to take the product of."),
+        out: Path = typer.Option(Path("sweep.parquet"), "--out", "-o", help="Result Parquet (one row per point)."),
+        executor: str = typer.Option("process", help="process (a local pool) or ray (a Ray cluster)."),
+        workers: int = typer.Option(0, min=0, help="Worker processes (process) or CPUs (local ray); 0: one per core."),
+        ray_address: str | None = typer.Option(None, help="Address of a running Ray cluster (ray executor)."),
+        force: bool = typer.Option(
+            False, "--force", help="Add this grid's rows to an --out that holds another grid's (kept as they are)."
+        ),
+    ) -> None:
+        """Simulate every point of a grid; rows are saved as points finish, and a rerun resumes."""
+        from rlsim.paths import check_output_file
+        from rlsim.plan.sweep import check_caps, existing_rows, load_grid, make_executor, run_sweep
+
+        check_output_file(out, "--out")
+        g = load_grid(grid)
+        check_caps(g)
+        done = len(existing_rows(g, out, keep_other_grids=force)[0])  # refuses another grid's rows before a pool starts
+        pool = make_executor(executor, workers or None, ray_address)
+        prog, task = _bar(f"sweep ({executor})", len(g.points))
+        prog.update(task, completed=done)
+        t0 = time.perf_counter()
+        finished = [done]
+
+        def tick(_row: dict) -> None:
+            finished[0] += 1
+            prog.update(task, advance=1)
+
+        try:
+            with prog:
+                rows = run_sweep(g, out, pool, on_done=tick, keep_other_grids=force)
+        except KeyboardInterrupt:  # the pool's pending points are cancelled below
+            typer.echo(
+                f"interrupted: {finished[0]} of {len(g.points)} points saved in {out}; run the same command to resume",
+                err=True,
+            )
+            raise typer.Exit(130) from None
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        dt = time.perf_counter() - t0
+        new = len(g.points) - done
+        rate = f", {new / dt:.1f} points/s" if new and dt > 0 else ""
+        make_console().print(f"{len(rows)} points in {out} ({new} simulated in {dt:.1f} s{rate})")
+
+    @app.command()
+    def plan(
+        target_epoch_hours: float | None = typer.Option(
+            None, help="Objective: the fewest GPU-hours per epoch with an epoch within this many hours."
+        ),
+        gpu_budget: int | None = typer.Option(None, help="Objective: the fastest epoch on at most this many GPUs."),
+        trace: Path | None = typer.Option(None, help="Parquet trace (default: the bundled math17k)."),
+        profile: str = PROFILE,
+        gpus: str = typer.Option("8..256", help="GPU counts: a range (powers of two, 8..256) or a list (16,32,64)."),
+        placement: str = typer.Option("colocated", help="Placements to try: colocated, disaggregated, or both."),
+        train_share: str = typer.Option(
+            "0.25,0.5", help="Disaggregated: fractions of the GPUs for training (rollout rounded to whole instances)."
+        ),
+        tp: str = typer.Option("", help="Rollout TP sizes to try, e.g. 2,4,8 (default: the profile's own)."),
+        max_num_seqs: str = typer.Option("", help="vLLM max_num_seqs values to try, e.g. 256,1024."),
+        gpu_memory_utilization: str = typer.Option("", help="vLLM gpu_memory_utilization values to try, e.g. 0.5,0.8."),
+        max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+        max_response_len: str = typer.Option("20480", help="Response caps to try, e.g. 16384,20480."),
+        policies: str = typer.Option("", help="Comma-separated policies (default: every registered one but oracle)."),
+        prompts_per_step: int = typer.Option(512, help="P0: prompts per step."),
+        samples_per_prompt: int = typer.Option(16, help="R0: samples per prompt."),
+        steps: int = typer.Option(6, help="Steps simulated per finalist (0: the whole epoch)."),
+        min_steps: int = typer.Option(2, help="Steps simulated per candidate in the first round of halving."),
+        eta: int = typer.Option(3, help="Each round keeps the best 1/eta per policy, at eta times the steps."),
+        seeds: int = typer.Option(3, help="Data-order seeds the finalists are simulated under (error bars)."),
+        executor: str = typer.Option("process", help="process (a local pool) or ray (a Ray cluster)."),
+        workers: int = typer.Option(0, min=0, help="Worker processes (0: one per core)."),
+        ray_address: str | None = typer.Option(None, help="Address of a running Ray cluster (ray executor)."),
+        cache: Path | None = typer.Option(None, help="Estimate cache (JSON lines; default ~/.cache/rlsim/plan.jsonl)."),
+        no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
+        plot: Path | None = typer.Option(None, help="Write the candidates, Pareto front and finalists (PNG)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Search GPUs, placement, rollout TP, engine knobs and response cap per policy; the best
+        configuration per policy with error bars over seeds, and the Pareto front."""
+        from policies.registry import REGISTRY
+        from rlsim.cli.sim import _split_policies
+        from rlsim.config import RLConfig
+        from rlsim.paths import check_output_file, default_trace
+        from rlsim.plan.planner import PlanCache, PlanConfig, default_cache_path
+        from rlsim.plan.planner import plan as run_plan
+        from rlsim.plan.report import answer_rows, objective_text, pareto_rows, plot_plan
+        from rlsim.plan.space import SearchSpace, candidates, parse_gpus, parse_list
+        from rlsim.plan.sweep import make_executor
+        from rlsim.trace.format import load
+
+        if plot is not None:
+            check_output_file(plot, "--plot")  # before minutes of simulation, not after
+        cache_path = None if no_cache else (cache or default_cache_path())
+        if cache_path is not None and (cache_path.is_dir() or cache_path.parent.exists()):
+            check_output_file(cache_path, "--cache")  # a missing cache directory is created
+        cfg = PlanConfig(target_epoch_hours, gpu_budget, steps, min_steps, eta, seeds)
+        # HistoSpec variants are left out by default: a plan estimates an epoch from its first
+        # steps, where no prompt has a previous visit to draft from yet.
+        names = _split_policies(policies) or [p for p in REGISTRY if p != "oracle"]
+        space = SearchSpace(
+            policies=tuple(names), gpus=parse_gpus(gpus), placements=parse_list(placement, str, "--placement"),
+            train_shares=parse_list(train_share, float, "--train-share"), tps=parse_list(tp, int, "--tp"),
+            max_num_seqs=parse_list(max_num_seqs, int, "--max-num-seqs") or (None,),
+            gpu_memory_utilization=parse_list(gpu_memory_utilization, float, "--gpu-memory-utilization") or (None,),
+            max_response_len=parse_list(max_response_len, int, "--max-response-len"),
+        )  # fmt: skip
+        rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, epochs=1)
+        path = trace or default_trace()
+        load(path, columns=[])  # a bad trace fails here, in one sentence, before a pool starts
+        candidates(space, profile, gpu_budget, max_num_batched_tokens)  # and a bad search space
+        prog, task = _bar("planning", 0)
+        total, done = [0], [0]
+
+        def start(n: int) -> None:
+            total[0] = n
+            prog.update(task, total=n)
+
+        def tick() -> None:  # the front's early points may add a few estimates past the plan
+            done[0] += 1
+            prog.update(task, completed=done[0], total=max(total[0], done[0]))
+
+        pool = make_executor(executor, workers or None, ray_address)
+        t0 = time.perf_counter()
+        try:
+            with prog:
+                res = run_plan(
+                    path, space, profile, rl, cfg, pool, PlanCache(cache_path),
+                    on_done=lambda _: tick(), max_num_batched_tokens=max_num_batched_tokens, on_start=start,
+                )  # fmt: skip
+        finally:
+            pool.shutdown(cancel_futures=True)
+        wall = time.perf_counter() - t0
+        if plot is not None:
+            plot_plan(res, plot)
+        if as_json:
+            typer.echo(json.dumps(res, indent=2, default=str))
+            return
+        con = make_console()
+        table = Table(title=f"Plan: {objective_text(res)} ({profile} family)")
+        for col in ("policy", "configuration", "cap", "clipped", "epoch (h)", "GPU-h / epoch", "rank", "meets"):
+            table.add_column(col, justify="left" if col in ("policy", "configuration") else "right")
+        for row in answer_rows(res):
+            table.add_row(*row)
+        best = res["best"]
+        tie = best is not None and best["tie"]
+        table.caption = (
+            f"best: {best['policy']} on {best['label']}" + (" (a tie: the order changes between seeds)" if tie else "")
+            if best
+            else "no finalist meets the target under every seed"
+            if target_epoch_hours is not None
+            else "no policy has an answer"
+        ) + (
+            f"; finalists over seeds {res['seeds'][0]}-{res['seeds'][-1]} (mean ± half the spread); "
+            f"{res['num_candidates']} candidates, rounds of {'/'.join(map(str, res['rungs']))} steps"
+        )
+        con.print(table)
+        if res["no_answer"]:
+            con.print(f"no runnable candidate: {', '.join(res['no_answer'])}")
+        front = Table(title="Pareto front: epoch time against GPU-hours (each at its last round's steps)")
+        for col in ("policy", "configuration", "cap", "epoch (h)", "GPU-h / epoch", "steps"):
+            front.add_column(col, justify="left" if col in ("policy", "configuration") else "right")
+        for row in pareto_rows(res):
+            front.add_row(*row)
+        con.print(front)
+        if len(res["tp_profiles"]) > 1:
+            used = ", ".join(f"TP {t}: {name}" for t, name in sorted(res["tp_profiles"].items()))
+            con.print(f"rollout TP profiles: {used} (one family: the same model facts and iteration model)")
+        con.print(
+            f"{res['simulated']} simulations, {res['cache_hits']} from the cache"
+            + (f" ({cache_path})" if cache_path else "") + f", {wall:.1f} s"
+        )
+        if plot is not None:
+            con.print(f"plot: {plot}")

@@ -1,0 +1,75 @@
+"""`rlsim profile ...`: the shipped and calibrated cost models, held against the memory roofline."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import typer
+from rich.table import Table
+
+from rlsim.cli.ui import console as make_console
+
+profile_app = typer.Typer(help="List profiles and show one against the memory roofline.", no_args_is_help=True)
+
+
+@profile_app.command("list")
+def list_() -> None:
+    """Shipped profiles: hardware, model, tensor parallelism, KV capacity."""
+    from rlsim.profile import load_profile, shipped_profiles
+
+    table = Table(title="Shipped profiles (calibrate/profiles/)", title_justify="left")
+    for col in ("name", "hardware", "model", "TP", "KV tokens"):
+        table.add_column(col, justify="right" if col in ("TP", "KV tokens") else "left")
+    for name in shipped_profiles():
+        p = load_profile(name)
+        table.add_row(name, p.hardware, p.model, str(p.tensor_parallel_size), f"{p.kv_capacity_tokens:,}")
+    make_console().print(table)
+
+
+@profile_app.command()
+def show(
+    name: str = typer.Argument(..., help="Shipped profile name or JSON path."),
+    as_json: bool = typer.Option(False, "--json", help="Print the grid as JSON."),
+) -> None:
+    """Decode tok/s over batch x context and each cell's fraction of the memory roofline."""
+    from rlsim.profile import load_profile
+    from rlsim.roofline import BATCHES, CONTEXTS, grid, has_roofline
+
+    profile = load_profile(name)
+    cells = grid(profile) if has_roofline(profile) else []
+    if as_json:
+        typer.echo(json.dumps({"profile": profile.name, "cells": [asdict(c) for c in cells]}, indent=2))
+        return
+    con = make_console()
+    con.print(
+        f"[bold]{profile.name}[/]  {profile.hardware}, {profile.model}, TP {profile.tensor_parallel_size}, "
+        f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.max_num_seqs}",
+        highlight=False,
+    )
+    if not cells:
+        con.print(
+            "no roofline: the profile does not state model_facts (num_params, num_layers, num_kv_heads, head_dim, "
+            "dtype_bytes) and gpu_facts.hbm_bytes_per_s (CPU profiles need not)"
+        )
+        return
+    by = {(c.batch, c.context): c for c in cells}
+    table = Table(title="Decode output tok/s (fraction of the memory roofline)", title_justify="left")
+    table.add_column("batch \\ context", justify="right")
+    for ctx in CONTEXTS:
+        table.add_column(f"{ctx:,}", justify="right")
+    for b in BATCHES:
+        row = []
+        for ctx in CONTEXTS:
+            c = by[(b, ctx)]
+            mark = "" if c.kv_fits else " *"
+            style = "red" if c.roofline_fraction > 1 else ("yellow" if c.roofline_fraction > 0.75 else "")
+            text = f"{c.tokens_per_s:,.0f} ({c.roofline_fraction:.0%}){mark}"
+            row.append(f"[{style}]{text}[/]" if style else text)
+        table.add_row(str(b), *row)
+    table.caption = (
+        "roofline: (weights / TP + batch x context x KV bytes per token / TP) / HBM bandwidth, the least time "
+        "an iteration can take; real engines reach about 50-70% of it; yellow above 75%, red above 100% "
+        "(impossible); * the KV does not fit (batch x context above the KV capacity, or batch above max_num_seqs)"
+    )
+    con.print(table)

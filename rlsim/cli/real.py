@@ -1,0 +1,279 @@
+"""`rlsim run --real` and `rlsim validate`: real vLLM engines under the simulator's policies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from rlsim.cli.ui import console as make_console
+from rlsim.cli.ui import engine_log
+from rlsim.errors import RlsimError
+
+
+def register(app: typer.Typer) -> None:
+    """Add the real-mode commands to the top-level app."""
+    from rlsim.cli.sim import DISPATCH, PLACEMENT, PREFIX_CACHING, SEED, TRACE, TRAIN_GPUS, _progress
+
+    @app.command()
+    def run(
+        real: bool = typer.Option(False, "--real", help="Drive real vLLM engines (the only mode of this command)."),
+        out: Path = typer.Option(..., "--out", "-o", help="Run directory (written as the run goes)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in --out."),
+        trace: Path | None = TRACE,
+        policy: str = typer.Option("sync", help="Policy string, as for `rlsim simulate`."),
+        model: str | None = typer.Option(None, help="Model path or Hugging Face id (in the local cache)."),
+        gpus: int = typer.Option(1, help="Rollout GPUs (on a CPU machine: CPU instances x rollout TP)."),
+        rollout_tp: int = typer.Option(1, help="Tensor parallel size of each vLLM instance."),
+        steps: int | None = typer.Option(None, help="RL steps to run (default: every epoch)."),
+        lengths: str = typer.Option("replay", help="replay: the trace's lengths exactly; free: natural generation."),
+        train: str = typer.Option(
+            "modeled", help="modeled: wait the profile's train + sync time; none: skip; grpo: train the model for real "
+            "(GRPO/DAPO in torch, weights pushed into the engines every step; needs --lengths free).",
+        ),
+        lr: float = typer.Option(1e-6, help="With --train grpo: AdamW learning rate."),
+        old_log_prob: str = typer.Option(
+            "recompute", help="With --train grpo: recompute (a trainer forward pass, veRL's default) or rollout "
+            "(the engines' sampled log-probs).",
+        ),
+        ppo_mini_batch_size: int | None = typer.Option(
+            None, help="With --train grpo: samples per optimizer step (default: the step's whole batch)."
+        ),
+        ppo_max_token_len_per_gpu: int = typer.Option(16384, help="With --train grpo: tokens per micro-batch."),
+        device: str = typer.Option("cpu", help="With --train grpo: the trainer's torch device (cpu, cuda)."),
+        use_kl_loss: bool = typer.Option(
+            False, "--use-kl-loss", help="KL loss against a frozen reference model (DAPO drops it); with --train "
+            "grpo a reference copy scores every batch (timing_s/ref).",
+        ),
+        kl_loss_coef: float = typer.Option(0.001, help="With --use-kl-loss and --train grpo: the KL loss weight."),
+        save_freq: int = typer.Option(
+            1, help="Steps between checkpoints (the driver's, and with --train grpo the model's and optimizer's); "
+            "a resumed run starts again after the last one.",
+        ),
+        profile: str | None = typer.Option(
+            None, help="Profile for modeled training and policies that plan (a calibrated one for this machine)."
+        ),
+        prompts_per_step: int = typer.Option(8, help="P0: prompts per step."),
+        samples_per_prompt: int = typer.Option(4, help="R0: samples per prompt."),
+        max_response_len: int | None = typer.Option(None, help="Response cap (default: the trace's)."),
+        epochs: int = typer.Option(1, help="Epochs over the trace's prompts."),
+        placement: str = PLACEMENT,
+        train_gpus: int = TRAIN_GPUS,
+        dispatch: str = DISPATCH,
+        seed: int = SEED,
+        temperature: float = typer.Option(1.0, help="Sampling temperature."),
+        max_model_len: int | None = typer.Option(None, help="vLLM max_model_len (default: the model's)."),
+        max_num_seqs: int | None = typer.Option(None, help="vLLM max_num_seqs (default: the profile's)."),
+        ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
+        enable_prefix_caching: bool = PREFIX_CACHING,
+        calibrate: str | None = typer.Option(
+            None, help="Measure calibrate.decode's grid (small or default) on the run's own engines before its "
+            "steps (the run uses that fit) and between them (rlsim validate uses that one).",
+        ),
+    ) -> None:
+        """Run the RL step loop against real vLLM engines with the simulator's driver and policies."""
+        from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+        from rlsim.real.run import RealConfig, RealRun
+
+        if not real:
+            raise RlsimError("rlsim run drives real engines: add --real (to simulate, use rlsim simulate)")
+        if resume:
+            run_ = RealRun.resume(out, steps)
+        else:
+            from rlsim.paths import check_output_dir
+
+            check_output_dir(out, "--out")
+            if model is None:
+                raise RlsimError("--model is required: a model directory or a Hugging Face id in the local cache")
+            if train == "modeled" and profile is None:
+                raise RlsimError(
+                    "--train modeled needs --profile (one calibrated for this machine and model: rlsim calibrate "
+                    "fit), or pass --train none"
+                )
+            from rlsim.cli.sim import _load
+
+            tr = _load(trace)
+            trace_path = trace or _default_trace()
+            cap = tr.meta.max_response_len if max_response_len is None else max_response_len
+            if cap <= 0:
+                raise RlsimError(f"--max-response-len must be positive, got {cap}")
+            if cap > tr.meta.max_response_len:
+                raise RlsimError(f"max_response_len={cap} exceeds the trace's cap {tr.meta.max_response_len}")
+            cluster = ClusterConfig(
+                num_gpus=gpus, profile=profile or "h100-qwen2.5-32b-tp2", placement=placement,
+                train_gpus=train_gpus, dispatch=dispatch,
+            )  # fmt: skip
+            rl = RLConfig(
+                prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, max_response_len=cap,
+                epochs=epochs, max_steps=steps, seed=seed, use_kl_loss=use_kl_loss,
+            )  # fmt: skip
+            cfg = RealConfig(
+                model=model, lengths=lengths, train=train, rollout_tp=rollout_tp, temperature=temperature,
+                max_model_len=max_model_len, max_num_seqs=max_num_seqs, ray_address=ray_address, calibrate=calibrate,
+                lr=lr, old_log_prob=old_log_prob, ppo_mini_batch_size=ppo_mini_batch_size,
+                ppo_max_token_len_per_gpu=ppo_max_token_len_per_gpu, device=device, kl_loss_coef=kl_loss_coef,
+                save_freq=save_freq,
+            )  # fmt: skip
+            engine = EngineConfig(enable_prefix_caching=enable_prefix_caching)
+            run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)
+        total = run_.total_steps()
+        log = out / "vllm.log"
+        try:
+            # vLLM's start-up and warning lines go to the run directory, not over the progress
+            with engine_log(log) as term:
+                prog, cb = _progress(total, f"real run: {run_.policy}", auto_refresh=False, file=term)
+                con = make_console(term)
+                con.print(f"engines' log: {log}")
+
+                def step_line(row: dict) -> None:  # printed above the bar as each step ends
+                    gen = row["timing_s/gen"]
+                    tokens = row["response_length/mean"] * row["num_samples"]
+                    rate = f"{tokens / gen:,.0f} trained tok/s" if gen > 0 else "-"
+                    score = row.get("critic/score/mean")
+                    learned = "" if score is None or score != score else (
+                        f", score {score:+.3f}, update {row['timing_s/update_actor']:.2f} s, "
+                        f"weights {row['timing_s/update_weights']:.2f} s"
+                    )  # fmt: skip
+                    prog.console.print(
+                        f"step {row['step']:.0f}: rollout {gen:.2f} s, {rate}, mean length "
+                        f"{row['response_length/mean']:,.0f}, step {row['timing_s/step']:.2f} s{learned}"
+                    )
+
+                with prog:
+                    summary = run_.run(progress=cb, on_step_row=step_line, say=prog.console.print)
+        except KeyboardInterrupt:
+            msg = f"interrupted; finished steps are in {out}; continue: rlsim run --real --resume -o {out}"
+            make_console().print(msg)
+            raise typer.Exit(130) from None
+        con = make_console()
+        con.print(
+            f"{summary['num_steps']} steps in {summary['total_time_s']:.2f} s: rollout {summary['rollout_share']:.1%} "
+            f"of the step, bubble {summary['bubble_ratio']:.1%}, {summary['wasted_tokens']:,.0f} wasted tokens, "
+            f"KV blocks per engine {summary.get('num_gpu_blocks')}"
+        )
+        con.print(f"run directory: {out} (summary.json holds every figure; the engines' log: vllm.log)")
+
+    @app.command()
+    def validate(
+        run_dir: Path | None = typer.Argument(None, help="Run directory written by rlsim run --real."),
+        profile: str | None = typer.Option(None, help="Profile to simulate with (default: the run's)."),
+        as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+        verl_metrics: Path | None = typer.Option(
+            None, help="A veRL run's per-step metrics (file logger JSON Lines, or console log) instead of RUN_DIR."
+        ),
+        log: Path | None = typer.Option(
+            None, help="With --verl-metrics: the same steps' rollout dump or PolyTrace log."
+        ),
+        gpus: int | None = typer.Option(None, help="With --verl-metrics: the run's rollout GPUs."),
+        policy: str = typer.Option("sync", help="With --verl-metrics: the policy the run used."),
+        log_format: str = typer.Option("auto", "--format", help="With --verl-metrics: the log's format."),
+        tokenizer: Path | None = typer.Option(None, help="With --verl-metrics and a veRL dump: its tokenizer."),
+    ) -> None:
+        """Simulate a recorded real run and print real vs simulated with Diff%, and where it comes from."""
+        from rlsim.real.validate import validate as run_validate
+
+        if verl_metrics is not None or log is not None:
+            if run_dir is not None:
+                raise RlsimError("give either RUN_DIR or --verl-metrics with --log, not both")
+            missing = [n for n, v in (("--verl-metrics", verl_metrics), ("--log", log), ("--profile", profile),
+                                      ("--gpus", gpus)) if v is None]  # fmt: skip
+            if missing:
+                raise RlsimError(f"validating a veRL run needs {', '.join(missing)}")
+            from rlsim.real.validate_verl import validate_verl
+
+            res = validate_verl(verl_metrics, log, profile, gpus, policy, log_format, tokenizer)
+        elif run_dir is None:
+            raise RlsimError("give a run directory (rlsim run --real --out DIR), or --verl-metrics FILE --log DIR")
+        else:
+            res = run_validate(run_dir, profile)
+        if as_json:
+            typer.echo(json.dumps(res, indent=2))
+            return
+        table = Table(title=f"{res['policy']}: real vs simulated ({res['steps']} steps, {res['instances']} instances)")
+        for col in ("metric", "real", "simulated", "Diff%"):
+            table.add_column(col, justify="left" if col == "metric" else "right")
+        for r in res["rows"]:
+            d = r["diff_pct"]
+            table.add_row(r["label"], _fmt(r["real"]), _fmt(r["sim"]), "n/a" if d is None else f"{d:+.1f}%")
+        src = f" ({res['profile_source']})" if res.get("profile_source") else ""
+        table.caption = f"profile {res['profile']}{src}; Diff% = (simulated - real) / real"
+        console = make_console()
+        console.print(table)
+        if res.get("phases"):
+            print_phases(console, res["phases"], res["profile"])
+        if "parts" in res:
+            print_parts(console, res["parts"])
+        else:
+            console.print(f"{res['gpus']} GPUs on profile {res['profile']}; per step: --json")
+
+
+def print_phases(console, phases: list[dict], profile: str) -> None:  # noqa: ANN001 - a rich Console
+    """The phase-by-phase table of a `--train grpo` run: measured vs the profile's costs."""
+    table = Table(title="the step phase by phase (s per step, mean)")
+    for col in ("phase", "real", "simulated", "Diff%"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for r in phases:
+        d = r["diff_pct"]
+        table.add_row(f"{r['label']} ({r['phase']})", _fmt(r["real"]), "-" if r["sim"] is None else _fmt(r["sim"]),
+                      "n/a" if d is None else f"{d:+.1f}%")  # fmt: skip
+    table.caption = f"training phases simulated with profile {profile}'s train block (calibrate.train)"
+    console.print(table)
+
+
+def print_parts(console, parts: dict) -> None:  # noqa: ANN001 - a rich Console
+    """The decomposition table of `rlsim validate` and its notes (schedule, model, load)."""
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:+.1f}%"
+
+    table = Table(title="where the difference comes from (Diff% of the real figure)")
+    for col in ("part", "rollout time", "step time", "computed as"):
+        table.add_column(col, justify="left" if col in ("part", "computed as") else "right")
+    sched, model = parts.get("schedule", {}), parts.get("iteration_model", {})
+    if "not_measured" in sched:
+        console.print(table.title + ": " + sched["not_measured"])
+    else:
+        fo = sched["finish_order"]
+        table.add_row("schedule", pct(sched["rollout_time_pct"]), pct(sched["step_time_pct"]),
+                      "simulated with each iteration's measured time")  # fmt: skip
+        table.add_row("iteration model", pct(model["rollout_time_pct"]), pct(model["step_time_pct"]),
+                      f"profile vs measured, {model['iterations']:,} iterations")  # fmt: skip
+        inter = parts["interaction"]
+        table.add_row("interaction", pct(inter["rollout_time_pct"]), pct(inter["step_time_pct"]),
+                      "total - schedule - iteration model")  # fmt: skip
+        table.add_row("total", pct(parts["total"]["rollout_time_pct"]), pct(parts["total"]["step_time_pct"]),
+                      "simulated with the profile")  # fmt: skip
+        console.print(table)
+        it = sched["iterations"]
+        gap_ms = 1e3 * (fo["finish_abs_diff_median_s"] or 0.0)
+        console.print(
+            f"schedule: {it['same_batch']:,} of {it['simulated']:,} simulated iterations had the real one's batch "
+            f"({it['real']:,} real); finish order Kendall tau {fo['kendall_tau']}, same order in "
+            f"{fo['steps_same_order']} steps, median finish-time difference {gap_ms:.1f} ms; the real rollout "
+            f"spent {sched['driver_time_pct']:.1f}% of its time outside engine iterations (the driver's own "
+            "work, not simulated)"
+        )
+        by = ", ".join(f"B {k}: {v['signed_pct']:+.1f}%" for k, v in model["by_batch"].items())
+        console.print(f"iteration model: MAPE {model['mape']:.1%}, summed {model['total_time_pct']:+.1f}% ({by})")
+    load = parts.get("load", {})
+    from rlsim.hostload import describe
+
+    console.print(f"load: calibration {describe(load.get('calibration'))}; run {describe(load.get('run'))}")
+    if load.get("machine_pct") is not None:
+        probe = load.get("probe", "probe_ms").replace("_ms", "").replace("_", " ")
+        console.print(f"machine: the {probe} alone predicts {load['machine_pct']:+.1f}% for the total")
+    if load.get("warning"):
+        console.print(f"warning: {load['warning']}")
+
+
+def _fmt(x: float) -> str:
+    x = 0.0 if abs(x) < 5e-4 else x  # no "-0.000"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3f}"
+
+
+def _default_trace() -> Path:
+    from rlsim.paths import default_trace
+
+    return default_trace()

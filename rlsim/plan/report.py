@@ -1,0 +1,105 @@
+"""What `rlsim plan` shows: the finalists as a table with their seed spreads, the Pareto front of
+epoch time against GPU-hours, and a plot of every candidate simulated with that front."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def spread(mean: float, rng: tuple[float, float], fmt: str = ".2f") -> str:
+    """`2.31 ± 0.04`: the mean and half its min-max spread over seeds."""
+    half = (rng[1] - rng[0]) / 2
+    return f"{mean:{fmt}} ± {half:{fmt}}" if half > 0 else f"{mean:{fmt}}"
+
+
+def share(v: float) -> str:
+    """A clip ratio readable at the sizes it has: 0%, 0.001%, 2.5%."""
+    if v == 0:
+        return "0%"
+    return f"{v:.3%}" if v < 1e-3 else f"{v:.1%}"
+
+
+def objective_text(result: dict[str, Any]) -> str:
+    o = result["objective"]
+    parts = []
+    if o["target_epoch_hours"] is not None:
+        parts.append(f"fewest GPU-hours with an epoch within {o['target_epoch_hours']:g} h")
+    else:
+        parts.append("fastest epoch")
+    if o["gpu_budget"] is not None:
+        parts.append(f"on at most {o['gpu_budget']} GPUs")
+    return " ".join(parts)
+
+
+def answer_rows(result: dict[str, Any]) -> list[list[str]]:
+    """policy, configuration, epoch (h), GPU-hours, clip ratio, rank (with ties), meets target."""
+    out = []
+    for a in result["answers"]:
+        ranks = a["rank_by_seed"]
+        rank = f"#{min(ranks)}-{max(ranks)} tie" if a["tie"] else f"#{ranks[0]}"
+        meets = "-" if a["meets_target"] is None else ("yes" if a["meets_target"] else "no")
+        out.append([
+            a["policy"], a["label"], str(a["max_response_len"]), share(a["clip_ratio"]),
+            spread(a["epoch_hours"], a["epoch_hours_range"]), spread(a["gpu_hours"], a["gpu_hours_range"], ".0f"),
+            rank, meets,
+        ])  # fmt: skip
+    return out
+
+
+def pareto_rows(result: dict[str, Any]) -> list[list[str]]:
+    from rlsim.plan.space import Candidate
+
+    fields = Candidate.__dataclass_fields__
+    out = []
+    for r in result["pareto"]:
+        c = Candidate(**{k: r[k] for k in fields})
+        out.append([r["policy"], c.label(), str(r["max_response_len"]), f"{r['epoch_hours']:.2f}",
+                    f"{r['gpu_hours']:.0f}", str(r["steps_simulated"])])  # fmt: skip
+    return out
+
+
+def plot_plan(result: dict[str, Any], out) -> None:  # noqa: ANN001
+    """Every candidate simulated (epoch hours against GPU-hours per epoch, one colour per policy,
+    faint), the Pareto front as a step line, the finalists with their seed spreads as error bars,
+    and the target as a horizontal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(10.5, 5), dpi=120)
+    policies = list(dict.fromkeys(r["policy"] for r in result["rows"]))
+    colours = {p: f"C{i % 10}" for i, p in enumerate(policies)}
+    markers = "osD^vP*X"
+    for i, p in enumerate(policies):
+        pts = [r for r in result["rows"] if r["policy"] == p and not r.get("error")]
+        ax.scatter([r["gpu_hours"] for r in pts], [r["epoch_hours"] for r in pts], s=14, alpha=0.3,
+                   color=colours[p], marker=markers[i % len(markers)], label=f"{p}: candidates")  # fmt: skip
+    front = sorted(result["pareto"], key=lambda r: r["gpu_hours"])
+    if front:
+        ax.step([r["gpu_hours"] for r in front], [r["epoch_hours"] for r in front], where="post", color="black",
+                lw=1.2, label="Pareto front")  # fmt: skip
+    for a in result["answers"]:
+        (elo, ehi), (glo, ghi) = a["epoch_hours_range"], a["gpu_hours_range"]
+        i = policies.index(a["policy"]) if a["policy"] in policies else 0
+        ax.errorbar(a["gpu_hours"], a["epoch_hours"], xerr=[[a["gpu_hours"] - glo], [ghi - a["gpu_hours"]]],
+                    yerr=[[a["epoch_hours"] - elo], [ehi - a["epoch_hours"]]], fmt=markers[i % len(markers)],
+                    color=colours.get(a["policy"], "C0"), ms=8, mec="black", capsize=3,
+                    label=f"{a['policy']}: {a['label']}")  # fmt: skip
+    target = result["objective"]["target_epoch_hours"]
+    if target is not None:
+        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g} h")
+    ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
+    ax.set_xlabel("GPU-hours per epoch")
+    ax.set_ylabel("epoch time (hours)")
+    ax.set_title(f"Plan: {objective_text(result)} ({result['profile']} family)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)

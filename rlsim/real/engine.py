@@ -1,0 +1,362 @@
+"""RealEngine: real vLLM rollout instances behind the `Engine` protocol the simulator implements.
+
+The clock is the wall clock (seconds since the run started, plus the time already run before a
+`--resume`). `step()` runs engine iterations until something happens: a request finishes, an
+abort is answered, or a timer (training, weight sync, reward latency) falls due; while nothing
+can run (paused for training, or idle) it sleeps until the next timer. One instance runs in this
+process; several run as Ray actors, each stepping on its own, and `step()` takes whichever
+iteration finishes first, so instances never wait for one another.
+
+Length modes: `replay` forces each sample to the trace's length (`min_tokens = max_tokens = L`,
+`ignore_eos`) so the real run does exactly the trace's work; `free` lets the model stop on its
+own (up to the request's `max_tokens`) and keeps every response's token ids for the recorded
+trace. Prompts are the trace's text in free mode when it has `prompt_text`, otherwise seeded
+token ids of the trace's prompt length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlsim.errors import RlsimError
+from rlsim.protocol import Aborted, Event, Finished, Preempted, Request, Timer
+from rlsim.real.vllm_instance import DETAILS
+
+LENGTH_MODES = ("replay", "free")
+
+
+class PromptSource:
+    """Prompt token ids (or text) for a prompt id: the same prompt gets the same ids every visit."""
+
+    def __init__(self, vocab: int, seed: int, texts: dict[int, str] | None = None) -> None:
+        self.vocab = vocab
+        self.seed = seed
+        self.texts = texts or {}
+        self._ids: dict[int, list[int]] = {}
+
+    def token_ids(self, prompt_id: int, length: int) -> list[int]:
+        ids = self._ids.get(prompt_id)
+        if ids is None or len(ids) != length:
+            rng = np.random.default_rng([self.seed, prompt_id])
+            ids = rng.integers(2, self.vocab, max(1, length)).tolist()  # 0 and 1 are special in most vocabularies
+            self._ids[prompt_id] = ids
+        return ids
+
+
+class _LocalBackend:
+    """One instance in this process: an iteration runs when asked."""
+
+    def __init__(self, instances: list) -> None:  # noqa: ANN001
+        self.instances = instances
+
+    def call(self, i: int, method: str, *args) -> Any:  # noqa: ANN001, ANN401
+        return getattr(self.instances[i], method)(*args)
+
+    def call_all(self, method: str, args: list) -> list:  # noqa: ANN001
+        """`method(args[i])` on every instance i, in turn (one instance here)."""
+        return [getattr(inst, method)(a) for inst, a in zip(self.instances, args, strict=True)]
+
+    def next_step(self, runnable: list[int], timeout: float | None) -> list[tuple[int, dict]]:
+        return [(i, self.instances[i].step()) for i in runnable]
+
+    def drain(self) -> list[tuple[int, dict]]:
+        return []
+
+    def close(self) -> None:
+        for inst in self.instances:
+            inst.close()
+
+
+class _RayBackend:
+    """Ray actors, at most one iteration in flight per actor; the first to finish is taken."""
+
+    def __init__(self, actors: list) -> None:  # noqa: ANN001
+        import ray
+
+        self.ray = ray
+        self.actors = actors
+        self.inflight: dict[Any, int] = {}  # ObjectRef -> instance
+
+    def call(self, i: int, method: str, *args) -> Any:  # noqa: ANN001, ANN401
+        return self.ray.get(getattr(self.actors[i], method).remote(*args))
+
+    def call_all(self, method: str, args: list) -> list:  # noqa: ANN001
+        """`method(args[i])` on every actor i at once; the answers in instance order."""
+        return self.ray.get([getattr(a, method).remote(x) for a, x in zip(self.actors, args, strict=True)])
+
+    def next_step(self, runnable: list[int], timeout: float | None) -> list[tuple[int, dict]]:
+        busy = set(self.inflight.values())
+        for i in runnable:
+            if i not in busy:
+                self.inflight[self.actors[i].step.remote()] = i
+        if not self.inflight:
+            return []
+        ready, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=timeout)
+        return [(self.inflight.pop(ref), self.ray.get(ref)) for ref in ready]
+
+    def drain(self) -> list[tuple[int, dict]]:
+        """Results of every iteration still in flight (before a pause or the end)."""
+        out = [(self.inflight[ref], self.ray.get(ref)) for ref in list(self.inflight)]
+        self.inflight.clear()
+        return out
+
+    def close(self) -> None:
+        for actor in self.actors:
+            try:
+                self.ray.get(actor.close.remote())
+            finally:
+                self.ray.kill(actor)
+
+
+# The columns of a run's iterations.parquet: vLLM's batch (calibration's columns, -1 where the
+# engine did not report them), the engine call's own time `step_s`, and `wall_s`, the time the
+# instance spent on the iteration as the simulator counts it.
+DETAIL_COLUMNS = (*DETAILS, "context_tokens")
+ITERATION_COLUMNS = ("instance", "time", "step_s", "wall_s", "num_running", "new_tokens", *DETAIL_COLUMNS)
+
+
+class RealEngine:
+    """The `Engine` protocol over vLLM instances (`rlsim.real.vllm_instance.VllmInstance`)."""
+
+    def __init__(
+        self,
+        backend: _LocalBackend | _RayBackend,
+        num_instances: int,
+        prompts: PromptSource,
+        lengths: str = "replay",
+        seed: int = 0,
+        temperature: float = 1.0,
+        clock_offset: float = 0.0,
+        histospec: bool = False,
+        on_finish: Callable[[Request, dict], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.num_instances = num_instances
+        self.prompts = prompts
+        self.lengths = lengths
+        self.seed = seed
+        self.temperature = temperature
+        self.histospec = histospec
+        self.on_finish = on_finish
+        # `rlsim run --real --train grpo`: the driver trains through `learner(requests, version)`
+        # (-> StepCost, metrics), which reads the finished samples' tokens kept here until then
+        self.learner: Callable[[list[Request], int], tuple[Any, dict]] | None = None
+        self.samples: dict[int, dict] = {}
+        self._t0 = time.perf_counter() - clock_offset
+        self._timers: list[tuple[float, int, str]] = []
+        self._order = 0
+        self._outbox: list[Event] = []
+        self._paused = False
+        self.live: dict[int, Request] = {}  # rid -> request, submitted and not yet finished or aborted
+        self._count = [0] * num_instances
+        self._progress: dict[int, int] = {}
+        self.first_token: dict[int, float] = {}
+        # one tuple per engine iteration, in ITERATION_COLUMNS' order
+        self.iterations: list[tuple] = []
+        self._last_end = [0.0] * num_instances
+        self._busy = [0.0] * num_instances
+        self._busy_since: dict[int, float] = {}
+        self._segments: list[list[tuple[float, float]]] = [[] for _ in range(num_instances)]
+        # HistoSpec only: prompt -> epoch -> finished responses' token ids, and what each
+        # instance has been given.
+        self.responses: dict[int, dict[int, list[list[int]]]] = {}
+        self.prompt_ids: dict[int, list[int]] = {}
+        self._published: set[tuple[int, int, int]] = set()  # (instance, prompt, epoch)
+
+    # ---- protocol -------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def idle(self) -> bool:
+        """No request live and no iteration in flight on any instance."""
+        return not self.live and not getattr(self.backend, "inflight", None)
+
+    @contextlib.contextmanager
+    def clock_stopped(self) -> Iterator[None]:
+        """Work done inside (a calibration cell between steps) takes no time on the run's clock."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._t0 += time.perf_counter() - t
+
+    def busy_time(self, i: int) -> float:
+        extra = self.now - self._busy_since[i] if i in self._busy_since else 0.0
+        return self._busy[i] + extra
+
+    def segments(self, i: int) -> list[tuple[float, float]]:
+        segs = list(self._segments[i])
+        if i in self._busy_since:
+            segs.append((self._busy_since[i], self.now))
+        return segs
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        per: dict[int, list[dict]] = {}
+        for req in requests:
+            if req.kept_tokens:
+                raise RlsimError(
+                    "divided rollout (a request continuing another's tokens, as seer does) runs in the "
+                    "simulator only: real engines do not resume a response from its kept tokens yet"
+                )
+            per.setdefault(req.instance, []).append(self._vllm_request(req))
+            self.live[req.request_id] = req
+            self._progress[req.request_id] = 0
+            self._count[req.instance] += 1
+        for i, batch in per.items():
+            if self.histospec:
+                self._publish(i, [self.live[int(r["request_id"])] for r in batch])
+            self.backend.call(i, "add", batch)
+            self._mark(i)
+
+    def abort(self, request_ids: Iterable[int]) -> None:
+        per: dict[int, list[int]] = {}
+        for rid in request_ids:
+            req = self.live.pop(rid, None)
+            if req is not None:
+                per.setdefault(req.instance, []).append(rid)
+        now = self.now
+        for i, rids in per.items():
+            answered = self.backend.call(i, "abort", [str(r) for r in rids])
+            for rid in rids:
+                done = answered.get(str(rid), self._progress.get(rid, 0))
+                self._progress.pop(rid, None)
+                self._count[i] -= 1
+                self._outbox.append(Aborted(rid, now, i, int(done)))
+            self._mark(i)
+
+    def call_at(self, when: float, tag: str) -> None:
+        self._order += 1
+        heapq.heappush(self._timers, (when, self._order, tag))
+
+    def pause(self, sleep: bool = False) -> None:
+        if sleep:  # real runs record free_cache_engine=False (vLLM on a CPU has no sleep mode)
+            raise RlsimError("real engines do not sleep during training yet (free_cache_engine must be off)")
+        # An iteration already running on an actor completes; its outputs are delivered.
+        for i, res in self.backend.drain():
+            self._absorb(i, res)
+        self._paused = True
+        for i in range(self.num_instances):
+            self._mark(i)
+
+    def resume(self) -> None:
+        self._paused = False
+        for i in range(self.num_instances):
+            self._mark(i)
+
+    def step(self) -> list[Event]:
+        while True:
+            if self._outbox:
+                out, self._outbox = self._outbox, []
+                return out
+            now = self.now
+            if self._timers and self._timers[0][0] <= now:
+                due = []
+                while self._timers and self._timers[0][0] <= now:
+                    when, _, tag = heapq.heappop(self._timers)
+                    due.append(Timer(tag, when))
+                return due
+            runnable = [] if self._paused else [i for i in range(self.num_instances) if self._count[i]]
+            if runnable:
+                timeout = max(0.0, self._timers[0][0] - now) if self._timers else None
+                for i, res in self.backend.next_step(runnable, timeout):
+                    self._absorb(i, res)
+                continue
+            if self._timers:
+                time.sleep(max(0.0, self._timers[0][0] - now))
+                continue
+            return []
+
+    # ---- internals ------------------------------------------------------------------------
+    def _vllm_request(self, req: Request) -> dict:
+        # The same sample of a prompt draws the same seed every visit: without a training step
+        # the weights do not change, so a prompt's responses repeat across visits.
+        seed = int(np.random.default_rng([self.seed, req.prompt_id, req.sample_idx]).integers(2**31))
+        out: dict[str, Any] = {"request_id": str(req.request_id), "temperature": self.temperature, "seed": seed}
+        if self.lengths == "replay":
+            n = max(1, min(req.target_tokens, req.max_tokens))
+            out.update(max_tokens=n, min_tokens=n, ignore_eos=True)
+        else:
+            out.update(max_tokens=req.max_tokens, min_tokens=0, ignore_eos=False)
+        text = self.prompts.texts.get(req.prompt_id) if self.lengths == "free" else None
+        if text is not None:
+            out["prompt"] = text
+        else:
+            out["prompt_token_ids"] = self.prompts.token_ids(req.prompt_id, req.num_prompt_tokens)
+        return out
+
+    def _publish(self, i: int, reqs: list[Request]) -> None:
+        """Give instance i the earlier visits' responses of these prompts (HistoSpec's history)."""
+        rows = []
+        for req in reqs:
+            for e, resp in self.responses.get(req.prompt_id, {}).items():
+                key = (i, req.prompt_id, e)
+                if e < req.epoch and key not in self._published and resp:
+                    self._published.add(key)
+                    ids = self.prompt_ids.get(req.prompt_id) or self.prompts.token_ids(
+                        req.prompt_id, req.num_prompt_tokens
+                    )
+                    rows.append({"prompt_token_ids": ids, "responses": resp})
+        if rows:
+            self.backend.call(i, "publish_history", rows)
+
+    def _absorb(self, i: int, res: dict) -> None:
+        now = self.now
+        # The iteration's wall time as the instance lived it: from the previous iteration's end,
+        # or from when work arrived after an idle or paused spell (the driver's handling of the
+        # previous outputs included, as calibration times `LLMEngine.step()` back to back).
+        wall = now - max(self._last_end[i], self._busy_since.get(i, now))
+        self._last_end[i] = now
+        det = res.get("details") or {}
+        self.iterations.append(
+            (i, now, res["step_s"], wall, self._count[i], res["new_tokens"], *(det.get(k, -1) for k in DETAIL_COLUMNS))
+        )
+        for rid_s, n in res["progress"].items():
+            rid = int(rid_s)
+            if rid in self.live:
+                self._progress[rid] = n
+                if n and rid not in self.first_token:
+                    self.first_token[rid] = now
+        for f in res["finished"]:
+            rid = int(f["request_id"])
+            req = self.live.pop(rid, None)
+            if req is None:
+                continue  # aborted while this iteration ran
+            self._count[i] -= 1
+            self._progress.pop(rid, None)
+            n = len(f["output_token_ids"])
+            if self.lengths == "replay":
+                reason = "length" if req.target_tokens >= req.max_tokens else "stop"
+            else:
+                reason = f["finish_reason"] if f["finish_reason"] in ("stop", "length") else "stop"
+            if self.histospec:
+                self.responses.setdefault(req.prompt_id, {}).setdefault(req.epoch, []).append(f["output_token_ids"])
+                if f.get("prompt_token_ids"):
+                    self.prompt_ids[req.prompt_id] = f["prompt_token_ids"]
+            if self.learner is not None:
+                self.samples[rid] = {k: f.get(k) for k in ("prompt_token_ids", "output_token_ids", "logprobs")}
+            if self.on_finish is not None:
+                self.on_finish(req, f)
+            self._outbox.extend(Preempted(rid, now, i, n) for _ in range(int(f["vllm/num_preemptions"])))
+            self._outbox.append(Finished(rid, now, i, n, reason))
+        self._mark(i)
+
+    def _mark(self, i: int) -> None:
+        busy = self._count[i] > 0 and not self._paused
+        if busy and i not in self._busy_since:
+            self._busy_since[i] = self.now
+        elif not busy and i in self._busy_since:
+            start = self._busy_since.pop(i)
+            end = self.now
+            self._busy[i] += end - start
+            segs = self._segments[i]
+            if segs and start - segs[-1][1] < 1e-6:
+                segs[-1] = (segs[-1][0], end)
+            else:
+                segs.append((start, end))

@@ -1,0 +1,154 @@
+"""`rlsim validate --verl-metrics FILE --log DIR`: a user's own veRL run against the simulator.
+
+veRL logs one dict of metrics per training step: `timing_s/gen` (rollout), `timing_s/step`,
+`response_length/mean` and so on. Its file backend writes them as JSON Lines,
+`{"step": N, "data": {...}}` (a flat `{"step": N, "timing_s/gen": ...}` is read too), and its
+console backend as `step:N - timing_s/gen:12.3 - ...` lines, which may sit inside a longer
+console log. The same steps' responses, from veRL's `rollout_data_dir` dump or a PolyTrace log
+(anything `rlsim trace import` reads), become a trace whose `step` column makes the simulation
+generate the log's prompts in the log's order. The simulation runs on a chosen profile and GPU
+count, and prints the same real-against-simulated table as `rlsim validate RUN_DIR`, per step
+and on average, so a user checks the simulator against their own cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rlsim.errors import RlsimError
+
+# veRL metric -> (label, the simulator's steps-table column)
+METRICS = (
+    ("timing_s/gen", "rollout time (s, mean)", "timing_s/gen"),
+    ("timing_s/step", "step time (s, mean)", "timing_s/step"),
+    ("response_length/mean", "response length (tokens, mean)", "response_length/mean"),
+)
+_CONSOLE = re.compile(r"step:(\d+) - (.*)$")
+
+
+def read_verl_metrics(path: Path) -> pd.DataFrame:
+    """One row per step (column `step`), numeric metrics as columns; one sentence if unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise RlsimError(f"--verl-metrics {path} is not a file")
+    rows: dict[int, dict[str, float]] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        row = _json_row(line) if line.startswith("{") else _console_row(line)
+        if row is None:
+            continue
+        step = row.pop("step", None)
+        if not isinstance(step, int | float) or isinstance(step, bool):
+            raise RlsimError(f"{path}:{n}: a metrics line without an integer 'step'")
+        rows.setdefault(int(step), {}).update(row)  # several lines of one step merge
+    if not rows:
+        raise RlsimError(f"{path} holds no veRL metrics lines (JSON Lines with 'step', or 'step:N - key:value')")
+    frame = pd.DataFrame([{"step": s, **r} for s, r in sorted(rows.items())])
+    if "timing_s/gen" not in frame.columns:
+        raise RlsimError(f"{path} has no 'timing_s/gen' metric: not a veRL PPO trainer's metrics")
+    return frame
+
+
+def _json_row(line: str) -> dict[str, Any] | None:
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(raw, dict) or "step" not in raw:
+        return None
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else raw
+    out: dict[str, Any] = {k: float(v) for k, v in data.items() if _number(v) and k != "step"}
+    out["step"] = raw["step"]
+    return out
+
+
+def _console_row(line: str) -> dict[str, Any] | None:
+    m = _CONSOLE.search(line)
+    if m is None:
+        return None
+    out: dict[str, Any] = {"step": int(m.group(1))}
+    for part in m.group(2).split(" - "):
+        key, _, val = part.rpartition(":")
+        try:
+            out[key.strip()] = float(val)
+        except ValueError:
+            continue
+    return out
+
+
+def _number(v: Any) -> bool:  # noqa: ANN401
+    return isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def validate_verl(
+    metrics: Path,
+    log: Path,
+    profile: str,
+    gpus: int,
+    policy: str = "sync",
+    fmt: str = "auto",
+    tokenizer: Path | None = None,
+    max_response_len: int | None = None,
+) -> dict[str, Any]:
+    """Simulate the logged steps on `profile` x `gpus` and compare with veRL's own timings."""
+    from rlsim.config import ClusterConfig, RLConfig
+    from rlsim.profile import load_profile
+    from rlsim.real.validate import diff_pct
+    from rlsim.sim.simulate import simulate
+    from rlsim.trace.importers import import_logs
+
+    real = read_verl_metrics(metrics)
+    trace = import_logs(Path(log), fmt, max_response_len, None, tokenizer).trace
+    logged = [int(s) for s in trace.meta.source_params.get("steps", [])]
+    shared = [s for s in logged if s in set(real["step"].astype(int))]
+    if not shared:
+        raise RlsimError(
+            f"{metrics} and {log} share no step (metrics steps {_span(real['step'])}, log steps {_span(logged)})"
+        )
+    prof = load_profile(profile)
+    cluster = ClusterConfig(num_gpus=gpus, profile=prof.name)
+    rl = RLConfig(
+        prompts_per_step=int(trace.meta.source_params["prompts_per_step"]),
+        samples_per_prompt=trace.meta.samples_per_prompt,
+        max_response_len=trace.meta.max_response_len,
+        epochs=len(trace.epochs),
+        max_steps=len(logged),
+    )
+    res = simulate(trace, policy, cluster, rl, profile=prof)
+    sim = res.steps.assign(step=logged[: len(res.steps)])  # the simulation's i-th step is the log's i-th
+    both = real.merge(sim, on="step", suffixes=("_real", "_sim"))
+    keys = [k for k, _, _ in METRICS if f"{k}_real" in both.columns]
+    per_step = [
+        {"step": int(r["step"])} | {f"{k}/{side}": float(r[f"{k}_{side}"]) for k in keys for side in ("real", "sim")}
+        for _, r in both.iterrows()
+    ]
+    rows = []
+    for key, label, _ in METRICS:
+        if f"{key}_real" not in both.columns:
+            continue
+        a, b = float(both[f"{key}_real"].mean()), float(both[f"{key}_sim"].mean())
+        rows.append({"metric": key, "label": label, "real": a, "sim": b, "diff_pct": diff_pct(a, b)})
+    return {
+        "metrics": str(metrics),
+        "log": str(log),
+        "policy": policy,
+        "profile": prof.name,
+        "gpus": gpus,
+        "steps": len(both),
+        "instances": cluster.num_instances(prof.tensor_parallel_size),
+        "rows": rows,
+        "per_step": per_step,
+    }
+
+
+def _span(steps: Any) -> str:  # noqa: ANN401
+    s = sorted(int(x) for x in steps)
+    return f"{s[0]}-{s[-1]}" if s else "none"

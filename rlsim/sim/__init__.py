@@ -1,0 +1,9 @@
+"""The simulator: a SimPy rollout cluster that schedules as vLLM's v1 scheduler does, driven by the
+same driver and policy objects as real mode.
+
+Entry points: `rlsim.sim.simulate.simulate` (one policy on one trace and cluster, a `Result`),
+`rlsim.sim.compare` (every policy side by side), `rlsim.sim.engine.SimEngine` (the `Engine` of
+`rlsim.protocol`), `rlsim.sim.scheduler` and `rlsim.sim.kv_blocks` (vLLM 0.32's scheduler and block
+pool, ported) and `rlsim.sim.sched_parity` (that port checked against vLLM's own `Scheduler`).
+Imports the core, `rlsim.trace` and `rlsim.spec`; never real mode, the planner or the CLI.
+"""

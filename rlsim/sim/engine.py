@@ -1,0 +1,402 @@
+"""SimEngine: a SimPy rollout cluster whose instances schedule as vLLM's v1 scheduler does.
+
+One SimPy process per rollout instance (one vLLM engine on TP GPUs). The scheduling rules live in
+`rlsim.sim.scheduler.InstanceScheduler`, a port of vLLM 0.32's `Scheduler` checked iteration by
+iteration against it (`rlsim.sim.sched_parity`): running requests first in running-list order,
+then waiting ones under `max_num_seqs` and `max_num_batched_tokens` (chunked prefill, or not);
+KV in blocks of `block_size`; a waiting or preempted request admitted only if its whole sequence
+fits; preemption from the back of the running list when a request's next slots do not fit, and no
+admission in an iteration that preempted; prefix caching at block granularity with vLLM's
+free-queue order. This module prices iterations with the profile's cost model and turns the
+scheduler's finishes and preemptions into events.
+
+Event jumping: between events the decode batch is fixed (B sequences, KV context C growing by B
+per iteration), so k iterations cost `k*(t_w + (alpha+gamma)*B + beta*C1) + beta*B*k*(k-1)/2`
+(C1 the context of the first). An instance runs iterations one at a time only while a prefill or
+an admission is pending, and otherwise jumps straight to the next finish or block shortage (the
+scheduler counts the blocks each request allocates from its position in its last block). A
+submit or abort arriving mid-jump interrupts it: the iterations already done (and the one in
+progress) are committed, and the instance re-plans at the next iteration boundary; `pause()`
+(colocated training takes the GPUs) interrupts a jump the same way, so no token is generated
+during training. `exact=True` runs every iteration one at a time: the reference that proves the
+fast path.
+
+Lockstep (`lockstep=True`, how `rlsim run --real` drives its engines: the driver calls each
+engine's `step()` and reacts to its outputs before the next): an instance whose iteration
+produced a finish or a preemption starts its next iteration only once the driver has taken the
+events, so a submit or abort the driver makes in reaction lands before that iteration, not one
+iteration later as with an engine that runs on by itself (vLLM's `AsyncLLM`, the default).
+
+Replay (`iteration_times`, what `rlsim validate` uses to separate scheduling from timing): the
+k-th iteration of instance i takes the measured time of the k-th iteration that instance ran in
+a real run, instead of the profile's prediction; it runs one iteration at a time, and counts how
+many of its iterations had the same batch as the real one they took their time from (decode
+requests and prefill tokens), and how many ran past the recording (those fall back to the model).
+
+Sleep (veRL's `free_cache_engine`): `pause(sleep=True)` frees every instance's KV cache (and its
+prefix cache) once its iteration in progress ends. Running requests keep their generated tokens
+and go back to the front of the waiting queue, so after `resume()` they re-prefill prompt plus
+generated tokens.
+
+Speculative decoding (HistoSpec, `rlsim.spec.speculation`) gives a request a mean of `rate` tokens
+per iteration with `verify` tokens per iteration under verification: the KV context then grows
+by the batch's summed rate per iteration and the iteration charges `gamma` per verified token,
+the compute-bound rate past the knee (`Profile.compute_excess_s`) and the drafter's CPU time per
+speculating request, all fixed while the batch is, so the closed form still holds; a speculating
+request holds `lookahead` extra KV slots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import simpy
+
+from rlsim.errors import RlsimError
+from rlsim.profile import Profile
+from rlsim.protocol import Aborted, Event, Finished, Preempted, Request, Timer
+from rlsim.sim.scheduler import InstanceScheduler, Seq
+
+
+@dataclass(slots=True)
+class _Instance:
+    idx: int
+    sched: InstanceScheduler
+    aborts: set = field(default_factory=set)
+    proc: simpy.Process | None = None
+    wake: simpy.Event | None = None
+    jumping: bool = False
+    busy: float = 0.0
+    seq_time: float = 0.0  # integral of running sequences over time (batch-slot use)
+    cur_batch: int = 0  # sequences of the iteration or jump in progress
+    run_start: float | None = None  # start of the iteration or jump in progress
+    segments: list = field(default_factory=list)  # merged (start, end) busy intervals
+    emitted: bool = False  # lockstep: its last iteration produced events the driver has not seen
+
+
+class SimEngine:
+    """Simulated rollout instances behind the `Engine` protocol."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        num_instances: int,
+        exact: bool = False,
+        spec=None,  # noqa: ANN001 - rlsim.spec.speculation.SpecModel or None
+        enable_prefix_caching: bool = True,
+        block_size: int = 16,
+        enable_chunked_prefill: bool = True,
+        iteration_times: Sequence[Sequence[tuple[float, int, int]]] | None = None,
+        lockstep: bool = False,
+    ) -> None:
+        self.profile = profile
+        self.num_instances = num_instances
+        self.exact = exact or iteration_times is not None
+        # replay: per instance, (seconds, decode requests, prefill tokens) of each real iteration
+        self._replay = [list(t) for t in iteration_times] if iteration_times is not None else None
+        self._replay_pos = [0] * num_instances
+        self.lockstep = lockstep
+        self._held: list[simpy.Event] = []
+        self.replay = {"iterations": 0, "same_batch": 0, "past_recording": 0}
+        self.spec = spec
+        self._draft_s = spec.draft_s if spec is not None else 0.0
+        self.block_size = block_size
+        self.env = simpy.Environment()
+        self._outbox: list[Event] = []
+        self._paused = False
+        self._sleep = False
+        self.wake_reprefill_tokens = 0  # tokens recomputed because a sleep freed their KV
+        self.pause_interrupts = 0  # jumps cut short by pause() (colocated training taking the GPUs)
+        self._resume = self.env.event()
+        self._where: dict[int, int] = {}
+        self.first_token: dict[int, float] = {}
+        num_blocks = profile.kv_capacity_tokens // block_size
+        self.instances = [
+            _Instance(
+                i,
+                InstanceScheduler(
+                    num_blocks, block_size, profile.max_num_seqs, profile.max_num_batched_tokens,
+                    enable_chunked_prefill, enable_prefix_caching,
+                ),
+            )
+            for i in range(num_instances)
+        ]
+        for inst in self.instances:
+            inst.proc = self.env.process(self._run(inst))
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        """Prompt tokens not computed thanks to the prefix cache."""
+        return sum(inst.sched.prefix_hit_tokens for inst in self.instances)
+
+    # ---- Engine protocol ------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        touched = set()
+        cap = self.instances[0].sched.num_blocks * self.block_size if self.instances else 0
+        for req in requests:
+            inst = self.instances[req.instance]
+            target = min(req.target_tokens, req.max_tokens)
+            if req.num_prompt_tokens + target > cap:
+                raise RlsimError(
+                    f"request {req.request_id} (prompt {req.num_prompt_tokens} + response {target} tokens) needs "
+                    f"{req.num_prompt_tokens + target} KV tokens, more than an instance holds ({cap}): raise "
+                    "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
+                )
+            # a continued chunk's KV comes with it (Seer's global KV pool): not recomputed
+            seq = Seq(req, target, generated=req.kept_tokens, transfer=req.kept_tokens > 0)
+            if self.spec is not None:
+                spec = self.spec.plan(req.epoch, req.prompt_id, req.sample_idx, target, req.policy_version)
+                seq.rate, seq.verify = spec
+                if seq.rate != 1.0:
+                    seq.lookahead = self.spec.lookahead
+            inst.sched.add(seq)
+            self._where[req.request_id] = req.instance
+            touched.add(req.instance)
+        for i in touched:
+            self._poke(self.instances[i])
+
+    def abort(self, request_ids: Iterable[int]) -> None:
+        request_ids = list(request_ids)
+        by_inst: dict[int, set[int]] = {}
+        for rid in request_ids:
+            i = self._where.get(rid)
+            if i is not None:
+                by_inst.setdefault(i, set()).add(rid)
+        gone = {}  # waiting requests, taken out of each queue in one pass
+        for i, rids in by_inst.items():
+            gone.update((seq.req.request_id, seq) for seq in self.instances[i].sched.remove_waiting(rids))
+        for rid in request_ids:  # events in the order given
+            i = self._where.get(rid)
+            if i is None:
+                continue
+            seq = gone.get(rid)
+            if seq is not None:
+                del self._where[rid]
+                self._outbox.append(Aborted(rid, self.env.now, i, seq.generated))
+                continue
+            inst = self.instances[i]
+            inst.aborts.add(rid)
+            if inst.run_start is None:  # between iterations (idle or paused): abort now
+                self._apply_aborts(inst)
+            else:
+                self._poke(inst)
+
+    def call_at(self, when: float, tag: str) -> None:
+        def fire(_: simpy.Event) -> None:
+            self._outbox.append(Timer(tag, self.env.now))
+
+        self.env.timeout(max(0.0, when - self.env.now)).callbacks.append(fire)
+
+    def pause(self, sleep: bool = False) -> None:
+        """Start no new iteration; a jump in progress stops after its current iteration.
+        `sleep=True` also frees the KV cache (veRL's hybrid engine during training)."""
+        self._paused, self._sleep = True, sleep
+        for inst in self.instances:
+            if inst.run_start is None:  # idle or already between iterations
+                if sleep:
+                    self._free_kv(inst)
+            elif inst.jumping:
+                inst.jumping = False
+                inst.proc.interrupt()
+                self.pause_interrupts += 1
+
+    def resume(self) -> None:
+        self._paused = self._sleep = False
+        if not self._resume.triggered:
+            self._resume.succeed()
+        self._resume = self.env.event()
+
+    def step(self) -> list[Event]:
+        env = self.env
+        if self._held:  # lockstep: the driver has seen the outputs; the instances go on
+            held, self._held = self._held, []
+            for hold in held:
+                hold.succeed()
+        outbox, peek, advance = self._outbox, env.peek, env.step
+        while not outbox:
+            if peek() == math.inf:
+                return []
+            advance()
+            outbox = self._outbox
+        now = env.now
+        while peek() <= now:  # everything else happening at this instant
+            advance()
+        out, self._outbox = self._outbox, []
+        if self.lockstep:  # the driver sees these events now: an instance that has not yet held need not
+            for inst in self.instances:
+                inst.emitted = False
+        return out
+
+    def busy_time(self, instance: int) -> float:
+        inst = self.instances[instance]
+        extra = self.env.now - inst.run_start if inst.run_start is not None else 0.0
+        return inst.busy + extra
+
+    def seq_time(self, instance: int) -> float:
+        """Sequence-seconds run on this instance so far (running sequences integrated over
+        time): against `max_num_seqs` x wall time it gives the batch-slot bubble."""
+        inst = self.instances[instance]
+        extra = (self.env.now - inst.run_start) * inst.cur_batch if inst.run_start is not None else 0.0
+        return inst.seq_time + extra
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.profile.max_num_seqs
+
+    def segments(self, instance: int) -> list[tuple[float, float]]:
+        return list(self.instances[instance].segments)
+
+    # ---- internals ------------------------------------------------------------------------
+    def _poke(self, inst: _Instance) -> None:
+        if inst.wake is not None and not inst.wake.triggered:
+            inst.wake.succeed()
+        elif inst.jumping:
+            inst.jumping = False  # one interrupt per jump
+            inst.proc.interrupt()
+
+    def _busy(self, inst: _Instance, start: float, end: float) -> None:
+        inst.run_start = None
+        if end <= start:
+            return
+        inst.busy += end - start
+        if inst.segments and inst.segments[-1][1] >= start - 1e-12:
+            inst.segments[-1] = (inst.segments[-1][0], end)
+        else:
+            inst.segments.append((start, end))
+
+    def _apply_aborts(self, inst: _Instance) -> None:
+        sched = inst.sched
+        for rid in list(inst.aborts):
+            seq = sched.running.get(rid)
+            if seq is not None:
+                gen = sched.abort(seq)
+                self._outbox.append(Aborted(rid, self.env.now, inst.idx, gen))
+                self._where.pop(rid, None)
+        inst.aborts.clear()
+
+    def _finished(self, inst: _Instance, done: list[Seq]) -> None:
+        now = self.env.now
+        if done:
+            inst.emitted = True
+        for seq in done:
+            rid = seq.req.request_id
+            reason = "length" if seq.generated >= seq.req.max_tokens else "stop"
+            self._outbox.append(Finished(rid, now, inst.idx, seq.generated, reason))
+            self._where.pop(rid, None)
+
+    def _free_kv(self, inst: _Instance) -> None:
+        """Sleep: drop every running request's KV and the prefix cache; running requests wait,
+        first in their running order, to re-prefill prompt plus generated tokens on wake."""
+        for seq in inst.sched.free_all():
+            self.wake_reprefill_tokens += seq.req.num_prompt_tokens + seq.generated
+
+    def _jump_cost(self, inst: _Instance, k: int) -> tuple[float, float]:
+        p, s = self.profile, inst.sched
+        a = p.t_w_s + p.alpha_s * s.n_dec + p.gamma_s * s.verify_sum + p.beta_s * (s.ctx + s.rate_sum)
+        a += p.compute_excess_s(s.verify_sum) + self._draft_s * len(s.spec)
+        q = p.beta_s * s.rate_sum
+        return a * k + q * k * (k - 1) / 2, q  # (total, per-iteration increment)
+
+    def _replayed(self, i: int, out, modeled: float) -> float:  # noqa: ANN001 - scheduler output
+        """The measured time of instance i's next recorded iteration (the model's past its end)."""
+        rec, k = self._replay[i], self._replay_pos[i]
+        self.replay["iterations"] += 1
+        if k >= len(rec):
+            self.replay["past_recording"] += 1
+            return modeled
+        self._replay_pos[i] = k + 1
+        took, decodes, prefill = rec[k]
+        if decodes == out.num_decodes and prefill == out.prefill_tokens:
+            self.replay["same_batch"] += 1
+        return took
+
+    def _iters_done(self, inst: _Instance, elapsed: float, k: int) -> int:
+        """Whole iterations of a jump completed after `elapsed` seconds (at most k)."""
+        a, q = self._jump_cost(inst, 1)
+        if q == 0:
+            n = int(elapsed / a)
+        else:  # q/2 n^2 + (a - q/2) n - elapsed = 0
+            bq = a - q / 2
+            n = int((-bq + math.sqrt(bq * bq + 2 * q * elapsed)) / q)
+        while n > 0 and self._jump_cost(inst, n)[0] > elapsed + 1e-12:
+            n -= 1
+        while n + 1 <= k and self._jump_cost(inst, n + 1)[0] <= elapsed:
+            n += 1
+        return min(n, k)
+
+    def _run(self, inst: _Instance):  # noqa: ANN202 - SimPy generator
+        env, sched, p = self.env, inst.sched, self.profile
+        while True:
+            if inst.aborts:
+                self._apply_aborts(inst)
+            if self._paused:
+                if self._sleep:
+                    self._free_kv(inst)
+                yield self._resume
+                continue
+            if not sched.running and not sched.waiting:
+                inst.wake = env.event()
+                yield inst.wake
+                inst.wake = None
+                continue
+            if self.lockstep and inst.emitted:
+                inst.emitted = False
+                # the previous iteration's outputs reach the driver before the next one starts
+                hold = env.event()
+                self._held.append(hold)
+                yield hold
+                continue
+            k = 0 if self.exact else sched.jump_plan()
+            start = inst.run_start = env.now
+            if k == 0:
+                out = sched.schedule()
+                for seq in out.preempted:
+                    self._outbox.append(Preempted(seq.req.request_id, env.now, inst.idx, seq.generated))
+                    inst.emitted = True
+                batch = out.num_decodes + len(out.chunks)
+                if batch == 0 and not out.preempted:  # nothing running and the head cannot fit
+                    raise RlsimError(
+                        f"instance {inst.idx}: a request needs more KV than the capacity "
+                        f"{sched.num_blocks * sched.block_size}: raise --gpu-memory-utilization, use a profile "
+                        "with more GPUs per instance, or lower --max-response-len"
+                    )
+                if batch:
+                    took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens)
+                    took += p.compute_excess_s(out.decode_tokens) + self._draft_s * len(sched.spec)
+                    if self._replay is not None:
+                        took = self._replayed(inst.idx, out, took)
+                    inst.cur_batch = batch
+                    yield env.timeout(took)
+                    inst.seq_time += batch * took
+                done = sched.complete(out)
+                for seq, _ in out.chunks:
+                    if seq.generated:  # its prefill ended: the first token is out
+                        self.first_token.setdefault(seq.req.request_id, env.now)
+                self._busy(inst, start, env.now)
+                self._finished(inst, done)
+            else:
+                total, _ = self._jump_cost(inst, k)
+                inst.cur_batch = sched.n_dec
+                inst.jumping = True
+                try:
+                    yield env.timeout(total)
+                    done_k = k
+                except simpy.Interrupt:
+                    done_k = self._iters_done(inst, env.now - start, k)
+                    if done_k < k:
+                        done_k += 1  # the iteration in progress completes
+                    end = start + self._jump_cost(inst, done_k)[0]
+                    inst.jumping = False
+                    if end > env.now:
+                        yield env.timeout(end - env.now)
+                inst.jumping = False
+                inst.seq_time += sched.n_dec * (env.now - start)
+                sched.advance(done_k)
+                self._busy(inst, start, env.now)
+                self._finished(inst, sched.finish_due())

@@ -1,0 +1,507 @@
+"""InstanceScheduler: vLLM v1's scheduling rules for one rollout instance, iteration by iteration.
+
+A port of what `vllm.v1.core.sched.scheduler.Scheduler.schedule()` and `update_from_output()` do
+for a plain decoder (vLLM 0.32), with time left out (`rlsim.sim.engine` prices iterations):
+
+- running requests first, in running-list order, each taking its next chunk (a decode: one
+  token, `verify` under speculation) from the `max_num_batched_tokens` budget; when its KV slots
+  do not fit, the request at the back of the running list is preempted (its blocks freed, its
+  tokens recomputed on readmission, first in the waiting queue) until they fit or it preempted
+  itself;
+- then, unless something was preempted, waiting requests in order while the budget lasts and
+  fewer than `max_num_seqs` run: a prefix-cache lookup (whole blocks, at most all tokens but the
+  last), then admission only if the whole sequence (prompt plus generated tokens) fits in free
+  blocks (`scheduler_reserve_full_isl`); with chunked prefill off, a prefill larger than the
+  budget waits;
+- KV in blocks of `block_size` tokens: a request holds `ceil(computed / block_size)` blocks, and
+  the slot of a sampled token is allocated when the token is computed (the next iteration); a
+  speculating request also holds `lookahead` slots for its draft tokens from the end of its
+  prefill (vLLM's `num_lookahead_tokens`);
+- a request whose prefill completes samples its first token in that iteration; a request
+  finishes in the iteration that samples its `target`-th token, and its blocks are freed in
+  running order.
+
+`rlsim.sim.sched_parity` runs this class and vLLM's `Scheduler` side by side on the same workload and
+compares the iteration logs. Between events a batch of decoding requests is fixed, so
+`jump_plan()` finds how many iterations can pass before the next finish or block shortage and
+`advance(k)` commits them at once (block needs counted from each request's position in its
+block, not iterated).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+import numpy as np
+
+from rlsim.protocol import Request
+from rlsim.sim.kv_blocks import BlockPool
+
+_ORDER = attrgetter("order")  # running-list position
+
+
+@dataclass(slots=True)
+class Seq:
+    req: Request
+    target: int  # tokens to generate: min(trace length, max_tokens)
+    generated: int = 0  # output tokens (decoding: at start_iter)
+    computed: int = 0  # tokens whose KV is computed (decoding: at start_iter)
+    start_iter: int = 0
+    finish_iter: int = 0
+    decoding: bool = False
+    rate: float = 1.0  # tokens per decode iteration (> 1 under speculative decoding)
+    verify: float = 1.0  # tokens computed per decode iteration
+    hashed: list = field(default_factory=list)  # cached slabs heading its block table
+    nhashed: int = 0  # blocks they cover
+    order: int = 0  # position in the running list (admission order)
+    prompt_blocks: int = 0  # full prompt blocks (its prompt's hash chain)
+    lookahead: int = 0  # KV slots reserved past its tokens while it speculates (vLLM's lookahead)
+    held_la: int = 0  # lookahead slots it holds now (from the end of its prefill)
+    transfer: bool = False  # its KV arrives from elsewhere at admission (a continued chunk)
+
+
+@dataclass(slots=True)
+class Scheduled:
+    """One iteration's batch."""
+
+    decode_tokens: float = 0.0
+    prefill_tokens: int = 0
+    num_decodes: int = 0
+    chunks: list = field(default_factory=list)  # (seq, tokens) of prefill chunks
+    preempted: list = field(default_factory=list)
+    blocked_by_kv: bool = False  # a waiting request did not fit
+
+
+class InstanceScheduler:
+    """vLLM's waiting queue, running list, budget, block pool and preemption for one instance."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked = enable_chunked_prefill
+        self.caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.waiting: deque[Seq] = deque()
+        self.running: dict[int, Seq] = {}  # request id -> Seq, running-list order
+        self.heap: list = []  # (finish_iter, rid) of decoding sequences
+        self.iters = 0
+        self.ctx = 0.0  # KV context tokens of the running requests (the cost model's C)
+        self.n_dec = 0
+        self.n_unit = 0  # decoding sequences at one token per iteration (in `phase`)
+        # unit-rate decoders by phase (computed - 1 - start_iter) % block_size: those at phase p
+        # allocate a block in the iterations where (p + iters) % block_size == block_size - 1
+        self.phase: list[dict[int, Seq]] = [{} for _ in range(block_size)]
+        self._pc = [0] * block_size  # len() of each phase dict, for decode_blocks' slices
+        self._order = 0  # running-list position counter
+        self.spec: dict[int, Seq] = {}  # decoding sequences at a rate other than one
+        # their computed tokens, start iteration and rate in numpy slots, to count blocks at once
+        self._sc, self._sst, self._sr = np.zeros(0), np.zeros(0), np.zeros(0)
+        self._slot: dict[int, int] = {}
+        self._free_slots: list[int] = []
+        self.rate_sum = 0.0
+        self.verify_sum = 0.0
+        self.prefix_hit_tokens = 0
+
+    # ---- token and block positions -----------------------------------------------------------
+    def computed(self, seq: Seq) -> float:
+        if not seq.decoding:
+            return seq.computed
+        return seq.computed + (self.iters - seq.start_iter) * seq.rate
+
+    def generated(self, seq: Seq) -> int:
+        if not seq.decoding:
+            return seq.generated
+        done = int((self.iters - seq.start_iter) * seq.rate + 1e-9)
+        return seq.generated + min(done, seq.target - seq.generated)
+
+    def _blocks(self, tokens: float) -> int:
+        return math.ceil(tokens / self.block_size - 1e-9)
+
+    # ---- queue changes ---------------------------------------------------------------------
+    def add(self, seq: Seq) -> None:
+        seq.prompt_blocks = seq.req.num_prompt_tokens // self.block_size
+        self.waiting.append(seq)
+
+    def remove_waiting(self, rids: set[int]) -> list[Seq]:
+        """Take these requests out of the waiting queue (one pass, order kept); return them."""
+        if not self.waiting:
+            return []
+        gone = [seq for seq in self.waiting if seq.req.request_id in rids]
+        if gone:
+            self.waiting = deque(seq for seq in self.waiting if seq.req.request_id not in rids)
+        return gone
+
+    def _stop_decoding(self, seq: Seq) -> None:
+        if seq.rate != 1.0:
+            seq.generated = self.generated(seq)
+            seq.computed = int(round(self.computed(seq)))
+        seq.decoding = False
+        self.n_dec -= 1
+        self.rate_sum -= seq.rate
+        self.verify_sum -= seq.verify
+        if seq.rate == 1.0:  # generated() and computed() at one token per iteration
+            ran = self.iters - seq.start_iter
+            seq.generated += min(ran, seq.target - seq.generated)
+            seq.computed += ran
+            self.n_unit -= 1
+            ph = (seq.computed - 1 - self.iters) % self.block_size
+            del self.phase[ph][seq.req.request_id]
+            self._pc[ph] -= 1
+        else:
+            del self.spec[seq.req.request_id]
+            j = self._slot.pop(seq.req.request_id)
+            self._sc[j] = self._sst[j] = self._sr[j] = 0.0  # an empty slot adds no blocks
+            self._free_slots.append(j)
+        if self.n_dec == 0:  # no float drift left behind
+            self.rate_sum = self.verify_sum = 0.0
+
+    def _start_decoding(self, seq: Seq, at: int | None = None) -> None:
+        """Decode from iteration `at` (default: the next one to run) one `rate` a step."""
+        at = self.iters if at is None else at
+        seq.decoding = True
+        seq.start_iter = at
+        seq.finish_iter = at + math.ceil((seq.target - seq.generated) / seq.rate - 1e-9)
+        self.n_dec += 1
+        self.rate_sum += seq.rate
+        self.verify_sum += seq.verify
+        if seq.rate == 1.0:
+            self.n_unit += 1
+            ph = (seq.computed - 1 - at) % self.block_size
+            self.phase[ph][seq.req.request_id] = seq
+            self._pc[ph] += 1
+        else:
+            self.spec[seq.req.request_id] = seq
+            if not self._free_slots:  # grow the slot arrays
+                n = len(self._sc)
+                grow = np.zeros(max(n, 64))
+                self._sc, self._sst, self._sr = (np.concatenate([a, grow]) for a in (self._sc, self._sst, self._sr))
+                self._free_slots.extend(range(len(self._sc) - 1, n - 1, -1))
+            j = self._free_slots.pop()
+            self._slot[seq.req.request_id] = j
+            self._sc[j], self._sst[j], self._sr[j] = seq.computed + seq.held_la, at, seq.rate
+        heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
+
+    def _free(self, seq: Seq, how: str) -> int:
+        """Take a running request out, free its blocks in reverse table order; return its tokens.
+        `how`: "preempt" keeps its full blocks hittable, "finish"/"abort" do not."""
+        if seq.decoding:
+            self._stop_decoding(seq)
+        del self.running[seq.req.request_id]
+        c = seq.computed
+        self.ctx -= c
+        la, seq.held_la = seq.held_la, 0
+        b = self.block_size
+        if self.caching:
+            full, pool, hashed = c // b, self.pool, seq.hashed
+            pool.give(-(-(c + la) // b) - full)  # the partial tail block and the lookahead
+            if how == "preempt":  # its own full blocks stay hittable, for its readmission
+                pool.release([s for s in [pool.new(("own", seq.req.request_id), seq.nhashed, full)] if s])
+                pool.release(reversed(hashed))
+            else:
+                pool.give(full - seq.nhashed, cached=True)  # its own full blocks: nothing hits them again
+                pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
+                pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
+        else:
+            self.pool.give(-(-(c + la) // b))
+        seq.hashed = []
+        seq.nhashed = seq.computed = 0
+        return seq.generated
+
+    def preempt(self, seq: Seq) -> int:
+        gen = self._free(seq, "preempt")
+        self.waiting.appendleft(seq)
+        return gen
+
+    def finish(self, seq: Seq) -> int:
+        return self._free(seq, "finish")
+
+    def abort(self, seq: Seq) -> int:
+        return self._free(seq, "abort")
+
+    def free_all(self) -> list[Seq]:
+        """Sleep: every running request's KV and the prefix cache are dropped; running requests go
+        back to the front of the waiting queue in running order, keeping their tokens."""
+        carried = list(self.running.values())
+        for seq in carried:
+            if seq.decoding:
+                self._stop_decoding(seq)
+            seq.hashed = []
+            seq.nhashed = seq.computed = seq.held_la = 0
+        self.running.clear()
+        self.heap.clear()
+        self.ctx = 0.0
+        self.pool.reset(self.num_blocks)
+        self.waiting.extendleft(reversed(carried))
+        return carried
+
+    # ---- one iteration ---------------------------------------------------------------------
+    def _decode_need(self, seq: Seq) -> int:
+        c = self.computed(seq) + seq.held_la
+        return self._blocks(c + seq.rate) - self._blocks(c)
+
+    def _chunk_blocks(self, seq: Seq, take: int) -> tuple[int, int]:
+        """(blocks a prefill chunk of `take` tokens allocates, lookahead held after it). Token
+        counts of a sequence not decoding are integers, so the block counts are exact."""
+        end, b = seq.computed + take, self.block_size
+        la = seq.lookahead if end >= seq.req.num_prompt_tokens + seq.generated else 0
+        return -(-(end + la) // b) + (seq.computed + seq.held_la) // -b, la
+
+    def _admit_check(self, seq: Seq, budget: int) -> tuple[int, list[tuple], int] | str | None:
+        """(tokens of its first chunk, prefix hit, blocks hit) if the head of the queue can be
+        admitted; None when its blocks do not fit, "budget" when chunked prefill is off and it
+        exceeds the budget."""
+        req, b = seq.req, self.block_size
+        ntok = req.num_prompt_tokens + seq.generated
+        hit, nhit, evict = [], 0, 0
+        if self.caching:
+            hit = self.pool.lookup(req.prompt_id, seq.prompt_blocks, req.request_id, (ntok - 1) // b)
+            if hit:
+                nhit = sum(hi - lo for _, lo, hi in hit)
+                evict = self.pool.evictable(hit)
+        new = 1 if seq.transfer else ntok - nhit * b
+        if not self.chunked and new > budget:
+            return "budget"
+        if -(-(ntok + seq.lookahead) // b) - nhit + evict > self.pool.free:  # blocks it needs (ints: exact)
+            return None
+        return min(new, budget), hit, nhit
+
+    def schedule(self) -> Scheduled:
+        """vLLM's `schedule()`: the batch of this iteration (blocks allocated, preemptions done)."""
+        out = Scheduled()
+        budget = self.max_num_batched_tokens
+        pool = self.pool
+        if self.n_dec == len(self.running) and not self.spec and self.n_dec <= budget:
+            self._schedule_decodes(out)
+            if out.preempted:
+                return out
+            return self._admit(out, budget - self.n_dec)
+        if self._bulk_ok(budget):
+            dec = self.decode_blocks(1) if self.n_dec else 0
+            need = dec
+            for seq in self.running.values():
+                if not seq.decoding:
+                    need += self._chunk_blocks(seq, seq.req.num_prompt_tokens + seq.generated - seq.computed)[0]
+            if need <= pool.free:  # nothing preempts and every running request fits the budget
+                pool.take(dec)
+                budget -= math.ceil(self.verify_sum - 1e-9)
+                out.decode_tokens, out.num_decodes = self.verify_sum, self.n_dec
+                self.ctx += self.rate_sum
+                for seq in self.running.values():
+                    if not seq.decoding:
+                        take = seq.req.num_prompt_tokens + seq.generated - seq.computed
+                        self._prefill_chunk(seq, take, out)
+                        budget -= take
+                return self._admit(out, budget)
+        running = list(self.running.values())
+        i, n = 0, len(running)
+        while i < n and budget > 0:
+            seq = running[i]
+            if seq.decoding:
+                new = math.ceil(seq.verify - 1e-9)
+                if new > budget:
+                    break
+                need = self._decode_need(seq)
+            else:
+                new = min(seq.req.num_prompt_tokens + seq.generated - seq.computed, budget)
+                need = self._chunk_blocks(seq, new)[0]
+            while need > pool.free:
+                victim = running[n - 1]
+                n -= 1
+                self.preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if n <= i:  # it preempted itself
+                break
+            budget -= new
+            if seq.decoding:
+                pool.take(need)
+                out.decode_tokens += seq.verify
+                out.num_decodes += 1
+                self.ctx += seq.rate
+            else:
+                self._prefill_chunk(seq, new, out)
+            i += 1
+        for seq in running[i:n]:  # decoders the budget left out this iteration do not advance
+            if seq.decoding:
+                self._stop_decoding(seq)
+                self._start_decoding(seq, at=self.iters + 1)
+        if out.preempted:
+            return out
+        return self._admit(out, budget)
+
+    def _schedule_decodes(self, out: Scheduled) -> None:
+        """The running loop when every running request decodes one token and the budget holds
+        them all: only the requests whose next token opens a block allocate, in running order,
+        preempting from the back when the pool is empty, as the loop over all of them would."""
+        b = self.block_size
+        needers = sorted(self.phase[(b - 1 - self.iters) % b].values(), key=_ORDER)
+        pool, running = self.pool, self.running
+        i, n = 0, len(needers)
+        while i < n:
+            seq = needers[i]
+            rid = seq.req.request_id
+            if rid not in running:  # preempted from the back earlier in this iteration
+                break
+            if pool.free >= 1:  # the next needers in order, as many as the pool holds
+                k = min(pool.free, n - i)
+                pool.take(k)
+                i += k
+                continue
+            while pool.free < 1:
+                victim = running[next(reversed(running))]
+                self.preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if rid not in running:
+                break
+            while needers[n - 1].req.request_id not in running:  # victims are a suffix of them
+                n -= 1
+            pool.take(1)
+            i += 1
+        out.decode_tokens = out.num_decodes = self.n_dec
+        self.ctx += self.rate_sum
+
+    def _bulk_ok(self, budget: int) -> bool:
+        """Every running request's next chunk fits the budget (then only blocks can bind)."""
+        need = math.ceil(self.verify_sum - 1e-9)
+        if len(self.running) > self.n_dec:
+            for seq in self.running.values():
+                if not seq.decoding:
+                    need += seq.req.num_prompt_tokens + seq.generated - seq.computed
+        return need <= budget
+
+    def _prefill_chunk(self, seq: Seq, take: int, out: Scheduled) -> None:
+        blocks, seq.held_la = self._chunk_blocks(seq, take)
+        self.pool.take(blocks)
+        if self.caching:  # hash the prompt's full blocks this chunk completes (vLLM caches at allocation)
+            lo, hi = seq.nhashed, min(seq.prompt_blocks, (seq.computed + take) // self.block_size)
+            if hi > lo:
+                seq.hashed.append(self.pool.new(seq.req.prompt_id, lo, hi))
+                seq.nhashed = hi
+        out.chunks.append((seq, take))
+        out.prefill_tokens += take
+        self.ctx += take
+
+    def _admit(self, out: Scheduled, budget: int) -> Scheduled:
+        pool = self.pool
+        while budget > 0 and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            ok = self._admit_check(seq, budget)
+            if not isinstance(ok, tuple):
+                out.blocked_by_kv = ok is None
+                break
+            take, hit, nhit = ok
+            self.waiting.popleft()
+            seq.hashed = pool.acquire(hit) if hit else []
+            seq.nhashed = nhit
+            seq.computed = nhit * self.block_size
+            self.ctx += seq.computed
+            self.prefix_hit_tokens += seq.computed
+            if seq.transfer:  # its KV was moved here: all but the last token are in place
+                last = seq.req.num_prompt_tokens + seq.generated - 1
+                pool.take(self._blocks(last) - self._blocks(seq.computed))
+                self.ctx += last - seq.computed
+                seq.computed, seq.transfer = last, False
+            self.running[seq.req.request_id] = seq
+            self._order += 1
+            seq.order = self._order
+            self._prefill_chunk(seq, take, out)
+            budget -= take
+        return out
+
+    def complete(self, out: Scheduled) -> list[Seq]:
+        """vLLM's `update_from_output()`: the iteration ran; return the requests it finished
+        (their blocks freed, in running order)."""
+        self.iters += 1
+        for seq, take in out.chunks:
+            seq.computed += take
+            if seq.computed >= seq.req.num_prompt_tokens + seq.generated:
+                seq.generated += 1  # the iteration that ends a prefill samples a token
+                self._start_decoding(seq)
+        return self.finish_due()
+
+    def finish_due(self) -> list[Seq]:
+        """Finish the decoding requests whose last token the iterations so far sampled."""
+        heap, due, it, running = self.heap, [], self.iters, self.running
+        while heap and heap[0][0] <= it:
+            rid = heapq.heappop(heap)[1]
+            seq = running.get(rid)
+            if seq is None or not seq.decoding or seq.finish_iter != it:
+                continue  # stale entry (aborted, preempted or postponed)
+            due.append(seq)
+        if len(due) > 1:
+            due.sort(key=_ORDER)
+        for seq in due:
+            self._free(seq, "finish")
+        return due
+
+    # ---- event jumping ---------------------------------------------------------------------
+    def decode_blocks(self, k: int) -> int:
+        """Blocks the decoding requests allocate over the next k iterations."""
+        b = self.block_size
+        q, s = divmod(k, b)
+        n = self.n_unit * q
+        if s:
+            # a unit-rate decoder at phase p allocates in this iteration when (p + iters) % b == 0,
+            # i.e. once in the first s iterations when (p + iters) % b >= b - s
+            lo = (b - s - self.iters) % b  # phases (j - iters) % b for j in [b - s, b): a circular slice
+            pc, hi = self._pc, lo + s
+            n += sum(pc[lo:hi]) if hi <= b else sum(pc[lo:]) + sum(pc[: hi - b])
+        if self.spec:
+            r = self._sr
+            c = self._sc + (self.iters - self._sst) * r  # as computed(), for every speculative decoder
+            n += int((np.ceil((c + k * r) / b - 1e-9) - np.ceil(c / b - 1e-9)).sum())
+        return n
+
+    def jump_plan(self) -> int:
+        """Iterations that can run as a fixed decode batch before the next event (0: run one)."""
+        if not self.heap or self.n_dec != len(self.running):
+            return 0
+        if math.ceil(self.verify_sum - 1e-9) > self.max_num_batched_tokens:
+            return 0
+        if self.waiting and len(self.running) < self.max_num_seqs:
+            budget = self.max_num_batched_tokens - math.ceil(self.verify_sum - 1e-9)
+            if budget > 0 and isinstance(self._admit_check(self.waiting[0], budget), tuple):
+                return 0  # an admission is possible now
+        k_finish = self.heap[0][0] - self.iters
+        if k_finish <= 0:
+            return 0
+        free = self.pool.free
+        if self.decode_blocks(k_finish) <= free:
+            return k_finish
+        lo, hi = 0, k_finish  # decode_blocks(lo) <= free < decode_blocks(hi)
+        guess = int(free * self.block_size / max(self.rate_sum, 1e-9))
+        if 0 < guess < hi:
+            if self.decode_blocks(guess) <= free:
+                lo = guess
+            else:
+                hi = guess
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.decode_blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def advance(self, k: int) -> None:
+        """Commit k decode iterations (`jump_plan` said they fit)."""
+        self.pool.take(self.decode_blocks(k))
+        self.iters += k
+        self.ctx += k * self.rate_sum

@@ -1,0 +1,111 @@
+"""`simulate(...)`: one policy on one trace and cluster, returning a `Result` (no files written).
+
+The caller decides what to write (`rlsim.report.write_run_dir`). Same config and seed, same
+numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+
+import pandas as pd
+
+from policies.registry import make_policy, parse_policy
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
+from rlsim.driver import run_loop
+from rlsim.errors import RlsimError
+from rlsim.profile import Profile, load_profile
+from rlsim.result import Result, summarize
+from rlsim.sim.engine import SimEngine
+from rlsim.spec.speculation import SpecModel
+from rlsim.step_costs import with_engine
+from rlsim.trace.format import Trace
+
+
+def check_engine_fits(prof: Profile, engine_cfg: EngineConfig, trace: Trace, rl: RLConfig) -> None:
+    """Refuse, in one sentence, an engine that could never run the trace's longest request."""
+    t = trace.table
+    capped = t["num_output_tokens"].clip(upper=rl.max_response_len)
+    longest = int((t["num_prompt_tokens"] + capped).max()) if len(t) else 0
+    if longest > prof.kv_capacity_tokens:
+        raise RlsimError(
+            f"a {longest}-token request of the trace (prompt plus capped response) does not fit an "
+            f"instance's KV cache of {prof.kv_capacity_tokens} tokens; raise gpu_memory_utilization "
+            f"or lower max_response_len"
+        )
+    if not engine_cfg.enable_chunked_prefill and longest > prof.max_num_batched_tokens:
+        raise RlsimError(
+            f"with chunked prefill off, max_num_batched_tokens ({prof.max_num_batched_tokens}) must "
+            f"hold the longest request ({longest} tokens), as vLLM requires of max_model_len"
+        )
+
+
+def simulate(
+    trace: Trace,
+    policy: str = "sync",
+    cluster: ClusterConfig | None = None,
+    rl: RLConfig | None = None,
+    profile: Profile | str | None = None,
+    exact: bool = False,
+    progress=None,  # noqa: ANN001 - optional callable(step, sim_time)
+    tables: bool = True,
+    engine_cfg: EngineConfig | None = None,
+    iteration_times=None,  # noqa: ANN001 - per instance [(seconds, decode requests, prefill tokens)]
+    lockstep: bool = False,
+) -> Result:
+    """Simulate `policy` on `trace`; see `rlsim.config` for the knobs and their defaults.
+    `tables=False` skips building the per-request table (a summary-only run, as in compare).
+    `iteration_times` replays a real run's measured iteration times and `lockstep` drives the
+    instances as `rlsim run --real` drives its engines (`rlsim.sim.engine`)."""
+    cluster = cluster or ClusterConfig()
+    rl = rl or RLConfig()
+    engine_cfg = engine_cfg or EngineConfig()
+    prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
+    prof = with_engine(prof, engine_cfg)
+    n = cluster.num_instances(prof.tensor_parallel_size)
+    parsed = parse_policy(policy)
+    spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
+    check_engine_fits(prof, engine_cfg, trace, rl)
+    engine = SimEngine(
+        prof, n, exact=exact, spec=spec, enable_prefix_caching=engine_cfg.enable_prefix_caching,
+        block_size=prof.block_size, enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
+        iteration_times=iteration_times, lockstep=lockstep,
+    )
+    pol = make_policy(policy)
+    t0 = time.perf_counter()
+    # The loop allocates millions of small objects that live until the run ends; the cyclic
+    # garbage collector rescanning them costs about a fifth of the run, and the loop makes no
+    # cycles worth collecting early, so it is paused for the loop.
+    gc_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        records = run_loop(
+            engine, pol, trace, prof, cluster, rl, progress, engine_cfg=engine_cfg,
+            dynamic_sampling=parsed.dynamic_sampling,
+        )  # fmt: skip
+    finally:
+        if gc_enabled:
+            gc.enable()
+    wall = time.perf_counter() - t0
+    steps = records.steps_frame()
+    requests = records.requests_frame() if tables else pd.DataFrame()
+    summary = summarize(steps, records.cols, n, cluster.num_gpus)
+    summary["sim_wall_s"] = wall
+    summary["reused_samples"] = records.reused_samples
+    summary["prefix_hit_tokens"] = engine.prefix_hit_tokens
+    summary["wake_reprefill_tokens"] = engine.wake_reprefill_tokens
+    summary["pause_interrupts"] = engine.pause_interrupts
+    if iteration_times is not None:
+        summary["replay"] = dict(engine.replay)
+    if spec is not None:
+        summary["histospec"] = {"source": spec.source, "acceptance_prob": spec.acceptance_prob}
+    config = config_dict(cluster, rl, engine_cfg) | {
+        "policy": policy, "policy_knobs": getattr(pol, "config", None) and dataclasses.asdict(pol.config),
+        "histospec": parsed.histospec and dataclasses.asdict(parsed.histospec), "exact": exact,
+        "dynamic_sampling": parsed.dynamic_sampling and dataclasses.asdict(parsed.dynamic_sampling),
+        "profile": prof.to_dict(),
+        "trace": {"source": trace.meta.source, "model": trace.meta.model},
+    }  # fmt: skip
+    return Result(policy, config, requests, steps, summary, [engine.segments(i) for i in range(n)])
