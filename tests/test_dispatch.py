@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlsim.dispatch import least_loaded
+from rlsim.driver.dispatch import least_loaded
 from tests.test_policies import make_trace, run
 
 

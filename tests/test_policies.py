@@ -10,7 +10,7 @@ import pytest
 
 from policies.registry import make_policy, parse_policy
 from rlsim.config import ClusterConfig, RLConfig
-from rlsim.driver import run_loop
+from rlsim.driver.loop import run_loop
 from rlsim.errors import RlsimError
 from rlsim.profile import load_profile
 from rlsim.protocol import Finished, Launch, Train

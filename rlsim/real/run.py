@@ -256,7 +256,8 @@ class RealRun:
         `say(line)` with what happens outside the steps (the `--calibrate` passes)."""
         from calibrate.engine import require_vllm
         from policies.registry import make_policy, parse_policy
-        from rlsim.driver import Driver, run_loop
+        from rlsim.driver.driver import Driver
+        from rlsim.driver.loop import run_loop
         from rlsim.trace.format import load
 
         require_vllm()

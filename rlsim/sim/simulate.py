@@ -14,7 +14,7 @@ import pandas as pd
 
 from policies.registry import make_policy, parse_policy
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
-from rlsim.driver import run_loop
+from rlsim.driver.loop import run_loop
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile, load_profile
 from rlsim.result import Result, summarize

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlsim.config import ClusterConfig, DynamicSamplingConfig, EngineConfig, RLConfig
-from rlsim.dispatch import least_loaded
-from rlsim.dynamic_sampling import GroupFilter, check_rewards
+from rlsim.driver.dynamic_sampling import GroupFilter, check_rewards
+from rlsim.driver.launch import Launcher
+from rlsim.driver.trace_index import TraceIndex
+from rlsim.driver.view import View
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import (
@@ -32,7 +34,6 @@ from rlsim.protocol import (
     Policy,
     Preempted,
     Request,
-    RequestInfo,
     Timer,
     Train,
 )
@@ -41,132 +42,8 @@ from rlsim.step_costs import step_cost
 from rlsim.trace.format import Trace
 
 
-class TraceIndex:
-    """O(1) lookup of a visit's sample lengths: rows are sorted by (epoch, prompt, sample)."""
-
-    def __init__(self, trace: Trace, cap: int | None = None) -> None:
-        df = trace.table
-        self.cap = cap or trace.meta.max_response_len
-        self.epochs = trace.epochs
-        self.samples = trace.meta.samples_per_prompt
-        self.out = df["num_output_tokens"].to_numpy(np.int64)
-        self.prompt_tokens = df["num_prompt_tokens"].to_numpy(np.int64)
-        self.reward_time = df["reward_time_s"].to_numpy(float) if "reward_time_s" in df.columns else None
-        self.reward = df["reward"].to_numpy(float) if "reward" in df.columns else None
-        ep, pid = df["epoch"].to_numpy(), df["prompt_id"].to_numpy()
-        starts = np.flatnonzero(np.r_[True, (np.diff(ep) != 0) | (np.diff(pid) != 0)])
-        self.start = {(int(ep[s]), int(pid[s])): int(s) for s in starts}
-        self.prompts_by_epoch = {e: np.unique(pid[ep == e]) for e in self.epochs}
-        # A real log's steps: prompts of an epoch in the order the log generated them.
-        self.logged_order: dict[int, np.ndarray] | None = None
-        if "step" in df.columns:
-            st = df["step"].to_numpy()[starts]
-            ep_s, pid_s = ep[starts], pid[starts]
-            self.logged_order = {
-                e: pid_s[ep_s == e][np.lexsort((pid_s[ep_s == e], st[ep_s == e]))] for e in self.epochs
-            }
-        self._epoch_mean: dict[tuple[int, int], float] = {}
-
-    def length(self, epoch: int, prompt_id: int, sample_idx: int) -> tuple[int, int]:
-        s = self.start[(epoch, prompt_id)] + sample_idx
-        return int(self.out[s]), int(self.prompt_tokens[s])
-
-    def reward_of(self, epoch: int, prompt_id: int, sample_idx: int) -> float:
-        return float(self.reward[self.start[(epoch, prompt_id)] + sample_idx])
-
-    def reward_time_s(self, epoch: int, prompt_id: int, sample_idx: int, default: float) -> float:
-        if self.reward_time is None:
-            return default
-        return float(self.reward_time[self.start[(epoch, prompt_id)] + sample_idx])
-
-    def unbiased_mean(self, epoch: int, prompt_id: int, n: int) -> float:
-        """Mean length (at the run's cap) of a visit's first n samples: what training on that
-        prompt without selection would see."""
-        s = self.start[(epoch, prompt_id)]
-        return float(np.minimum(self.out[s : s + n], self.cap).mean())
-
-    def epoch_mean(self, epoch: int, n: int) -> float:
-        """Mean length (at the run's cap) of the first n samples of every prompt of an epoch."""
-        key = (epoch, n)
-        if key not in self._epoch_mean:
-            starts = np.array([s for (e, _), s in self.start.items() if e == epoch])
-            rows = (starts[:, None] + np.arange(n)[None, :]).ravel()
-            self._epoch_mean[key] = float(np.minimum(self.out[rows], self.cap).mean())
-        return self._epoch_mean[key]
-
-
-class View:
-    """The policy's read-only window (`rlsim.protocol.PolicyView`).
-
-    It answers only what a real system could know at that moment. Asking it for anything else
-    (a target length, the trace, the driver) raises `RlsimError` naming the attribute; only a
-    policy whose class sets `oracle = True` may call `oracle_lengths`.
-    """
-
-    __slots__ = (
-        "_drv", "_oracle", "_policy", "step", "version", "now", "prompts_per_step", "samples_per_prompt",
-        "max_response_len", "num_instances", "profile",
-    )  # fmt: skip
-
-    def __init__(self, drv: Driver, policy: Policy) -> None:
-        self._drv = drv
-        self._policy = getattr(policy, "name", type(policy).__name__)
-        self._oracle = getattr(policy, "oracle", False) is True
-        self.step, self.version, self.now = 0, 0, 0.0
-        self.prompts_per_step = drv.rl.prompts_per_step
-        self.samples_per_prompt = drv.rl.samples_per_prompt
-        self.max_response_len = drv.rl.max_response_len
-        self.num_instances = drv.engine.num_instances
-        self.profile = drv.profile
-
-    def __getattr__(self, name: str):  # noqa: ANN204 - only reached for names the view lacks
-        raise RlsimError(
-            f"policy {self._policy} asked the view for {name!r}: a policy sees prompts, finished "
-            "samples and earlier visits only (POLICIES.md)"
-        )
-
-    def take_prompts(self, n: int) -> list[int]:
-        return self._drv.take_prompts(n)
-
-    def epoch_of(self, prompt_id: int) -> int:
-        return self._drv.taken_epoch[prompt_id]
-
-    def prompt_tokens(self, prompt_id: int) -> int:
-        return self._drv.index.length(self._drv.taken_epoch[prompt_id], prompt_id, 0)[1]
-
-    def finished_lengths(self, prompt_id: int) -> list[int]:
-        drv = self._drv
-        return list(drv.finished.get((drv.taken_epoch.get(prompt_id), prompt_id), ()))
-
-    def history(self, prompt_id: int) -> list[int]:
-        return list(self._drv.history.get(prompt_id, ()))
-
-    def in_flight(self, prompt_id: int) -> list[int]:
-        return sorted(self._drv.in_flight.get(prompt_id, ()))
-
-    def request(self, request_id: int) -> RequestInfo:
-        requests = self._drv.requests
-        if not 0 <= request_id < len(requests):
-            raise RlsimError(f"policy {self._policy} asked for request {request_id}, which was never launched")
-        q = requests[request_id]
-        return RequestInfo(
-            q.request_id, q.prompt_id, q.sample_idx, q.epoch, q.num_prompt_tokens, q.instance, q.policy_version,
-            q.kept_tokens,
-        )
-
-    def oracle_lengths(self, prompt_id: int) -> list[int]:
-        if not self._oracle:
-            raise RlsimError(
-                f"policy {self._policy} read response lengths before they finished; only a policy "
-                "marked oracle = True (a lower bound, not a real system) may"
-            )
-        drv = self._drv
-        epoch = drv.taken_epoch[prompt_id]
-        return [drv.index.length(epoch, prompt_id, s)[0] for s in range(drv.index.samples)]
-
-
 @dataclass
-class Driver:
+class Driver(Launcher):
     """State of one run; use `run_loop` rather than this class directly."""
 
     engine: Engine
@@ -286,44 +163,6 @@ class Driver:
         return chunk
 
     # ---- actions --------------------------------------------------------------------------
-    def _instance_for(self, launch: Launch) -> int | tuple[int, ...] | None:
-        """The policy's placement, or the dispatch rule's; None: per-sample least-loaded, decided
-        when the batch is submitted (`_dispatch`)."""
-        n = self.engine.num_instances
-        if launch.instance is not None:
-            chosen = launch.instance if isinstance(launch.instance, tuple) else (launch.instance,)
-            if isinstance(launch.instance, tuple) and len(chosen) != launch.num_samples:
-                raise RlsimError(f"policy gave {len(chosen)} instances for {launch.num_samples} samples")
-            if not all(0 <= i < n for i in chosen):
-                raise RlsimError(f"policy chose instance {max(chosen)} of {n}")
-            return launch.instance
-        if self.cluster.dispatch == "least_loaded":
-            return None
-        if self.cluster.dispatch == "round_robin":
-            first = self.rr
-            self.rr = (self.rr + launch.num_samples) % n
-            return tuple((first + j) % n for j in range(launch.num_samples))
-        self.rr = (self.rr + 1) % n  # per_prompt
-        return self.rr
-
-    def _dispatch(self, batch: list[Request]) -> list[Request]:
-        """Place the batch's undecided samples least-loaded (counting each assignment) and count
-        every sample of the batch against its instance."""
-        todo = [j for j, q in enumerate(batch) if q.instance < 0]
-        if todo:
-            where = least_loaded(self.assigned, len(todo))
-            requests = self.requests
-            for j, i in zip(todo, where, strict=True):
-                q = batch[j]
-                q = batch[j] = Request(*q[:7], i, q[8], q[9])  # q._replace(instance=i), at a third of its cost
-                requests[q[0]] = q
-        if len(todo) < len(batch):
-            placed = set(todo)
-            for j, q in enumerate(batch):
-                if j not in placed:
-                    self.assigned[q.instance] += 1
-        return batch
-
     def apply(self, actions: list) -> Train | None:
         train = None
         batch: list[Request] = []
@@ -346,67 +185,6 @@ class Driver:
             self.records.launch(launched, self.engine.now, self.view.step)
         return train
 
-    def _launch(self, act: Launch) -> list[Request]:
-        epoch = self.taken_epoch.get(act.prompt_id)
-        if epoch is None or (epoch, act.prompt_id) not in self.pending:
-            raise RlsimError(f"policy launched prompt {act.prompt_id}, which it has not taken for this visit")
-        max_tokens = min(act.max_tokens or self.rl.max_response_len, self.rl.max_response_len)
-        inst = self._instance_for(act)
-        if act.resume is not None:
-            return [self._resume(act, max_tokens, inst)]
-        visit = (epoch, act.prompt_id)
-        if act.restart:
-            self.next_sample[visit] = 0
-            self.finished[visit] = []
-        if act.redraw is not None:
-            if len(act.redraw) != act.num_samples:
-                raise RlsimError(f"policy redrew {len(act.redraw)} samples for a Launch of {act.num_samples}")
-            draws = list(act.redraw)
-        else:
-            first = self.next_sample.get(visit, 0)
-            self.next_sample[visit] = first + act.num_samples
-            draws = list(range(first, first + act.num_samples))
-        flight = self.in_flight.setdefault(act.prompt_id, set())
-        per_sample = isinstance(inst, tuple)
-        index, requests, pid, version = self.index, self.requests, act.prompt_id, self.version
-        base, samples = index.start[visit], index.samples
-        out_tokens, prompt_tokens = index.out, index.prompt_tokens
-        out = []
-        for j, k in enumerate(draws):
-            # Past the trace's samples, reuse them cyclically (counted in the summary).
-            s = k % samples
-            self.reused_samples += k >= samples
-            rid = len(requests)
-            where = inst[j] if per_sample else (-1 if inst is None else inst)
-            row = base + s  # index.length(epoch, pid, s), inlined: the hot path of an epoch
-            req = Request(rid, pid, s, epoch, int(prompt_tokens[row]), max_tokens, int(out_tokens[row]), where, version)
-            requests.append(req)
-            flight.add(rid)
-            out.append(req)
-        return out
-
-    def _resume(self, act: Launch, max_tokens: int, inst) -> Request:  # noqa: ANN001
-        """A request continuing an ended chunk's response (divided rollout): same sample, its
-        tokens so far kept, the behaviour version of its first tokens."""
-        old = self.requests[act.resume] if 0 <= act.resume < len(self.requests) else None
-        if old is None or old.prompt_id != act.prompt_id or self.records.cols["outcome"][act.resume] != "chunk":
-            raise RlsimError(
-                f"policy resumed request {act.resume}, which is not an ended chunk of prompt {act.prompt_id}"
-            )
-        if act.num_samples != 1:
-            raise RlsimError("a Launch that resumes a chunk launches exactly one sample")
-        kept = self.records.num_output_tokens[act.resume]
-        if max_tokens <= kept:
-            raise RlsimError(f"policy resumed request {act.resume} with max_tokens {max_tokens} <= its {kept} tokens")
-        self.records.continued(act.resume)
-        rid = len(self.requests)
-        where = inst[0] if isinstance(inst, tuple) else (-1 if inst is None else inst)
-        req = old._replace(request_id=rid, max_tokens=max_tokens, instance=where, kept_tokens=kept)
-        self.requests.append(req)
-        self.in_flight.setdefault(act.prompt_id, set()).add(rid)
-        return req
-
-    # ---- events ---------------------------------------------------------------------------
     def _reward(self, rid: int, t: float) -> None:
         index, free = self.index, self.reward_free[0]  # the worker free first
         if index.reward_time is None:
@@ -535,60 +313,3 @@ class Driver:
             if counts[visit] >= self.rl.samples_per_prompt:
                 self.pending.discard(visit)
                 del counts[visit]
-
-
-def run_loop(
-    engine: Engine,
-    policy: Policy,
-    trace: Trace,
-    profile: Profile,
-    cluster: ClusterConfig,
-    rl: RLConfig,
-    progress=None,  # noqa: ANN001 - optional callable(step, now)
-    driver: Driver | None = None,
-    on_step=None,  # noqa: ANN001 - optional callable(driver) after every step
-    engine_cfg: EngineConfig | None = None,
-    dynamic_sampling: DynamicSamplingConfig | None = None,
-) -> Records:
-    """Run the RL loop until every epoch is trained (or `max_steps`); return the records.
-    `driver` continues a restored run (`Driver.restore`); `on_step` sees the driver after each
-    step (a real run checkpoints there)."""
-    drv = driver or Driver(engine, policy, trace, profile, cluster, rl, engine_cfg or EngineConfig(), dynamic_sampling)
-    policy, view = drv.policy, drv.view
-    while rl.max_steps is None or view.step < rl.max_steps:
-        view.now = engine.now
-        window = StepWindow(view.step, engine.now, engine)
-        train = drv.apply(policy.on_step_start(view))
-        if not any(drv.in_flight.values()) and train is None:
-            break  # data exhausted and nothing running
-        train = _until_train(drv, train)
-        while drv.groups is not None and (train := drv.filter_groups(train, window)) is None:
-            # another generation batch of the same step (weights unchanged)
-            train = _until_train(drv, drv.apply(policy.on_step_start(view)))
-        drv.train(train, window)
-        view.step += 1
-        if on_step is not None:
-            on_step(drv)
-        if progress is not None:
-            progress(view.step, engine.now)
-    drv.records.finalize()
-    drv.records.reused_samples = drv.reused_samples
-    return drv.records
-
-
-def _until_train(drv: Driver, train: Train | None) -> Train:
-    """Feed events to the policy until it asks to train. A dynamic-sampling batch whose prompts
-    ran out with nothing in flight trains on what it has (an empty Train)."""
-    engine, policy, view = drv.engine, drv.policy, drv.view
-    while train is None:
-        events = engine.step()
-        if not events:
-            if drv.groups is not None and not any(drv.in_flight.values()):
-                return Train(())
-            raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
-        view.now = engine.now
-        for ev in events:
-            acts = policy.on_event(drv.handle(ev), view)
-            if acts:
-                train = drv.apply(acts) or train
-    return train

@@ -1,0 +1,117 @@
+"""Launching: how the driver turns a policy's `Launch` into `Request`s and places them.
+
+A launched sample's target length comes from the trace (`TraceIndex`), never from the policy;
+samples past the trace's count reuse its samples cyclically (counted in the summary). Placement is
+the policy's own (`Launch.instance`) or the run's dispatch rule: per-sample least-loaded by
+default (`rlsim.driver.dispatch`), decided when the batch is submitted so that each assignment
+counts against the next. A `Launch(resume=r)` continues the response of an ended chunk.
+"""
+
+from __future__ import annotations
+
+from rlsim.driver.dispatch import least_loaded
+from rlsim.errors import RlsimError
+from rlsim.protocol import Launch, Request
+
+
+class Launcher:
+    """The `Driver`'s launch and dispatch methods (a mixin over its state)."""
+
+    def _instance_for(self, launch: Launch) -> int | tuple[int, ...] | None:
+        """The policy's placement, or the dispatch rule's; None: per-sample least-loaded, decided
+        when the batch is submitted (`_dispatch`)."""
+        n = self.engine.num_instances
+        if launch.instance is not None:
+            chosen = launch.instance if isinstance(launch.instance, tuple) else (launch.instance,)
+            if isinstance(launch.instance, tuple) and len(chosen) != launch.num_samples:
+                raise RlsimError(f"policy gave {len(chosen)} instances for {launch.num_samples} samples")
+            if not all(0 <= i < n for i in chosen):
+                raise RlsimError(f"policy chose instance {max(chosen)} of {n}")
+            return launch.instance
+        if self.cluster.dispatch == "least_loaded":
+            return None
+        if self.cluster.dispatch == "round_robin":
+            first = self.rr
+            self.rr = (self.rr + launch.num_samples) % n
+            return tuple((first + j) % n for j in range(launch.num_samples))
+        self.rr = (self.rr + 1) % n  # per_prompt
+        return self.rr
+
+    def _dispatch(self, batch: list[Request]) -> list[Request]:
+        """Place the batch's undecided samples least-loaded (counting each assignment) and count
+        every sample of the batch against its instance."""
+        todo = [j for j, q in enumerate(batch) if q.instance < 0]
+        if todo:
+            where = least_loaded(self.assigned, len(todo))
+            requests = self.requests
+            for j, i in zip(todo, where, strict=True):
+                q = batch[j]
+                q = batch[j] = Request(*q[:7], i, q[8], q[9])  # q._replace(instance=i), at a third of its cost
+                requests[q[0]] = q
+        if len(todo) < len(batch):
+            placed = set(todo)
+            for j, q in enumerate(batch):
+                if j not in placed:
+                    self.assigned[q.instance] += 1
+        return batch
+
+    def _launch(self, act: Launch) -> list[Request]:
+        epoch = self.taken_epoch.get(act.prompt_id)
+        if epoch is None or (epoch, act.prompt_id) not in self.pending:
+            raise RlsimError(f"policy launched prompt {act.prompt_id}, which it has not taken for this visit")
+        max_tokens = min(act.max_tokens or self.rl.max_response_len, self.rl.max_response_len)
+        inst = self._instance_for(act)
+        if act.resume is not None:
+            return [self._resume(act, max_tokens, inst)]
+        visit = (epoch, act.prompt_id)
+        if act.restart:
+            self.next_sample[visit] = 0
+            self.finished[visit] = []
+        if act.redraw is not None:
+            if len(act.redraw) != act.num_samples:
+                raise RlsimError(f"policy redrew {len(act.redraw)} samples for a Launch of {act.num_samples}")
+            draws = list(act.redraw)
+        else:
+            first = self.next_sample.get(visit, 0)
+            self.next_sample[visit] = first + act.num_samples
+            draws = list(range(first, first + act.num_samples))
+        flight = self.in_flight.setdefault(act.prompt_id, set())
+        per_sample = isinstance(inst, tuple)
+        index, requests, pid, version = self.index, self.requests, act.prompt_id, self.version
+        base, samples = index.start[visit], index.samples
+        out_tokens, prompt_tokens = index.out, index.prompt_tokens
+        out = []
+        for j, k in enumerate(draws):
+            # Past the trace's samples, reuse them cyclically (counted in the summary).
+            s = k % samples
+            self.reused_samples += k >= samples
+            rid = len(requests)
+            where = inst[j] if per_sample else (-1 if inst is None else inst)
+            row = base + s  # index.length(epoch, pid, s), inlined: the hot path of an epoch
+            req = Request(rid, pid, s, epoch, int(prompt_tokens[row]), max_tokens, int(out_tokens[row]), where, version)
+            requests.append(req)
+            flight.add(rid)
+            out.append(req)
+        return out
+
+    def _resume(self, act: Launch, max_tokens: int, inst) -> Request:  # noqa: ANN001
+        """A request continuing an ended chunk's response (divided rollout): same sample, its
+        tokens so far kept, the behaviour version of its first tokens."""
+        old = self.requests[act.resume] if 0 <= act.resume < len(self.requests) else None
+        if old is None or old.prompt_id != act.prompt_id or self.records.cols["outcome"][act.resume] != "chunk":
+            raise RlsimError(
+                f"policy resumed request {act.resume}, which is not an ended chunk of prompt {act.prompt_id}"
+            )
+        if act.num_samples != 1:
+            raise RlsimError("a Launch that resumes a chunk launches exactly one sample")
+        kept = self.records.num_output_tokens[act.resume]
+        if max_tokens <= kept:
+            raise RlsimError(f"policy resumed request {act.resume} with max_tokens {max_tokens} <= its {kept} tokens")
+        self.records.continued(act.resume)
+        rid = len(self.requests)
+        where = inst[0] if isinstance(inst, tuple) else (-1 if inst is None else inst)
+        req = old._replace(request_id=rid, max_tokens=max_tokens, instance=where, kept_tokens=kept)
+        self.requests.append(req)
+        self.in_flight.setdefault(act.prompt_id, set()).add(rid)
+        return req
+

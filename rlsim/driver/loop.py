@@ -1,0 +1,74 @@
+"""run_loop: the one RL loop, for simulated and real engines alike.
+
+Each step the policy is told the step started, its actions are applied, and engine events are fed
+to it until it asks to train; with dynamic sampling, further generation batches run under the same
+weights until enough groups are valid. Then the step's rewards and training phases run
+(`Driver.train`) and the version moves on.
+"""
+
+from __future__ import annotations
+
+from rlsim.config import ClusterConfig, DynamicSamplingConfig, EngineConfig, RLConfig
+from rlsim.driver.driver import Driver
+from rlsim.errors import RlsimError
+from rlsim.profile import Profile
+from rlsim.protocol import Engine, Policy, Train
+from rlsim.records import Records, StepWindow
+from rlsim.trace.format import Trace
+
+
+def run_loop(
+    engine: Engine,
+    policy: Policy,
+    trace: Trace,
+    profile: Profile,
+    cluster: ClusterConfig,
+    rl: RLConfig,
+    progress=None,  # noqa: ANN001 - optional callable(step, now)
+    driver: Driver | None = None,
+    on_step=None,  # noqa: ANN001 - optional callable(driver) after every step
+    engine_cfg: EngineConfig | None = None,
+    dynamic_sampling: DynamicSamplingConfig | None = None,
+) -> Records:
+    """Run the RL loop until every epoch is trained (or `max_steps`); return the records.
+    `driver` continues a restored run (`Driver.restore`); `on_step` sees the driver after each
+    step (a real run checkpoints there)."""
+    drv = driver or Driver(engine, policy, trace, profile, cluster, rl, engine_cfg or EngineConfig(), dynamic_sampling)
+    policy, view = drv.policy, drv.view
+    while rl.max_steps is None or view.step < rl.max_steps:
+        view.now = engine.now
+        window = StepWindow(view.step, engine.now, engine)
+        train = drv.apply(policy.on_step_start(view))
+        if not any(drv.in_flight.values()) and train is None:
+            break  # data exhausted and nothing running
+        train = _until_train(drv, train)
+        while drv.groups is not None and (train := drv.filter_groups(train, window)) is None:
+            # another generation batch of the same step (weights unchanged)
+            train = _until_train(drv, drv.apply(policy.on_step_start(view)))
+        drv.train(train, window)
+        view.step += 1
+        if on_step is not None:
+            on_step(drv)
+        if progress is not None:
+            progress(view.step, engine.now)
+    drv.records.finalize()
+    drv.records.reused_samples = drv.reused_samples
+    return drv.records
+
+
+def _until_train(drv: Driver, train: Train | None) -> Train:
+    """Feed events to the policy until it asks to train. A dynamic-sampling batch whose prompts
+    ran out with nothing in flight trains on what it has (an empty Train)."""
+    engine, policy, view = drv.engine, drv.policy, drv.view
+    while train is None:
+        events = engine.step()
+        if not events:
+            if drv.groups is not None and not any(drv.in_flight.values()):
+                return Train(())
+            raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
+        view.now = engine.now
+        for ev in events:
+            acts = policy.on_event(drv.handle(ev), view)
+            if acts:
+                train = drv.apply(acts) or train
+    return train
