@@ -10,16 +10,11 @@ admission in an iteration that preempted; prefix caching at block granularity wi
 free-queue order. This module prices iterations with the profile's cost model and turns the
 scheduler's finishes and preemptions into events.
 
-Event jumping: between events the decode batch is fixed (B sequences, KV context C growing by B
-per iteration), so k iterations cost `k*(t_w + (alpha+gamma)*B + beta*C1) + beta*B*k*(k-1)/2`
-(C1 the context of the first). An instance runs iterations one at a time only while a prefill or
-an admission is pending, and otherwise jumps straight to the next finish or block shortage (the
-scheduler counts the blocks each request allocates from its position in its last block). A
-submit or abort arriving mid-jump interrupts it: the iterations already done (and the one in
-progress) are committed, and the instance re-plans at the next iteration boundary; `pause()`
-(colocated training takes the GPUs) interrupts a jump the same way, so no token is generated
-during training. `exact=True` runs every iteration one at a time: the reference that proves the
-fast path.
+Event jumping (`rlsim.sim.jump`): between events the decode batch is fixed, so an instance jumps
+straight to its next finish or block shortage in one SimPy timeout; it runs iterations one at a
+time only while a prefill or an admission is pending. A submit, abort or `pause()` arriving
+mid-jump interrupts it at the next iteration boundary. `exact=True` runs every iteration one at
+a time: the reference that proves the fast path.
 
 Lockstep (`lockstep=True`, how `rlsim run --real` drives its engines: the driver calls each
 engine's `step()` and reacts to its outputs before the next): an instance whose iteration
@@ -27,11 +22,8 @@ produced a finish or a preemption starts its next iteration only once the driver
 events, so a submit or abort the driver makes in reaction lands before that iteration, not one
 iteration later as with an engine that runs on by itself (vLLM's `AsyncLLM`, the default).
 
-Replay (`iteration_times`, what `rlsim validate` uses to separate scheduling from timing): the
-k-th iteration of instance i takes the measured time of the k-th iteration that instance ran in
-a real run, instead of the profile's prediction; it runs one iteration at a time, and counts how
-many of its iterations had the same batch as the real one they took their time from (decode
-requests and prefill tokens), and how many ran past the recording (those fall back to the model).
+Replay (`iteration_times`, `rlsim.sim.replay`): each iteration takes the measured time of the
+real one it replays instead of the profile's prediction.
 
 Sleep (veRL's `free_cache_engine`): `pause(sleep=True)` frees every instance's KV cache (and its
 prefix cache) once its iteration in progress ends. Running requests keep their generated tokens
@@ -57,7 +49,10 @@ import simpy
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import Aborted, Event, Finished, Preempted, Request, Timer
-from rlsim.sim.scheduler import InstanceScheduler, Seq
+from rlsim.sim.jump import iters_done, jump_cost
+from rlsim.sim.replay import Replay
+from rlsim.sim.scheduler import InstanceScheduler
+from rlsim.sim.seq import Seq
 
 
 @dataclass(slots=True)
@@ -95,11 +90,10 @@ class SimEngine:
         self.num_instances = num_instances
         self.exact = exact or iteration_times is not None
         # replay: per instance, (seconds, decode requests, prefill tokens) of each real iteration
-        self._replay = [list(t) for t in iteration_times] if iteration_times is not None else None
-        self._replay_pos = [0] * num_instances
+        self._replay = Replay(iteration_times) if iteration_times is not None else None
         self.lockstep = lockstep
         self._held: list[simpy.Event] = []
-        self.replay = {"iterations": 0, "same_batch": 0, "past_recording": 0}
+        self.replay = self._replay.counts if self._replay is not None else dict.fromkeys(Replay.COUNTS, 0)
         self.spec = spec
         self._draft_s = spec.draft_s if spec is not None else 0.0
         self.block_size = block_size
@@ -296,40 +290,6 @@ class SimEngine:
         for seq in inst.sched.free_all():
             self.wake_reprefill_tokens += seq.req.num_prompt_tokens + seq.generated
 
-    def _jump_cost(self, inst: _Instance, k: int) -> tuple[float, float]:
-        p, s = self.profile, inst.sched
-        a = p.t_w_s + p.alpha_s * s.n_dec + p.gamma_s * s.verify_sum + p.beta_s * (s.ctx + s.rate_sum)
-        a += p.compute_excess_s(s.verify_sum) + self._draft_s * len(s.spec)
-        q = p.beta_s * s.rate_sum
-        return a * k + q * k * (k - 1) / 2, q  # (total, per-iteration increment)
-
-    def _replayed(self, i: int, out, modeled: float) -> float:  # noqa: ANN001 - scheduler output
-        """The measured time of instance i's next recorded iteration (the model's past its end)."""
-        rec, k = self._replay[i], self._replay_pos[i]
-        self.replay["iterations"] += 1
-        if k >= len(rec):
-            self.replay["past_recording"] += 1
-            return modeled
-        self._replay_pos[i] = k + 1
-        took, decodes, prefill = rec[k]
-        if decodes == out.num_decodes and prefill == out.prefill_tokens:
-            self.replay["same_batch"] += 1
-        return took
-
-    def _iters_done(self, inst: _Instance, elapsed: float, k: int) -> int:
-        """Whole iterations of a jump completed after `elapsed` seconds (at most k)."""
-        a, q = self._jump_cost(inst, 1)
-        if q == 0:
-            n = int(elapsed / a)
-        else:  # q/2 n^2 + (a - q/2) n - elapsed = 0
-            bq = a - q / 2
-            n = int((-bq + math.sqrt(bq * bq + 2 * q * elapsed)) / q)
-        while n > 0 and self._jump_cost(inst, n)[0] > elapsed + 1e-12:
-            n -= 1
-        while n + 1 <= k and self._jump_cost(inst, n + 1)[0] <= elapsed:
-            n += 1
-        return min(n, k)
-
     def _run(self, inst: _Instance):  # noqa: ANN202 - SimPy generator
         env, sched, p = self.env, inst.sched, self.profile
         while True:
@@ -370,7 +330,7 @@ class SimEngine:
                     took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens)
                     took += p.compute_excess_s(out.decode_tokens) + self._draft_s * len(sched.spec)
                     if self._replay is not None:
-                        took = self._replayed(inst.idx, out, took)
+                        took = self._replay.took(inst.idx, out, took)
                     inst.cur_batch = batch
                     yield env.timeout(took)
                     inst.seq_time += batch * took
@@ -381,17 +341,17 @@ class SimEngine:
                 self._busy(inst, start, env.now)
                 self._finished(inst, done)
             else:
-                total, _ = self._jump_cost(inst, k)
+                total, _ = jump_cost(p, sched, self._draft_s, k)
                 inst.cur_batch = sched.n_dec
                 inst.jumping = True
                 try:
                     yield env.timeout(total)
                     done_k = k
                 except simpy.Interrupt:
-                    done_k = self._iters_done(inst, env.now - start, k)
+                    done_k = iters_done(p, sched, self._draft_s, env.now - start, k)
                     if done_k < k:
                         done_k += 1  # the iteration in progress completes
-                    end = start + self._jump_cost(inst, done_k)[0]
+                    end = start + jump_cost(p, sched, self._draft_s, done_k)[0]
                     inst.jumping = False
                     if end > env.now:
                         yield env.timeout(end - env.now)

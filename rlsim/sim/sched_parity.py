@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from rlsim.protocol import Request
-from rlsim.sim.scheduler import InstanceScheduler, Seq
+from rlsim.sim.scheduler import InstanceScheduler
+from rlsim.sim.seq import Seq
 
 VLLM_VERSION = "0.32.0"  # the scheduler these rules were ported from
 

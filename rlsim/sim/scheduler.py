@@ -33,50 +33,19 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
 from operator import attrgetter
 
 import numpy as np
 
-from rlsim.protocol import Request
+from rlsim.sim.jump_plan import JumpPlan
 from rlsim.sim.kv_blocks import BlockPool
+from rlsim.sim.running import RunningList
+from rlsim.sim.seq import Scheduled, Seq
 
 _ORDER = attrgetter("order")  # running-list position
 
 
-@dataclass(slots=True)
-class Seq:
-    req: Request
-    target: int  # tokens to generate: min(trace length, max_tokens)
-    generated: int = 0  # output tokens (decoding: at start_iter)
-    computed: int = 0  # tokens whose KV is computed (decoding: at start_iter)
-    start_iter: int = 0
-    finish_iter: int = 0
-    decoding: bool = False
-    rate: float = 1.0  # tokens per decode iteration (> 1 under speculative decoding)
-    verify: float = 1.0  # tokens computed per decode iteration
-    hashed: list = field(default_factory=list)  # cached slabs heading its block table
-    nhashed: int = 0  # blocks they cover
-    order: int = 0  # position in the running list (admission order)
-    prompt_blocks: int = 0  # full prompt blocks (its prompt's hash chain)
-    lookahead: int = 0  # KV slots reserved past its tokens while it speculates (vLLM's lookahead)
-    held_la: int = 0  # lookahead slots it holds now (from the end of its prefill)
-    transfer: bool = False  # its KV arrives from elsewhere at admission (a continued chunk)
-
-
-@dataclass(slots=True)
-class Scheduled:
-    """One iteration's batch."""
-
-    decode_tokens: float = 0.0
-    prefill_tokens: int = 0
-    num_decodes: int = 0
-    chunks: list = field(default_factory=list)  # (seq, tokens) of prefill chunks
-    preempted: list = field(default_factory=list)
-    blocked_by_kv: bool = False  # a waiting request did not fit
-
-
-class InstanceScheduler:
+class InstanceScheduler(RunningList, JumpPlan):
     """vLLM's waiting queue, running list, budget, block pool and preemption for one instance."""
 
     def __init__(
@@ -116,21 +85,6 @@ class InstanceScheduler:
         self.verify_sum = 0.0
         self.prefix_hit_tokens = 0
 
-    # ---- token and block positions -----------------------------------------------------------
-    def computed(self, seq: Seq) -> float:
-        if not seq.decoding:
-            return seq.computed
-        return seq.computed + (self.iters - seq.start_iter) * seq.rate
-
-    def generated(self, seq: Seq) -> int:
-        if not seq.decoding:
-            return seq.generated
-        done = int((self.iters - seq.start_iter) * seq.rate + 1e-9)
-        return seq.generated + min(done, seq.target - seq.generated)
-
-    def _blocks(self, tokens: float) -> int:
-        return math.ceil(tokens / self.block_size - 1e-9)
-
     # ---- queue changes ---------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
         seq.prompt_blocks = seq.req.num_prompt_tokens // self.block_size
@@ -144,109 +98,6 @@ class InstanceScheduler:
         if gone:
             self.waiting = deque(seq for seq in self.waiting if seq.req.request_id not in rids)
         return gone
-
-    def _stop_decoding(self, seq: Seq) -> None:
-        if seq.rate != 1.0:
-            seq.generated = self.generated(seq)
-            seq.computed = int(round(self.computed(seq)))
-        seq.decoding = False
-        self.n_dec -= 1
-        self.rate_sum -= seq.rate
-        self.verify_sum -= seq.verify
-        if seq.rate == 1.0:  # generated() and computed() at one token per iteration
-            ran = self.iters - seq.start_iter
-            seq.generated += min(ran, seq.target - seq.generated)
-            seq.computed += ran
-            self.n_unit -= 1
-            ph = (seq.computed - 1 - self.iters) % self.block_size
-            del self.phase[ph][seq.req.request_id]
-            self._pc[ph] -= 1
-        else:
-            del self.spec[seq.req.request_id]
-            j = self._slot.pop(seq.req.request_id)
-            self._sc[j] = self._sst[j] = self._sr[j] = 0.0  # an empty slot adds no blocks
-            self._free_slots.append(j)
-        if self.n_dec == 0:  # no float drift left behind
-            self.rate_sum = self.verify_sum = 0.0
-
-    def _start_decoding(self, seq: Seq, at: int | None = None) -> None:
-        """Decode from iteration `at` (default: the next one to run) one `rate` a step."""
-        at = self.iters if at is None else at
-        seq.decoding = True
-        seq.start_iter = at
-        seq.finish_iter = at + math.ceil((seq.target - seq.generated) / seq.rate - 1e-9)
-        self.n_dec += 1
-        self.rate_sum += seq.rate
-        self.verify_sum += seq.verify
-        if seq.rate == 1.0:
-            self.n_unit += 1
-            ph = (seq.computed - 1 - at) % self.block_size
-            self.phase[ph][seq.req.request_id] = seq
-            self._pc[ph] += 1
-        else:
-            self.spec[seq.req.request_id] = seq
-            if not self._free_slots:  # grow the slot arrays
-                n = len(self._sc)
-                grow = np.zeros(max(n, 64))
-                self._sc, self._sst, self._sr = (np.concatenate([a, grow]) for a in (self._sc, self._sst, self._sr))
-                self._free_slots.extend(range(len(self._sc) - 1, n - 1, -1))
-            j = self._free_slots.pop()
-            self._slot[seq.req.request_id] = j
-            self._sc[j], self._sst[j], self._sr[j] = seq.computed + seq.held_la, at, seq.rate
-        heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
-
-    def _free(self, seq: Seq, how: str) -> int:
-        """Take a running request out, free its blocks in reverse table order; return its tokens.
-        `how`: "preempt" keeps its full blocks hittable, "finish"/"abort" do not."""
-        if seq.decoding:
-            self._stop_decoding(seq)
-        del self.running[seq.req.request_id]
-        c = seq.computed
-        self.ctx -= c
-        la, seq.held_la = seq.held_la, 0
-        b = self.block_size
-        if self.caching:
-            full, pool, hashed = c // b, self.pool, seq.hashed
-            pool.give(-(-(c + la) // b) - full)  # the partial tail block and the lookahead
-            if how == "preempt":  # its own full blocks stay hittable, for its readmission
-                pool.release([s for s in [pool.new(("own", seq.req.request_id), seq.nhashed, full)] if s])
-                pool.release(reversed(hashed))
-            else:
-                pool.give(full - seq.nhashed, cached=True)  # its own full blocks: nothing hits them again
-                pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
-                pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
-        else:
-            self.pool.give(-(-(c + la) // b))
-        seq.hashed = []
-        seq.nhashed = seq.computed = 0
-        return seq.generated
-
-    def preempt(self, seq: Seq) -> int:
-        gen = self._free(seq, "preempt")
-        self.waiting.appendleft(seq)
-        return gen
-
-    def finish(self, seq: Seq) -> int:
-        return self._free(seq, "finish")
-
-    def abort(self, seq: Seq) -> int:
-        return self._free(seq, "abort")
-
-    def free_all(self) -> list[Seq]:
-        """Sleep: every running request's KV and the prefix cache are dropped; running requests go
-        back to the front of the waiting queue in running order, keeping their tokens."""
-        carried = list(self.running.values())
-        for seq in carried:
-            if seq.decoding:
-                self._stop_decoding(seq)
-            seq.hashed = []
-            seq.nhashed = seq.computed = seq.held_la = 0
-        self.running.clear()
-        self.heap.clear()
-        self.ctx = 0.0
-        self.pool.reset(self.num_blocks)
-        self.waiting.extendleft(reversed(carried))
-        return carried
 
     # ---- one iteration ---------------------------------------------------------------------
     def _decode_need(self, seq: Seq) -> int:
@@ -451,57 +302,3 @@ class InstanceScheduler:
             self._free(seq, "finish")
         return due
 
-    # ---- event jumping ---------------------------------------------------------------------
-    def decode_blocks(self, k: int) -> int:
-        """Blocks the decoding requests allocate over the next k iterations."""
-        b = self.block_size
-        q, s = divmod(k, b)
-        n = self.n_unit * q
-        if s:
-            # a unit-rate decoder at phase p allocates in this iteration when (p + iters) % b == 0,
-            # i.e. once in the first s iterations when (p + iters) % b >= b - s
-            lo = (b - s - self.iters) % b  # phases (j - iters) % b for j in [b - s, b): a circular slice
-            pc, hi = self._pc, lo + s
-            n += sum(pc[lo:hi]) if hi <= b else sum(pc[lo:]) + sum(pc[: hi - b])
-        if self.spec:
-            r = self._sr
-            c = self._sc + (self.iters - self._sst) * r  # as computed(), for every speculative decoder
-            n += int((np.ceil((c + k * r) / b - 1e-9) - np.ceil(c / b - 1e-9)).sum())
-        return n
-
-    def jump_plan(self) -> int:
-        """Iterations that can run as a fixed decode batch before the next event (0: run one)."""
-        if not self.heap or self.n_dec != len(self.running):
-            return 0
-        if math.ceil(self.verify_sum - 1e-9) > self.max_num_batched_tokens:
-            return 0
-        if self.waiting and len(self.running) < self.max_num_seqs:
-            budget = self.max_num_batched_tokens - math.ceil(self.verify_sum - 1e-9)
-            if budget > 0 and isinstance(self._admit_check(self.waiting[0], budget), tuple):
-                return 0  # an admission is possible now
-        k_finish = self.heap[0][0] - self.iters
-        if k_finish <= 0:
-            return 0
-        free = self.pool.free
-        if self.decode_blocks(k_finish) <= free:
-            return k_finish
-        lo, hi = 0, k_finish  # decode_blocks(lo) <= free < decode_blocks(hi)
-        guess = int(free * self.block_size / max(self.rate_sum, 1e-9))
-        if 0 < guess < hi:
-            if self.decode_blocks(guess) <= free:
-                lo = guess
-            else:
-                hi = guess
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.decode_blocks(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def advance(self, k: int) -> None:
-        """Commit k decode iterations (`jump_plan` said they fit)."""
-        self.pool.take(self.decode_blocks(k))
-        self.iters += k
-        self.ctx += k * self.rate_sum
