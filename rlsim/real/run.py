@@ -40,7 +40,8 @@ from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
 from rlsim.errors import RlsimError
 from rlsim.hostload import LoadMeter, speed_probe
 from rlsim.profile import Profile, TrainCost, load_profile
-from rlsim.real.engine import ITERATION_COLUMNS, LENGTH_MODES, PromptSource, RealEngine
+from rlsim.real.backends import PromptSource
+from rlsim.real.engine import ITERATION_COLUMNS, LENGTH_MODES, RealEngine
 from rlsim.report import _atomic, to_json
 from rlsim.trace.format import Trace
 
@@ -546,7 +547,7 @@ class RealRun:
         _atomic(path, to_json(host).encode())
 
     def _start_engines(self, histospec: bool):  # noqa: ANN202
-        from rlsim.real.engine import _LocalBackend, _RayBackend
+        from rlsim.real.backends import LocalBackend, RayBackend
         from rlsim.real.vllm_instance import InstanceConfig, VllmInstance, ray_instance_class
 
         prof = self.config["profile"]
@@ -565,11 +566,11 @@ class RealRun:
         if self.n == 1 and not self.real.ray_address:
             inst = VllmInstance(cfg)
             inst.warmup(inst.facts["vocab_size"])
-            backend = _LocalBackend([inst])
+            backend = LocalBackend([inst])
             facts = [inst.facts]
         else:
             actors = _ray_actors(cfg, self.n, self.real.ray_address, ray_instance_class)
-            backend = _RayBackend(actors)
+            backend = RayBackend(actors)
             import ray
 
             facts = ray.get([a.ready.remote() for a in actors])
