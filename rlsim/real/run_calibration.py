@@ -34,7 +34,12 @@ import numpy as np
 import pandas as pd
 
 from rlsim.errors import RlsimError
+from rlsim.hostload import LoadMeter, speed_probe
 from rlsim.profile import Profile
+from rlsim.real.engine import RealEngine
+from rlsim.real.run_config import profile_from
+from rlsim.real.run_files import write_parquet
+from rlsim.report import _atomic, to_json
 
 PASSES = ("before", "during")
 
@@ -179,3 +184,98 @@ def read_run_profile(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RlsimError(f"{path} is not readable JSON ({str(exc).splitlines()[0]})") from None
     return raw if isinstance(raw, dict) else None
+
+
+class RunCalibration:
+    """`RealRun`'s calibration passes and machine probes (a mixin over its state)."""
+
+    def _measure_cells(self, which: str, ks: list[int], backend, facts: list[dict], at_step: int) -> pd.DataFrame:  # noqa: ANN001
+        """Measure cells `ks` of pass `which`; append them to calibration/iterations.parquet and
+        this pass's load to calibration/host.json; answer every row measured so far."""
+        meter = LoadMeter()
+        new = measure_cells(backend, facts, self.real.calibrate, self.rl.seed, which, ks).assign(at_step=at_step)
+        folder = self.out / "calibration"
+        folder.mkdir(exist_ok=True)
+        path, host_path = folder / "iterations.parquet", folder / "host.json"
+        rows = new
+        if path.exists():
+            old = pd.read_parquet(path)
+            if which == "before":  # a run restarted before its first step measures the pass again
+                old = old[old["pass"] != which]
+            rows = pd.concat([old, new], ignore_index=True)
+        write_parquet(path, rows.sort_values("cell", kind="stable").reset_index(drop=True))
+        loads = json.loads(host_path.read_text()) if host_path.exists() else {}
+        loads.setdefault(which, []).append(meter.read())
+        _atomic(host_path, to_json(loads).encode())
+        return rows
+
+    def _pass_load(self, which: str, backend, facts: list[dict]) -> dict[str, float]:  # noqa: ANN001
+        """The pass's mean load from calibration/host.json, with the speed and engine probes now."""
+        loads = json.loads((self.out / "calibration" / "host.json").read_text())[which]
+        out = {k: round(float(np.nanmean([ld[k] for ld in loads])), 3) for k in loads[0]}
+        out["host/probe_ms"] = speed_probe()
+        ms = [backend.call(i, "probe", f["vocab_size"]) for i, f in zip(range(self.n), facts, strict=True)]
+        out["host/engine_probe_ms"] = round(float(np.mean(ms)), 3)
+        return out
+
+    def _calibrate_before(self, backend, facts: list[dict], say) -> Profile:  # noqa: ANN001
+        """The first pass, whole, before the steps: its fit becomes the run's profile (config.json)."""
+        grid = self.real.calibrate
+        check_grid_fits(grid, facts)
+        n = len(grid_cells(grid, self.rl.seed, 0))
+        say(f"calibrating before the steps: calibrate.decode's {grid} grid, {n} cells on {self.n} engine(s)")
+        t0 = time.perf_counter()
+        rows = self._measure_cells("before", list(range(n)), backend, facts, -1)
+        prof = fit_profile(profile_from(self.config["profile"]), rows, facts, grid,
+                           self._pass_load("before", backend, facts))  # fmt: skip
+        self.config["profile"] = prof.to_dict()
+        self.config["profile_name"] = prof.name
+        _atomic(self.out / "config.json", to_json(self.config).encode())
+        say(f"calibrated in {time.perf_counter() - t0:.0f} s: held-out MAPE {prof.fit_error['heldout_mape']:.1%}; "
+            f"the second pass runs between the steps, with the run's clock stopped")  # fmt: skip
+        return prof
+
+    def _pending(self) -> list[int]:
+        path = self.out / "calibration" / "iterations.parquet"
+        rows = pd.read_parquet(path) if path.exists() else None
+        rows = None if rows is None else rows[rows["pass"] == "during"]
+        return pending_cells(rows, self.real.calibrate, self.n)
+
+    def _calibrate_between(self, engine: RealEngine, backend, facts: list[dict], done: int) -> None:  # noqa: ANN001
+        """A share of the second pass at this step boundary, if every engine is idle: the cells
+        left over the boundaries left (one after each step still to run, and this one)."""
+        pending = self._pending()
+        left = max(1, self.total_steps() - done + 1)
+        if not pending or not engine.idle() or not all(backend.call(i, "idle") for i in range(self.n)):
+            return
+        take = pending[: -(-len(pending) // left)]
+        with engine.clock_stopped():
+            self._measure_cells("during", take, backend, facts, done)
+
+    def _calibrate_end(self, backend, facts: list[dict], done: int, say) -> None:  # noqa: ANN001
+        """The second pass's remaining cells, then its fit: calibration/profile.json."""
+        pending = self._pending()
+        if pending:
+            self._measure_cells("during", pending, backend, facts, done)
+        rows = pd.read_parquet(self.out / "calibration" / "iterations.parquet")
+        during = rows[rows["pass"] == "during"]
+        prof = fit_profile(profile_from(self.config["profile"]), during, facts, self.real.calibrate,
+                           self._pass_load("during", backend, facts), rows)  # fmt: skip
+        drift = prof.provenance.get("drift_pct", 0.0)
+        _atomic(self.out / "calibration" / "profile.json", to_json(prof.to_dict()).encode())
+        say(f"calibrated between the steps: {len(during) and during['cell'].nunique() // self.n} cells at "
+            f"{during['at_step'].nunique()} step boundaries; held-out MAPE {prof.fit_error['heldout_mape']:.1%}; the "
+            f"same cells took {drift:+.1f}% longer than before the steps")  # fmt: skip
+
+    def _probe(self, when: str, backend, facts: list[dict]) -> None:  # noqa: ANN001
+        """The machine's speed before and after the steps, kept in host.json (a resumed run adds
+        its own pair): `rlsim.hostload.speed_probe`, and with the engines up, the engine probe
+        calibration also times (`calibrate.engine.probe_requests`), the mean over instances."""
+        path = self.out / "host.json"
+        host = json.loads(path.read_text()) if path.exists() else {"probes": []}
+        row = {"when": when, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "probe_ms": speed_probe()}
+        if backend is not None:
+            ms = [backend.call(i, "probe", f["vocab_size"]) for i, f in zip(range(self.n), facts, strict=True)]
+            row["engine_probe_ms"] = round(float(np.mean(ms)), 3)
+        host["probes"].append(row)
+        _atomic(path, to_json(host).encode())

@@ -104,7 +104,8 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     import dataclasses
 
     from rlsim.profile import load_profile, profile_from_dict
-    from rlsim.real.run import RealRun, read_run_config, run_profile
+    from rlsim.real.run import RealRun
+    from rlsim.real.run_config import read_run_config, run_profile
     from rlsim.sim.simulate import simulate
     from rlsim.trace.format import load
 

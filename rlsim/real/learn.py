@@ -1,0 +1,103 @@
+"""Learning in a real run (`--train grpo`): the trainer on the run's model, one GRPO/DAPO update per
+step on the trained samples, the weights pushed into every engine through vLLM's reload path, sleep
+and wake around the update where the engines support it, and the actor checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rlsim.errors import RlsimError
+from rlsim.real.engine import RealEngine
+
+
+class Learning:
+    """`RealRun`'s training side (a mixin over its state)."""
+
+    def _start_trainer(self, engine: RealEngine, backend, version: int) -> None:  # noqa: ANN001
+        """The trainer on the run's model; a resumed run loads the actor checkpoint of the
+        driver's weight version and pushes it into the fresh engines."""
+        from rlsim.real.trainer import Trainer
+
+        if not self.targets and not self.answers:
+            raise RlsimError(
+                "--train grpo needs rewards: a task trace (rlsim trace task) or DAPO-Math-17k prompts with answers"
+            )
+        cfg = dataclasses.replace(self.real.trainer_config(), use_kl_loss=self.rl.use_kl_loss, seed=self.rl.seed)
+        self.trainer = Trainer(self.real.model, cfg)
+        if version:
+            ckpt = self.out / "actor" / f"v{version}"
+            if not (ckpt / "optimizer.pt").exists():
+                raise RlsimError(f"{ckpt} is missing: the run's actor checkpoint for weight version {version}")
+            self.trainer.load_checkpoint(ckpt)
+            self._push_weights(backend)
+        engine.learner = lambda reqs, v: self._learn(engine, backend, reqs, v)
+
+    def _weights_dir(self) -> Path:
+        """Where the weights pushed into the engines are written: memory where there is some."""
+        shm = Path("/dev/shm")
+        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.out
+        # named after the run directory: a resumed run reuses, and at its end removes, the folder of
+        # the run that was killed
+        import hashlib
+
+        return base / f"rlsim-weights-{hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:12]}"
+
+    def _push_weights(self, backend) -> float:  # noqa: ANN001
+        t0 = time.perf_counter()
+        folder = self.trainer.save_weights(self._weights_dir())
+        backend.call_all("update_weights", [str(folder)] * self.n)  # every instance at once
+        return time.perf_counter() - t0
+
+    def _learn(self, engine: RealEngine, backend, reqs: list, version: int):  # noqa: ANN001, ANN202
+        """One real update on the trained samples, the weights into every engine, the actor
+        checkpoint; the measured phases (veRL's timing names) and the trainer's metrics."""
+        from rlsim.real.trainer import Sample
+        from rlsim.step_costs import StepCost
+
+        samples = []
+        for q in reqs:
+            d = engine.samples.pop(q.request_id, None)
+            if d is None:
+                continue
+            row = self.engine_rows.get(q.request_id, {})
+            samples.append(Sample(
+                group=(q.epoch, q.prompt_id), prompt_token_ids=tuple(d["prompt_token_ids"] or ()),
+                response_token_ids=tuple(d["output_token_ids"]), reward=float(row.get("reward", 0.0)),
+                rollout_log_probs=tuple(d["logprobs"]) if d.get("logprobs") else None,
+                staleness=version - q.policy_version,
+            ))  # fmt: skip
+        # Colocated GPU engines sleep through the update when none holds a request (veRL's
+        # free_cache_engine); a request kept across the update (a partial policy's) needs its KV.
+        sleep = self.sleeps and all(backend.call(i, "idle") for i in range(self.n))
+        slept = woke = 0.0
+        if sleep:
+            t0 = time.perf_counter()
+            backend.call_all("sleep", [1] * self.n)
+            slept = time.perf_counter() - t0
+        metrics = self.trainer.update(samples)
+        if sleep:
+            t0 = time.perf_counter()
+            backend.call_all("wake_up", [None] * self.n)
+            woke = time.perf_counter() - t0
+        upd = self._push_weights(backend)
+        if self._checkpoints(self.trainer.version):  # the driver's checkpoint of this step will point at it
+            t0 = time.perf_counter()
+            self.trainer.save_checkpoint(self.out / "actor" / f"v{self.trainer.version}", Path(self.real.model))
+            metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0  # veRL's name; not simulated
+        cost = StepCost(
+            old_log_prob=metrics.pop("timing_s/old_log_prob", 0.0),
+            ref=metrics.pop("timing_s/ref", 0.0),
+            update_actor=metrics.pop("timing_s/update_actor", 0.0),
+            update_weights=upd,
+            rollout_sleep=slept,
+            rollout_wake_up=woke,
+        )
+        if not sleep:  # the engines did not sleep (no sleep mode here, or requests kept): not measured, never 0
+            metrics |= {"timing_s/rollout_sleep": np.nan, "timing_s/rollout_wake_up": np.nan}
+        return cost, metrics
