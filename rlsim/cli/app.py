@@ -65,6 +65,7 @@ def _root(
 
 def _register() -> None:
     from rlsim.cli.calibrate import calibrate_app
+    from rlsim.cli.compare import register_compare
     from rlsim.cli.plan import register as register_plan
     from rlsim.cli.profile import profile_app
     from rlsim.cli.real import register as register_real
@@ -75,6 +76,7 @@ def _register() -> None:
     app.add_typer(calibrate_app, name="calibrate")
     app.add_typer(profile_app, name="profile")
     register(app)
+    register_compare(app)
     register_real(app)
     register_plan(app)
 

@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlsim.cli.sim import MAX_NUM_BATCHED_TOKENS, PROFILE
+from rlsim.cli.options import MAX_NUM_BATCHED_TOKENS, PROFILE
 from rlsim.cli.ui import console as make_console
 
 
@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
         """Search GPUs, placement, rollout TP, engine knobs and response cap per policy; the best
         configuration per policy with error bars over seeds, and the Pareto front."""
         from policies.registry import REGISTRY
-        from rlsim.cli.sim import _split_policies
+        from rlsim.cli.options import split_policies
         from rlsim.config import RLConfig
         from rlsim.paths import check_output_file, default_trace
         from rlsim.plan.planner import PlanCache, PlanConfig, default_cache_path
@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:
         cfg = PlanConfig(target_epoch_hours, gpu_budget, steps, min_steps, eta, seeds)
         # HistoSpec variants are left out by default: a plan estimates an epoch from its first
         # steps, where no prompt has a previous visit to draft from yet.
-        names = _split_policies(policies) or [p for p in REGISTRY if p != "oracle"]
+        names = split_policies(policies) or [p for p in REGISTRY if p != "oracle"]
         space = SearchSpace(
             policies=tuple(names), gpus=parse_gpus(gpus), placements=parse_list(placement, str, "--placement"),
             train_shares=parse_list(train_share, float, "--train-share"), tps=parse_list(tp, int, "--tp"),

@@ -15,7 +15,7 @@ from rlsim.errors import RlsimError
 
 def register(app: typer.Typer) -> None:
     """Add the real-mode commands to the top-level app."""
-    from rlsim.cli.sim import DISPATCH, PLACEMENT, PREFIX_CACHING, SEED, TRACE, TRAIN_GPUS, _progress
+    from rlsim.cli.options import DISPATCH, PLACEMENT, PREFIX_CACHING, SEED, TRACE, TRAIN_GPUS, step_progress
 
     @app.command()
     def run(
@@ -93,9 +93,9 @@ def register(app: typer.Typer) -> None:
                     "--train modeled needs --profile (one calibrated for this machine and model: rlsim calibrate "
                     "fit), or pass --train none"
                 )
-            from rlsim.cli.sim import _load
+            from rlsim.cli.options import load_trace
 
-            tr = _load(trace)
+            tr = load_trace(trace)
             trace_path = trace or _default_trace()
             cap = tr.meta.max_response_len if max_response_len is None else max_response_len
             if cap <= 0:
@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:
         try:
             # vLLM's start-up and warning lines go to the run directory, not over the progress
             with engine_log(log) as term:
-                prog, cb = _progress(total, f"real run: {run_.policy}", auto_refresh=False, file=term)
+                prog, cb = step_progress(total, f"real run: {run_.policy}", auto_refresh=False, file=term)
                 con = make_console(term)
                 con.print(f"engines' log: {log}")
 

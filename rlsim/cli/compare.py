@@ -1,0 +1,199 @@
+"""`rlsim compare`: every policy on the same trace, cluster and work, side by side (with seeds as error bars)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rlsim.cli.options import (
+    BLOCK_SIZE,
+    CHUNKED_PREFILL,
+    DISPATCH,
+    EPOCHS,
+    FREE_CACHE_ENGINE,
+    GPU_MEMORY_UTILIZATION,
+    GPUS,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    MAX_RESPONSE_LEN,
+    MAX_STEPS,
+    PLACEMENT,
+    PREFIX_CACHING,
+    PROFILE,
+    PROMPTS_PER_STEP,
+    REWARD_LATENCY,
+    SAMPLES_PER_PROMPT,
+    SEED,
+    TRACE,
+    TRAIN_GPUS,
+    USE_KL_LOSS,
+    check_len,
+    configs,
+    from_trace,
+    load_trace,
+    split_policies,
+)
+from rlsim.cli.ui import console as make_console
+
+
+def register_compare(app: typer.Typer) -> None:
+    """Add `rlsim compare` to the top-level app."""
+
+    @app.command()
+    def compare(
+        policies: str = typer.Option(
+            "", help="Comma-separated policy strings, e.g. 'sync,rollpacker(eta_p=1.5)+histospec' (default: all)."
+        ),
+        trace: Path | None = TRACE,
+        gpus: int = GPUS,
+        profile: str = PROFILE,
+        placement: str = PLACEMENT,
+        train_gpus: int = TRAIN_GPUS,
+        dispatch: str = DISPATCH,
+        prompts_per_step: int | None = PROMPTS_PER_STEP,
+        samples_per_prompt: int | None = SAMPLES_PER_PROMPT,
+        max_response_len: int | None = MAX_RESPONSE_LEN,
+        epochs: int | None = EPOCHS,
+        max_steps: int | None = MAX_STEPS,
+        seed: int = SEED,
+        gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
+        max_num_seqs: int | None = MAX_NUM_SEQS,
+        max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+        enable_prefix_caching: bool = PREFIX_CACHING,
+        enable_chunked_prefill: bool = CHUNKED_PREFILL,
+        block_size: int | None = BLOCK_SIZE,
+        free_cache_engine: bool = FREE_CACHE_ENGINE,
+        reward_latency: float = REWARD_LATENCY,
+        use_kl_loss: bool = USE_KL_LOSS,
+        workers: int = typer.Option(0, min=0, help="Processes to simulate policies in parallel (0: one per core)."),
+        seeds: int = typer.Option(
+            1, min=1, help="Data-order seeds (--seed, --seed + 1, ...): every time with its spread, and a rank that "
+            "changes between seeds marked as a tie.",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+        plot: Path | None = typer.Option(None, help="Write a bar chart of epoch time per policy."),
+    ) -> None:
+        """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
+        from policies.registry import COMPARE_DEFAULT
+        from rlsim.paths import check_output_file
+        from rlsim.report import plot_compare
+        from rlsim.sim.compare import compare as run_all
+        from rlsim.sim.compare import compare_seeds
+
+        if plot is not None:
+            check_output_file(plot, "--plot")  # before minutes of simulation, not after
+        names = split_policies(policies) or list(COMPARE_DEFAULT)
+        tr = load_trace(trace, names)
+        cluster, rl, engine = configs(from_trace(locals(), tr))
+        check_len(tr, rl.max_response_len)
+        prog = Progress(
+            TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
+            TextColumn("{task.description}"), TimeElapsedColumn(), console=make_console(), transient=True,
+        )  # fmt: skip
+        task = prog.add_task("", total=len(names) * seeds)
+
+        def done(name: str) -> None:
+            prog.update(task, advance=1, description=f"(last: {name})")
+
+        with prog:
+            if seeds > 1:
+                rows = compare_seeds(tr, names, cluster, rl, seeds, workers or None, on_done=done, engine_cfg=engine)
+            else:
+                rows = run_all(tr, names, cluster, rl, workers or None, on_done=done, engine_cfg=engine)
+        if plot is not None:
+            plot_compare(rows, plot)
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        _print_compare(rows, tr, cluster, rl)
+        if plot is not None:
+            make_console().print(f"plot written to {plot}")
+
+
+def _compact(n: int) -> str:
+    """160, 62.7k, 1.2M: a count in a few characters, for a table that must fit a terminal."""
+    for div, unit in ((1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
+    epochs = sorted({e for r in rows for e in r["epoch_time_s"]})
+    title = (
+        f"{trace.meta.source} | {cluster.num_gpus} GPUs, {cluster.profile}, {cluster.placement} | "
+        f"P0={rl.prompts_per_step} R0={rl.samples_per_prompt} max_len={rl.max_response_len}"
+    )
+    table = Table(title=title, title_justify="left")
+    cols = [
+        "policy",
+        *[f"epoch {e} (h)" for e in epochs],
+        "speedup",
+        "rollout",
+        "bubble",
+        "preempted",
+        "wasted tok",
+        "staleness",
+        "length bias",
+        "order bias",
+    ]
+    spread = "total_time_s_range" in rows[0]  # --seeds N: mean ± half the min-max spread, and the rank
+    reused = any(r.get("reused_samples") for r in rows)
+    if reused:  # a policy launching more samples per prompt than the trace holds (RollPacker, async_partial)
+        cols.append("reused")
+    cells = []
+    def pm(mean: float, lo_hi: tuple[float, float] | None, scale: float = 1.0) -> str:
+        return f"{mean / scale:.2f}" + (f"±{(lo_hi[1] - lo_hi[0]) / 2 / scale:.2f}" if lo_hi else "")
+
+    for r in rows:
+        sp = "-" if r["speedup_vs_sync"] is None else pm(r["speedup_vs_sync"], r.get("speedup_vs_sync_range")) + "x"
+        ranges = r.get("epoch_time_s_range", {})
+        name = "oracle (lower bound)" if r["policy"] == "oracle" else r["policy"]
+        if spread:
+            ranks = r["rank_by_seed"]
+            name += f" #{min(ranks)}-{max(ranks)} tie" if r["tie"] else f" #{ranks[0]}"
+        cells.append([
+            name,
+            *[pm(r["epoch_time_s"].get(e, float("nan")), ranges.get(e), 3600) for e in epochs],
+            sp,
+            f"{r['rollout_share']:.0%}",
+            f"{r['bubble_ratio']:.0%}",
+            f"{r['preemptions']:,}",
+            _compact(round(r["wasted_tokens"])),
+            f"{r['staleness_max']:.0f}/{r['staleness_mean']:.2f}",
+            f"{r['trained_length_bias']:.2f}",
+            "{:.2f}-{:.2f}".format(*r["length_order_bias_range"]),
+            *([_compact(r.get("reused_samples") or 0)] if reused else []),
+        ])  # fmt: skip
+    for i, c in enumerate(cols):  # two-line headers, so that the values fit a 140-column terminal uncut
+        table.add_column(c.replace(" ", "\n", 1) if i else c, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in cells:
+        table.add_row(*row)
+    table.caption = (
+        "speedup: total time of sync / this policy; rollout: gen time / step time; bubble: idle "
+        "instance-time / (instances x gen time); preempted: requests preempted for KV (recomputed); "
+        "wasted tok: tokens generated for samples never trained; "
+        "staleness: max/mean policy versions between launch and training; length bias: mean trained "
+        "length / mean length of the same prompts' samples; order bias: step mean trained "
+        "length / epoch mean, min-max over steps"
+    )
+    if spread:
+        table.caption += (
+            f"; over {len(rows[0]['seeds'])} data-order seeds {rows[0]['seeds']}: times and speedup are the mean "
+            "± half the min-max spread, other columns the first seed's; #: rank by total time, a 'tie' where it "
+            "changes between seeds (the order is noise, not a result)"
+        )
+    if any(r["policy"] == "oracle" for r in rows):  # the notes of the rows shown, no others
+        table.caption += (
+            "; oracle: knows every length in advance, a lower bound for synchronous steps, not a real system"
+        )
+    if reused:
+        table.caption += (
+            f"; reused: samples launched past the trace's {trace.meta.samples_per_prompt} per prompt, which "
+            "replay the trace's samples again (their lengths are not new draws)"
+        )
+    make_console().print(table)

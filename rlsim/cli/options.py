@@ -1,0 +1,174 @@
+"""Options and helpers the command groups share: one definition and one help text per option, the
+configs built from them (with a real log's own batch as default), the trace loaded with only the
+columns the policies need, and the step progress bar."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rlsim.cli.ui import console as make_console
+from rlsim.errors import RlsimError
+
+# Options shared by `simulate` and `compare` (one definition, one help text).
+TRACE = typer.Option(None, help="Parquet trace (default: the bundled traces/math17k.parquet).")
+GPUS = typer.Option(64, help="Total GPUs.")
+PROFILE = typer.Option(
+    "h100-qwen2.5-32b-tp4", help="Shipped profile name or JSON path (default: rollout TP 4, as veRL's DAPO recipe)."
+)
+PLACEMENT = typer.Option("colocated", help="colocated or disaggregated.")
+TRAIN_GPUS = typer.Option(0, help="Training GPUs (disaggregated only).")
+DISPATCH = typer.Option(
+    "least_loaded",
+    help="least_loaded (each sample to the instance with the fewest unfinished requests, as veRL's agent loop), "
+    "round_robin (sample by sample) or per_prompt (a prompt's samples together).",
+)
+GPU_MEMORY_UTILIZATION = typer.Option(
+    None, help="vLLM gpu_memory_utilization; re-derives KV capacity (default: the profile's, veRL's 0.5)."
+)
+MAX_NUM_SEQS = typer.Option(None, help="vLLM max_num_seqs (default: the profile's, veRL's 1024).")
+MAX_NUM_BATCHED_TOKENS = typer.Option(
+    None, help="vLLM max_num_batched_tokens (default: the profile's, veRL's 8192)."
+)
+PREFIX_CACHING = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching", help="vLLM prefix caching.")
+CHUNKED_PREFILL = typer.Option(
+    True, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="vLLM chunked prefill."
+)
+BLOCK_SIZE = typer.Option(None, help="vLLM block_size: KV tokens per block (default: the profile's, 16).")
+FREE_CACHE_ENGINE = typer.Option(
+    True,
+    "--free-cache-engine/--no-free-cache-engine",
+    help="Colocated engines sleep through training (KV freed, weights offloaded), as veRL's hybrid engine.",
+)
+REWARD_LATENCY = typer.Option(
+    0.05, "--reward-latency", help="Seconds to score one sample (a trace's reward_time_s column overrides it)."
+)
+USE_KL_LOSS = typer.Option(False, "--use-kl-loss", help="KL term on: a reference model scores every batch.")
+PROMPTS_PER_STEP = typer.Option(
+    None, help="P0: prompts per step (default: a real log's own, else 512 or all the trace's prompts if fewer)."
+)
+SAMPLES_PER_PROMPT = typer.Option(
+    None, help="R0: samples per prompt, the GRPO group (default: a real log's own, else 16 or the trace's if fewer)."
+)
+MAX_RESPONSE_LEN = typer.Option(None, help="Response cap in tokens (default: the trace's).")
+EPOCHS = typer.Option(None, help="Epochs over the trace's prompts (default: every epoch the trace holds).")
+MAX_STEPS = typer.Option(None, help="Stop after this many steps.")
+SEED = typer.Option(0, help="Seed of the data order.")
+
+
+def configs(opts: dict):  # noqa: ANN202
+    """ClusterConfig, RLConfig and EngineConfig from a command's shared options (its locals())."""
+    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+
+    cluster = ClusterConfig(
+        num_gpus=opts["gpus"],
+        profile=opts["profile"],
+        placement=opts["placement"],
+        train_gpus=opts["train_gpus"],
+        dispatch=opts["dispatch"],
+    )
+    rl = RLConfig(**{k: opts[k] for k in (
+        "prompts_per_step", "samples_per_prompt", "max_response_len", "epochs", "max_steps", "seed", "use_kl_loss"
+    )}, reward_latency_s=opts["reward_latency"])  # fmt: skip
+    engine = EngineConfig(**{k: opts[k] for k in (
+        "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+        "free_cache_engine", "block_size", "enable_chunked_prefill",
+    )})  # fmt: skip
+    return cluster, rl, engine
+
+
+def load_trace(trace: Path | None, policies: list[str] = ()):  # noqa: ANN202
+    """The trace with only the columns the run needs (token ids only for HistoSpec, rewards only
+    for dynamic sampling, per-sample reward times when the trace has them)."""
+    import pyarrow.parquet as pq
+
+    from rlsim.paths import default_trace
+    from rlsim.trace.format import load
+
+    path = trace or default_trace()
+    want = ["reward_time_s", "step"]
+    if any("histospec" in p for p in policies):
+        want.append("output_token_ids")
+    if any("dynamic_sampling" in p for p in policies):
+        want.append("reward")
+    try:
+        names = pq.read_schema(path).names if path.is_file() else []
+    except Exception:  # noqa: BLE001 - load() below names what is wrong with the file
+        names = []
+    return load(path, columns=[c for c in want if c in names])
+
+
+def from_trace(opts: dict, trace) -> dict:  # noqa: ANN001
+    """Fill the RL options left unset (None) from the trace: its epochs, its cap, and for a real
+    log its own group size and prompts per step (a synthetic trace may hold spare samples, as the
+    bundled one does for RollPacker's over-provisioning, so its R0 stays DAPO's 16)."""
+    meta, opts = trace.meta, dict(opts)
+    real = meta.source.startswith("real:")
+    per_epoch = int(trace.table.loc[trace.table["epoch"] == trace.epochs[0], "prompt_id"].nunique())
+    logged = meta.source_params.get("prompts_per_step") if real else None
+    defaults = {
+        "epochs": len(trace.epochs),
+        "max_response_len": meta.max_response_len,
+        "samples_per_prompt": meta.samples_per_prompt if real else min(16, meta.samples_per_prompt),
+        "prompts_per_step": int(logged) if logged else min(512, per_epoch),
+    }
+    for key, value in defaults.items():
+        if opts.get(key) is None:
+            opts[key] = value
+    return opts
+
+
+def check_len(trace, max_len: int) -> None:  # noqa: ANN001
+    if max_len > trace.meta.max_response_len:
+        raise RlsimError(
+            f"max_response_len={max_len} exceeds the trace's cap {trace.meta.max_response_len}: "
+            "the trace does not say how long responses would run past it"
+        )
+
+
+def step_progress(total_steps: int, label: str, auto_refresh: bool = True, file=None):  # noqa: ANN001, ANN202
+    """A step progress bar and its callback. Real runs pass `auto_refresh=False`: the bar then
+    redraws only when a step ends, since a refresh thread would compete with the engine for the
+    CPU and slow the very iterations being timed."""
+    prog = Progress(
+        TextColumn(label),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps"),
+        TimeElapsedColumn(),
+        console=make_console(file),
+        transient=True,
+        auto_refresh=auto_refresh,
+    )
+    task = prog.add_task(label, total=total_steps)
+
+    def update(step: int, now: float) -> None:
+        prog.update(task, completed=step)
+        if not auto_refresh:
+            prog.refresh()
+
+    return prog, update
+
+
+def expected_steps(trace, rl) -> int:  # noqa: ANN001
+    per_epoch = math.ceil(trace.num_prompts / rl.prompts_per_step)
+    n = per_epoch * rl.epochs
+    return min(n, rl.max_steps) if rl.max_steps else n
+
+
+def split_policies(text: str) -> list[str]:
+    """Split on commas outside parentheses (knob lists contain commas)."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    names = [p for p in [*parts, cur.strip()] if p]
+    if text.strip() and not names:
+        raise RlsimError(f"--policies {text!r} names no policy; leave it out for the defaults")
+    return names
