@@ -1,7 +1,7 @@
 """The command line: `rlsim` (Typer, with rich output).
 
 Entry point: `rlsim.cli.app` (the app and `main`; `python -m rlsim.cli` runs it), with one module per
-command group: `sim` (simulate, compare, sweep), `trace`, `real` (run --real, validate), `plan`,
-`calibrate` and `profile`; `ui` holds the shared progress bar and error printing. The top layer:
-imports every other layer, and nothing imports it.
+command group: `sim` (policies, simulate), `compare`, `trace`, `real` (run --real, validate), `plan`
+(plan, sweep), `calibrate` and `profile`; `options` holds the options they share and `ui` the
+console helpers. The top layer: imports every other layer, and nothing imports it.
 """

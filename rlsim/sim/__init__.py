@@ -3,7 +3,9 @@ same driver and policy objects as real mode.
 
 Entry points: `rlsim.sim.simulate.simulate` (one policy on one trace and cluster, a `Result`),
 `rlsim.sim.compare` (every policy side by side), `rlsim.sim.engine.SimEngine` (the `Engine` of
-`rlsim.protocol`), `rlsim.sim.scheduler` and `rlsim.sim.kv_blocks` (vLLM 0.32's scheduler and block
-pool, ported) and `rlsim.sim.sched_parity` (that port checked against vLLM's own `Scheduler`).
-Imports the core, `rlsim.trace` and `rlsim.spec`; never real mode, the planner or the CLI.
+`rlsim.protocol`; its event jumping in `rlsim.sim.jump`, its replay of measured iteration times in
+`rlsim.sim.replay`), `rlsim.sim.scheduler.InstanceScheduler` (vLLM 0.32's scheduler, ported, with
+`seq`, `running`, `jump_plan` and the block pool of `kv_blocks`) and `rlsim.sim.sched_parity` (that
+port checked against vLLM's own `Scheduler`). Imports the core, `rlsim.trace` and `rlsim.spec`;
+never real mode, the planner or the CLI.
 """
