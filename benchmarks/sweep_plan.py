@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlsim.plan.sweep import RayExecutor, parse_grid, run_sweep
+from rlsim.plan.grid import parse_grid
+from rlsim.plan.sweep import RayExecutor, run_sweep
 
 GRID = {
     "fixed": {"num_prompts": 64, "trace_epochs": 1, "epochs": 1, "prompts_per_step": 16, "samples_per_prompt": 4,

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from rlsim.cli.app import app
 from rlsim.errors import RlsimError
-from rlsim.plan.sweep import parse_grid, run_sweep
+from rlsim.plan.grid import parse_grid
+from rlsim.plan.sweep import run_sweep
 from rlsim.profile import PROFILE_DIR
 from rlsim.trace.format import META_KEY, Trace, save
 

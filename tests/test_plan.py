@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from rlsim.cli.app import app
 from rlsim.config import RLConfig
 from rlsim.errors import RlsimError
-from rlsim.plan.planner import PlanCache, PlanConfig, epoch_estimate_s, pareto, plan, rungs
+from rlsim.plan.cache import PlanCache
+from rlsim.plan.planner import PlanConfig, epoch_estimate_s, pareto, plan, rungs
 from rlsim.plan.report import answer_rows
 from rlsim.plan.space import SearchSpace, candidates, tp_family
 from tests.test_sweep_plan import _err  # one sentence, exit code 2

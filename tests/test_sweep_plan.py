@@ -16,9 +16,10 @@ from rlsim.cli.app import app
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.errors import RlsimError
 from rlsim.paths import default_trace
+from rlsim.plan.grid import load_grid, parse_grid, policy_string
 from rlsim.plan.planner import PlanConfig, plan
 from rlsim.plan.space import SearchSpace, parse_gpus
-from rlsim.plan.sweep import RayExecutor, load_grid, parse_grid, policy_string, run_sweep
+from rlsim.plan.sweep import RayExecutor, run_sweep
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import load
 

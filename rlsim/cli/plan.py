@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate every point of a grid; rows are saved as points finish, and a rerun resumes."""
         from rlsim.paths import check_output_file
-        from rlsim.plan.sweep import check_caps, existing_rows, load_grid, make_executor, run_sweep
+        from rlsim.plan.grid import load_grid
+        from rlsim.plan.sweep import check_caps, existing_rows, make_executor, run_sweep
 
         check_output_file(out, "--out")
         g = load_grid(grid)
@@ -109,7 +110,8 @@ def register(app: typer.Typer) -> None:
         from rlsim.cli.options import split_policies
         from rlsim.config import RLConfig
         from rlsim.paths import check_output_file, default_trace
-        from rlsim.plan.planner import PlanCache, PlanConfig, default_cache_path
+        from rlsim.plan.cache import PlanCache, default_cache_path
+        from rlsim.plan.planner import PlanConfig
         from rlsim.plan.planner import plan as run_plan
         from rlsim.plan.report import answer_rows, objective_text, pareto_rows, plot_plan
         from rlsim.plan.space import SearchSpace, candidates, parse_gpus, parse_list

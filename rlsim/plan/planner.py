@@ -25,10 +25,8 @@ overlapping space reuses the first's points, and a changed simulator never reuse
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, as_completed
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ import numpy as np
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.errors import RlsimError
+from rlsim.plan.cache import PlanCache, code_digest, digest
 from rlsim.plan.space import Candidate, SearchSpace, candidates, clip_ratio
 from rlsim.trace.format import Trace
 
@@ -106,63 +105,6 @@ def score(row: dict[str, Any], cfg: PlanConfig) -> tuple[int, float]:
     if row["epoch_hours"] <= cfg.target_epoch_hours:
         return (0, row["gpu_hours"])
     return (1, row["epoch_hours"])
-
-
-def digest(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:  # noqa: PTH123
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
-def code_digest() -> str:
-    """Of rlsim's and the policies' source: a changed simulator invalidates the cache."""
-    import policies
-    import rlsim
-
-    h = hashlib.sha256()
-    for pkg in (rlsim, policies):
-        root = Path(pkg.__file__).parent
-        for f in sorted(root.rglob("*.py")):
-            h.update(f.relative_to(root).as_posix().encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-class PlanCache:
-    """Estimates by configuration key, in a JSON-lines file (one line appended per estimate; a line
-    cut short by a crash is skipped on reading). `path=None`: in memory only."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.rows: dict[str, dict[str, Any]] = {}
-        self.hits = 0
-        if path is not None and path.exists():
-            for line in path.read_text(errors="replace").splitlines():
-                try:
-                    entry = json.loads(line)
-                    self.rows[entry["key"]] = entry["row"]
-                except (ValueError, KeyError, TypeError):
-                    continue
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        row = self.rows.get(key)
-        if row is not None:
-            self.hits += 1
-        return row
-
-    def put(self, key: str, row: dict[str, Any]) -> None:
-        self.rows[key] = row
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:  # noqa: PTH123
-                f.write(json.dumps({"key": key, "row": row}) + "\n")
-
-
-def default_cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rlsim" / "plan.jsonl"
 
 
 def estimate(trace_path: str, cand: dict[str, Any], rl: dict[str, Any], steps: int, seed: int) -> dict[str, Any]:

@@ -1,27 +1,5 @@
-"""Parameter sweeps: the cartesian product of config fields, one seeded simulation per point.
-
-A grid file (YAML):
-
-    trace: traces/math17k.parquet        # or synthesise one per point: preset / rho / num_prompts
-    fixed:                                # fields every point shares
-      epochs: 1
-      max_steps: 8
-    grid:                                 # a list per field; the sweep is their product
-      gpus: [16, 32, 64]
-      policy: [sync, rollpacker, "sortedrl(mode=partial)"]
-      max_response_len: [8192, 20480]
-
-Point fields: `gpus`, `profile`, `placement`, `train_gpus`, `dispatch` (cluster);
-`prompts_per_step`, `samples_per_prompt`, `max_response_len`, `epochs`, `max_steps`, `seed`,
-`reward_latency_s`, `reward_workers`, `use_kl_loss` (RL step); `gpu_memory_utilization`,
-`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`, `free_cache_engine` (engine);
-`policy` (a policy string, knobs included) and
-`knobs.NAME` (a knob added to the point's policy string, e.g. `knobs.eta_p: [1.0, 1.5]`); `trace`
-(a Parquet path) or `preset`, `rho`, `num_prompts`, `trace_epochs`, `prompt_share`, `start_step`,
-`clip_ratio` (as in `rlsim trace synth`: a synthetic
-trace from the DAPO-Math-17k prompts, its lengths drawn up to the point's `max_response_len`,
-generated once per worker and cached). Every point is checked before any runs: an unknown
-field, an empty list, a wrong type or an impossible config is one `RlsimError` naming the file.
+"""Parameter sweeps: one seeded simulation per point of a grid (`rlsim.plan.grid`, the grid file and its
+checks).
 
 Points run on any `concurrent.futures.Executor`: a process pool by default, Ray across machines
 (`RayExecutor`). Each result row is the point's fields plus the simulation's summary figures. Rows
@@ -33,169 +11,20 @@ same rows, whatever the executor and the order points finish in.
 from __future__ import annotations
 
 import functools
-import hashlib
-import itertools
 import json
 import os
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlsim.errors import RlsimError
+from rlsim.plan.grid import SYNTH_FIELDS, TRACE_FIELDS, Grid, point_configs, point_id, point_label, policy_string
 
-CLUSTER_FIELDS = {"gpus": int, "profile": str, "placement": str, "train_gpus": int, "dispatch": str}
-RL_FIELDS = {
-    "prompts_per_step": int, "samples_per_prompt": int, "max_response_len": int, "epochs": int,
-    "max_steps": int, "seed": int, "reward_latency_s": float, "reward_workers": int, "use_kl_loss": bool,
-}  # fmt: skip
-ENGINE_FIELDS = {
-    "gpu_memory_utilization": float, "max_num_seqs": int, "max_num_batched_tokens": int,
-    "enable_prefix_caching": bool, "free_cache_engine": bool, "block_size": int, "enable_chunked_prefill": bool,
-}  # fmt: skip
-TRACE_FIELDS = {
-    "trace": str, "preset": str, "rho": float, "num_prompts": int, "trace_epochs": int, "prompt_share": float,
-    "start_step": int, "clip_ratio": float,
-}  # fmt: skip
-FIELDS: dict[str, type] = {**CLUSTER_FIELDS, **RL_FIELDS, **ENGINE_FIELDS, **TRACE_FIELDS, "policy": str}
-KNOB_PREFIX = "knobs."
 SUMMARY_KEYS = (
     "epoch_time_s", "total_time_s", "gpu_hours", "num_steps", "rollout_share", "bubble_ratio",
     "wasted_tokens", "staleness_mean", "staleness_max", "trained_length_bias", "preemptions",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Grid:
-    """A parsed grid: the points (dicts of field -> value) in product order."""
-
-    source: str
-    points: tuple[dict[str, Any], ...]
-
-
-def _check_value(where: str, field: str, value: Any) -> Any:  # noqa: ANN401
-    if field.startswith(KNOB_PREFIX):
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise RlsimError(f"{where}: {field} must be a number or a word, got {value!r}")
-        return value
-    want = FIELDS[field]
-    if field == "max_steps" and value is None:
-        return None
-    if want is bool:
-        if not isinstance(value, bool):
-            raise RlsimError(f"{where}: {field} must be true or false, got {value!r}")
-        return value
-    if want is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, want):
-        raise RlsimError(f"{where}: {field} must be {want.__name__}, got {value!r}")
-    return value
-
-
-def _check_field(where: str, field: str) -> None:
-    if field not in FIELDS and not (field.startswith(KNOB_PREFIX) and len(field) > len(KNOB_PREFIX)):
-        known = ", ".join(sorted(FIELDS))
-        raise RlsimError(f"{where}: unknown field {field!r} (known: {known}, and knobs.NAME)")
-
-
-def parse_grid(data: Any, where: str = "grid") -> Grid:  # noqa: ANN401
-    """Check a grid document (the YAML's mapping) and expand it into points."""
-    if not isinstance(data, dict):
-        raise RlsimError(f"{where}: expected a mapping with 'grid' (and optional 'fixed', 'trace')")
-    extra = set(data) - {"grid", "fixed", "trace"}
-    if extra:
-        raise RlsimError(f"{where}: unknown top-level key {sorted(extra)[0]!r} (expected grid, fixed, trace)")
-    grid = data.get("grid")
-    fixed = data.get("fixed") or {}
-    if not isinstance(grid, dict) or not grid:
-        raise RlsimError(f"{where}: 'grid' must map at least one field to a list of values")
-    if not isinstance(fixed, dict):
-        raise RlsimError(f"{where}: 'fixed' must map fields to single values")
-    base: dict[str, Any] = {}
-    if "trace" in data:
-        base["trace"] = _check_value(where, "trace", data["trace"])
-    for field, value in fixed.items():
-        _check_field(where, field)
-        base[field] = _check_value(where, field, value)
-    axes: list[tuple[str, list]] = []
-    for field, values in grid.items():
-        _check_field(where, field)
-        if not isinstance(values, list):
-            raise RlsimError(f"{where}: grid field {field} must be a list, got {values!r}")
-        if not values:
-            raise RlsimError(f"{where}: grid field {field} is an empty list, so the sweep has no points")
-        axes.append((field, [_check_value(where, field, v) for v in values]))
-    points = []
-    for combo in itertools.product(*(vals for _, vals in axes)):
-        point = dict(base)
-        point.update(zip((f for f, _ in axes), combo, strict=True))
-        points.append(point)
-    grid_ = Grid(where, tuple(points))
-    for p in grid_.points:
-        _configs(p, where)  # every point's config is valid before any simulation runs
-    return grid_
-
-
-def load_grid(path: Path) -> Grid:
-    import yaml
-
-    if not path.is_file():
-        raise RlsimError(f"{path}: no such grid file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise RlsimError(f"{path} is not UTF-8 text (a grid is a YAML file)") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" (line {mark.line + 1})" if mark else ""
-        raise RlsimError(f"{path} is not valid YAML{line}") from None
-    return parse_grid(data, str(path))
-
-
-def policy_string(point: dict[str, Any]) -> str:
-    """The point's policy with its `knobs.*` fields added: `rollpacker(eta_p=1.5)`."""
-    name = point.get("policy", "sync")
-    knobs = {k[len(KNOB_PREFIX) :]: v for k, v in sorted(point.items()) if k.startswith(KNOB_PREFIX)}
-    if not knobs:
-        return name
-    head, plus, spec = name.partition("+")
-    extra = ",".join(f"{k}={v}" for k, v in knobs.items())
-    head = f"{head[:-1]},{extra})" if head.endswith(")") else f"{head}({extra})"
-    return head + plus + spec
-
-
-def _configs(point: dict[str, Any], where: str = "grid"):  # noqa: ANN202
-    from policies.registry import parse_policy
-    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
-    from rlsim.profile import load_profile
-    from rlsim.step_costs import with_engine
-
-    try:
-        kw = {k: point[k] for k in CLUSTER_FIELDS if k in point}
-        if "gpus" in kw:
-            kw["num_gpus"] = kw.pop("gpus")
-        cluster = ClusterConfig(**kw)
-        rl = RLConfig(**{k: point[k] for k in RL_FIELDS if k in point})
-        engine = EngineConfig(**{k: point[k] for k in ENGINE_FIELDS if k in point})
-        parse_policy(policy_string(point))
-        prof = with_engine(load_profile(cluster.profile), engine)
-        cluster.num_instances(prof.tensor_parallel_size)
-    except RlsimError as exc:
-        raise RlsimError(f"{where}: point {_label(point)}: {exc}") from None
-    return cluster, rl, engine
-
-
-def _label(point: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in point.items())
-
-
-def point_id(point: dict[str, Any]) -> str:
-    """A stable key of a point (its fields, sorted): how a resumed sweep knows what is done."""
-    return hashlib.sha1(json.dumps(point, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-SYNTH_FIELDS = ("preset", "rho", "num_prompts", "prompt_share", "trace_epochs", "start_step", "clip_ratio")
 
 
 @functools.lru_cache(maxsize=8)
@@ -222,7 +51,7 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     """Simulate one point; the row is its fields, its id and the summary figures."""
     from rlsim.sim.simulate import simulate
 
-    cluster, rl, engine = _configs(point)
+    cluster, rl, engine = point_configs(point)
     trace_key = {k: point[k] for k in TRACE_FIELDS if k in point}
     if any(k in trace_key for k in SYNTH_FIELDS):
         # lengths are drawn up to the point's cap, so a 32k point has a 32k tail
@@ -306,7 +135,7 @@ def check_caps(grid: Grid) -> None:
         cap = p.get("max_response_len")
         if cap is not None and cap > caps[path]:
             raise RlsimError(
-                f"{grid.source}: point {_label(p)}: max_response_len={cap} exceeds the trace's cap {caps[path]}: "
+                f"{grid.source}: point {point_label(p)}: max_response_len={cap} exceeds the trace's cap {caps[path]}: "
                 "the trace does not say how long responses would run past it"
             )
 
