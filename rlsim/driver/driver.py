@@ -1,14 +1,16 @@
-"""The one RL loop: feeds engine events to the policy and policy actions to the engine.
+"""Driver: one run's state between the policy and the engine, and the end of each step.
 
-The same `run_loop` drives a `SimEngine` and (later) real vLLM engines. Each step: the policy is
-told the step started, launches samples (the driver turns `Launch` into `Request`s, looking the
-sample's length up in the trace; the policy never sees it), is told every event, and ends the
-step with `Train`. Rewards are scored by a pool of CPU workers as samples finish (overlapping
-rollout), each taking the run's reward latency or the trace's per-sample `reward_time_s`. Then
-the step's training phases run (`rlsim.step_costs`: old log-probs, reference when KL is on, the
-update, weight sync). Under `colocated` placement rollout is paused for all of it (veRL's hybrid
-engine), and with `free_cache_engine` the engines sleep (KV freed, weights offloaded) and wake
-after; under `disaggregated` rollout goes on during training.
+It holds the data order (a seeded shuffle, or a real log's own order), the visits taken and not
+yet trained, the requests, the finished lengths the policy may see, and the records; `apply` turns
+a policy's actions into engine calls (launching through `rlsim.driver.launch`), `handle` records an
+engine event before the policy is told of it, and `train` ends the step. Rewards are scored by a
+pool of CPU workers as samples finish (overlapping rollout), each taking the run's reward latency
+or the trace's per-sample `reward_time_s`. Then the step's training phases run
+(`rlsim.step_costs`: old log-probs, reference when KL is on, the update, weight sync). Under
+`colocated` placement rollout is paused for all of it (veRL's hybrid engine), and with
+`free_cache_engine` the engines sleep (KV freed, weights offloaded) and wake after; under
+`disaggregated` rollout goes on during training. `snapshot`/`restore` resume a real run. The loop
+that calls all this is `rlsim.driver.loop.run_loop`.
 """
 
 from __future__ import annotations
