@@ -1,9 +1,12 @@
 """The event-jumping fast path against `--exact` (one iteration at a time), every policy.
 
 The workload is a slice of the bundled trace over two epochs (so HistoSpec drafts and history-
-based placement act), on a KV cache tight enough to preempt, in both placements. Colocated
-training pauses the engines mid-jump: the test asserts that it did, and that no more requests
-finish inside training windows on the fast path than iteration by iteration.
+based placement act), on an engine at `gpu_memory_utilization` 0.45, whose KV cache is tight
+enough that every policy preempts, in both placements. The two paths must agree at full strength:
+every time of every request and every step within a relative 1e-9, and every count (preemptions,
+aborts, wasted tokens, tokens, outcomes, instances) equal. Each case also asserts that it
+exercises what it claims: preemptions under every policy, aborts under the policies that abort,
+and a training pause that interrupts a jump under the policies that carry requests into training.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from policies.registry import REGISTRY
-from rlsim.config import ClusterConfig, RLConfig
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.paths import default_trace
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace, load
@@ -27,7 +31,10 @@ PLACEMENTS = {
     ),
 }
 RL = RLConfig(prompts_per_step=64, samples_per_prompt=16, epochs=2)
+KV_TIGHT = EngineConfig(gpu_memory_utilization=0.45)
 CARRY = ("histopipe(cross_step=true)", "async_partial", "sortedrl(mode=partial)")  # run into training
+ABORT = ("rollpacker", "sortedrl")  # abort the tail of a step
+RTOL = 1e-9
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,34 +45,58 @@ def _slice() -> Trace:
     return Trace(table, tr.meta)
 
 
-def _finished_in_training(res) -> int:  # noqa: ANN001 - a Result
-    """Requests whose finish falls strictly inside a step's training window."""
-    st, t = res.steps, res.requests["finish_time"].to_numpy()
-    gen_end = (st["time/start"] + st["timing_s/gen"]).to_numpy()
-    return int(sum(((t > a + 1e-9) & (t < b - 1e-9)).sum() for a, b in zip(gen_end, st["time/end"], strict=True)))
+def assert_tables_match(fast: pd.DataFrame, exact: pd.DataFrame, what: str) -> None:
+    """Same rows and columns; times within a relative 1e-9 (NaN where NaN), ratios and other
+    floats within 1e-9 relative or 1e-12 absolute (a ratio of 0 may come out as -2e-16), every
+    other column equal."""
+    assert list(fast.columns) == list(exact.columns), what
+    assert len(fast) == len(exact), what
+    for col in fast.columns:
+        a, b = fast[col].to_numpy(), exact[col].to_numpy()
+        if np.issubdtype(a.dtype, np.floating):
+            atol = 0.0 if "time" in col else 1e-12
+            np.testing.assert_allclose(a, b, rtol=RTOL, atol=atol, err_msg=f"{what}: {col}")
+        else:
+            assert (a == b).all(), f"{what}: {col} differs in {int((a != b).sum())} rows"
 
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 @pytest.mark.parametrize("policy", POLICIES)
 def test_fast_path_matches_exact(policy: str, placement: str) -> None:
-    """Total time within 0.5% of --exact; training pauses interrupt jumps, as they do iterations."""
+    """Every request's and every step's times within 1e-9 of --exact, every count equal."""
     cluster = PLACEMENTS[placement]
-    fast = simulate(_slice(), policy, cluster, RL)
-    exact = simulate(_slice(), policy, cluster, RL, exact=True)
-    assert fast.summary["total_time_s"] == pytest.approx(exact.summary["total_time_s"], rel=0.005)
-    assert fast.summary["num_steps"] == exact.summary["num_steps"]
-    assert _finished_in_training(fast) <= _finished_in_training(exact)
-    assert fast.summary["wake_reprefill_tokens"] == exact.summary["wake_reprefill_tokens"]
-    if placement == "colocated" and policy.split("+")[0] in CARRY:
-        assert fast.summary["pause_interrupts"] > 0  # the workload exercises a pause mid-jump
-        assert fast.summary["wake_reprefill_tokens"] > 0  # and carried requests re-prefill
+    fast = simulate(_slice(), policy, cluster, RL, engine_cfg=KV_TIGHT)
+    exact = simulate(_slice(), policy, cluster, RL, exact=True, engine_cfg=KV_TIGHT)
+    assert_tables_match(fast.requests, exact.requests, "requests")
+    assert_tables_match(fast.steps, exact.steps, "steps")
+    for key in ("preemptions", "wasted_tokens", "num_requests", "trained_samples", "num_steps",
+                "wake_reprefill_tokens", "prefix_hit_tokens", "reused_samples"):  # fmt: skip
+        assert fast.summary[key] == exact.summary[key], key
+    assert fast.summary["total_time_s"] == pytest.approx(exact.summary["total_time_s"], rel=RTOL, abs=0)
+    # What the case exercises, counted on the fast path (equal on both, by the asserts above).
+    base = policy.split("+")[0]
+    assert fast.summary["preemptions"] > 0, "the KV-tight engine preempts under every policy"
+    if base in ABORT:
+        assert (fast.requests["outcome"] == "aborted").sum() > 0, f"{base} aborts"
+        assert fast.summary["wasted_tokens"] > 0
+    if placement == "colocated" and base in CARRY:
+        assert fast.summary["pause_interrupts"] > 0, "a training pause interrupts a jump"
+        assert fast.summary["wake_reprefill_tokens"] > 0, "and carried requests re-prefill"
 
 
-def test_the_slice_preempts_and_drafts() -> None:
-    """The workload is tight enough to preempt, and HistoSpec has a second visit to draft from."""
+def test_the_slice_drafts_on_its_second_visit() -> None:
+    """HistoSpec has a second visit to draft from, and its drafts speed that visit."""
     res = simulate(_slice(), "sortedrl+histospec", PLACEMENTS["colocated"], RL)
-    assert res.summary["preemptions"] > 0
     assert len(res.summary["epoch_time_s"]) == 2
-    first, second = (g["timing_s/gen"].sum() for _, g in res.steps.groupby("epoch"))
+    second = res.steps[res.steps["epoch"] == 1]["timing_s/gen"].sum()
     plain = simulate(_slice(), "sortedrl", PLACEMENTS["colocated"], RL).steps
-    assert second < plain[plain["epoch"] == 1]["timing_s/gen"].sum()  # drafts speed the second visit
+    assert second < plain[plain["epoch"] == 1]["timing_s/gen"].sum()
+
+
+def test_a_wrong_fast_path_fails_the_comparison() -> None:
+    """The comparison can fail: a finish time moved by one part in 1e8 is caught."""
+    res = simulate(_slice(), "sync", PLACEMENTS["colocated"], RL, engine_cfg=KV_TIGHT)
+    moved = res.requests.copy()
+    moved.loc[moved.index[-1], "finish_time"] *= 1 + 1e-8
+    with pytest.raises(AssertionError):
+        assert_tables_match(moved, res.requests, "requests")

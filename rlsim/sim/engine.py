@@ -244,7 +244,16 @@ class SimEngine:
         return self.profile.max_num_seqs
 
     def segments(self, instance: int) -> list[tuple[float, float]]:
-        return list(self.instances[instance].segments)
+        """Merged busy intervals, the iteration or jump in progress counted up to now (as
+        `busy_time` counts it), so an instance mid-jump and one mid-iteration read the same."""
+        inst = self.instances[instance]
+        segs = list(inst.segments)
+        if inst.run_start is not None and self.env.now > inst.run_start:
+            if segs and segs[-1][1] >= inst.run_start - 1e-12:
+                segs[-1] = (segs[-1][0], self.env.now)
+            else:
+                segs.append((inst.run_start, self.env.now))
+        return segs
 
     # ---- internals ------------------------------------------------------------------------
     def _poke(self, inst: _Instance) -> None:
