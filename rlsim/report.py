@@ -14,13 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rlsim.files import atomic_save, atomic_write_bytes, save_figure, write_error
 from rlsim.result import Result
-
-
-def _atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 def _clean(obj: Any) -> Any:
@@ -97,8 +92,10 @@ def plot_timeline(result: Result, out: Path) -> Path:
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_title(f"{result.policy}: instance busy time (blue), bubble ratio {result.summary['bubble_ratio']:.0%}")
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    try:
+        save_figure(fig, out)
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -113,12 +110,15 @@ def write_run_dir(result: Result, out: Path, swap: bool = True) -> Path:
     import tempfile
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not swap:
-        out.mkdir(exist_ok=True)
-        _write_files(result, out)
-        return out
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not swap:
+            out.mkdir(exist_ok=True)
+            _write_files(result, out)
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as exc:
+        raise write_error(out, exc) from None
     try:
         _write_files(result, tmp)
         os.chmod(tmp, 0o755)
@@ -129,20 +129,20 @@ def write_run_dir(result: Result, out: Path, swap: bool = True) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise write_error(out, exc) from None
         raise
     return out
 
 
 def _write_files(result: Result, out: Path) -> None:
-    _atomic(out / "config.json", to_json(result.config).encode())
+    atomic_write_bytes(out / "config.json", to_json(result.config).encode())
     for name, frame in (("steps", result.steps), ("requests", result.requests)):
-        tmp = out / f"{name}.parquet.tmp"
-        frame.to_parquet(tmp, compression="zstd", index=False)
-        tmp.replace(out / f"{name}.parquet")
-    _atomic(out / "summary.json", to_json(result.summary).encode())
-    _atomic(out / "trace.json", json.dumps(perfetto_trace(result)).encode())
+        atomic_save(out / f"{name}.parquet", lambda tmp, f=frame: f.to_parquet(tmp, compression="zstd", index=False))
+    atomic_write_bytes(out / "summary.json", to_json(result.summary).encode())
+    atomic_write_bytes(out / "trace.json", json.dumps(perfetto_trace(result)).encode())
     plot_timeline(result, out / "timeline.png")
 
 
@@ -166,6 +166,8 @@ def plot_compare(rows: list[dict[str, Any]], out: Path) -> Path:
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    try:
+        save_figure(fig, out)
+    finally:
+        plt.close(fig)
     return out

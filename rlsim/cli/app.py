@@ -24,6 +24,12 @@ class _Group(TyperGroup):
             msg = " ".join(str(exc).split())
             typer.echo(f"error: {msg}", err=True)
             raise typer.Exit(2) from None
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): nothing to tell it
+        except OSError as exc:  # a file the command reads or writes: no folder, no permission, disk full
+            where = f" {exc.filename}" if exc.filename else ""
+            typer.echo(f"error: cannot use{where}: {exc.strerror or exc}", err=True)
+            raise typer.Exit(2) from None
         except Exception as exc:
             # An unknown option or command, a value of the wrong type or choice: click's UsageError
             # (Typer vendors its own click, so the class is matched by name), but not the help a

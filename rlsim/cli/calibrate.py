@@ -14,6 +14,7 @@ from rich.table import Table
 
 from rlsim.cli.ui import console as make_console
 from rlsim.errors import RlsimError
+from rlsim.files import atomic_write_text
 
 calibrate_app = typer.Typer(help="Fit profiles from calibration records.", no_args_is_help=True)
 
@@ -107,6 +108,5 @@ def fit(
                 f"held-out MAPE {result.mape:.1%} exceeds --max-mape {max_mape:.0%}{beyond}; profile not written "
                 "(measure a larger grid, or pass --force)"
             )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(prof, indent=2) + "\n")
+    atomic_write_text(out, json.dumps(prof, indent=2) + "\n")
     console.print(f"wrote {out}")

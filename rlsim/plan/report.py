@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlsim.files import save_figure
+
 
 def spread(mean: float, rng: tuple[float, float], fmt: str = ".2f") -> str:
     """`2.31 ± 0.04`: the mean and half its min-max spread over seeds."""
@@ -101,5 +103,7 @@ def plot_plan(result: dict[str, Any], out) -> None:  # noqa: ANN001
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    try:
+        save_figure(fig, out)
+    finally:
+        plt.close(fig)

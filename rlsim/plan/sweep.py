@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsim.errors import RlsimError
+from rlsim.files import atomic_save
 from rlsim.plan.grid import SYNTH_FIELDS, TRACE_FIELDS, Grid, point_configs, point_id, point_label, policy_string
 
 SUMMARY_KEYS = (
@@ -144,9 +145,7 @@ def _write_rows(out: Path, rows: list[dict[str, Any]], order: dict[str, int]) ->
     import pandas as pd
 
     frame = pd.DataFrame(sorted(rows, key=lambda r: order.get(r["point_id"], len(order))))
-    tmp = out.with_name(out.name + ".tmp")
-    frame.to_parquet(tmp, index=False)
-    tmp.replace(out)
+    atomic_save(out, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def existing_rows(grid: Grid, out: Path, keep_other_grids: bool = False) -> tuple[list[dict], list[dict]]:

@@ -35,6 +35,7 @@ import pandas as pd
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
 from rlsim.errors import RlsimError
+from rlsim.files import atomic_write_bytes
 from rlsim.hostload import LoadMeter
 from rlsim.profile import load_profile
 from rlsim.real.backends import PromptSource
@@ -52,7 +53,7 @@ from rlsim.real.run_config import (
     run_profile,
 )
 from rlsim.real.run_files import LOAD_COLUMNS, RunFiles, RunState, has_column
-from rlsim.report import _atomic, to_json
+from rlsim.report import to_json
 
 
 class RealRun(Learning, RunCalibration, RunFiles):
@@ -139,7 +140,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         out.mkdir(parents=True, exist_ok=True)
-        _atomic(out / "config.json", to_json(config).encode())
+        atomic_write_bytes(out / "config.json", to_json(config).encode())
         return cls(out, config)
 
     @classmethod
@@ -149,7 +150,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
         if max_steps is None:
             return run
         config["RLConfig"]["max_steps"] = max_steps
-        _atomic(out / "config.json", to_json(config).encode())
+        atomic_write_bytes(out / "config.json", to_json(config).encode())
         return cls(out, config)
 
     # ---- the run --------------------------------------------------------------------------
@@ -283,7 +284,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
             enable_sleep_mode=self.sleeps,
         )
         backend, facts = start_backend(cfg, self.n, self.real.ray_address)
-        _atomic(self.out / "facts.json", to_json({"instances": facts}).encode())
+        atomic_write_bytes(self.out / "facts.json", to_json({"instances": facts}).encode())
         return backend, facts
 
     def _on_finish(self, req, f: dict) -> None:  # noqa: ANN001

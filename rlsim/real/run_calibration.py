@@ -34,12 +34,13 @@ import numpy as np
 import pandas as pd
 
 from rlsim.errors import RlsimError
+from rlsim.files import atomic_write_bytes
 from rlsim.hostload import LoadMeter, speed_probe
 from rlsim.profile import Profile
 from rlsim.real.engine import RealEngine
 from rlsim.real.run_config import profile_from
 from rlsim.real.run_files import write_parquet
-from rlsim.report import _atomic, to_json
+from rlsim.report import to_json
 
 PASSES = ("before", "during")
 
@@ -206,7 +207,7 @@ class RunCalibration:
         write_parquet(path, rows.sort_values("cell", kind="stable").reset_index(drop=True))
         loads = json.loads(host_path.read_text()) if host_path.exists() else {}
         loads.setdefault(which, []).append(meter.read())
-        _atomic(host_path, to_json(loads).encode())
+        atomic_write_bytes(host_path, to_json(loads).encode())
         return rows
 
     def _pass_load(self, which: str, backend, facts: list[dict]) -> dict[str, float]:  # noqa: ANN001
@@ -230,7 +231,7 @@ class RunCalibration:
                            self._pass_load("before", backend, facts))  # fmt: skip
         self.config["profile"] = prof.to_dict()
         self.config["profile_name"] = prof.name
-        _atomic(self.out / "config.json", to_json(self.config).encode())
+        atomic_write_bytes(self.out / "config.json", to_json(self.config).encode())
         say(f"calibrated in {time.perf_counter() - t0:.0f} s: held-out MAPE {prof.fit_error['heldout_mape']:.1%}; "
             f"the second pass runs between the steps, with the run's clock stopped")  # fmt: skip
         return prof
@@ -262,7 +263,7 @@ class RunCalibration:
         prof = fit_profile(profile_from(self.config["profile"]), during, facts, self.real.calibrate,
                            self._pass_load("during", backend, facts), rows)  # fmt: skip
         drift = prof.provenance.get("drift_pct", 0.0)
-        _atomic(self.out / "calibration" / "profile.json", to_json(prof.to_dict()).encode())
+        atomic_write_bytes(self.out / "calibration" / "profile.json", to_json(prof.to_dict()).encode())
         say(f"calibrated between the steps: {len(during) and during['cell'].nunique() // self.n} cells at "
             f"{during['at_step'].nunique()} step boundaries; held-out MAPE {prof.fit_error['heldout_mape']:.1%}; the "
             f"same cells took {drift:+.1f}% longer than before the steps")  # fmt: skip
@@ -278,4 +279,4 @@ class RunCalibration:
             ms = [backend.call(i, "probe", f["vocab_size"]) for i, f in zip(range(self.n), facts, strict=True)]
             row["engine_probe_ms"] = round(float(np.mean(ms)), 3)
         host["probes"].append(row)
-        _atomic(path, to_json(host).encode())
+        atomic_write_bytes(path, to_json(host).encode())

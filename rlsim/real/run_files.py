@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rlsim.files import atomic_save, atomic_write_bytes, save_figure
 from rlsim.real.engine import ITERATION_COLUMNS, RealEngine
 from rlsim.real.run_config import ENGINE_COLUMNS
-from rlsim.report import _atomic
 from rlsim.trace.format import Trace
 
 LOAD_COLUMNS = ("host/others_cpus", "host/load_1m")
@@ -58,7 +58,7 @@ class RunFiles:
             return steps
         state = RunState(self.engine_rows, engine.now, engine.responses, engine.prompt_ids)
         blob = pickle.dumps({"driver": drv.snapshot(), "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
-        _atomic(self.out / "checkpoint.pkl", blob)
+        atomic_write_bytes(self.out / "checkpoint.pkl", blob)
         for old in (self.out / "actor").glob("v*") if self.trainer is not None else ():
             if old.name[1:].isdigit() and int(old.name[1:]) < drv.version:  # the checkpoint now points past it
                 shutil.rmtree(old, ignore_errors=True)
@@ -149,10 +149,10 @@ def plot_training(steps: pd.DataFrame, path: Path) -> None:
     ax2.set_ylabel("mean response length (tokens)", color="tab:orange")
     ax.set_title("GRPO on real engines: reward and response length per step")
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        save_figure(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def has_column(path: Path, name: str) -> bool:
@@ -165,6 +165,4 @@ def has_column(path: Path, name: str) -> bool:
 
 
 def write_parquet(path: Path, frame: pd.DataFrame) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    frame.to_parquet(tmp, compression="zstd", index=False)
-    tmp.replace(path)
+    atomic_save(path, lambda tmp: frame.to_parquet(tmp, compression="zstd", index=False))

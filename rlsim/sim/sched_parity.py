@@ -46,6 +46,8 @@ class ParityConfig:
     block_size: int = 16
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
+    output_dist: str = "uniform"  # or "lognormal": heavy-tailed (median 1/8 of the cap), capped
+    abort_at: int | None = None  # at this iteration, abort every third request not yet finished
     seed: int = 0
 
     @property
@@ -62,11 +64,20 @@ class Work:
     arrive: int  # iteration before which it is added
 
 
+def aborted(cfg: ParityConfig, request_id: int) -> bool:
+    """Whether the abort wave (at `cfg.abort_at`) takes this request, if it is still unfinished."""
+    return cfg.abort_at is not None and request_id % 3 == 0
+
+
 def workload(cfg: ParityConfig) -> list[Work]:
     rng = np.random.default_rng(cfg.seed)
     plen = rng.integers(cfg.prompt_tokens[0], cfg.prompt_tokens[1] + 1, cfg.num_prompts)
     n = cfg.num_prompts * cfg.samples_per_prompt
-    olen = rng.integers(cfg.output_tokens[0], cfg.output_tokens[1] + 1, n)
+    lo, hi = cfg.output_tokens
+    if cfg.output_dist == "lognormal":  # a long-reasoning run's lengths: most short, a tail at the cap
+        olen = np.clip(rng.lognormal(np.log(hi / 8), 1.0, n).astype(int), lo, hi)
+    else:
+        olen = rng.integers(lo, hi + 1, n)
     per_wave = -(-cfg.num_prompts // cfg.waves)
     out = []
     for p in range(cfg.num_prompts):
@@ -84,6 +95,7 @@ class Log:
     computed_tokens: int = 0
     partial_chunks: int = 0  # prefill chunks that left a prompt unfinished
     blocked_by_kv: int = 0  # iterations in which a waiting request's blocks did not fit
+    aborted: int = 0  # requests the abort wave took (running or waiting)
 
 
 # ---- rlsim side -------------------------------------------------------------------------------
@@ -95,7 +107,15 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
     work = sorted(workload(cfg), key=lambda w: (w.arrive, w.request_id))
     log = Log([], [], {})
     i = 0
+    wave = cfg.abort_at
     while (i < len(work) or sched.running or sched.waiting) and sched.iters < max_iters:
+        if wave is not None and sched.iters >= wave:  # the abort wave, before this iteration
+            wave = None
+            gone = {w.request_id for w in work if aborted(cfg, w.request_id) and w.request_id not in log.finish_iter}
+            log.aborted += len(sched.remove_waiting(gone))
+            for rid in sorted(r for r in sched.running if r in gone):  # freed in request-id order
+                sched.abort(sched.running[rid])
+                log.aborted += 1
         while i < len(work) and work[i].arrive <= sched.iters:
             w = work[i]
             req = Request(w.request_id, w.prompt_id, 0, 0, w.prompt_tokens, w.output_tokens, w.output_tokens, 0, 0)
@@ -104,6 +124,8 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
         k = sched.jump_plan() if fast else 0
         if k and i < len(work):
             k = min(k, work[i].arrive - sched.iters)
+        if k and wave is not None:
+            k = min(k, wave - sched.iters)
         if k > 0:
             row = (sched.n_dec, 0, len(sched.running), len(sched.waiting))
             log.rows.extend([row] * k)
@@ -114,7 +136,7 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
                 log.finish_iter[seq.req.request_id] = sched.iters - 1
             continue
         if not sched.running and not sched.waiting:  # idle until the next arrival
-            sched.iters = work[i].arrive
+            sched.iters = work[i].arrive if wave is None else min(work[i].arrive, wave)
             continue
         out = sched.schedule()
         if not out.chunks and not out.num_decodes and not out.preempted:
@@ -190,6 +212,7 @@ def run_vllm(cfg: ParityConfig, max_iters: int = 1_000_000) -> Log:
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request as VRequest
+    from vllm.v1.request import RequestStatus
 
     sched = _vllm_scheduler(cfg)
     hasher = None
@@ -199,7 +222,13 @@ def run_vllm(cfg: ParityConfig, max_iters: int = 1_000_000) -> Log:
     work = sorted(workload(cfg), key=lambda w: (w.arrive, w.request_id))
     log = Log([], [], {})
     i, it = 0, 0
+    wave = cfg.abort_at
     while (i < len(work) or sched.has_requests()) and it < max_iters:
+        if wave is not None and it >= wave:
+            wave = None
+            for w in work:  # one at a time, in request-id order (a set of ids frees in hash order)
+                if aborted(cfg, w.request_id) and str(w.request_id) in sched.requests:
+                    log.aborted += len(sched.finish_requests(str(w.request_id), RequestStatus.FINISHED_ABORTED))
         while i < len(work) and work[i].arrive <= it:
             w = work[i]
             prompt = [1_000_000 * (w.prompt_id + 1) + j for j in range(w.prompt_tokens)]
@@ -207,7 +236,7 @@ def run_vllm(cfg: ParityConfig, max_iters: int = 1_000_000) -> Log:
             sched.add_request(VRequest(str(w.request_id), prompt, params, None, block_hasher=hasher))
             i += 1
         if not sched.has_requests():
-            it = work[i].arrive
+            it = work[i].arrive if wave is None else min(work[i].arrive, wave)
             continue
         decoding = {r.request_id for r in sched.running if not r.is_prefill_chunk}
         out = sched.schedule()
@@ -250,6 +279,7 @@ class Diff:
     max_finish_diff: int  # largest |finish iteration difference| over requests
     partial_chunks: int
     blocked_by_kv: int  # counted by rlsim (its rows match vLLM's where this is checked)
+    aborted: tuple[int, int] = (0, 0)  # requests the abort wave took (rlsim, vllm)
 
 
 def compare(cfg: ParityConfig, fast: bool = True) -> Diff:
@@ -266,7 +296,7 @@ def compare(cfg: ParityConfig, fast: bool = True) -> Diff:
     return Diff(
         cfg.name, (len(ours.rows), len(theirs.rows)), same / n if n else 1.0, first,
         (sum(ours.preempted), sum(theirs.preempted)), (ours.computed_tokens, theirs.computed_tokens), fin,
-        theirs.partial_chunks, ours.blocked_by_kv,
+        theirs.partial_chunks, ours.blocked_by_kv, (ours.aborted, theirs.aborted),
     )
 
 
@@ -296,4 +326,27 @@ def grid() -> list[ParityConfig]:
                 wave_gap=300),
         replace(base, name="mid-waves", kv_tokens=24_000, waves=4, wave_gap=150),
     ]
-    return out + caching + waves
+    aborts = [  # a wave of aborts mid-run, as RollPacker and SortedRL abort a step's tail
+        replace(base, name="mid-abort", kv_tokens=24_000, abort_at=300),
+        replace(tight, name="tight-abort+pc", enable_prefix_caching=True, num_prompts=16, samples_per_prompt=4,
+                abort_at=400),
+    ]
+    return out + caching + waves + aborts + verl_grid()
+
+
+def verl_grid() -> list[ParityConfig]:
+    """veRL's rollout at its defaults: 1,024 sequences, 8,192 batched tokens, blocks of 16, GRPO
+    groups of 16 sharing a prompt with prefix caching on, heavy-tailed outputs up to 20,480
+    tokens; KV from tight (many preemptions) to loose (none), and an abort wave mid-run."""
+    verl = ParityConfig(
+        "verl-mid", num_prompts=64, samples_per_prompt=16, prompt_tokens=(100, 600), output_tokens=(16, 20_480),
+        output_dist="lognormal", max_num_seqs=1024, max_num_batched_tokens=8192, kv_tokens=600_000,
+        enable_prefix_caching=True,
+    )
+    return [
+        replace(verl, name="verl-tight", kv_tokens=200_000),
+        verl,
+        replace(verl, name="verl-loose", kv_tokens=4_000_000),
+        replace(verl, name="verl-mid-abort", abort_at=3000),
+        replace(verl, name="verl-tight-nopc", kv_tokens=200_000, enable_prefix_caching=False, seed=1),
+    ]

@@ -33,6 +33,7 @@ import pandas as pd
 from scipy import special
 
 from rlsim.errors import RlsimError
+from rlsim.files import atomic_write_text
 from rlsim.trace.format import Trace
 from rlsim.trace.presets import Preset, fit_prompt_share
 
@@ -300,11 +301,7 @@ def _with_rewards(rows: pd.DataFrame, preset: Preset, lengths: np.ndarray, notes
 def save_preset(preset: Preset, path: Path, notes: list[str]) -> Path:
     """Write a preset as JSON (with the fit's notes) for `rlsim trace synth --preset`."""
     body = {"format": PRESET_FORMAT, **asdict(preset), "fit_notes": notes}
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(body, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, json.dumps(body, indent=2) + "\n")
 
 
 def load_preset(path: Path) -> Preset:

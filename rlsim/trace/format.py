@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rlsim.errors import TraceError
+from rlsim.files import atomic_save
 
 SCHEMA_VERSION = 1
 META_KEY = b"rlsim.trace"
@@ -306,17 +307,8 @@ def save(trace: Trace, path: str | Path) -> Path:
     df = trace.table.sort_values(KEY_COLUMNS, kind="stable").reset_index(drop=True)
     table = to_arrow(Trace(df, trace.meta))
     _validate_token_ids(table, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(
-        table,
-        tmp,
-        compression="zstd",
-        compression_level=9,
-        use_dictionary=True,
-        dictionary_pagesize_limit=64 << 20,
-        row_group_size=1 << 20,
-        write_statistics=True,
+    options = dict(
+        compression="zstd", compression_level=9, use_dictionary=True, dictionary_pagesize_limit=64 << 20,
+        row_group_size=1 << 20, write_statistics=True,
     )
-    tmp.replace(path)
-    return path
+    return atomic_save(path, lambda tmp: pq.write_table(table, tmp, **options))

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sstats
 
+from rlsim.files import save_figure
 from rlsim.trace.format import Trace
 
 METRICS = (
@@ -203,8 +204,7 @@ def plot_length_cdf(trace: Trace, out: str | Path, title: str | None = None) -> 
     ax.set_title(title or f"Response length CDF: {trace.meta.model} ({trace.meta.source})")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    try:
+        return save_figure(fig, out)
+    finally:
+        plt.close(fig)
