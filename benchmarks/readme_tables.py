@@ -1,0 +1,48 @@
+"""README tables written by the benchmarks that produce them, never by hand.
+
+A table in README.md sits between two markers naming it:
+
+    <!-- table: scheduler_parity -->
+    | ... |
+    <!-- end table: scheduler_parity -->
+
+A benchmark run with `--markdown` prints its table; with `--readme` it also writes it between its
+markers. `tests/test_readme_tables.py` re-runs the deterministic benchmarks that finish in a
+minute or two and holds each README table equal to their output, so the prose around a table can
+quote it but the table itself cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _pattern(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- table: {re.escape(name)} -->\n)(.*?)(<!-- end table: {re.escape(name)} -->)", re.S)
+
+
+def read_table(name: str, readme: Path = README) -> str:
+    """The text between the table's markers (without them)."""
+    m = _pattern(name).search(readme.read_text())
+    if m is None:
+        raise KeyError(f"README.md has no table named {name!r} (markers <!-- table: {name} -->)")
+    return m.group(2)
+
+
+def write_table(name: str, body: str, readme: Path = README) -> None:
+    """Replace the text between the table's markers with `body`."""
+    text = readme.read_text()
+    read_table(name, readme)  # the markers must be there
+    body = body.rstrip("\n") + "\n"
+    readme.write_text(_pattern(name).sub(lambda m: m.group(1) + body + m.group(3), text, count=1))
+
+
+def emit(name: str, body: str, argv: list[str]) -> None:
+    """Print the table (`--markdown`) and write it into the README (`--readme`)."""
+    if "--markdown" in argv or "--readme" in argv:
+        print(body)
+    if "--readme" in argv:
+        write_table(name, body)
