@@ -1,6 +1,6 @@
 """Reproduction report: each policy against its paper's published numbers (POLICIES.md).
 
-    python benchmarks/paper_checks.py [--markdown]
+    python benchmarks/paper_checks.py [--markdown | --readme]
 
 Each check runs rlsim on a trace and profile configured like the paper's setup as far as
 POLICIES.md gives it, and prints: check, paper figure, rlsim figure, pass/fail within the stated
@@ -45,6 +45,7 @@ import time
 
 import numpy as np
 import pandas as pd
+from readme_tables import emit
 
 from policies.registry import REGISTRY
 from rlsim.config import ClusterConfig, RLConfig
@@ -340,8 +341,8 @@ def main() -> int:
     for fn in (*checks, uniform_checks):
         fn()
     counts = count_line()
-    if "--markdown" in sys.argv:
-        print(markdown())
+    if "--markdown" in sys.argv or "--readme" in sys.argv:
+        emit("paper_checks", markdown(), sys.argv)  # --readme also writes README.md's table
     else:
         from rich.console import Console
         from rich.table import Table

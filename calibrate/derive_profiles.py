@@ -191,6 +191,7 @@ def derive(gpu: Gpu, name: str, tp: int, vidur: Path) -> dict:
         "max_num_seqs": VERL_MAX_NUM_SEQS,
         "max_num_batched_tokens": VERL_MAX_NUM_BATCHED_TOKENS,
         "gpu_memory_utilization": VERL_GPU_MEMORY_UTILIZATION,
+        "async_scheduling": True,  # vLLM 0.32's default on GPU executors (VllmConfig), as veRL runs it
         "train": _train(params, gpu),
         "weight_sync_s": 0.0,
         "model_facts": _facts(params, non_emb, layers, hidden, kv_heads, head_dim, 12),  # Qwen2.5: q/k/v biases
@@ -255,6 +256,7 @@ def h200_llama_8b() -> dict:
         "kv_capacity_tokens": SLIME_KV_CAPACITY,
         "max_num_seqs": VERL_MAX_NUM_SEQS,
         "max_num_batched_tokens": VERL_MAX_NUM_BATCHED_TOKENS,
+        "async_scheduling": True,  # simulated as vLLM 0.32 on a GPU executor
         "train": _train(m["params"], H200),
         "weight_sync_s": 0.0,
         "model_facts": _facts(m["params"], m["non_embedding"], m["layers"], m["hidden"], m["kv_heads"], 128, 9),

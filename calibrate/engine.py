@@ -298,6 +298,10 @@ def create_engine(
         "max_num_seqs": int(cfg.scheduler_config.max_num_seqs),
         "max_num_batched_tokens": int(cfg.scheduler_config.max_num_batched_tokens),
         "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
+        # which scheduler the engine core runs: vLLM turns async scheduling on for GPU executors
+        # and the CPU platform turns it off (rlsim's `async_scheduling`)
+        "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
+        "scheduler": cfg.scheduler_config.get_scheduler_cls().__name__,
         "max_model_len": int(cfg.model_config.max_model_len),
         "vocab_size": int(cfg.model_config.get_vocab_size()),
         "vllm_version": vllm.__version__,

@@ -281,6 +281,8 @@ def build_profile(rec: Records, fit: FitResult, name: str | None = None) -> dict
         "block_size": int(f["block_size"]),
         "max_num_seqs": int(f["max_num_seqs"]),
         "max_num_batched_tokens": int(f["max_num_batched_tokens"]),
+        # the scheduler the measured engine ran (records from before it was recorded: from the hardware)
+        "async_scheduling": bool(f["async_scheduling"]) if "async_scheduling" in f else None,
         "train": train,
         "weight_sync_s": sync_s,
         "provenance": {

@@ -69,8 +69,9 @@ class EngineConfig:
     calibrated one holds what its engine ran with). `gpu_memory_utilization` re-derives the KV
     capacity from the profile's model and GPU facts. `free_cache_engine` (veRL's name): colocated
     engines sleep through training, freeing their KV cache, so carried requests re-prefill.
-    `block_size` (KV tokens per block; default: the profile's, vLLM's 16 on GPUs) and
-    `enable_chunked_prefill` are vLLM's knobs of the same names.
+    `block_size` (KV tokens per block; default: the profile's, vLLM's 16 on GPUs),
+    `enable_chunked_prefill` and `async_scheduling` are vLLM's knobs of the same names; the last
+    defaults to the profile's platform (on for GPU profiles, off for CPU-calibrated ones).
     """
 
     gpu_memory_utilization: float | None = None
@@ -80,6 +81,7 @@ class EngineConfig:
     free_cache_engine: bool = True
     block_size: int | None = None
     enable_chunked_prefill: bool = True
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         u = self.gpu_memory_utilization

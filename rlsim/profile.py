@@ -109,6 +109,10 @@ class Profile:
     # The linear layers' weight-read time at zero tokens, where the compute knee is measured from
     # (rlsim.iteration_model); None in profiles that do not separate it (the knee then uses t_w_s).
     linear_t0_s: float | None = None
+    # vLLM's async scheduling (`AsyncScheduler`): vLLM 0.32 turns it on wherever the executor
+    # supports it (GPU executors) and the CPU platform turns it off; None follows that rule from
+    # `hardware` (`schedules_async`). A calibrated profile records what its engine ran.
+    async_scheduling: bool | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -181,6 +185,14 @@ class Profile:
         """Output tokens per second of a steady decode batch (the README's sanity line)."""
         return batch / self.iteration_s(batch, batch * context_per_seq, batch)
 
+    @property
+    def schedules_async(self) -> bool:
+        """Whether its engines schedule asynchronously: as recorded, else on unless the hardware
+        is a CPU (vLLM's `VllmConfig` default against `CpuPlatform`)."""
+        if self.async_scheduling is not None:
+            return bool(self.async_scheduling)
+        return not self.hardware.strip().upper().startswith("CPU")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -204,7 +216,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     """Build a `Profile` from parsed JSON, naming the first missing or bad field."""
     optional = (
         "spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization", "block_size",
-        "linear_t0_s", "schema_version",
+        "linear_t0_s", "async_scheduling", "schema_version",
     )  # fmt: skip
     version = raw.get("schema_version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -266,8 +278,15 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         gpu_memory_utilization=raw.get("gpu_memory_utilization"),
         block_size=_positive_int(raw.get("block_size", 16), f"{where}: field 'block_size'"),
         linear_t0_s=_optional_seconds(raw.get("linear_t0_s"), f"{where}: field 'linear_t0_s'"),
+        async_scheduling=_optional_bool(raw.get("async_scheduling"), f"{where}: field 'async_scheduling'"),
         **kwargs,
     )
+
+
+def _optional_bool(value: Any, what: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise RlsimError(f"{what} must be true, false or null, got {value!r}")
+    return value
 
 
 def _optional_seconds(value: Any, what: str) -> float | None:

@@ -84,7 +84,7 @@ def kv_capacity(profile: Profile, gpu_memory_utilization: float) -> int:
 def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
     """The profile under these engine limits (unset ones keep the profile's values)."""
     changes: dict = {}
-    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "async_scheduling"):
         value = getattr(engine, name)
         if value is not None:
             changes[name] = value

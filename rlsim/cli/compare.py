@@ -40,6 +40,7 @@ def register_compare(app: typer.Typer) -> None:
         enable_prefix_caching: bool = options.PREFIX_CACHING,
         enable_chunked_prefill: bool = options.CHUNKED_PREFILL,
         block_size: int | None = options.BLOCK_SIZE,
+        async_scheduling: bool | None = options.ASYNC_SCHEDULING,
         free_cache_engine: bool = options.FREE_CACHE_ENGINE,
         reward_latency: float = options.REWARD_LATENCY,
         use_kl_loss: bool = options.USE_KL_LOSS,
@@ -49,6 +50,7 @@ def register_compare(app: typer.Typer) -> None:
             "changes between seeds marked as a tie.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+        markdown: bool = typer.Option(False, "--markdown", help="Print the table as Markdown."),
         plot: Path | None = typer.Option(None, help="Write a bar chart of epoch time per policy."),
     ) -> None:
         """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
@@ -83,6 +85,11 @@ def register_compare(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rows, indent=2))
             return
+        if markdown:
+            cols, cells = _cells(rows, tr)
+            lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            typer.echo("\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]))
+            return
         _print_compare(rows, tr, cluster, rl)
         if plot is not None:
             make_console().print(f"plot written to {plot}")
@@ -96,13 +103,9 @@ def _compact(n: int) -> str:
     return str(n)
 
 
-def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
+def _cells(rows, trace) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
+    """The comparison's column names and cells, for the terminal table and for --markdown."""
     epochs = sorted({e for r in rows for e in r["epoch_time_s"]})
-    title = (
-        f"{trace.meta.source} | {cluster.num_gpus} GPUs, {cluster.profile}, {cluster.placement} | "
-        f"P0={rl.prompts_per_step} R0={rl.samples_per_prompt} max_len={rl.max_response_len}"
-    )
-    table = Table(title=title, title_justify="left")
     cols = [
         "policy",
         *[f"epoch {e} (h)" for e in epochs],
@@ -143,6 +146,18 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
             "{:.2f}-{:.2f}".format(*r["length_order_bias_range"]),
             *([_compact(r.get("reused_samples") or 0)] if reused else []),
         ])  # fmt: skip
+    return cols, cells
+
+
+def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
+    title = (
+        f"{trace.meta.source} | {cluster.num_gpus} GPUs, {cluster.profile}, {cluster.placement} | "
+        f"P0={rl.prompts_per_step} R0={rl.samples_per_prompt} max_len={rl.max_response_len}"
+    )
+    table = Table(title=title, title_justify="left")
+    cols, cells = _cells(rows, trace)
+    spread = "total_time_s_range" in rows[0]
+    reused = any(r.get("reused_samples") for r in rows)
     for i, c in enumerate(cols):  # two-line headers, so that the values fit a 140-column terminal uncut
         table.add_column(c.replace(" ", "\n", 1) if i else c, justify="left" if i == 0 else "right", no_wrap=True)
     for row in cells:

@@ -38,6 +38,12 @@ CHUNKED_PREFILL = typer.Option(
     True, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="vLLM chunked prefill."
 )
 BLOCK_SIZE = typer.Option(None, help="vLLM block_size: KV tokens per block (default: the profile's, 16).")
+ASYNC_SCHEDULING = typer.Option(
+    None,
+    "--async-scheduling/--no-async-scheduling",
+    help="vLLM async scheduling: the next batch is scheduled before the last one's tokens are known "
+    "(default: the profile's platform: on for GPU profiles, off for CPU-calibrated ones, as vLLM 0.32).",
+)
 FREE_CACHE_ENGINE = typer.Option(
     True,
     "--free-cache-engine/--no-free-cache-engine",
@@ -75,7 +81,7 @@ def configs(opts: dict):  # noqa: ANN202
     )}, reward_latency_s=opts["reward_latency"])  # fmt: skip
     engine = EngineConfig(**{k: opts[k] for k in (
         "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-        "free_cache_engine", "block_size", "enable_chunked_prefill",
+        "free_cache_engine", "block_size", "enable_chunked_prefill", "async_scheduling",
     )})  # fmt: skip
     return cluster, rl, engine
 

@@ -66,6 +66,7 @@ def register(app: typer.Typer) -> None:
         enable_prefix_caching: bool = options.PREFIX_CACHING,
         enable_chunked_prefill: bool = options.CHUNKED_PREFILL,
         block_size: int | None = options.BLOCK_SIZE,
+        async_scheduling: bool | None = options.ASYNC_SCHEDULING,
         free_cache_engine: bool = options.FREE_CACHE_ENGINE,
         reward_latency: float = options.REWARD_LATENCY,
         use_kl_loss: bool = options.USE_KL_LOSS,

@@ -14,16 +14,17 @@ step that launched each request. Diff% = (simulated - real) / real.
 
 The difference is split into parts, each from its own computation (`rlsim.real.validate_parts`):
 
-1. *schedule*: a second simulation in which every iteration takes the time the real engine
-   measured for the same iteration (`iterations.parquet`), so only scheduling, batching,
-   admission, preemption and policy decisions can differ; with it, how many simulated
-   iterations had the real one's batch and how well the per-request finish order agrees;
+1. *the replay* (JSON `schedule`): a second simulation in which every iteration takes the time
+   the real engine measured for the same iteration (`iterations.parquet`). It checks the
+   schedule (how many simulated iterations had the real one's batch, how well the per-request
+   finish order agrees); its time difference is, by construction, the driver's time between
+   iterations, since the iterations' measured walls are charged one for one;
 2. *iteration model*: the profile's predicted time against the measured time of every iteration
    the run executed, on the run's own batches (MAPE, and the mean signed error by batch size),
    and what that error adds to a step's rollout time;
-3. *total*: the simulation with the profile's iteration model, the table above;
+3. *total*: the simulation with the profile's iteration model, the table above.
 
-and the interaction, total - schedule - iteration model, reported rather than hidden. Beside
+What the errors do together is not measured independently, so no remainder is shown. Beside
 them the machine's load: what other processes took of the CPUs while the profile was calibrated
 and while the run ran (`rlsim.hostload`), with a warning when they differ enough to matter.
 """
@@ -99,8 +100,10 @@ def _read(path: Path) -> pd.DataFrame:
     return frame
 
 
-def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
-    """Simulate the run in `run_dir` and return real, simulated and Diff% per metric."""
+def validate(run_dir: Path, profile: str | None = None, engine_changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Simulate the run in `run_dir` and return real, simulated and Diff% per metric.
+    `engine_changes` simulates it under other engine settings than the run's (a negative control:
+    a wrong `max_num_batched_tokens` must break the replay's batch identity)."""
     import dataclasses
 
     from rlsim.profile import load_profile, profile_from_dict
@@ -157,8 +160,10 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
     trace = load(trace_path, columns=cols)
     if free:  # the lengths the run generated (its recorded trace) in the dataloader order of the run's trace
         trace = with_recorded_lengths(trace, load(run_dir / "recorded_trace.parquet", columns=[]))  # lengths only
-    # the real engines ran in lockstep with the driver (rlsim.real.engine): so does the simulation
-    result = simulate(trace, policy, cluster, rl, profile=prof, engine_cfg=run.engine_cfg, lockstep=True)
+    # the real engines ran in lockstep with the driver (rlsim.real.engine): so does the simulation,
+    # with the scheduler they ran (facts.json records it; vLLM's CPU platform never runs it async)
+    engine_cfg = dataclasses.replace(run.engine_cfg, async_scheduling=_ran_async(run_dir), **(engine_changes or {}))
+    result = simulate(trace, policy, cluster, rl, profile=prof, engine_cfg=engine_cfg, lockstep=True)
     real_m = run_metrics(steps, requests)
     rows = compare_rows(real_m, run_metrics(result.steps, result.requests))
     its = _iterations(run_dir)
@@ -170,7 +175,7 @@ def validate(run_dir: Path, profile: str | None = None) -> dict[str, Any]:
             for g in (its[its["instance"] == i].sort_values("time", kind="stable") for i in range(n_real))
         ]  # fmt: skip
         replayed = simulate(
-            trace, policy, cluster, rl, profile=prof, engine_cfg=run.engine_cfg, iteration_times=replay, lockstep=True
+            trace, policy, cluster, rl, profile=prof, engine_cfg=engine_cfg, iteration_times=replay, lockstep=True
         )  # fmt: skip
     sched_rows = None if replayed is None else compare_rows(real_m, run_metrics(replayed.steps, replayed.requests))
     parts = decompose(prof, steps, requests, its, rows, sched_rows, replayed, n_real)
@@ -265,3 +270,13 @@ def _names(path: Path) -> list[str]:
     import pyarrow.parquet as pq
 
     return pq.read_schema(path).names
+
+
+def _ran_async(run_dir: Path) -> bool | None:
+    """Whether the run's engines scheduled asynchronously, from its facts.json (None: not recorded)."""
+    try:
+        facts = json.loads((run_dir / "facts.json").read_text())["instances"]
+        flags = {bool(f["async_scheduling"]) for f in facts if "async_scheduling" in f}
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+    return flags.pop() if len(flags) == 1 else None

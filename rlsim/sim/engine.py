@@ -22,6 +22,12 @@ produced a finish or a preemption starts its next iteration only once the driver
 events, so a submit or abort the driver makes in reaction lands before that iteration, not one
 iteration later as with an engine that runs on by itself (vLLM's `AsyncLLM`, the default).
 
+Async scheduling (`async_scheduling=True`, vLLM's default on GPU executors: the engine core
+schedules the next batch before the last one's tokens are known): the scheduler keeps a finished
+request's place for one more schedule (`rlsim.sim.scheduler`), and a submit or abort that reaches a
+busy instance lands one schedule later than it would without it, as the engine core polls its
+input only after the batch it has already scheduled.
+
 Replay (`iteration_times`, `rlsim.sim.replay`): each iteration takes the measured time of the
 real one it replays instead of the profile's prediction.
 
@@ -69,6 +75,10 @@ class _Instance:
     run_start: float | None = None  # start of the iteration or jump in progress
     segments: list = field(default_factory=list)  # merged (start, end) busy intervals
     emitted: bool = False  # lockstep: its last iteration produced events the driver has not seen
+    # async scheduling: submits and aborts that arrived while it was busy (`incoming`) reach the
+    # scheduler one schedule later (`ready`, applied before the next schedule)
+    incoming: list = field(default_factory=list)
+    ready: list = field(default_factory=list)
 
 
 class SimEngine:
@@ -85,6 +95,7 @@ class SimEngine:
         enable_chunked_prefill: bool = True,
         iteration_times: Sequence[Sequence[tuple[float, int, int]]] | None = None,
         lockstep: bool = False,
+        async_scheduling: bool = False,
     ) -> None:
         self.profile = profile
         self.num_instances = num_instances
@@ -92,6 +103,7 @@ class SimEngine:
         # replay: per instance, (seconds, decode requests, prefill tokens) of each real iteration
         self._replay = Replay(iteration_times) if iteration_times is not None else None
         self.lockstep = lockstep
+        self.async_scheduling = async_scheduling
         self._held: list[simpy.Event] = []
         self.replay = self._replay.counts if self._replay is not None else dict.fromkeys(Replay.COUNTS, 0)
         self.spec = spec
@@ -112,7 +124,7 @@ class SimEngine:
                 i,
                 InstanceScheduler(
                     num_blocks, block_size, profile.max_num_seqs, profile.max_num_batched_tokens,
-                    enable_chunked_prefill, enable_prefix_caching,
+                    enable_chunked_prefill, enable_prefix_caching, async_scheduling,
                 ),
             )
             for i in range(num_instances)
@@ -149,7 +161,10 @@ class SimEngine:
                 seq.rate, seq.verify = spec
                 if seq.rate != 1.0:
                     seq.lookahead = self.spec.lookahead
-            inst.sched.add(seq)
+            if self._defer(inst):
+                inst.incoming.append(("submit", seq))
+            else:
+                inst.sched.add(seq)
             self._where[req.request_id] = req.instance
             touched.add(req.instance)
         for i in touched:
@@ -157,6 +172,20 @@ class SimEngine:
 
     def abort(self, request_ids: Iterable[int]) -> None:
         request_ids = list(request_ids)
+        if self.async_scheduling:
+            now = []
+            for rid in request_ids:
+                i = self._where.get(rid)
+                if i is not None and self._defer(self.instances[i]):
+                    self.instances[i].incoming.append(("abort", rid))
+                    self._poke(self.instances[i])
+                else:
+                    now.append(rid)
+            request_ids = now
+        self._abort_now(request_ids)
+
+    def _abort_now(self, request_ids: list[int]) -> None:
+        """Abort these requests before the next schedule (waiting ones at once)."""
         by_inst: dict[int, set[int]] = {}
         for rid in request_ids:
             i = self._where.get(rid)
@@ -256,6 +285,29 @@ class SimEngine:
         return segs
 
     # ---- internals ------------------------------------------------------------------------
+    def _defer(self, inst: _Instance) -> bool:
+        """Async scheduling: whether what reaches this instance now lands a schedule late (an
+        iteration is in flight, or earlier arrivals wait; an idle or paused engine takes it at once)."""
+        return self.async_scheduling and (inst.run_start is not None or bool(inst.ready or inst.incoming))
+
+    def _take_arrivals(self, inst: _Instance) -> None:
+        """Async scheduling, before a schedule: what arrived before the previous schedule lands
+        now, what arrived since waits for the next one (all of it lands if the instance is idle or
+        paused: no schedule is coming for it to wait behind)."""
+        s = inst.sched
+        if self._paused or (not s.running and not s.waiting):
+            land, inst.ready, inst.incoming = inst.ready + inst.incoming, [], []
+        else:
+            land, inst.ready, inst.incoming = inst.ready, inst.incoming, []
+        aborts = []
+        for kind, item in land:
+            if kind == "submit":
+                s.add(item)
+            else:
+                aborts.append(item)
+        if aborts:
+            self._abort_now(aborts)
+
     def _poke(self, inst: _Instance) -> None:
         if inst.wake is not None and not inst.wake.triggered:
             inst.wake.succeed()
@@ -277,7 +329,7 @@ class SimEngine:
         sched = inst.sched
         for rid in list(inst.aborts):
             seq = sched.running.get(rid)
-            if seq is not None:
+            if seq is not None and not seq.reported:  # (a reported one has finished already)
                 gen = sched.abort(seq)
                 self._outbox.append(Aborted(rid, self.env.now, inst.idx, gen))
                 self._where.pop(rid, None)
@@ -289,8 +341,9 @@ class SimEngine:
             inst.emitted = True
         for seq in done:
             rid = seq.req.request_id
-            reason = "length" if seq.generated >= seq.req.max_tokens else "stop"
-            self._outbox.append(Finished(rid, now, inst.idx, seq.generated, reason))
+            gen = inst.sched.generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
+            reason = "length" if gen >= seq.req.max_tokens else "stop"
+            self._outbox.append(Finished(rid, now, inst.idx, gen, reason))
             self._where.pop(rid, None)
 
     def _free_kv(self, inst: _Instance) -> None:
@@ -302,6 +355,8 @@ class SimEngine:
     def _run(self, inst: _Instance):  # noqa: ANN202 - SimPy generator
         env, sched, p = self.env, inst.sched, self.profile
         while True:
+            if inst.ready or inst.incoming:
+                self._take_arrivals(inst)
             if inst.aborts:
                 self._apply_aborts(inst)
             if self._paused:
@@ -321,14 +376,20 @@ class SimEngine:
                 self._held.append(hold)
                 yield hold
                 continue
-            k = 0 if self.exact else sched.jump_plan()
+            # an arrival that lands after the next schedule lets only one iteration run first
+            k = 0 if self.exact or inst.ready else sched.jump_plan()
             start = inst.run_start = env.now
             if k == 0:
                 out = sched.schedule()
                 for seq in out.preempted:
-                    self._outbox.append(Preempted(seq.req.request_id, env.now, inst.idx, seq.generated))
-                    inst.emitted = True
+                    if not seq.reported:  # (async: a finished request's slot, dropped)
+                        self._outbox.append(Preempted(seq.req.request_id, env.now, inst.idx, seq.generated))
+                        inst.emitted = True
                 batch = out.num_decodes + len(out.chunks)
+                if batch == 0 and not out.preempted and sched.finishing:  # async: only finished ones held slots
+                    sched.release_finishing()
+                    inst.run_start = None
+                    continue
                 if batch == 0 and not out.preempted:  # nothing running and the head cannot fit
                     raise RlsimError(
                         f"instance {inst.idx}: a request needs more KV than the capacity "

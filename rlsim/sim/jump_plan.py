@@ -34,7 +34,7 @@ class JumpPlan:
 
     def jump_plan(self) -> int:
         """Iterations that can run as a fixed decode batch before the next event (0: run one)."""
-        if not self.heap or self.n_dec != len(self.running):
+        if not self.heap or self.n_dec != len(self.running) or self.finishing:
             return 0
         if math.ceil(self.verify_sum - 1e-9) > self.max_num_batched_tokens:
             return 0

@@ -85,7 +85,10 @@ class RunningList:
 
     def _free(self, seq: Seq, how: str) -> int:
         """Take a running request out, free its blocks in reverse table order; return its tokens.
-        `how`: "preempt" keeps its full blocks hittable, "finish"/"abort" do not."""
+        `how`: "preempt" keeps its full blocks hittable, "finish"/"abort" do not. Under async
+        scheduling a request that decoded since its prefill has its newest token still a
+        placeholder, so vLLM has hashed its blocks only up to the token before it."""
+        lag = self.async_scheduling and seq.decoding and self.iters > seq.start_iter
         if seq.decoding:
             self._stop_decoding(seq)
         del self.running[seq.req.request_id]
@@ -95,7 +98,9 @@ class RunningList:
         b = self.block_size
         if self.caching:
             full, pool, hashed = c // b, self.pool, seq.hashed
-            pool.give(-(-(c + la) // b) - full)  # the partial tail block and the lookahead
+            if lag:
+                full = (c - 1) // b
+            pool.give(-(-(c + la) // b) - full)  # the partial tail block (and any unhashed one) and the lookahead
             if how == "preempt":  # its own full blocks stay hittable, for its readmission
                 pool.release([s for s in [pool.new(("own", seq.req.request_id), seq.nhashed, full)] if s])
                 pool.release(reversed(hashed))
@@ -110,6 +115,8 @@ class RunningList:
         return seq.generated
 
     def preempt(self, seq: Seq) -> int:
+        if seq.reported:  # async: already finished; its last token ends it while it would wait
+            return self._free(seq, "finish")
         gen = self._free(seq, "preempt")
         self.waiting.appendleft(seq)
         return gen
@@ -123,6 +130,7 @@ class RunningList:
     def free_all(self) -> list[Seq]:
         """Sleep: every running request's KV and the prefix cache are dropped; running requests go
         back to the front of the waiting queue in running order, keeping their tokens."""
+        self.release_finishing()
         carried = list(self.running.values())
         for seq in carried:
             if seq.decoding:

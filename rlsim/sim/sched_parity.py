@@ -27,6 +27,7 @@ from rlsim.sim.scheduler import InstanceScheduler
 from rlsim.sim.seq import Seq
 
 VLLM_VERSION = "0.32.0"  # the scheduler these rules were ported from
+EOS = 7  # the end-of-sequence token id of the parity workloads (never a prompt or regular output token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,8 @@ class ParityConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
     output_dist: str = "uniform"  # or "lognormal": heavy-tailed (median 1/8 of the cap), capped
+    eos: bool = False  # stop on an end-of-sequence token at the drawn length (max_tokens = the cap)
+    async_scheduling: bool = False  # vLLM's AsyncScheduler, driven through a batch queue of two
     abort_at: int | None = None  # at this iteration, abort every third request not yet finished
     seed: int = 0
 
@@ -102,7 +105,7 @@ class Log:
 def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) -> Log:
     sched = InstanceScheduler(
         cfg.num_blocks, cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-        cfg.enable_chunked_prefill, cfg.enable_prefix_caching,
+        cfg.enable_chunked_prefill, cfg.enable_prefix_caching, cfg.async_scheduling,
     )
     work = sorted(workload(cfg), key=lambda w: (w.arrive, w.request_id))
     log = Log([], [], {})
@@ -111,14 +114,19 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
     while (i < len(work) or sched.running or sched.waiting) and sched.iters < max_iters:
         if wave is not None and sched.iters >= wave:  # the abort wave, before this iteration
             wave = None
-            gone = {w.request_id for w in work if aborted(cfg, w.request_id) and w.request_id not in log.finish_iter}
+            # under async scheduling a finish reported by the last iteration is not delivered yet
+            # (vLLM applies that iteration's output after the next schedule): it is aborted too
+            gone = {w.request_id for w in work if aborted(cfg, w.request_id)}
+            gone = {r for r in gone if r not in log.finish_iter or (r in sched.running and sched.running[r].reported)}
             log.aborted += len(sched.remove_waiting(gone))
             for rid in sorted(r for r in sched.running if r in gone):  # freed in request-id order
                 sched.abort(sched.running[rid])
+                log.finish_iter.pop(rid, None)
                 log.aborted += 1
         while i < len(work) and work[i].arrive <= sched.iters:
             w = work[i]
-            req = Request(w.request_id, w.prompt_id, 0, 0, w.prompt_tokens, w.output_tokens, w.output_tokens, 0, 0)
+            cap = cfg.output_tokens[1] if cfg.eos else w.output_tokens
+            req = Request(w.request_id, w.prompt_id, 0, 0, w.prompt_tokens, cap, w.output_tokens, 0, 0)
             sched.add(Seq(req, w.output_tokens))
             i += 1
         k = sched.jump_plan() if fast else 0
@@ -140,6 +148,9 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
             continue
         out = sched.schedule()
         if not out.chunks and not out.num_decodes and not out.preempted:
+            if sched.finishing:  # async: only finished requests hold slots; nothing runs
+                sched.release_finishing()
+                continue
             raise RuntimeError(f"{cfg.name}: nothing schedulable at iteration {sched.iters}")
         log.rows.append((int(out.decode_tokens), out.prefill_tokens, len(sched.running), len(sched.waiting)))
         log.preempted.append(len(out.preempted))
@@ -200,13 +211,22 @@ def _vllm_scheduler(cfg: ParityConfig):  # noqa: ANN202 - vllm's Scheduler
     cache.num_gpu_blocks = num_blocks
     spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
-    return Scheduler(
+    cls = Scheduler
+    if cfg.async_scheduling:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as cls
+    return cls(
         vllm_config=vcfg, kv_cache_config=kv, log_stats=False,
         structured_output_manager=StructuredOutputManager(vcfg), block_size=cfg.block_size,
     )
 
 
 def run_vllm(cfg: ParityConfig, max_iters: int = 1_000_000) -> Log:
+    """Drive vLLM's scheduler as its engine core does (`EngineCore.step_with_batch_queue`): a
+    batch is scheduled while up to `depth - 1` earlier ones are still executing (depth 2 under
+    async scheduling, 1 without), and the oldest batch's output is then applied. A schedule with
+    no tokens runs nothing and is not an iteration."""
+    from collections import deque
+
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -220,10 +240,14 @@ def run_vllm(cfg: ParityConfig, max_iters: int = 1_000_000) -> Log:
         init_none_hash(sha256)
         hasher = get_request_block_hasher(cfg.block_size, sha256)
     work = sorted(workload(cfg), key=lambda w: (w.arrive, w.request_id))
+    length = {str(w.request_id): w.output_tokens for w in work}
+    depth = 2 if cfg.async_scheduling else 1
+    queue: deque = deque()  # (iteration or None, scheduler output, sampling request ids): newest left
     log = Log([], [], {})
-    i, it = 0, 0
+    i, it, steps = 0, 0, 0
     wave = cfg.abort_at
-    while (i < len(work) or sched.has_requests()) and it < max_iters:
+    while (i < len(work) or sched.has_requests() or queue) and it < max_iters and steps < 4 * max_iters:
+        steps += 1
         if wave is not None and it >= wave:
             wave = None
             for w in work:  # one at a time, in request-id order (a set of ids frees in hash order)
@@ -232,38 +256,47 @@ def run_vllm(cfg: ParityConfig, max_iters: int = 1_000_000) -> Log:
         while i < len(work) and work[i].arrive <= it:
             w = work[i]
             prompt = [1_000_000 * (w.prompt_id + 1) + j for j in range(w.prompt_tokens)]
-            params = SamplingParams(max_tokens=w.output_tokens, ignore_eos=True)
+            if cfg.eos:
+                params = SamplingParams(max_tokens=cfg.output_tokens[1], stop_token_ids=[EOS])
+            else:
+                params = SamplingParams(max_tokens=w.output_tokens, ignore_eos=True)
             sched.add_request(VRequest(str(w.request_id), prompt, params, None, block_hasher=hasher))
             i += 1
-        if not sched.has_requests():
+        if not sched.has_requests() and not queue:
             it = work[i].arrive if wave is None else min(work[i].arrive, wave)
             continue
-        decoding = {r.request_id for r in sched.running if not r.is_prefill_chunk}
-        out = sched.schedule()
-        tokens = out.num_scheduled_tokens
-        if not tokens and not sched.running:  # a step that only reports earlier finishes
-            sched.update_from_output(out, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
-            continue
-        dec = sum(n for rid, n in tokens.items() if rid in decoding)
-        log.rows.append((dec, out.total_num_scheduled_tokens - dec, len(sched.running), len(sched.waiting)))
-        log.preempted.append(len(out.preempted_req_ids or ()))
-        log.computed_tokens += out.total_num_scheduled_tokens
+        if sched.has_requests():
+            decoding = {r.request_id for r in sched.running if not r.is_prefill_chunk}
+            out = sched.schedule()
+            tokens = out.num_scheduled_tokens
+            ran = out.total_num_scheduled_tokens > 0
+            sampling = [rid for rid in tokens if not sched.requests[rid].is_prefill_chunk]
+            log.partial_chunks += len(tokens) - len(sampling)
+            if ran:
+                dec = sum(n for rid, n in tokens.items() if rid in decoding)
+                log.rows.append((dec, out.total_num_scheduled_tokens - dec, len(sched.running), len(sched.waiting)))
+                log.preempted.append(len(out.preempted_req_ids or ()))
+                log.computed_tokens += out.total_num_scheduled_tokens
+            queue.appendleft((it if ran else None, out, set(sampling)))
+            it += ran
+            if len(queue) < depth and (ran or sched.has_requests()):
+                continue  # schedule the next batch before this one's output is known
+        step, out, sampling = queue.pop()
+        ids = list(out.num_scheduled_tokens)
         sampled = []
-        for rid in tokens:
-            r = sched.requests[rid]
-            if r.num_computed_tokens >= r.num_tokens:
-                sampled.append([2_000_000_000 + int(rid) * 10_000 + len(r.output_token_ids)])
-            else:
-                sampled.append([])
-                log.partial_chunks += 1
-        ids = list(tokens)
+        for rid in ids:
+            r = sched.requests.get(rid)
+            if rid not in sampling or r is None:
+                sampled.append([] if rid not in sampling else [0])
+                continue
+            n = len(r.output_token_ids)  # this token's index among the request's outputs
+            sampled.append([EOS if cfg.eos and n == length[rid] - 1 else 2_000_000_000 + int(rid) * 10_000 + n])
         index = {r: j for j, r in enumerate(ids)}
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=sampled)
         for outs in sched.update_from_output(out, mro).values():
             for o in outs.outputs:
                 if o.finish_reason is not None:
-                    log.finish_iter[int(o.request_id)] = it
-        it += 1
+                    log.finish_iter[int(o.request_id)] = step
     return log
 
 
@@ -302,7 +335,8 @@ def compare(cfg: ParityConfig, fast: bool = True) -> Diff:
 
 def grid() -> list[ParityConfig]:
     """Tight to loose KV, small to large budgets, chunked prefill off and on, block size 1 and
-    16, prefix caching off and on, single samples and GRPO groups, one and several arrival waves."""
+    16, prefix caching off and on, single samples and GRPO groups, one and several arrival waves,
+    abort waves, veRL's scale; then each again under vLLM's async scheduling."""
     base = ParityConfig("loose", kv_tokens=64_000)
     tight = ParityConfig("tight", max_num_batched_tokens=512, kv_tokens=12_000)
     out = [
@@ -331,7 +365,13 @@ def grid() -> list[ParityConfig]:
         replace(tight, name="tight-abort+pc", enable_prefix_caching=True, num_prompts=16, samples_per_prompt=4,
                 abort_at=400),
     ]
-    return out + caching + waves + aborts + verl_grid()
+    sync = out + caching + waves + aborts
+    # vLLM's AsyncScheduler (its default on GPU executors), requests stopping on an end-of-sequence
+    # token (so a finished request is scheduled once more) or at max_tokens (so it is skipped)
+    asyn = [replace(c, name=f"{c.name}+async", eos=True, async_scheduling=True) for c in sync]
+    verl = verl_grid()
+    asyn += [replace(c, name=f"{c.name}+async", eos=True, async_scheduling=True) for c in verl if "tight" not in c.name]
+    return sync + verl + asyn
 
 
 def verl_grid() -> list[ParityConfig]:
@@ -350,3 +390,25 @@ def verl_grid() -> list[ParityConfig]:
         replace(verl, name="verl-mid-abort", abort_at=3000),
         replace(verl, name="verl-tight-nopc", kv_tokens=200_000, enable_prefix_caching=False, seed=1),
     ]
+
+
+def markdown_row(c: ParityConfig, d: Diff) -> str:
+    """One configuration's row of the README table (`benchmarks/scheduler_parity.py --readme`)."""
+    return (
+        f"| {c.name} | {c.max_num_seqs} | {c.max_num_batched_tokens} | {c.kv_tokens:,} | {c.block_size} | "
+        f"{'on' if c.enable_chunked_prefill else 'off'} | {'on' if c.enable_prefix_caching else 'off'} | "
+        f"{c.output_tokens[1]:,} {c.output_dist}{' eos' if c.eos else ''} | "
+        f"{'async' if c.async_scheduling else 'sync'} | {c.num_prompts * c.samples_per_prompt} | "
+        f"{d.iterations[0]:,} / {d.iterations[1]:,} | {100 * d.identical_share:.2f}% | "
+        f"{d.preemptions[0]} / {d.preemptions[1]} | {d.aborted[0]} / {d.aborted[1]} | "
+        f"{d.computed_tokens[0]:,} / {d.computed_tokens[1]:,} | {d.max_finish_diff} | {d.partial_chunks} | "
+        f"{d.blocked_by_kv} |"
+    )
+
+
+HEADER = (
+    "| config | seqs | batched tokens | KV tokens | block | chunked | prefix cache | outputs up to | scheduler | "
+    "requests | "
+    "iterations (rlsim / vLLM) | identical | preemptions (rlsim / vLLM) | aborted (rlsim / vLLM) | "
+    "tokens computed (rlsim / vLLM) | max finish diff | partial chunks | blocked by KV |\n" + "|---" * 18 + "|"
+)

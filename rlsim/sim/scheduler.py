@@ -21,6 +21,14 @@ for a plain decoder (vLLM 0.32), with time left out (`rlsim.sim.engine` prices i
   finishes in the iteration that samples its `target`-th token, and its blocks are freed in
   running order.
 
+With `async_scheduling` (vLLM's `AsyncScheduler`, driven by the engine core's batch queue of two:
+the next batch is scheduled before the last one's tokens are known) a finished request keeps its
+place for one more schedule: one that stops on an end-of-sequence token (`target < max_tokens`,
+which the scheduler cannot foresee) decodes one more token that nobody reads, and one that reached
+`max_tokens` is skipped but holds its blocks and its running slot; both are freed after that
+schedule, in running order, and one preempted meanwhile is dropped, not requeued (its last token
+finishes it while it waits). Everything else, placeholders included, schedules as without it.
+
 `rlsim.sim.sched_parity` runs this class and vLLM's `Scheduler` side by side on the same workload and
 compares the iteration logs. Between events a batch of decoding requests is fixed, so
 `jump_plan()` finds how many iterations can pass before the next finish or block shortage and
@@ -56,6 +64,7 @@ class InstanceScheduler(RunningList, JumpPlan):
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = True,
+        async_scheduling: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -84,6 +93,8 @@ class InstanceScheduler(RunningList, JumpPlan):
         self.rate_sum = 0.0
         self.verify_sum = 0.0
         self.prefix_hit_tokens = 0
+        self.async_scheduling = async_scheduling
+        self.finishing: list[Seq] = []  # async: reported finished, freed after the next schedule
 
     # ---- queue changes ---------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
@@ -144,7 +155,7 @@ class InstanceScheduler(RunningList, JumpPlan):
             dec = self.decode_blocks(1) if self.n_dec else 0
             need = dec
             for seq in self.running.values():
-                if not seq.decoding:
+                if not seq.decoding and not seq.reported:
                     need += self._chunk_blocks(seq, seq.req.num_prompt_tokens + seq.generated - seq.computed)[0]
             if need <= pool.free:  # nothing preempts and every running request fits the budget
                 pool.take(dec)
@@ -152,7 +163,7 @@ class InstanceScheduler(RunningList, JumpPlan):
                 out.decode_tokens, out.num_decodes = self.verify_sum, self.n_dec
                 self.ctx += self.rate_sum
                 for seq in self.running.values():
-                    if not seq.decoding:
+                    if not seq.decoding and not seq.reported:
                         take = seq.req.num_prompt_tokens + seq.generated - seq.computed
                         self._prefill_chunk(seq, take, out)
                         budget -= take
@@ -161,6 +172,9 @@ class InstanceScheduler(RunningList, JumpPlan):
         i, n = 0, len(running)
         while i < n and budget > 0:
             seq = running[i]
+            if seq.reported and not seq.decoding:  # async: reached max_tokens, holds its blocks
+                i += 1
+                continue
             if seq.decoding:
                 new = math.ceil(seq.verify - 1e-9)
                 if new > budget:
@@ -233,7 +247,7 @@ class InstanceScheduler(RunningList, JumpPlan):
         need = math.ceil(self.verify_sum - 1e-9)
         if len(self.running) > self.n_dec:
             for seq in self.running.values():
-                if not seq.decoding:
+                if not seq.decoding and not seq.reported:
                     need += seq.req.num_prompt_tokens + seq.generated - seq.computed
         return need <= budget
 
@@ -278,8 +292,9 @@ class InstanceScheduler(RunningList, JumpPlan):
 
     def complete(self, out: Scheduled) -> list[Seq]:
         """vLLM's `update_from_output()`: the iteration ran; return the requests it finished
-        (their blocks freed, in running order)."""
-        self.iters += 1
+        (their blocks freed, in running order; under async scheduling, after the next schedule)."""
+        self.iters += 1  # (first: a finishing request's extra token counts in the blocks it frees)
+        self.release_finishing()
         for seq, take in out.chunks:
             seq.computed += take
             if seq.computed >= seq.req.num_prompt_tokens + seq.generated:
@@ -293,12 +308,28 @@ class InstanceScheduler(RunningList, JumpPlan):
         while heap and heap[0][0] <= it:
             rid = heapq.heappop(heap)[1]
             seq = running.get(rid)
-            if seq is None or not seq.decoding or seq.finish_iter != it:
-                continue  # stale entry (aborted, preempted or postponed)
+            if seq is None or not seq.decoding or seq.finish_iter != it or seq.reported:
+                continue  # stale entry (aborted, preempted, postponed or already reported)
             due.append(seq)
         if len(due) > 1:
             due.sort(key=_ORDER)
+        if self.async_scheduling:
+            for seq in due:  # reported now, freed after the next schedule
+                seq.reported = True
+                if seq.target >= seq.req.max_tokens:  # vLLM knows it is done: it schedules it no more
+                    self._stop_decoding(seq)
+            self.finishing.extend(due)
+            return due
         for seq in due:
             self._free(seq, "finish")
         return due
+
+    def release_finishing(self) -> None:
+        """Async scheduling: free the requests reported finished before the last schedule, in
+        running order (vLLM frees them as it applies that iteration's output)."""
+        if self.finishing:
+            done, self.finishing = self.finishing, []
+            for seq in done:
+                if seq.req.request_id in self.running:  # not preempted meanwhile
+                    self._free(seq, "finish")
 

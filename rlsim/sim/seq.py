@@ -29,6 +29,7 @@ class Seq:
     lookahead: int = 0  # KV slots reserved past its tokens while it speculates (vLLM's lookahead)
     held_la: int = 0  # lookahead slots it holds now (from the end of its prefill)
     transfer: bool = False  # its KV arrives from elsewhere at admission (a continued chunk)
+    reported: bool = False  # async scheduling: finished and reported, its slot held until the next schedule
 
 
 @dataclass(slots=True)

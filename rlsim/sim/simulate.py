@@ -71,7 +71,7 @@ def simulate(
     engine = SimEngine(
         prof, n, exact=exact, spec=spec, enable_prefix_caching=engine_cfg.enable_prefix_caching,
         block_size=prof.block_size, enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
-        iteration_times=iteration_times, lockstep=lockstep,
+        iteration_times=iteration_times, lockstep=lockstep, async_scheduling=prof.schedules_async,
     )
     pol = make_policy(policy)
     t0 = time.perf_counter()
@@ -105,7 +105,7 @@ def simulate(
         "policy": policy, "policy_knobs": getattr(pol, "config", None) and dataclasses.asdict(pol.config),
         "histospec": parsed.histospec and dataclasses.asdict(parsed.histospec), "exact": exact,
         "dynamic_sampling": parsed.dynamic_sampling and dataclasses.asdict(parsed.dynamic_sampling),
-        "profile": prof.to_dict(),
+        "profile": prof.to_dict(), "async_scheduling": prof.schedules_async,
         "trace": {"source": trace.meta.source, "model": trace.meta.model},
     }  # fmt: skip
     return Result(policy, config, requests, steps, summary, [engine.segments(i) for i in range(n)])

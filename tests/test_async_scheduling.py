@@ -1,0 +1,98 @@
+"""Async scheduling (vLLM's `AsyncScheduler`, its default on GPU executors): where the engine
+gets it from, what it changes in a batch, and when a driver's submit or abort lands.
+
+Identity with vLLM's own `AsyncScheduler`, iteration by iteration, is in
+`tests/test_scheduler_parity.py` (the grid's `+async` configurations)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+from rlsim.profile import load_profile
+from rlsim.protocol import Finished, Request
+from rlsim.sim.engine import SimEngine
+from rlsim.sim.simulate import simulate
+from rlsim.step_costs import with_engine
+from rlsim.trace.synth import SynthConfig, synthesize
+
+STEP = 0.01  # seconds per iteration, whatever the batch
+
+
+def _profile(**kw):
+    base = load_profile("h100-qwen2.5-7b-tp1")
+    return dataclasses.replace(base, t_w_s=STEP, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=0, **kw)
+
+
+def _req(rid: int, length: int, max_tokens: int = 10**6) -> Request:
+    return Request(rid, rid, 0, 0, 100, max_tokens, length, 0, 0)
+
+
+def _finishes(engine: SimEngine) -> dict[int, float]:
+    out = {}
+    while events := engine.step():
+        out.update({e.request_id: e.time for e in events if isinstance(e, Finished)})
+    return out
+
+
+def test_the_default_follows_the_profiles_platform() -> None:
+    """On for a GPU profile (vLLM turns it on for GPU executors), off for a CPU-calibrated one,
+    and an engine setting overrides either; the shipped profiles record it."""
+    gpu = load_profile("h100-qwen2.5-7b-tp1")
+    assert gpu.async_scheduling is True and gpu.schedules_async
+    cpu = dataclasses.replace(gpu, hardware="CPU (2 cores)", async_scheduling=None)
+    assert not cpu.schedules_async
+    assert dataclasses.replace(gpu, async_scheduling=None).schedules_async
+    assert not with_engine(gpu, EngineConfig(async_scheduling=False)).schedules_async
+    assert with_engine(cpu, EngineConfig(async_scheduling=True)).schedules_async
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_request_stopping_on_eos_decodes_one_token_more_and_holds_its_slot(exact: bool) -> None:
+    """max_num_seqs 1: the second request waits for the first's slot. Without async it is
+    admitted in the iteration after the first one's last token; with async the first is
+    scheduled once more (an end-of-sequence stop the scheduler could not foresee), so the second
+    starts one iteration later. A request stopped by max_tokens is skipped, not scheduled, but
+    its slot is held as long."""
+    times = {}
+    for async_ in (False, True):
+        for max_tokens in (10**6, 30):
+            eng = SimEngine(_profile(max_num_seqs=1), 1, exact=exact, async_scheduling=async_)
+            eng.submit([_req(0, 30, max_tokens), _req(1, 20)])
+            times[async_, max_tokens] = _finishes(eng)
+    for max_tokens in (10**6, 30):
+        sync, asy = times[False, max_tokens], times[True, max_tokens]
+        assert sync[0] == pytest.approx(30 * STEP) and asy[0] == pytest.approx(30 * STEP)  # reported as before
+        assert asy[1] - sync[1] == pytest.approx(STEP if max_tokens > 30 else 0.0)
+    # skipped, not scheduled: with nothing else to run, the held slot costs no iteration
+    assert times[True, 30][1] == pytest.approx(50 * STEP)
+
+
+@pytest.mark.parametrize("async_", [False, True])
+def test_a_submit_to_a_busy_instance_lands_one_schedule_later_with_async(async_: bool) -> None:
+    """A request submitted while an iteration runs is prefilled in the next iteration without
+    async scheduling, and one iteration later with it (the engine core already scheduled the
+    batch after the running one)."""
+    eng = SimEngine(_profile(), 1, async_scheduling=async_)
+    eng.submit([_req(0, 100)])
+    eng.call_at(10.5 * STEP, "mid-iteration")
+    while not any(getattr(e, "tag", None) == "mid-iteration" for e in eng.step()):
+        pass
+    eng.submit([_req(1, 5)])
+    done = _finishes(eng)
+    landed = 11 + async_  # the iteration whose schedule first sees request 1
+    assert done[1] == pytest.approx((landed + 5) * STEP)
+
+
+def test_async_changes_little_and_keeps_every_token() -> None:
+    """On a small synthetic workload every request keeps its length and the run's time moves
+    by well under 1% (the extra iteration a finished request holds its slot)."""
+    tr = synthesize(SynthConfig(num_prompts=32, samples_per_prompt=4, epochs=1, seed=3))
+    args = (tr, "sync", ClusterConfig(num_gpus=2, profile="h100-qwen2.5-7b-tp1"), RLConfig(prompts_per_step=16, samples_per_prompt=4, epochs=1))  # noqa: E501
+    on, off = (simulate(*args, engine_cfg=EngineConfig(async_scheduling=a)) for a in (True, False))
+    assert on.config["async_scheduling"] and not off.config["async_scheduling"]
+    assert (on.requests["num_output_tokens"] == off.requests["num_output_tokens"]).all()
+    assert on.summary["total_time_s"] != off.summary["total_time_s"]
+    assert on.summary["total_time_s"] == pytest.approx(off.summary["total_time_s"], rel=0.01)

@@ -1,0 +1,40 @@
+"""The README's tables are the benchmarks' output: CI re-runs the deterministic benchmarks that
+finish in a minute or two and holds each table between its README markers equal to what the
+benchmark prints now (`--markdown`), so a table cannot drift from the code that produces it. A
+benchmark writes its own table with `--readme`. The parity table's rows are checked in
+`tests/test_scheduler_parity.py` (the subset CI runs); timing tables are not deterministic."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from readme_tables import read_table, write_table  # noqa: E402
+
+DETERMINISTIC = ["profile_table", "paper_checks", "compare_table"]
+
+
+def _markdown(name: str) -> str:
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), "--markdown"], cwd=REPO,
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert out.stdout.strip(), out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("name", DETERMINISTIC)
+def test_readme_table_is_the_benchmarks_output(name: str) -> None:
+    assert read_table(name).strip() == _markdown(name).strip(), f"re-run: python benchmarks/{name}.py --readme"
+
+
+def test_a_table_is_replaced_between_its_markers_only(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- table: t -->\n| old |\n<!-- end table: t -->\nafter\n")
+    write_table("t", "| new |\n|---|", readme)
+    assert readme.read_text() == "intro\n<!-- table: t -->\n| new |\n|---|\n<!-- end table: t -->\nafter\n"
+    with pytest.raises(KeyError, match="no table named 'u'"):
+        read_table("u", readme)
