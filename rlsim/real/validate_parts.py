@@ -1,14 +1,14 @@
-"""The parts of `rlsim validate`'s difference: schedule, iteration model, interaction, the machine.
+"""The parts of `rlsim validate`'s difference: the replay, the iteration model, the machine.
 
-Every part is its own computation (see `rlsim.real.validate`): the schedule part compares the run
-with a simulation that took each iteration's measured time; the iteration-model part compares
-the profile with the measured time of each iteration the run executed, on the run's batches;
-the total compares the run with the plain simulation. In rollout time (and step time),
-
-    interaction = total - schedule - iteration model
-
-in percent of the real figure: what the two errors do together (a slower model iteration also
-moves a finish, an abort, the next admission), reported rather than folded into either part.
+Every part is its own computation (see `rlsim.real.validate`). The replay (JSON key `schedule`)
+simulates the run with each iteration taking its measured time: it checks the schedule itself
+(every simulated iteration's batch against the real one's, the finish order), and its time
+difference is, by construction, the driver's time between iterations (the iteration walls tile
+the engines' busy time and are charged one for one, so only the time no engine ran an iteration
+is left). The iteration-model part compares the profile with the measured time of each iteration
+the run executed, on the run's batches; the total compares the run with the plain simulation.
+What the two errors do together is not measured on its own, so it is not shown (a remainder,
+total minus the parts, would be zero or noise by construction, not a measurement).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def decompose(
     replayed: Any,  # noqa: ANN401 - rlsim.sim.simulate.Result or None
     n_instances: int,
 ) -> dict[str, Any]:
-    """The schedule, iteration-model, total and interaction parts (rollout and step time)."""
+    """The replay (`schedule`), iteration-model and total parts (rollout and step time)."""
     real_m = {r["metric"]: r["real"] for r in rows}
     total = {m: _diff(rows, m) for m in ("rollout_time_s", "step_time_s")}
     parts: dict[str, Any] = {
@@ -148,7 +148,7 @@ def decompose(
     }
     if its is None or sched_rows is None:
         why = "the run's iterations.parquet lacks vLLM's batches (a run recorded by an older rlsim)"
-        parts["schedule"] = parts["iteration_model"] = parts["interaction"] = {"not_measured": why}
+        parts["schedule"] = parts["iteration_model"] = {"not_measured": why}
         return parts
     sched = {m: _diff(sched_rows, m) for m in ("rollout_time_s", "step_time_s")}
     replay = dict(replayed.summary.get("replay", {}))
@@ -161,13 +161,7 @@ def decompose(
         "driver_time_pct": driver_share(steps, its),
         "finish_order": finish_order(requests, replayed.requests, steps, replayed.steps),
     }
-    model = iteration_model_part(prof, its, n_instances, len(steps), real_m)
-    parts["iteration_model"] = model
-    parts["interaction"] = {
-        f"{k[:-2]}_pct": None if None in (total[k], sched[k], model[f"{k[:-2]}_pct"]) else
-        round(total[k] - sched[k] - model[f"{k[:-2]}_pct"], 2)
-        for k in ("rollout_time_s", "step_time_s")
-    }  # fmt: skip
+    parts["iteration_model"] = iteration_model_part(prof, its, n_instances, len(steps), real_m)
     return parts
 
 
