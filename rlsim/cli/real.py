@@ -48,6 +48,10 @@ def register(app: typer.Typer) -> None:
             "grpo a reference copy scores every batch (timing_s/ref).",
         ),
         kl_loss_coef: float = typer.Option(0.001, help="With --use-kl-loss and --train grpo: the KL loss weight."),
+        shuffle_rewards: bool = typer.Option(
+            False, "--shuffle-rewards", help="With --train grpo, a control: permute each batch's rewards among its "
+            "samples before the update (seeded), so the run should learn nothing.",
+        ),
         save_freq: int = typer.Option(
             1, help="Steps between checkpoints (the driver's, and with --train grpo the model's and optimizer's); "
             "a resumed run starts again after the last one.",
@@ -115,7 +119,7 @@ def register(app: typer.Typer) -> None:
                 max_model_len=max_model_len, max_num_seqs=max_num_seqs, ray_address=ray_address, calibrate=calibrate,
                 lr=lr, old_log_prob=old_log_prob, ppo_mini_batch_size=ppo_mini_batch_size,
                 ppo_max_token_len_per_gpu=ppo_max_token_len_per_gpu, device=device, kl_loss_coef=kl_loss_coef,
-                save_freq=save_freq,
+                save_freq=save_freq, shuffle_rewards=shuffle_rewards,
             )  # fmt: skip
             engine = EngineConfig(enable_prefix_caching=enable_prefix_caching)
             run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)

@@ -72,6 +72,10 @@ class Learning:
                 rollout_log_probs=tuple(d["logprobs"]) if d.get("logprobs") else None,
                 staleness=version - q.policy_version,
             ))  # fmt: skip
+        if self.real.shuffle_rewards and len(samples) > 1:  # the control: rewards permuted within the batch
+            rng = np.random.default_rng((self.rl.seed, version))
+            rewards = rng.permutation([s.reward for s in samples])
+            samples = [dataclasses.replace(s, reward=float(r)) for s, r in zip(samples, rewards, strict=True)]
         # Colocated GPU engines sleep through the update when none holds a request (veRL's
         # free_cache_engine); a request kept across the update (a partial policy's) needs its KV.
         sleep = self.sleeps and all(backend.call(i, "idle") for i in range(self.n))

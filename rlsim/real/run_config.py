@@ -44,6 +44,9 @@ class RealConfig:
     device: str = "cpu"
     kl_loss_coef: float = 0.001  # with RLConfig.use_kl_loss
     save_freq: int = 1  # steps between checkpoints (driver, and with train=grpo the actor's model and optimizer)
+    # train=grpo, a control: each batch's rewards permuted among its samples before the update, so
+    # that nothing but noise is learned (a run that gains anyway learns from something else)
+    shuffle_rewards: bool = False
 
     def __post_init__(self) -> None:
         if self.lengths not in LENGTH_MODES:
