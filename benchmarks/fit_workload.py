@@ -9,16 +9,20 @@ For each real log under tests/data/ (the rLLM DeepCoder-14B log: 5 steps x 16 pr
    and standard deviation of DRAWS synthetic traces shaped like the log) and on the shipped
    `dapo-qwen2.5-32b` preset at the same shape and cap (what a user got before fitting).
 
-Usage: python benchmarks/fit_workload.py [DRAWS]   (default 40, as tests/test_fit.py; about 2 minutes on 2 cores)
+Usage: python benchmarks/fit_workload.py [DRAWS] [--markdown | --readme]   (default 40, as tests/test_fit.py;
+about 2 minutes on 2 cores). `--markdown` prints the coder log's two tables as the README shows them,
+`--readme` also writes them there (`tests/test_readme_tables.py` holds them equal in CI).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from readme_tables import emit
 
 from policies.registry import REGISTRY
 from rlsim.config import ClusterConfig, RLConfig
@@ -53,8 +57,17 @@ def drawn(preset_or_name, like, rl, cluster, draws: int) -> dict[str, np.ndarray
     return {k: np.array(v) for k, v in out.items()}
 
 
-def main(draws: int = 40) -> None:
+def main(draws: int = 40, markdown: bool = False) -> None:
+    """The report on stdout; with `markdown`, on stderr, and the README's tables on stdout."""
+    with contextlib.redirect_stdout(sys.stderr if markdown else sys.stdout):
+        tables = report(draws)
+    if markdown:
+        readme_tables(*tables)
+
+
+def report(draws: int) -> tuple:
     t0 = time.perf_counter()
+    tables = ()
     for label, path, cap, per_step, gpus, profile in LOGS:
         trace = import_logs(path, max_response_len=cap).trace
         preset, notes = fit_preset(trace, label)
@@ -86,8 +99,34 @@ def main(draws: int = 40) -> None:
                 f"   {n:16s}{real[n]:>10.3f}{f.mean():>14.3f} +- {f.std(ddof=1):.3f}"
                 f"{100 * (f.mean() - real[n]):>+7.1f}{d.mean():>13.3f}{100 * (d.mean() - real[n]):>+7.1f}"
             )
+        if "DeepCoder" in label:
+            tables = (trace, ins, cv, real, fitted, shipped, gpus, per_step)
     print(f"\n{time.perf_counter() - t0:.0f} s")
+    return tables
+
+
+def readme_tables(trace, ins, cv, real, fitted, shipped, gpus: int, per_step: int) -> None:  # noqa: ANN001
+    """The coder log's statistics and speedups as the README's two tables."""
+    n_resp = trace.num_prompts * trace.meta.samples_per_prompt
+    rows = [f"| rLLM 14B coder log, {n_resp:,} responses | log | fitted | in sample | 5-fold CV |", "|---" * 5 + "|"]
+    for m, r in ins.items():
+        a = "" if r["a"] is None else (f"{r['a']:.3f}" if abs(r["a"]) < 2 else f"{r['a']:,.0f}")
+        b = f"{r['b']:.3f}" if abs(r["b"]) < 2 else f"{r['b']:,.0f}"
+        rows.append(f"| {m} | {a} | {b} | {r['diff']} | {cv[m]['diff']} |")
+    emit("fit_coder_metrics", "\n".join(rows), sys.argv)
+    shape = f"{gpus} H100, Qwen2.5-14B TP 2, P0 {per_step}, R0 {trace.meta.samples_per_prompt}"
+    rows = [f"| speedup over sync ({shape}) | real log | fitted (mean +- sd) | points | `dapo-qwen2.5-32b` preset | "
+            "points |", "|---" * 6 + "|"]  # fmt: skip
+    for n in REGISTRY:
+        if n == "sync":
+            continue
+        f, d = fitted[n], shipped[n]
+        pts, pts_d = 100 * (f.mean() - real[n]), 100 * (d.mean() - real[n])
+        fit = f"{f.mean():.3f} +- {f.std(ddof=1):.3f}"
+        rows.append(f"| {n} | {real[n]:.3f} | {fit} | {pts:+.1f} | {d.mean():.3f} | {pts_d:+.1f} |")
+    emit("fit_coder_speedups", "\n".join(rows), sys.argv)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 40)
+    numbers = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(int(numbers[0]) if numbers else 40, markdown="--markdown" in sys.argv or "--readme" in sys.argv)

@@ -6,10 +6,11 @@ A table in README.md sits between two markers naming it:
     | ... |
     <!-- end table: scheduler_parity -->
 
-A benchmark run with `--markdown` prints its table; with `--readme` it also writes it between its
-markers. `tests/test_readme_tables.py` re-runs the deterministic benchmarks that finish in a
-minute or two and holds each README table equal to their output, so the prose around a table can
-quote it but the table itself cannot drift from the code.
+A benchmark run with `--markdown` prints each of its tables between the same markers; with
+`--readme` it also writes each between its markers in README.md. `tests/test_readme_tables.py`
+re-runs the deterministic benchmarks that finish in a minute or two and holds each README table
+equal to their output, so the prose around a table can quote it but the table itself cannot
+drift from the code.
 """
 
 from __future__ import annotations
@@ -41,8 +42,15 @@ def write_table(name: str, body: str, readme: Path = README) -> None:
 
 
 def emit(name: str, body: str, argv: list[str]) -> None:
-    """Print the table (`--markdown`) and write it into the README (`--readme`)."""
+    """Print the table between its markers (`--markdown`) and write it into the README (`--readme`)."""
+    body = body.rstrip("\n")
     if "--markdown" in argv or "--readme" in argv:
-        print(body)
+        print(f"<!-- table: {name} -->\n{body}\n<!-- end table: {name} -->")
     if "--readme" in argv:
         write_table(name, body)
+
+
+def tables_in(text: str) -> dict[str, str]:
+    """The tables a benchmark printed with `--markdown`, by name (their text between the markers)."""
+    found = re.findall(r"<!-- table: (\S+) -->\n(.*?)<!-- end table: \1 -->", text, re.S)
+    return {name: body for name, body in found}
