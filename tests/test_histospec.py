@@ -132,7 +132,8 @@ def test_lookahead_slots_shrink_the_batch_where_kv_is_tight() -> None:
     runs = {la: simulate(tr, f"sync+histospec(lookahead={la})", cl, rl, prof) for la in (0, 16)}
     second = {la: r.requests[r.requests.epoch == 1].preemptions.sum() for la, r in runs.items()}
     assert 0 < second[0] < second[16]
-    assert runs[0].summary["epoch_time_s"][1] < runs[16].summary["epoch_time_s"][1]
+    # The epoch time is not a property here: 96.244 s against 96.263 s with synchronous scheduling,
+    # 96.304 s against 96.296 s with async (a 0.01-0.02% difference either way), so it is not asserted.
 
 
 def test_verify_past_the_compute_knee_costs_the_compute_bound_rate() -> None:
