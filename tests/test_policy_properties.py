@@ -83,16 +83,23 @@ def test_samples_end_once_tokens_are_conserved_and_work_is_equal(
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(list(REGISTRY)), prompts=st.integers(4, 16), r0=st.integers(1, 3), seed=st.integers(0, 999))
 def test_one_instance_batch_one_constant_step(name: str, prompts: int, r0: int, seed: int) -> None:
-    """One instance, batch size 1, constant step time: rollout busy time = tokens generated
-    (trained or aborted) x step time, whatever the policy schedules."""
+    """One instance, batch size 1, constant step time: with synchronous scheduling rollout busy
+    time = tokens generated (trained or aborted) x step time, whatever the policy schedules; with
+    async scheduling each request may add at most one iteration (a finished request scheduled
+    once more, an abort landing a schedule later), never less."""
     cfg = SynthConfig(num_prompts=prompts, samples_per_prompt=2 * r0, epochs=2, seed=seed, max_response_len=512)
     tr = synthesize(cfg)
-    prof = dataclasses.replace(CONSTANT, max_num_seqs=1)
     rl = RLConfig(prompts_per_step=min(4, prompts), samples_per_prompt=r0, epochs=2, max_response_len=512)
-    res = simulate(tr, name, ClusterConfig(num_gpus=1, profile=BASE.name), rl, prof)
-    busy = sum(end - start for start, end in res.segments[0])
-    generated = (res.requests.num_output_tokens - res.requests.kept_tokens).sum()
-    assert busy == pytest.approx(generated * prof.t_w_s, rel=1e-9)
+    for async_ in (False, True):
+        prof = dataclasses.replace(CONSTANT, max_num_seqs=1, async_scheduling=async_)
+        res = simulate(tr, name, ClusterConfig(num_gpus=1, profile=BASE.name), rl, prof)
+        busy = sum(end - start for start, end in res.segments[0])
+        generated = (res.requests.num_output_tokens - res.requests.kept_tokens).sum()
+        step = prof.t_w_s
+        if not async_:
+            assert busy == pytest.approx(generated * step, rel=1e-9)
+        else:
+            assert generated * step * (1 - 1e-9) <= busy <= (generated + len(res.requests)) * step * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
