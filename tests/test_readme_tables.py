@@ -22,6 +22,7 @@ DETERMINISTIC = {
     "paper_checks": ["paper_checks"],
     "compare_table": ["compare_default"],
     "fit_workload": ["fit_coder_metrics", "fit_coder_speedups"],
+    "recorded_runs": ["recorded_runs"],
 }
 
 

@@ -20,30 +20,19 @@ recorded ones never skip.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rlsim.real.validate import validate
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from recorded_runs import RECORDED, validated  # noqa: E402
 
-RECORDED = Path(__file__).parent / "data" / "recorded_runs"
 BATCHES = sorted(d for d in RECORDED.iterdir() if d.is_dir()) if RECORDED.is_dir() else []
 RUNS = [(b, r) for b in BATCHES for r in json.loads((b / "manifest.json").read_text())["runs"]]
 VALIDATION_BAND_PCT = 5.0
 CALIBRATION_GATE = 0.15
-
-
-def _copy(batch: Path, run: str, tmp_path: Path) -> Path:
-    """The run, its trace beside it, with config.json pointing at the copy (recorded paths are the recorder's)."""
-    shutil.copy2(batch / "tiny.parquet", tmp_path / "tiny.parquet")
-    out = shutil.copytree(batch / run, tmp_path / run)
-    cfg = json.loads((out / "config.json").read_text())
-    cfg["trace_path"] = str(tmp_path / "tiny.parquet")
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
 
 
 def test_a_batch_is_recorded_whole() -> None:
@@ -56,7 +45,7 @@ def test_a_batch_is_recorded_whole() -> None:
 
 @pytest.mark.parametrize(("batch", "run"), RUNS, ids=[f"{b.name}/{r}" for b, r in RUNS])
 def test_recorded_run_validates_within_the_readme_band(batch: Path, run: str, tmp_path: Path) -> None:
-    res = validate(_copy(batch, run, tmp_path))
+    res = validated(batch, run, tmp_path)
     total = res["parts"]["total"]
     print(f"\n{batch.name}/{run}: rollout {total['rollout_time_pct']:+.1f}%, step {total['step_time_pct']:+.1f}% "
           f"(profile {res['profile']}, {res['profile_source']})")  # fmt: skip

@@ -1,0 +1,60 @@
+"""The recorded real runs of tests/data/recorded_runs, validated: the README's table of them.
+
+    python benchmarks/recorded_runs.py [--markdown | --readme]
+
+Validates every run of every recorded batch (`python benchmarks/validate_real.py --record
+tests/data/recorded_runs` records one) with `rlsim validate`'s API and prints, per run, the rollout
+and step time Diff%, the replay's batch identity and the in-run fit's held-out MAPE. Validation
+only simulates, so the figures are deterministic: `tests/test_readme_tables.py` holds the README's
+table equal to them, and `tests/test_recorded_runs.py` holds them to the README's bands.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from readme_tables import emit
+
+from rlsim.real.validate import validate
+
+RECORDED = Path(__file__).resolve().parents[1] / "tests" / "data" / "recorded_runs"
+
+
+def validated(batch: Path, run: str, tmp: Path) -> dict:
+    """`validate` on a copy of the run whose config points at the batch's trace (recorded paths are the recorder's)."""
+    shutil.copy2(batch / "tiny.parquet", tmp / "tiny.parquet")
+    out = shutil.copytree(batch / run, tmp / run)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["trace_path"] = str(tmp / "tiny.parquet")
+    (out / "config.json").write_text(json.dumps(cfg))
+    return validate(out)
+
+
+def main() -> int:
+    head = "| batch | run | rollout time | step time | replay: same batch | in-run fit held-out MAPE |"
+    rows = [head, "|---" * 6 + "|"]
+    for batch in sorted(d for d in RECORDED.iterdir() if d.is_dir()):
+        for run in json.loads((batch / "manifest.json").read_text())["runs"]:
+            with tempfile.TemporaryDirectory() as tmp:
+                res = validated(batch, run, Path(tmp))
+            total, it = res["parts"]["total"], res["parts"]["schedule"]["iterations"]
+            cal = batch / run / "calibration" / "profile.json"
+            mape = json.loads(cal.read_text())["fit_error"]["heldout_mape"] if cal.exists() else None
+            rows.append(
+                f"| {batch.name} | {run.removeprefix('run-')} | {total['rollout_time_pct']:+.1f}% | "
+                f"{total['step_time_pct']:+.1f}% | {it['same_batch']:,} / {it['real']:,} | "
+                f"{'-' if mape is None else f'{mape:.1%}'} |"
+            )
+    if "--markdown" in sys.argv or "--readme" in sys.argv:
+        emit("recorded_runs", "\n".join(rows), sys.argv)
+    else:
+        print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
