@@ -21,7 +21,8 @@ UNWRITABLE = Path("/proc/rlsim-cannot-write")  # procfs refuses new files, even 
 def _one_line_exit_2(args: list[str], path: Path) -> None:
     r = runner.invoke(app, args)
     assert r.exit_code == 2, (args, r.exit_code, r.output)
-    assert "Traceback" not in r.output and r.exception is None or isinstance(r.exception, SystemExit)
+    assert "Traceback" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(path.parent) in lines[0], r.stderr
 

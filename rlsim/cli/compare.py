@@ -86,7 +86,7 @@ def register_compare(app: typer.Typer) -> None:
             typer.echo(json.dumps(rows, indent=2))
             return
         if markdown:
-            cols, cells = _cells(rows, tr)
+            cols, cells = _cells(rows)
             lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             typer.echo("\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]))
             return
@@ -103,7 +103,7 @@ def _compact(n: int) -> str:
     return str(n)
 
 
-def _cells(rows, trace) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
+def _cells(rows) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
     """The comparison's column names and cells, for the terminal table and for --markdown."""
     epochs = sorted({e for r in rows for e in r["epoch_time_s"]})
     cols = [
@@ -123,6 +123,7 @@ def _cells(rows, trace) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
     if reused:  # a policy launching more samples per prompt than the trace holds (RollPacker, async_partial)
         cols.append("reused")
     cells = []
+
     def pm(mean: float, lo_hi: tuple[float, float] | None, scale: float = 1.0) -> str:
         return f"{mean / scale:.2f}" + (f"±{(lo_hi[1] - lo_hi[0]) / 2 / scale:.2f}" if lo_hi else "")
 
@@ -155,9 +156,8 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
         f"P0={rl.prompts_per_step} R0={rl.samples_per_prompt} max_len={rl.max_response_len}"
     )
     table = Table(title=title, title_justify="left")
-    cols, cells = _cells(rows, trace)
-    spread = "total_time_s_range" in rows[0]
-    reused = any(r.get("reused_samples") for r in rows)
+    cols, cells = _cells(rows)
+    spread, reused = "total_time_s_range" in rows[0], "reused" in cols
     for i, c in enumerate(cols):  # two-line headers, so that the values fit a 140-column terminal uncut
         table.add_column(c.replace(" ", "\n", 1) if i else c, justify="left" if i == 0 else "right", no_wrap=True)
     for row in cells:

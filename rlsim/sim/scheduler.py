@@ -332,4 +332,3 @@ class InstanceScheduler(RunningList, JumpPlan):
             for seq in done:
                 if seq.req.request_id in self.running:  # not preempted meanwhile
                     self._free(seq, "finish")
-
