@@ -139,7 +139,7 @@ def _cells(rows) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
             *[pm(r["epoch_time_s"].get(e, float("nan")), ranges.get(e), 3600) for e in epochs],
             sp,
             f"{r['rollout_share']:.0%}",
-            f"{r['bubble_ratio']:.0%}",
+            f"{round(r['bubble_ratio'], 9) + 0.0:.0%}",  # a rounding -3e-17 prints 0%, not -0%
             f"{r['preemptions']:,}",
             _compact(round(r["wasted_tokens"])),
             f"{r['staleness_max']:.0f}/{r['staleness_mean']:.2f}",
