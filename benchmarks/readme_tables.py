@@ -54,3 +54,17 @@ def tables_in(text: str) -> dict[str, str]:
     """The tables a benchmark printed with `--markdown`, by name (their text between the markers)."""
     found = re.findall(r"<!-- table: (\S+) -->\n(.*?)<!-- end table: \1 -->", text, re.S)
     return {name: body for name, body in found}
+
+
+def machine_note(meter, script: str) -> str:  # noqa: ANN001
+    """The line under a timing table: the command that wrote it, the machine, and its load over
+    the measurement (`rlsim.hostload.LoadMeter` started before it)."""
+    import os
+    import platform
+
+    from rlsim.hostload import describe
+
+    return (
+        f"Written by `python benchmarks/{script} --readme` on {platform.machine()} Linux with {os.cpu_count()} CPUs; "
+        f"during the measurement {describe(meter.read())}."
+    )

