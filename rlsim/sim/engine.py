@@ -412,7 +412,7 @@ class SimEngine:
                 self._finished(inst, done)
             else:
                 total, _ = jump_cost(p, sched, self._draft_s, k)
-                inst.cur_batch = sched.n_dec
+                inst.cur_batch = sched.num_decoding
                 inst.jumping = True
                 try:
                     yield env.timeout(total)
@@ -426,7 +426,7 @@ class SimEngine:
                     if end > env.now:
                         yield env.timeout(end - env.now)
                 inst.jumping = False
-                inst.seq_time += sched.n_dec * (env.now - start)
+                inst.seq_time += sched.num_decoding * (env.now - start)
                 sched.advance(done_k)
                 self._busy(inst, start, env.now)
                 self._finished(inst, sched.finish_due())

@@ -34,15 +34,15 @@ class Slab:
 class BlockPool:
     """Free-block LRU queue and hash map of one instance's KV cache."""
 
-    __slots__ = ("free", "caching", "_queue", "_cache", "_ids")
+    __slots__ = ("free", "enable_caching", "_queue", "_cache", "_ids")
 
-    def __init__(self, num_blocks: int, caching: bool) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         self.free = num_blocks  # blocks in the free queue (evictable cached ones included)
-        self.caching = caching
+        self.enable_caching = enable_caching
         self._ids = count()
         self._queue: OrderedDict = OrderedDict()  # id -> int (anonymous run) | Slab
         self._cache: dict = {}  # key -> [Slab], oldest first
-        if caching and num_blocks:
+        if enable_caching and num_blocks:
             self._queue[next(self._ids)] = num_blocks
 
     # ---- allocation ------------------------------------------------------------------------
@@ -50,7 +50,7 @@ class BlockPool:
         """Allocate `n` blocks from the front of the free queue (the caller checked room),
         evicting the cached blocks among them."""
         self.free -= n
-        if not self.caching or n <= 0:
+        if not self.enable_caching or n <= 0:
             return
         q = self._queue
         qid = next(iter(q))
@@ -170,7 +170,7 @@ class BlockPool:
         if n <= 0:
             return
         self.free += n
-        if not self.caching:
+        if not self.enable_caching:
             return
         q = self._queue
         if q:
@@ -211,5 +211,5 @@ class BlockPool:
         self.free = num_blocks
         self._queue.clear()
         self._cache.clear()
-        if self.caching and num_blocks:
+        if self.enable_caching and num_blocks:
             self._queue[next(self._ids)] = num_blocks

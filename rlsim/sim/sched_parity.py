@@ -135,10 +135,10 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
         if k and wave is not None:
             k = min(k, wave - sched.iters)
         if k > 0:
-            row = (sched.n_dec, 0, len(sched.running), len(sched.waiting))
+            row = (sched.num_decoding, 0, len(sched.running), len(sched.waiting))
             log.rows.extend([row] * k)
             log.preempted.extend([0] * k)
-            log.computed_tokens += k * sched.n_dec
+            log.computed_tokens += k * sched.num_decoding
             sched.advance(k)
             for seq in sched.finish_due():
                 log.finish_iter[seq.req.request_id] = sched.iters - 1

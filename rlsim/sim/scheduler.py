@@ -45,15 +45,13 @@ from operator import attrgetter
 
 import numpy as np
 
-from rlsim.sim.jump_plan import JumpPlan
 from rlsim.sim.kv_blocks import BlockPool
-from rlsim.sim.running import RunningList
 from rlsim.sim.seq import Scheduled, Seq
 
 _ORDER = attrgetter("order")  # running-list position
 
 
-class InstanceScheduler(RunningList, JumpPlan):
+class InstanceScheduler:
     """vLLM's waiting queue, running list, budget, block pool and preemption for one instance."""
 
     def __init__(
@@ -70,24 +68,24 @@ class InstanceScheduler(RunningList, JumpPlan):
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.chunked = enable_chunked_prefill
-        self.caching = enable_prefix_caching
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.waiting: deque[Seq] = deque()
         self.running: dict[int, Seq] = {}  # request id -> Seq, running-list order
         self.heap: list = []  # (finish_iter, rid) of decoding sequences
         self.iters = 0
         self.ctx = 0.0  # KV context tokens of the running requests (the cost model's C)
-        self.n_dec = 0
-        self.n_unit = 0  # decoding sequences at one token per iteration (in `phase`)
+        self.num_decoding = 0
+        self.num_unit_rate = 0  # decoding sequences at one token per iteration (in `phase`)
         # unit-rate decoders by phase (computed - 1 - start_iter) % block_size: those at phase p
         # allocate a block in the iterations where (p + iters) % block_size == block_size - 1
         self.phase: list[dict[int, Seq]] = [{} for _ in range(block_size)]
-        self._pc = [0] * block_size  # len() of each phase dict, for decode_blocks' slices
+        self._phase_counts = [0] * block_size  # len() of each phase dict, for decode_blocks' slices
         self._order = 0  # running-list position counter
         self.spec: dict[int, Seq] = {}  # decoding sequences at a rate other than one
         # their computed tokens, start iteration and rate in numpy slots, to count blocks at once
-        self._sc, self._sst, self._sr = np.zeros(0), np.zeros(0), np.zeros(0)
+        self._spec_computed, self._spec_start_iter, self._spec_rate = np.zeros(0), np.zeros(0), np.zeros(0)
         self._slot: dict[int, int] = {}
         self._free_slots: list[int] = []
         self.rate_sum = 0.0
@@ -112,7 +110,7 @@ class InstanceScheduler(RunningList, JumpPlan):
 
     # ---- one iteration ---------------------------------------------------------------------
     def _decode_need(self, seq: Seq) -> int:
-        c = self.computed(seq) + seq.held_la
+        c = self.computed(seq) + seq.held_lookahead
         return self._blocks(c + seq.rate) - self._blocks(c)
 
     def _chunk_blocks(self, seq: Seq, take: int) -> tuple[int, int]:
@@ -120,7 +118,7 @@ class InstanceScheduler(RunningList, JumpPlan):
         counts of a sequence not decoding are integers, so the block counts are exact."""
         end, b = seq.computed + take, self.block_size
         la = seq.lookahead if end >= seq.req.num_prompt_tokens + seq.generated else 0
-        return -(-(end + la) // b) + (seq.computed + seq.held_la) // -b, la
+        return -(-(end + la) // b) + (seq.computed + seq.held_lookahead) // -b, la
 
     def _admit_check(self, seq: Seq, budget: int) -> tuple[int, list[tuple], int] | str | None:
         """(tokens of its first chunk, prefix hit, blocks hit) if the head of the queue can be
@@ -128,31 +126,31 @@ class InstanceScheduler(RunningList, JumpPlan):
         exceeds the budget."""
         req, b = seq.req, self.block_size
         ntok = req.num_prompt_tokens + seq.generated
-        hit, nhit, evict = [], 0, 0
-        if self.caching:
+        hit, num_hit_blocks, evict = [], 0, 0
+        if self.enable_prefix_caching:
             hit = self.pool.lookup(req.prompt_id, seq.prompt_blocks, req.request_id, (ntok - 1) // b)
             if hit:
-                nhit = sum(hi - lo for _, lo, hi in hit)
+                num_hit_blocks = sum(hi - lo for _, lo, hi in hit)
                 evict = self.pool.evictable(hit)
-        new = 1 if seq.transfer else ntok - nhit * b
-        if not self.chunked and new > budget:
+        new = 1 if seq.transfer else ntok - num_hit_blocks * b
+        if not self.enable_chunked_prefill and new > budget:
             return "budget"
-        if -(-(ntok + seq.lookahead) // b) - nhit + evict > self.pool.free:  # blocks it needs (ints: exact)
+        if -(-(ntok + seq.lookahead) // b) - num_hit_blocks + evict > self.pool.free:  # blocks it needs (ints: exact)
             return None
-        return min(new, budget), hit, nhit
+        return min(new, budget), hit, num_hit_blocks
 
     def schedule(self) -> Scheduled:
         """vLLM's `schedule()`: the batch of this iteration (blocks allocated, preemptions done)."""
         out = Scheduled()
         budget = self.max_num_batched_tokens
         pool = self.pool
-        if self.n_dec == len(self.running) and not self.spec and self.n_dec <= budget:
+        if self.num_decoding == len(self.running) and not self.spec and self.num_decoding <= budget:
             self._schedule_decodes(out)
             if out.preempted:
                 return out
-            return self._admit(out, budget - self.n_dec)
+            return self._admit(out, budget - self.num_decoding)
         if self._bulk_ok(budget):
-            dec = self.decode_blocks(1) if self.n_dec else 0
+            dec = self.decode_blocks(1) if self.num_decoding else 0
             need = dec
             for seq in self.running.values():
                 if not seq.decoding and not seq.reported:
@@ -160,7 +158,7 @@ class InstanceScheduler(RunningList, JumpPlan):
             if need <= pool.free:  # nothing preempts and every running request fits the budget
                 pool.take(dec)
                 budget -= math.ceil(self.verify_sum - 1e-9)
-                out.decode_tokens, out.num_decodes = self.verify_sum, self.n_dec
+                out.decode_tokens, out.num_decodes = self.verify_sum, self.num_decoding
                 self.ctx += self.rate_sum
                 for seq in self.running.values():
                     if not seq.decoding and not seq.reported:
@@ -239,26 +237,26 @@ class InstanceScheduler(RunningList, JumpPlan):
                 n -= 1
             pool.take(1)
             i += 1
-        out.decode_tokens = out.num_decodes = self.n_dec
+        out.decode_tokens = out.num_decodes = self.num_decoding
         self.ctx += self.rate_sum
 
     def _bulk_ok(self, budget: int) -> bool:
         """Every running request's next chunk fits the budget (then only blocks can bind)."""
         need = math.ceil(self.verify_sum - 1e-9)
-        if len(self.running) > self.n_dec:
+        if len(self.running) > self.num_decoding:
             for seq in self.running.values():
                 if not seq.decoding and not seq.reported:
                     need += seq.req.num_prompt_tokens + seq.generated - seq.computed
         return need <= budget
 
     def _prefill_chunk(self, seq: Seq, take: int, out: Scheduled) -> None:
-        blocks, seq.held_la = self._chunk_blocks(seq, take)
+        blocks, seq.held_lookahead = self._chunk_blocks(seq, take)
         self.pool.take(blocks)
-        if self.caching:  # hash the prompt's full blocks this chunk completes (vLLM caches at allocation)
-            lo, hi = seq.nhashed, min(seq.prompt_blocks, (seq.computed + take) // self.block_size)
+        if self.enable_prefix_caching:  # hash the prompt's full blocks this chunk completes (vLLM caches at allocation)
+            lo, hi = seq.num_hashed_blocks, min(seq.prompt_blocks, (seq.computed + take) // self.block_size)
             if hi > lo:
                 seq.hashed.append(self.pool.new(seq.req.prompt_id, lo, hi))
-                seq.nhashed = hi
+                seq.num_hashed_blocks = hi
         out.chunks.append((seq, take))
         out.prefill_tokens += take
         self.ctx += take
@@ -271,11 +269,11 @@ class InstanceScheduler(RunningList, JumpPlan):
             if not isinstance(ok, tuple):
                 out.blocked_by_kv = ok is None
                 break
-            take, hit, nhit = ok
+            take, hit, num_hit_blocks = ok
             self.waiting.popleft()
             seq.hashed = pool.acquire(hit) if hit else []
-            seq.nhashed = nhit
-            seq.computed = nhit * self.block_size
+            seq.num_hashed_blocks = num_hit_blocks
+            seq.computed = num_hit_blocks * self.block_size
             self.ctx += seq.computed
             self.prefix_hit_tokens += seq.computed
             if seq.transfer:  # its KV was moved here: all but the last token are in place
@@ -332,3 +330,194 @@ class InstanceScheduler(RunningList, JumpPlan):
             for seq in done:
                 if seq.req.request_id in self.running:  # not preempted meanwhile
                     self._free(seq, "finish")
+
+    # ---- the running requests: token positions, decoding, freeing ---------------------------
+    # A decoding request is not touched while it decodes: its tokens are counted from the iteration
+    # it started at. Unit-rate decoders are bucketed by the phase of their position in their last
+    # block (so the iterations where each allocates a block are known), speculating ones keep their
+    # counts in numpy slots; finishing, preempting or aborting frees its blocks in vLLM's order.
+    def computed(self, seq: Seq) -> float:
+        if not seq.decoding:
+            return seq.computed
+        return seq.computed + (self.iters - seq.start_iter) * seq.rate
+
+    def generated(self, seq: Seq) -> int:
+        if not seq.decoding:
+            return seq.generated
+        done = int((self.iters - seq.start_iter) * seq.rate + 1e-9)
+        return seq.generated + min(done, seq.target - seq.generated)
+
+    def _blocks(self, tokens: float) -> int:
+        return math.ceil(tokens / self.block_size - 1e-9)
+
+    def _stop_decoding(self, seq: Seq) -> None:
+        if seq.rate != 1.0:
+            seq.generated = self.generated(seq)
+            seq.computed = int(round(self.computed(seq)))
+        seq.decoding = False
+        self.num_decoding -= 1
+        self.rate_sum -= seq.rate
+        self.verify_sum -= seq.verify
+        if seq.rate == 1.0:  # generated() and computed() at one token per iteration
+            ran = self.iters - seq.start_iter
+            seq.generated += min(ran, seq.target - seq.generated)
+            seq.computed += ran
+            self.num_unit_rate -= 1
+            ph = (seq.computed - 1 - self.iters) % self.block_size
+            del self.phase[ph][seq.req.request_id]
+            self._phase_counts[ph] -= 1
+        else:
+            del self.spec[seq.req.request_id]
+            j = self._slot.pop(seq.req.request_id)
+            self._spec_computed[j] = self._spec_start_iter[j] = self._spec_rate[j] = 0.0  # an empty slot adds no blocks
+            self._free_slots.append(j)
+        if self.num_decoding == 0:  # no float drift left behind
+            self.rate_sum = self.verify_sum = 0.0
+
+    def _start_decoding(self, seq: Seq, at: int | None = None) -> None:
+        """Decode from iteration `at` (default: the next one to run) one `rate` a step."""
+        at = self.iters if at is None else at
+        seq.decoding = True
+        seq.start_iter = at
+        seq.finish_iter = at + math.ceil((seq.target - seq.generated) / seq.rate - 1e-9)
+        self.num_decoding += 1
+        self.rate_sum += seq.rate
+        self.verify_sum += seq.verify
+        if seq.rate == 1.0:
+            self.num_unit_rate += 1
+            ph = (seq.computed - 1 - at) % self.block_size
+            self.phase[ph][seq.req.request_id] = seq
+            self._phase_counts[ph] += 1
+        else:
+            self.spec[seq.req.request_id] = seq
+            if not self._free_slots:  # grow the slot arrays
+                n = len(self._spec_computed)
+                grow = np.zeros(max(n, 64))
+                old = (self._spec_computed, self._spec_start_iter, self._spec_rate)
+                self._spec_computed, self._spec_start_iter, self._spec_rate = (np.concatenate([a, grow]) for a in old)
+                self._free_slots.extend(range(len(self._spec_computed) - 1, n - 1, -1))
+            j = self._free_slots.pop()
+            self._slot[seq.req.request_id] = j
+            self._spec_computed[j] = seq.computed + seq.held_lookahead
+            self._spec_start_iter[j], self._spec_rate[j] = at, seq.rate
+        heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
+
+    def _free(self, seq: Seq, how: str) -> int:
+        """Take a running request out, free its blocks in reverse table order; return its tokens.
+        `how`: "preempt" keeps its full blocks hittable, "finish"/"abort" do not. Under async
+        scheduling a request that decoded since its prefill has its newest token still a
+        placeholder, so vLLM has hashed its blocks only up to the token before it."""
+        lag = self.async_scheduling and seq.decoding and self.iters > seq.start_iter
+        if seq.decoding:
+            self._stop_decoding(seq)
+        del self.running[seq.req.request_id]
+        c = seq.computed
+        self.ctx -= c
+        la, seq.held_lookahead = seq.held_lookahead, 0
+        b = self.block_size
+        if self.enable_prefix_caching:
+            full, pool, hashed = c // b, self.pool, seq.hashed
+            if lag:
+                full = (c - 1) // b
+            pool.give(-(-(c + la) // b) - full)  # the partial tail block (and any unhashed one) and the lookahead
+            if how == "preempt":  # its own full blocks stay hittable, for its readmission
+                pool.release([s for s in [pool.new(("own", seq.req.request_id), seq.num_hashed_blocks, full)] if s])
+                pool.release(reversed(hashed))
+            else:
+                pool.give(full - seq.num_hashed_blocks, cached=True)  # its own full blocks: nothing hits them again
+                pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
+                pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
+        else:
+            self.pool.give(-(-(c + la) // b))
+        seq.hashed = []
+        seq.num_hashed_blocks = seq.computed = 0
+        return seq.generated
+
+    def preempt(self, seq: Seq) -> int:
+        if seq.reported:  # async: already finished; its last token ends it while it would wait
+            return self._free(seq, "finish")
+        gen = self._free(seq, "preempt")
+        self.waiting.appendleft(seq)
+        return gen
+
+    def finish(self, seq: Seq) -> int:
+        return self._free(seq, "finish")
+
+    def abort(self, seq: Seq) -> int:
+        return self._free(seq, "abort")
+
+    def free_all(self) -> list[Seq]:
+        """Sleep: every running request's KV and the prefix cache are dropped; running requests go
+        back to the front of the waiting queue in running order, keeping their tokens."""
+        self.release_finishing()
+        carried = list(self.running.values())
+        for seq in carried:
+            if seq.decoding:
+                self._stop_decoding(seq)
+            seq.hashed = []
+            seq.num_hashed_blocks = seq.computed = seq.held_lookahead = 0
+        self.running.clear()
+        self.heap.clear()
+        self.ctx = 0.0
+        self.pool.reset(self.num_blocks)
+        self.waiting.extendleft(reversed(carried))
+        return carried
+
+    # ---- event jumping: how many iterations a fixed decode batch can run, and committing them ---
+    # Between events the batch is fixed, so the blocks its decoders allocate over k iterations are
+    # counted from each one's position in its last block, not iterated: `jump_plan` finds the next
+    # finish or block shortage, `advance` commits.
+    def decode_blocks(self, k: int) -> int:
+        """Blocks the decoding requests allocate over the next k iterations."""
+        b = self.block_size
+        q, s = divmod(k, b)
+        n = self.num_unit_rate * q
+        if s:
+            # a unit-rate decoder at phase p allocates in this iteration when (p + iters) % b == 0,
+            # i.e. once in the first s iterations when (p + iters) % b >= b - s
+            lo = (b - s - self.iters) % b  # phases (j - iters) % b for j in [b - s, b): a circular slice
+            pc, hi = self._phase_counts, lo + s
+            n += sum(pc[lo:hi]) if hi <= b else sum(pc[lo:]) + sum(pc[: hi - b])
+        if self.spec:
+            r = self._spec_rate
+            # as computed(), for every speculative decoder
+            c = self._spec_computed + (self.iters - self._spec_start_iter) * r
+            n += int((np.ceil((c + k * r) / b - 1e-9) - np.ceil(c / b - 1e-9)).sum())
+        return n
+
+    def jump_plan(self) -> int:
+        """Iterations that can run as a fixed decode batch before the next event (0: run one)."""
+        if not self.heap or self.num_decoding != len(self.running) or self.finishing:
+            return 0
+        if math.ceil(self.verify_sum - 1e-9) > self.max_num_batched_tokens:
+            return 0
+        if self.waiting and len(self.running) < self.max_num_seqs:
+            budget = self.max_num_batched_tokens - math.ceil(self.verify_sum - 1e-9)
+            if budget > 0 and isinstance(self._admit_check(self.waiting[0], budget), tuple):
+                return 0  # an admission is possible now
+        k_finish = self.heap[0][0] - self.iters
+        if k_finish <= 0:
+            return 0
+        free = self.pool.free
+        if self.decode_blocks(k_finish) <= free:
+            return k_finish
+        lo, hi = 0, k_finish  # decode_blocks(lo) <= free < decode_blocks(hi)
+        guess = int(free * self.block_size / max(self.rate_sum, 1e-9))
+        if 0 < guess < hi:
+            if self.decode_blocks(guess) <= free:
+                lo = guess
+            else:
+                hi = guess
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.decode_blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def advance(self, k: int) -> None:
+        """Commit k decode iterations (`jump_plan` said they fit)."""
+        self.pool.take(self.decode_blocks(k))
+        self.iters += k
+        self.ctx += k * self.rate_sum

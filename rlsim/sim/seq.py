@@ -23,11 +23,11 @@ class Seq:
     rate: float = 1.0  # tokens per decode iteration (> 1 under speculative decoding)
     verify: float = 1.0  # tokens computed per decode iteration
     hashed: list = field(default_factory=list)  # cached slabs heading its block table
-    nhashed: int = 0  # blocks they cover
+    num_hashed_blocks: int = 0  # blocks they cover
     order: int = 0  # position in the running list (admission order)
     prompt_blocks: int = 0  # full prompt blocks (its prompt's hash chain)
     lookahead: int = 0  # KV slots reserved past its tokens while it speculates (vLLM's lookahead)
-    held_la: int = 0  # lookahead slots it holds now (from the end of its prefill)
+    held_lookahead: int = 0  # lookahead slots it holds now (from the end of its prefill)
     transfer: bool = False  # its KV arrives from elsewhere at admission (a continued chunk)
     reported: bool = False  # async scheduling: finished and reported, its slot held until the next schedule
 
