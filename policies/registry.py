@@ -1,4 +1,4 @@
-"""The policy registry: a dict plus a `str` Enum for CLI choices, `module:Class` for users' own
+"""The policy registry: a dict of the registered policies, `module:Class` for users' own
 policies, and one small grammar for knobs and the HistoSpec engine feature:
 
     NAME[(knob=value,...)][+histospec[(knob=value,...)]]
@@ -16,7 +16,6 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from policies.async_partial import AsyncPartialPolicy
@@ -59,19 +58,6 @@ COMPARE_DEFAULT = (
     "seer+grouped_spec",
     "oracle",
 )
-
-
-class PolicyName(str, Enum):
-    """Registered policy names (CLI choices)."""
-
-    sync = "sync"
-    rollpacker = "rollpacker"
-    sortedrl = "sortedrl"
-    histopipe = "histopipe"
-    async_partial = "async_partial"
-    one_step_off = "one_step_off"
-    seer = "seer"
-    oracle = "oracle"
 
 
 @dataclass(frozen=True)
