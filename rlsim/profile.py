@@ -36,7 +36,7 @@ MAX_ITERATION_S = 60.0  # a profile's iteration of one sequence above this is a 
 class TrainCost:
     """Training-stage cost: fixed overhead plus FLOPs per trained token at a stated MFU.
 
-    A profile fitted by `calibrate.train` also holds the measured forward pass without gradient
+    A profile fitted by `rlsim calibrate train` also holds the measured forward pass without gradient
     (veRL's `old_log_prob` and `ref` phases): `forward_fixed_s + tokens * forward_s_per_token`
     on one device, tokens counted padded as its trainer pads them (`padded_micro_batch_tokens`).
     Then the FLOPs terms cost the update alone (`update_actor`); where the forward was not

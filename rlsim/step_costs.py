@@ -15,7 +15,7 @@ Training (veRL's phases, each a `timing_s/...` column of steps.parquet):
   loads it back; the KV is gone, so carried requests re-prefill.
 
 A profile without `model_facts` (one calibrated on real hardware) falls back to its fitted
-`train` block and its measured `weight_sync_s`, and has no sleep cost: `calibrate.train` times
+`train` block and its measured `weight_sync_s`, and has no sleep cost: `rlsim calibrate train` times
 the trainer's forward pass without gradient (old log-probs; the reference's too, with KL) and
 its update apart, so each phase has its own measured cost (per padded token when the profile
 says its trainer pads micro-batches, as `rlsim.real.trainer` does: `padded_tokens`); an older fit

@@ -52,9 +52,9 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     trace = root / "trace.parquet"
     run_python("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "16",
                "--samples-per-prompt", "2", "--epochs", "2")  # fmt: skip
-    run_python("-m", "calibrate.decode", "--model", str(model), "--out", str(rec))
-    run_python("-m", "calibrate.train", "--model", str(model), "--out", str(rec))
-    run_python("-m", "calibrate.spec", "--model", str(model), "--trace", str(trace), "--out", str(rec),
+    run_python("-m", "rlsim.cli", "calibrate", "decode", "--model", str(model), "--out", str(rec))
+    run_python("-m", "rlsim.cli", "calibrate", "train", "--model", str(model), "--out", str(rec))
+    run_python("-m", "rlsim.cli", "calibrate", "spec", "--model", str(model), "--trace", str(trace), "--out", str(rec),
                "--num-prompts", "8", "--max-tokens", "96")  # fmt: skip
     # --force: the fit's quality is asserted by tests/test_calibrate_vllm.py (where the host is quiet
     # enough to measure it); the real-engine tests that only need a profile run either way.

@@ -40,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from calibrate.engine import require_vllm
+    from rlsim.real.vllm_engine import require_vllm
 
     require_vllm()
     from rlsim.real.trainer import Sample, Trainer, TrainerConfig

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from calibrate.fit import COEFFS, acceptance_prob, fit_iterations, load_records
+from rlsim.calibration.fit import COEFFS, acceptance_prob, fit_iterations, load_records
 from rlsim.cli.app import app
 from rlsim.errors import RlsimError
 
@@ -122,7 +122,7 @@ def test_histospec_proposer_drafts_the_previous_visit(tmp_path: Path, monkeypatc
     previous response is drafted and the draft length doubles while every token is accepted."""
     from types import SimpleNamespace
 
-    from calibrate.histospec_proposer import HISTORY_ENV, HistoSpecProposer
+    from rlsim.real.histospec_proposer import HISTORY_ENV, HistoSpecProposer
 
     prompt, response = list(range(100, 120)), list(range(200, 260))
     cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=16))

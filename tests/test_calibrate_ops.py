@@ -1,4 +1,4 @@
-"""`python -m calibrate.ops` on this CPU end to end: operator timings at a model's shapes, records
+"""`rlsim calibrate ops` on this CPU end to end: operator timings at a model's shapes, records
 that `rlsim calibrate fit` turns into a profile, and bad input in one sentence."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from .conftest import run_python
 
-pytest.importorskip("torch", reason="calibrate.ops needs torch")
+pytest.importorskip("torch", reason="rlsim calibrate ops needs torch")
 
 # Qwen2.5's layout (grouped-query attention, SwiGLU MLP) at a size a CPU times in seconds
 TINY = {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,
@@ -23,11 +23,11 @@ def test_operator_timings_become_a_profile(tmp_path: Path) -> None:
     model.mkdir()
     (model / "config.json").write_text(json.dumps(TINY))
     rec = tmp_path / "records"
-    run_python("-m", "calibrate.ops", "--model", str(model), "--out", str(rec), "--repeats", "7",
+    run_python("-m", "rlsim.cli", "calibrate", "ops", "--model", str(model), "--out", str(rec), "--repeats", "7",
                "--batch-sizes", "1,2,4,8,16,32", "--context-lens", "64,256,1024",
                "--prefill-lens", "64,128,256")  # fmt: skip
     facts = json.loads((rec / "facts.json").read_text())
-    assert facts["source"] == "calibrate.ops" and facts["model"] == "tiny-qwen" and facts["vllm_version"] is None
+    assert facts["source"] == "rlsim calibrate ops" and facts["model"] == "tiny-qwen" and facts["vllm_version"] is None
     assert facts["kv_capacity_tokens"] > 0 and facts["allreduce"] == "none (TP 1)"
     its = pd.read_parquet(rec / "iterations.parquet")
     assert len(its) == 6 * 3 + 3 and (its["step_s"] > 0).all()
@@ -67,7 +67,7 @@ def test_bad_input_is_one_sentence(tmp_path: Path, args: list[str], message: str
     (cfg / "config.json").write_text(json.dumps(TINY))
     (bad / "config.json").write_text(json.dumps({k: v for k, v in TINY.items() if k != "hidden_size"}))
     args = [str(cfg) if a == "CFG" else str(bad) if a == "BAD" else a for a in args]
-    proc = run_python("-m", "calibrate.ops", *args, "--out", str(tmp_path / "r"), check=False)
+    proc = run_python("-m", "rlsim.cli", "calibrate", "ops", *args, "--out", str(tmp_path / "r"), check=False)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -78,7 +78,8 @@ def test_tensor_parallel_all_reduce_is_timed_under_torchrun(tmp_path: Path) -> N
     model.mkdir()
     (model / "config.json").write_text(json.dumps(TINY))
     rec = tmp_path / "records"
-    run_python("-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "calibrate.ops", "--model", str(model),
+    run_python("-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "rlsim.cli", "calibrate", "ops", "--model",
+               str(model),
                "--out", str(rec), "--repeats", "3", "--batch-sizes", "1,8", "--context-lens", "64",
                "--prefill-lens", "64")  # fmt: skip
     facts = json.loads((rec / "facts.json").read_text())

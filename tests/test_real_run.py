@@ -215,7 +215,7 @@ def test_killed_run_resumes_with_every_sample_once(calibrated: dict, tmp_path: P
 
 
 def test_validate_a_run_calibrated_between_its_steps(calibrated: dict, tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    """`rlsim run --real --calibrate small` measures calibrate.decode's grid on the run's own engine
+    """`rlsim run --real --calibrate small` measures rlsim calibrate decode's grid on the run's own engine
     before its steps (the run's profile, with the engine's KV capacity) and after them (the fit on
     both passes, which `rlsim validate` simulates with). The schedule part does not depend on the
     machine's load: within 2% and in the real finish order, whatever the host. The total does,

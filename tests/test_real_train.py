@@ -168,7 +168,7 @@ def test_kl_loss_save_freq_and_the_phases_of_a_trained_run_validated(calibrated:
     update (reference = actor); --save-freq 3 keeps the checkpoint of the last step only here; the
     engines cannot sleep on a CPU, so that phase is not measured (NaN), never 0; and rlsim validate
     replays the run's own lengths (every simulated iteration has the real one's batch) and compares
-    each phase with the calibrated profile's (calibrate.train)."""
+    each phase with the calibrated profile's (rlsim calibrate train)."""
     out = tmp_path / "kl"
     _train(out, calibrated["model"], task, "--steps", "4", "--train", "grpo", "--lr", LR, "--use-kl-loss",
            "--save-freq", "3")  # fmt: skip

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate.decode import GRIDS, cell_lengths
+from rlsim.calibration.grid import GRIDS, cell_lengths
 from rlsim.errors import RlsimError
 from rlsim.profile import load_profile
 from rlsim.real.run_calibration import (

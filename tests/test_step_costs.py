@@ -77,13 +77,13 @@ def test_per_sample_reward_time_from_the_trace() -> None:
     assert base == 0 and slow > 60
 
 
-def _fitted(train: TrainCost):  # noqa: ANN202 - a Profile as calibrate.fit writes one (no model facts)
+def _fitted(train: TrainCost):  # noqa: ANN202 - a Profile as rlsim.calibration.fit writes one (no model facts)
     base = load_profile("h100-qwen2.5-7b-tp1")
     return dataclasses.replace(base, train=train, model_facts={}, gpu_facts={}, weight_sync_s=0.25)
 
 
 def test_a_fitted_profile_costs_each_training_phase_from_its_own_measurement() -> None:
-    """calibrate.train's fit: the forward without gradient (old log-probs, and the reference's
+    """rlsim calibrate train's fit: the forward without gradient (old log-probs, and the reference's
     with KL) and the update apart, per padded token; the measured weight update as it is."""
     train = TrainCost(6.0, 6.0 / 1e-4, 1.0, 0.5, forward_fixed_s=0.1, forward_s_per_token=2e-5,
                       padded_micro_batch_tokens=100)  # fmt: skip

@@ -7,14 +7,14 @@ The iteration model of DESIGN.md ("The model of time"),
     t = T_w + alpha * B + beta * C + gamma * N_dec + prefill * N_pre
 
 is fitted by non-negative least squares on relative error to the `grid` iterations of
-`calibrate.decode`, each row divided by its measured time (so no regime of short or long
+`rlsim calibrate decode`, each row divided by its measured time (so no regime of short or long
 iterations dominates the shape), and then scaled as a whole so that the fitted iterations'
 predicted total equals their measured total. Iteration times are skewed (an occasional slow
 iteration, never a fast one), so the relative fit tracks the typical iteration, and the
 simulator, which adds iteration times up, under-predicted every total by 5-8% (the held-out
 total error of the tiny CPU model's grids); the scale makes the model one of the mean iteration.
 `target="median"` keeps the unscaled fit, for comparison. The
-iterations of `calibrate.spec` join the grid when present (speculative steps verify more tokens than they have
+iterations of `rlsim calibrate spec` join the grid when present (speculative steps verify more tokens than they have
 sequences, which is what separates alpha from gamma; without them alpha is folded into gamma and
 set to 0). A quarter of the iterations, drawn with a fixed seed, are held out: the MAPE on them,
 overall and per batch-size bucket, is the profile's `fit_error`, beside the grid's own repeat
@@ -76,12 +76,12 @@ def load_records(path: str | Path) -> Records:
         raise RlsimError(f"{path} is not a calibration records directory")
     facts_path = path / "facts.json"
     if not facts_path.exists():
-        raise RlsimError(f"{path} has no facts.json; run python -m calibrate.decode --out {path} first")
+        raise RlsimError(f"{path} has no facts.json; run rlsim calibrate decode --out {path} first")
     facts = _json_object(facts_path)
     for key in ("model", "hardware", "tensor_parallel_size", "kv_capacity_tokens", "block_size", "max_num_seqs",
                 "max_num_batched_tokens", "num_gpu_blocks"):  # fmt: skip
         if key not in facts:
-            raise RlsimError(f"{facts_path} lacks '{key}': not written by calibrate.decode or calibrate.ops")
+            raise RlsimError(f"{facts_path} lacks '{key}': not written by rlsim calibrate decode or ops")
     model = facts.get("model")
     frames = []
     for name in ("iterations.parquet", "spec_iterations.parquet"):
@@ -223,11 +223,11 @@ def fit_iterations(df: pd.DataFrame, seed: int = 0, holdout: float = 0.25, targe
 
 
 def train_cost(train: dict[str, Any] | None) -> tuple[dict[str, float], float, str]:
-    """(profile `train` block, weight_sync_s, provenance line) from calibrate.train's record."""
+    """(profile `train` block, weight_sync_s, provenance line) from rlsim calibrate train's record."""
     if train is None:
-        raise RlsimError("no train.json in the records; run python -m calibrate.train --model ... --out DIR")
+        raise RlsimError("no train.json in the records; run rlsim calibrate train --model ... --out DIR")
     if float(train.get("achieved_flops_per_device", 0)) <= 0:
-        raise RlsimError("train.json holds no positive training cost; run python -m calibrate.train again")
+        raise RlsimError("train.json holds no positive training cost; run rlsim calibrate train again")
     block = {
         "flops_per_token": float(train["flops_per_token"]),
         "peak_flops_per_gpu": float(train["achieved_flops_per_device"]),
@@ -299,9 +299,9 @@ def build_profile(rec: Records, fit: FitResult, name: str | None = None) -> dict
             "host_load": f.get("host_load"),  # others' CPU use while the grid was measured
             "train": train_note,
             "notes": list(fit.notes) + ([f"not measured: {f['not_measured']}"] if f.get("not_measured") else []),
-            "source": f.get("source", "calibrate.decode (vLLM)"),
+            "source": f.get("source", "rlsim calibrate decode (vLLM)"),
             "records": str(rec.path),
-            "script": "python -m calibrate.decode / calibrate.spec / calibrate.train; rlsim calibrate fit",
+            "script": "rlsim calibrate decode / rlsim calibrate spec / rlsim calibrate train; rlsim calibrate fit",
         },
         "fit_error": {
             "heldout_mape": round(fit.mape, 4),
@@ -318,7 +318,7 @@ def build_profile(rec: Records, fit: FitResult, name: str | None = None) -> dict
         p = acceptance_prob(rec.spec["results"]["histospec"].get("visit2", {}))
         if p is not None:
             prof["spec"]["acceptance_prob"] = round(p, 4)
-            prof["spec"]["source"] = "HistoSpec drafter under vLLM, second visit (calibrate.spec)"
+            prof["spec"]["source"] = "HistoSpec drafter under vLLM, second visit (rlsim calibrate spec)"
     return prof
 
 

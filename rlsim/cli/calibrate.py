@@ -1,7 +1,9 @@
-"""`rlsim calibrate fit`: turn calibration records into a profile, with its measured error.
+"""`rlsim calibrate`: measure a real engine, then fit a profile with its measured error.
 
-The measuring itself runs where the GPUs and vLLM are: `python -m calibrate.decode`,
-`python -m calibrate.spec`, `python -m calibrate.train` (see calibrate/README.md).
+`decode`, `spec`, `train` and `ops` measure, where the GPUs and vLLM are (`rlsim.measure`), into
+one records directory; `fit` turns the records into a profile (`rlsim.calibration.fit`). See
+calibrate/README.md. Under torchrun, `ops` measures a TP group:
+`torchrun --nproc-per-node N -m rlsim.cli calibrate ops ...`.
 """
 
 from __future__ import annotations
@@ -16,12 +18,133 @@ from rlsim.cli.ui import console as make_console
 from rlsim.errors import RlsimError
 from rlsim.files import atomic_write_text
 
-calibrate_app = typer.Typer(help="Fit profiles from calibration records.", no_args_is_help=True)
+calibrate_app = typer.Typer(help="Measure a real engine and fit a profile from the records.", no_args_is_help=True)
+
+
+def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
+    """A comma-separated list of positive integers, or None when the option was not given."""
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise RlsimError(f"{option}: expected comma-separated positive integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise RlsimError(f"{option}: expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+@calibrate_app.command()
+def decode(
+    model: str = typer.Option(..., help="Model directory or Hugging Face id (vLLM loads it)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Records directory (one model's records)."),
+    tp: int = typer.Option(1, help="Tensor-parallel size of the engine."),
+    grid: str = typer.Option("small", help="small (a CPU, a few minutes) or default (a GPU node)."),
+    batch_sizes: str | None = typer.Option(None, help="Override the grid's batch sizes, e.g. 1,4,16,64."),
+    prompt_lens: str | None = typer.Option(None, help="Override the grid's prompt lengths, e.g. 64,512,2048."),
+    output_len: int | None = typer.Option(None, help="Override the grid's output length."),
+    seed: int = typer.Option(0, help="Seed of the cells' order and prompts."),
+) -> None:
+    """Decode iterations of a real vLLM engine over a grid of batch sizes and prompt lengths."""
+    from rlsim.calibration.grid import GRIDS, DecodeConfig
+    from rlsim.measure.decode import run
+
+    if grid not in GRIDS:
+        raise RlsimError(f"unknown grid {grid!r}; grids: {', '.join(sorted(GRIDS))}")
+    b, p, n = GRIDS[grid]
+    cfg = DecodeConfig(model=model, out=out, tp=tp, batch_sizes=_ints(batch_sizes, "--batch-sizes") or b,
+                       prompt_lens=_ints(prompt_lens, "--prompt-lens") or p, output_len=output_len or n,
+                       seed=seed)  # fmt: skip
+    path = run(cfg)
+    make_console().print(f"wrote {path}/facts.json, iterations.parquet, requests.parquet, workload.json")
+
+
+@calibrate_app.command()
+def spec(
+    model: str = typer.Option(..., help="Model directory or Hugging Face id (vLLM loads it)."),
+    trace: Path = typer.Option(..., help="Trace whose first prompts are run twice, as two visits."),
+    out: Path = typer.Option(..., "--out", "-o", help="Records directory (one model's records)."),
+    num_prompts: int = typer.Option(16, help="Prompts per visit."),
+    max_tokens: int = typer.Option(128, help="Tokens generated per prompt."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature."),
+    methods: str = typer.Option("histospec,ngram", help="Methods on the second visit: histospec, ngram, suffix."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+) -> None:
+    """Speculative-decoding acceptance under real vLLM: HistoSpec's drafter and vLLM's own."""
+    from rlsim.measure.spec import run
+
+    chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
+    rec = run(model, trace, out, num_prompts, max_tokens, temperature, chosen, seed=seed)
+    make_console().print(
+        f"histospec visit 2: mean acceptance length {rec['mean_acceptance_length']:.2f}, "
+        f"acceptance rate {rec['acceptance_rate']:.1%}; wrote {out}/spec.json"
+    )
+
+
+@calibrate_app.command()
+def train(
+    model: str = typer.Option(..., help="Model directory (the run's trainer loads it)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Records directory (one model's records)."),
+    seq_len: int = typer.Option(128, help="Longest sample (prompt + response) of the synthetic batches."),
+    batches: str = typer.Option("4,8,16,32", help="Samples per batch, one measurement each."),
+    repeats: int = typer.Option(3, help="Repeats per batch (the median counts)."),
+    no_engine: bool = typer.Option(False, "--no-engine", help="Time the weight write only, not a vLLM reload."),
+) -> None:
+    """The training phases of `rlsim run --real --train grpo`, timed with its own trainer."""
+    from rlsim.calibration.grid import check_records_dir
+    from rlsim.files import atomic_write_text
+    from rlsim.measure.train import measure
+
+    if seq_len < 8 or repeats <= 0:
+        raise RlsimError("--seq-len must be at least 8 and --repeats positive")
+    sizes = _ints(batches, "--batches")
+    out.mkdir(parents=True, exist_ok=True)
+    check_records_dir(out, model)
+    rec = measure(model, seq_len, sizes, repeats, not no_engine)
+    atomic_write_text(out / "train.json", json.dumps(rec, indent=2) + "\n")
+    make_console().print(
+        f"old_log_prob {rec['forward_s_per_token'] * 1e3:.4g} ms per trained token + {rec['forward_fixed_s']:.3g} s; "
+        f"update_actor {rec['seconds_per_token'] * 1e3:.4g} ms per token + {rec['fixed_s']:.3g} s; "
+        f"update_weights {rec['weight_sync_s']:.3g} s ({rec['weight_sync_measured']}); wrote {out}/train.json"
+    )
+
+
+@calibrate_app.command()
+def ops(
+    model: str = typer.Option(..., help="Model directory or config.json (its shapes only; no weights)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Records directory to write."),
+    tp: int = typer.Option(1, help="Tensor-parallel degree (under torchrun: the world size)."),
+    device: str | None = typer.Option(None, help="cuda or cpu (default: cuda when torch sees a GPU)."),
+    repeats: int = typer.Option(5, help="Timed repeats per cell (the median counts)."),
+    batch_sizes: str | None = typer.Option(None, help="Decode batch sizes, e.g. 1,8,64,256."),
+    context_lens: str | None = typer.Option(None, help="KV context lengths per request, e.g. 512,4096."),
+    prefill_lens: str | None = typer.Option(None, help="Prefill chunk lengths, e.g. 512,2048."),
+    gpu_memory_utilization: float = typer.Option(0.9, help="vLLM's share of GPU memory (the KV capacity)."),
+) -> None:
+    """Torch operator timings of the model's decoder layer (no vLLM): a profile where vLLM cannot run."""
+    import os
+
+    from rlsim.measure.ops import measure
+    from rlsim.paths import check_output_dir
+
+    if repeats < 1:
+        raise RlsimError(f"--repeats must be >= 1, got {repeats}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise RlsimError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if device not in (None, "cuda", "cpu"):
+        raise RlsimError(f"--device must be cuda or cpu, got {device!r}")
+    check_output_dir(out, "--out")
+    facts = measure(model, out, tp=tp, device=device, repeats=repeats, batches=_ints(batch_sizes, "--batch-sizes"),
+                    contexts=_ints(context_lens, "--context-lens"), prefill=_ints(prefill_lens, "--prefill-lens"),
+                    gpu_memory_utilization=gpu_memory_utilization)  # fmt: skip
+    if int(os.environ.get("RANK", "0")) == 0:
+        make_console().print(f"wrote {out}/facts.json, iterations.parquet, train.json ({facts['hardware']}); "
+                             f"next: rlsim calibrate fit {out}")  # fmt: skip
 
 
 @calibrate_app.command()
 def fit(
-    records: Path = typer.Argument(..., help="Records directory written by calibrate.decode (+ spec, train)."),
+    records: Path = typer.Argument(..., help="Records written by rlsim calibrate decode, spec, train or ops."),
     out: Path = typer.Option(..., "--out", "-o", help="Profile JSON to write."),
     max_mape: float = typer.Option(
         0.15, help="Refuse a profile whose held-out MAPE exceeds this, unless the grid's repeat noise "
@@ -32,7 +155,7 @@ def fit(
     seed: int = typer.Option(0, help="Seed of the held-out split."),
 ) -> None:
     """Least-squares fit of the iteration model; held-out MAPE; replay of the workload phase."""
-    from calibrate.fit import build_profile, fit_iterations, load_records, replay_workload
+    from rlsim.calibration.fit import build_profile, fit_iterations, load_records, replay_workload
     from rlsim.paths import check_output_file
 
     check_output_file(out, "--out")

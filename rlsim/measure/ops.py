@@ -1,7 +1,7 @@
 """Time the operators of a decode iteration with torch alone (no vLLM), at a model's real shapes.
 
-    python -m calibrate.ops --model PATH --out DIR [--tp 1] [--device cuda|cpu]
-    torchrun --nproc-per-node 2 -m calibrate.ops --model PATH --out DIR   # TP 2: all-reduce measured
+    rlsim calibrate ops --model PATH --out DIR [--tp 1] [--device cuda|cpu]
+    torchrun --nproc-per-node 2 -m rlsim.cli calibrate ops --model PATH --out DIR   # TP 2: all-reduce measured
 
 `PATH` is a Hugging Face model directory (or its `config.json`): only the shapes are read, and the
 weights are random tensors of those shapes, one tensor-parallel rank's shard each, so a 32B model
@@ -13,10 +13,10 @@ it times one decoder layer's operators, each the median of `--repeats` runs afte
 - the all-reduce of B x hidden activations, twice, when run under `torchrun` with several ranks,
 and once per iteration the LM head and the sampler (softmax and a draw over the vocabulary).
 An iteration is layers x layer + LM head + sampler. What an engine adds around its operators
-(scheduling, input preparation) is not an operator: calibrate with vLLM (`calibrate.decode`) to
+(scheduling, input preparation) is not an operator: calibrate with vLLM (`rlsim calibrate decode`) to
 measure it; the profile's provenance says it is missing.
 
-Writes DIR/facts.json, DIR/iterations.parquet (the same columns as `calibrate.decode`, phase
+Writes DIR/facts.json, DIR/iterations.parquet (the same columns as `rlsim calibrate decode`, phase
 `grid`) and DIR/train.json (one layer's forward and backward at the same shapes, times the layer
 count), so that `rlsim calibrate fit DIR` makes a profile exactly as from vLLM records. Runs on a
 CPU too, with a tiny model (the tests). Bad input is one sentence and exit code 2.
@@ -24,7 +24,6 @@ CPU too, with a tiny model (the tests). Bad input is one sentence and exit code 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -36,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from rlsim.errors import RlsimError
-from rlsim.paths import check_output_dir
 
 GPU_BATCHES, GPU_CONTEXTS, GPU_PREFILL = (1, 4, 16, 32, 64, 128, 256), (1024, 4096, 8192, 16384), (512, 2048, 8192)
 CPU_BATCHES, CPU_CONTEXTS, CPU_PREFILL = (1, 2, 4, 8, 16, 32), (64, 256, 1024), (64, 256, 512)
@@ -152,7 +150,7 @@ def measure(model: str, out: Path, tp: int = 1, device: str | None = None, repea
     try:
         import torch
     except ImportError:
-        raise RlsimError("calibrate.ops needs torch: pip install torch") from None
+        raise RlsimError("rlsim calibrate ops needs torch: pip install torch") from None
     import pandas as pd
 
     shapes, name = read_shapes(model)
@@ -245,7 +243,7 @@ def measure(model: str, out: Path, tp: int = 1, device: str | None = None, repea
         raise RlsimError(f"the model's weights leave no KV memory at gpu_memory_utilization {gpu_memory_utilization}")
     facts = {
         "model": name,
-        "source": "calibrate.ops",
+        "source": "rlsim calibrate ops",
         "tensor_parallel_size": tp,
         "dtype": str(dtype).replace("torch.", ""),
         "num_gpu_blocks": kv_capacity_tokens // 16 + 1,
@@ -261,7 +259,7 @@ def measure(model: str, out: Path, tp: int = 1, device: str | None = None, repea
         "host": platform.node(),
         "grid": {"batches": list(batches), "contexts": list(contexts), "prefill": list(prefill), "repeats": repeats},
         "allreduce": "measured" if dist else ("none (TP 1)" if tp == 1 else f"not measured: TP {tp} in one process"),
-        "not_measured": "engine time around the operators (scheduling, input preparation): calibrate.decode "
+        "not_measured": "engine time around the operators (scheduling, input preparation): rlsim calibrate decode "
         "measures it",
         "model_facts": {
             "num_params": shapes.num_params,
@@ -318,7 +316,7 @@ def _train_cost(torch: Any, layer: Layer, s: Shapes, dev: Any, run, model: str) 
         "flops_per_token": flops,
         "achieved_flops_per_device": flops / per_token,
         "weight_sync_s": t_sync,
-        "source": "calibrate.ops: one layer's linear forward and backward, times the layer count",
+        "source": "rlsim calibrate ops: one layer's linear forward and backward, times the layer count",
     }
 
 
@@ -326,51 +324,3 @@ def _hardware(torch: Any, dev: Any, tp: int) -> str:
     if dev.type == "cuda":
         return f"{tp}x {torch.cuda.get_device_name(dev)}"
     return f"CPU {platform.machine()} x{os.cpu_count()}"
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise RlsimError(f"expected comma-separated positive integers, got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise RlsimError(f"expected comma-separated positive integers, got {text!r}")
-    return values
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="Hugging Face model directory or config.json (shapes only)")
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (under torchrun: the world size)")
-    ap.add_argument("--device", choices=("cuda", "cpu"), default=None)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--batch-sizes", default=None)
-    ap.add_argument("--context-lens", default=None)
-    ap.add_argument("--prefill-lens", default=None)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    args = ap.parse_args(argv)
-    try:
-        if args.repeats < 1:
-            raise RlsimError(f"--repeats must be >= 1, got {args.repeats}")
-        if not 0 < args.gpu_memory_utilization <= 1:
-            raise RlsimError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
-        check_output_dir(args.out, "--out")
-        facts = measure(
-            args.model, args.out, tp=args.tp, device=args.device, repeats=args.repeats,
-            batches=_ints(args.batch_sizes) if args.batch_sizes else None,
-            contexts=_ints(args.context_lens) if args.context_lens else None,
-            prefill=_ints(args.prefill_lens) if args.prefill_lens else None,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-        )  # fmt: skip
-    except RlsimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"wrote {args.out}/facts.json, iterations.parquet, train.json ({facts['hardware']}); "
-              f"next: rlsim calibrate fit {args.out}")  # fmt: skip
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
 """Measure speculative-decoding acceptance under real vLLM: HistoSpec's drafter and vLLM's own.
 
-    python -m calibrate.spec --model PATH_OR_ID --trace TRACE.parquet --out DIR
+    rlsim calibrate spec --model PATH_OR_ID --trace TRACE.parquet --out DIR
         [--num-prompts 16] [--max-tokens 128] [--temperature 0] [--methods histospec,ngram]
 
 Runs the trace's first prompts twice, as two visits of an RL epoch. Visit 1 runs with the
 HistoSpec drafter and no history, so it may not draft; its responses become the history. Visit 2
-runs the same prompts with the drafter fed that history (`calibrate.histospec_proposer`, the
+runs the same prompts with the drafter fed that history (`rlsim.real.histospec_proposer`, the
 `rlsim.spec.drafter` module behind vLLM's `custom_class` hook), and with each other method the
 installed vLLM supports (`ngram`; `suffix` needs Arctic Inference). Every acceptance figure comes
 from vLLM's own speculative-decoding counters (`SpecDecodingStats`, per position), not from the
@@ -20,7 +20,6 @@ the trace's prompt lengths (seeded by prompt id).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ import pandas as pd
 
 from rlsim.errors import RlsimError
 
-PROPOSER = "calibrate.histospec_proposer.HistoSpecProposer"
+PROPOSER = "rlsim.real.histospec_proposer.HistoSpecProposer"
 
 
 def prompts_from_trace(path: Path, n: int, vocab: int, model: str) -> list[list[int]]:
@@ -69,8 +68,8 @@ def _summary(spec: dict) -> dict:
 
 def run(model: str, trace: Path, out: Path, num_prompts: int = 16, max_tokens: int = 128, temperature: float = 0.0,
         methods: tuple[str, ...] = ("histospec", "ngram"), k: int = 16, seed: int = 0, say=None) -> dict:  # fmt: skip
-    from calibrate.decode import check_records_dir
-    from calibrate.engine import Engine, require_vllm
+    from rlsim.calibration.grid import check_records_dir
+    from rlsim.real.vllm_engine import Engine, require_vllm
 
     require_vllm()
     out.mkdir(parents=True, exist_ok=True)
@@ -155,40 +154,3 @@ def run(model: str, trace: Path, out: Path, num_prompts: int = 16, max_tokens: i
     (out / "spec.json").write_text(json.dumps(record, indent=2) + "\n")
     pd.DataFrame(iterations).to_parquet(out / "spec_iterations.parquet", index=False)
     return record
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--trace", required=True, type=Path)
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--num-prompts", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--methods", default="histospec,ngram")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    try:
-        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-        rec = run(
-            args.model,
-            args.trace,
-            args.out,
-            args.num_prompts,
-            args.max_tokens,
-            args.temperature,
-            methods,
-            seed=args.seed,
-        )
-    except RlsimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(
-        f"histospec visit 2: mean acceptance length {rec['mean_acceptance_length']:.2f}, "
-        f"acceptance rate {rec['acceptance_rate']:.1%}; wrote {args.out}/spec.json"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

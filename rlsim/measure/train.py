@@ -1,6 +1,6 @@
 """Measure the training phases of `rlsim run --real --train grpo` with its own trainer.
 
-    python -m calibrate.train --model PATH_OR_ID --out DIR [--seq-len 128] [--batches 4,8,16,32] [--no-engine]
+    rlsim calibrate train --model PATH_OR_ID --out DIR [--seq-len 128] [--batches 4,8,16,32] [--no-engine]
 
 Runs `rlsim.real.trainer.Trainer` (the run's trainer: torch with one thread on a CPU, bf16 on a GPU)
 on synthetic GRPO batches of `batch` samples of up to `seq_len` tokens (a quarter prompt, the
@@ -23,11 +23,8 @@ One device only: on a multi-GPU node the per-GPU rate is what the profile needs.
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,8 +54,8 @@ def synthetic_samples(batch: int, seq_len: int, vocab: int, seed: int) -> list: 
 def measure(
     model: str, seq_len: int = 128, batches: tuple[int, ...] = (4, 8, 16, 32), repeats: int = 3, engine: bool = True
 ) -> dict:
-    from calibrate.engine import check_model, hardware
     from rlsim.real.trainer import Trainer, TrainerConfig, require_torch
+    from rlsim.real.vllm_engine import check_model, hardware
 
     torch = require_torch()
     check_model(model)
@@ -78,7 +75,7 @@ def measure(
 
 
 def start_engine(model: str):  # noqa: ANN201 - rlsim.real.vllm_instance.VllmInstance, or None without vLLM
-    from calibrate.engine import require_vllm
+    from rlsim.real.vllm_engine import require_vllm
 
     try:
         require_vllm()
@@ -164,36 +161,3 @@ def _line(x: list[float], y: list[float]) -> tuple[float, float]:
         return my / mx, 0.0
     slope = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sxx
     return slope, my - slope * mx
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--batches", default="4,8,16,32")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-engine", action="store_true", help="time the weight write only, not a vLLM reload")
-    args = ap.parse_args(argv)
-    try:
-        from calibrate.decode import check_records_dir, parse_ints
-
-        if args.seq_len < 8 or args.repeats <= 0:
-            raise RlsimError("--seq-len must be at least 8 and --repeats positive")
-        args.out.mkdir(parents=True, exist_ok=True)
-        check_records_dir(args.out, args.model)
-        rec = measure(args.model, args.seq_len, parse_ints(args.batches), args.repeats, not args.no_engine)
-    except RlsimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    (args.out / "train.json").write_text(json.dumps(rec, indent=2) + "\n")
-    print(
-        f"old_log_prob {rec['forward_s_per_token'] * 1e3:.4g} ms per trained token + {rec['forward_fixed_s']:.3g} s; "
-        f"update_actor {rec['seconds_per_token'] * 1e3:.4g} ms per token + {rec['fixed_s']:.3g} s; "
-        f"update_weights {rec['weight_sync_s']:.3g} s ({rec['weight_sync_measured']}); wrote {args.out}/train.json"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -119,7 +119,8 @@ def estimate(trace_path: str, cand: dict[str, Any], rl: dict[str, Any], steps: i
     n_steps = steps_per_epoch(trace, rl["prompts_per_step"])
     run_rl = RLConfig(**{**rl, "max_response_len": c.max_response_len, "epochs": 1, "max_steps": steps, "seed": seed})
     cluster = ClusterConfig(num_gpus=c.num_gpus, profile=c.profile, placement=c.placement, train_gpus=c.train_gpus)
-    engine = EngineConfig(c.gpu_memory_utilization, c.max_num_seqs, c.max_num_batched_tokens)
+    engine = EngineConfig(gpu_memory_utilization=c.gpu_memory_utilization, max_num_seqs=c.max_num_seqs,
+                          max_num_batched_tokens=c.max_num_batched_tokens)
     row: dict[str, Any] = {**cand, "steps_simulated": steps, "seed": seed, "steps_per_epoch": n_steps}
     try:
         res = simulate(trace, c.policy, cluster, run_rl, tables=False, engine_cfg=engine)

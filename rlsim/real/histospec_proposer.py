@@ -1,7 +1,7 @@
 """The HistoSpec drafter (`rlsim.spec.drafter`) behind vLLM's `custom_class` speculative hook.
 
     speculative_config={"method": "custom_class",
-                        "model": "calibrate.histospec_proposer.HistoSpecProposer",
+                        "model": "rlsim.real.histospec_proposer.HistoSpecProposer",
                         "num_speculative_tokens": 16}
 
 History comes from the JSON Lines file named by `RLSIM_HISTOSPEC_HISTORY` (one line per prompt:

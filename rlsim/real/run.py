@@ -98,8 +98,8 @@ class RealRun(Learning, RunCalibration, RunFiles):
         profile: str,
         engine_cfg: EngineConfig | None = None,
     ) -> RealRun:
-        from calibrate.engine import check_model, require_vllm
         from policies.registry import parse_policy, policy_class
+        from rlsim.real.vllm_engine import check_model, require_vllm
 
         # Everything checkable is checked before the run directory is touched.
         parsed = parse_policy(policy)
@@ -158,10 +158,10 @@ class RealRun(Learning, RunCalibration, RunFiles):
         """Drive the engines to the end; `progress(step, now)` as the simulator's,
         `on_step_row(row)` with each finished step's row of steps.parquet (veRL's metric names),
         `say(line)` with what happens outside the steps (the `--calibrate` passes)."""
-        from calibrate.engine import require_vllm
         from policies.registry import make_policy, parse_policy
         from rlsim.driver.driver import Driver
         from rlsim.driver.loop import run_loop
+        from rlsim.real.vllm_engine import require_vllm
         from rlsim.trace.format import load
 
         require_vllm()
@@ -178,7 +178,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
         state = self._load_checkpoint()
         say = say or (lambda line: None)
         if self.real.train == "grpo" and self.cluster.placement == "colocated":
-            from calibrate.engine import is_cpu_build
+            from rlsim.real.vllm_engine import is_cpu_build
 
             self.sleeps = not is_cpu_build()
             if not self.sleeps:

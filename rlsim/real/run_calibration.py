@@ -4,11 +4,11 @@ A profile calibrated in another process, minutes earlier, describes a different 
 wrapper, other buffers) on a machine whose speed has moved since: on a shared 2-core VM the
 iteration model's error against a run swung between -35% and +11% from one window to the next,
 and the same grid cells ran 7-14% faster or slower half a minute apart. With `--calibrate GRID`
-the run measures `calibrate.decode`'s grid (`GRIDS[GRID]`, the same cells and lengths,
-`calibrate.decode.cell_lengths`) on its own engines, every instance measuring at once as the
+the run measures `rlsim calibrate decode`'s grid (`GRIDS[GRID]`, the same cells and lengths,
+`rlsim.calibration.grid.cell_lengths`) on its own engines, every instance measuring at once as the
 run's instances decode at once, in two passes:
 
-- *before* the first step, in a seeded order: fitted (`calibrate.fit.fit_iterations`) into the
+- *before* the first step, in a seeded order: fitted (`rlsim.calibration.fit.fit_iterations`) into the
   profile the run uses (written into config.json), with the engines' own KV capacity and limits;
   training cost and weight sync come from `--profile`;
 - *during* the run, in another order: a few cells at every step boundary where all engines are
@@ -47,7 +47,7 @@ PASSES = ("before", "during")
 
 def grid_cells(grid: str, seed: int, pass_idx: int) -> list[tuple[int, int]]:
     """The (batch size, prompt length) cells of one pass, in that pass's seeded order."""
-    from calibrate.decode import GRIDS
+    from rlsim.calibration.grid import GRIDS
 
     batch_sizes, prompt_lens, _ = GRIDS[grid]
     cells = [(b, p) for p in prompt_lens for b in batch_sizes]
@@ -57,7 +57,7 @@ def grid_cells(grid: str, seed: int, pass_idx: int) -> list[tuple[int, int]]:
 
 def check_grid_fits(grid: str, facts: list[dict]) -> None:
     """The grid's largest cell must fit every engine (one sentence naming what does not)."""
-    from calibrate.decode import GRIDS, DecodeConfig, check_grid
+    from rlsim.calibration.grid import GRIDS, DecodeConfig, check_grid
 
     b, p, n = GRIDS[grid]
     cfg = DecodeConfig(model="", out=Path("."), batch_sizes=b, prompt_lens=p, output_len=n)
@@ -69,8 +69,8 @@ def check_grid_fits(grid: str, facts: list[dict]) -> None:
 
 
 def cell_requests(grid: str, b: int, p: int, vocab: int, rng: np.random.Generator, tag: str) -> list[dict]:
-    """One cell's requests, lengths as `calibrate.decode` gives them, sampled as the run samples."""
-    from calibrate.decode import GRIDS, SAMPLING_TEMPERATURE, cell_lengths
+    """One cell's requests, lengths as `rlsim calibrate decode` gives them, sampled as the run samples."""
+    from rlsim.calibration.grid import GRIDS, SAMPLING_TEMPERATURE, cell_lengths
 
     plens, outs = cell_lengths(b, p, GRIDS[grid][2])
     return [
@@ -82,7 +82,7 @@ def cell_requests(grid: str, b: int, p: int, vocab: int, rng: np.random.Generato
 
 def measure_cells(backend, facts: list[dict], grid: str, seed: int, which: str, ks: list[int]) -> pd.DataFrame:  # noqa: ANN001
     """Cells `ks` (positions in the pass's order) on every instance at once; rows as
-    `calibrate.decode` writes them (phase "grid", `cell` numbered in measuring order across
+    `rlsim calibrate decode` writes them (phase "grid", `cell` numbered in measuring order across
     passes, `cell_batch`, `cell_prompt_len`), plus `instance` and `pass`. A cell's requests
     depend only on the seed, the pass and its position, however the pass is split up."""
     pass_idx = PASSES.index(which)
@@ -113,8 +113,8 @@ def fit_profile(
 ) -> Profile:
     """`base` with the iteration model fitted to `rows` and the engines' own limits. With `both`
     (the rows of both passes), the noise between the passes' measurements of the same cells
-    (`calibrate.fit.repeat_noise`) and their drift (`pass_drift`) go into the profile."""
-    from calibrate.fit import fit_iterations, repeat_noise
+    (`rlsim.calibration.fit.repeat_noise`) and their drift (`pass_drift`) go into the profile."""
+    from rlsim.calibration.fit import fit_iterations, repeat_noise
 
     fit = fit_iterations(rows)
     noise = fit.noise if both is None else repeat_noise(both)
@@ -225,7 +225,7 @@ class RunCalibration:
         grid = self.real.calibrate
         check_grid_fits(grid, facts)
         n = len(grid_cells(grid, self.rl.seed, 0))
-        say(f"calibrating before the steps: calibrate.decode's {grid} grid, {n} cells on {self.n} engine(s)")
+        say(f"calibrating before the steps: rlsim calibrate decode's {grid} grid, {n} cells on {self.n} engine(s)")
         t0 = time.perf_counter()
         rows = self._measure_cells("before", list(range(n)), backend, facts, -1)
         prof = fit_profile(profile_from(self.config["profile"]), rows, facts, grid,
@@ -272,7 +272,7 @@ class RunCalibration:
     def _probe(self, when: str, backend, facts: list[dict]) -> None:  # noqa: ANN001
         """The machine's speed before and after the steps, kept in host.json (a resumed run adds
         its own pair): `rlsim.hostload.speed_probe`, and with the engines up, the engine probe
-        calibration also times (`calibrate.engine.probe_requests`), the mean over instances."""
+        calibration also times (`rlsim.real.vllm_engine.probe_requests`), the mean over instances."""
         path = self.out / "host.json"
         host = json.loads(path.read_text()) if path.exists() else {"probes": []}
         row = {"when": when, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "probe_ms": speed_probe()}

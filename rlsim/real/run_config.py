@@ -35,7 +35,7 @@ class RealConfig:
     dtype: str | None = None
     ray_address: str | None = None
     histospec_k: int = 16
-    calibrate: str | None = None  # a calibrate.decode grid measured on the run's engines (rlsim.real.run_calibration)
+    calibrate: str | None = None  # a decode grid measured on the run's engines (rlsim.real.run_calibration)
     # train=grpo (rlsim.real.trainer): veRL's actor settings
     lr: float = 1e-6
     old_log_prob: str = "recompute"
@@ -60,7 +60,7 @@ class RealConfig:
         if isinstance(self.save_freq, bool) or not isinstance(self.save_freq, int) or self.save_freq <= 0:
             raise RlsimError(f"--save-freq must be a positive number of steps, got {self.save_freq!r}")
         if self.calibrate is not None and self.calibrate not in ("small", "default"):
-            raise RlsimError(f"--calibrate must be small or default (calibrate.decode's grids), got {self.calibrate!r}")
+            raise RlsimError(f"--calibrate must be small or default (the decode grids), got {self.calibrate!r}")
 
 
     def trainer_config(self):  # noqa: ANN201 - rlsim.real.trainer.TrainerConfig

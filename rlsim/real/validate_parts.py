@@ -35,7 +35,7 @@ PROBE_WARN = 0.05
 
 def predicted_s(prof: Profile, its: pd.DataFrame) -> np.ndarray:
     """The profile's time for each recorded iteration, counted as the simulator counts it."""
-    from calibrate.fit import features
+    from rlsim.calibration.fit import features
 
     x = features(its)
     coef = np.array([prof.t_w_s, prof.alpha_s, prof.beta_s, prof.gamma_s, prof.prefill_s_per_token])
@@ -48,7 +48,7 @@ def iteration_model_part(
 ) -> dict[str, Any]:
     """MAPE and signed error of the profile on the run's own iterations, by batch size, and the
     rollout and step time the summed error amounts to (per instance and step)."""
-    from calibrate.fit import BUCKETS, _bucket
+    from rlsim.calibration.fit import BUCKETS, _bucket
 
     pred, real = predicted_s(prof, its), its["wall_s"].to_numpy(float)
     ok = real > 0

@@ -1,6 +1,6 @@
 """Drive one real vLLM `LLMEngine` and record what it did, iteration by iteration.
 
-Shared by `calibrate.decode` and `calibrate.spec`. The engine core runs in this process
+Shared by `rlsim calibrate decode` and `rlsim calibrate spec`. The engine core runs in this process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so that a stat logger sees every iteration: vLLM's
 `SchedulerIterationDetails` (prefill and decode requests and tokens), its KV-cache usage and its
 speculative-decoding counters. Each `LLMEngine.step()` is timed from outside as well: that wall

@@ -5,7 +5,7 @@
 (`RequestOutputKind.DELTA`): the instance keeps each request's token ids, so an abort knows how
 many tokens were wasted and a finished request comes back whole, with vLLM's own timestamps.
 With HistoSpec the instance writes the previous visits' responses to the JSON Lines file that
-its drafter (`calibrate.histospec_proposer`) reads while the engine runs.
+its drafter (`rlsim.real.histospec_proposer`) reads while the engine runs.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class VllmInstance:
     """A vLLM engine behind four calls: `add`, `abort`, `step`, `publish_history`."""
 
     def __init__(self, cfg: InstanceConfig, index: int = 0) -> None:
-        from calibrate.engine import _Sink, create_engine
+        from rlsim.real.vllm_engine import _Sink, create_engine
 
         self.index = index
         self.history_path = None
@@ -52,7 +52,7 @@ class VllmInstance:
             os.environ["RLSIM_HISTOSPEC_HISTORY"] = self.history_path
             spec = {
                 "method": "custom_class",
-                "model": "calibrate.histospec_proposer.HistoSpecProposer",
+                "model": "rlsim.real.histospec_proposer.HistoSpecProposer",
                 "num_speculative_tokens": cfg.histospec_k,
             }
         self.sink = _Sink()
@@ -88,8 +88,8 @@ class VllmInstance:
     def warmup(self, vocab: int, widest: int = 256) -> None:
         """Run every decode batch size from `widest` down to 1 once, as calibration does, so no
         iteration of the run pays for the first use of its batch shape
-        (`calibrate.engine.warmup_requests`; on GPUs vLLM captures CUDA graphs at start-up)."""
-        from calibrate.engine import warmup_requests
+        (`rlsim.real.vllm_engine.warmup_requests`; on GPUs vLLM captures CUDA graphs at start-up)."""
+        from rlsim.real.vllm_engine import warmup_requests
 
         self.add(warmup_requests(vocab, min(widest, int(self.facts["max_num_seqs"]))))
         while self.engine.has_unfinished_requests():
@@ -97,9 +97,9 @@ class VllmInstance:
         self.iterations = 0
 
     def probe(self, vocab: int) -> float:
-        """Milliseconds this engine takes for the probe batch (`calibrate.engine.probe_requests`,
+        """Milliseconds this engine takes for the probe batch (`rlsim.real.vllm_engine.probe_requests`,
         the batch calibration times), median of its repeats."""
-        from calibrate.engine import PROBE_REPEATS, probe_requests
+        from rlsim.real.vllm_engine import PROBE_REPEATS, probe_requests
 
         if self.engine.has_unfinished_requests():  # the probe would take the run's outputs
             return float("nan")
@@ -175,7 +175,7 @@ class VllmInstance:
         """Run one engine iteration. Answers `progress` (request -> tokens so far, for requests
         that gained tokens), `finished` (one dict per request that finished), the iteration's
         wall time `step_s`, its `new_tokens` and its batch as vLLM's scheduler reported it
-        (`details`: calibration's columns, `calibrate.fit.ITERATION_COLUMNS`, so the profile's
+        (`details`: calibration's columns, `rlsim.calibration.fit.ITERATION_COLUMNS`, so the profile's
         iteration model can be checked on the run's own iterations)."""
         # KV context of the decoding requests, counted as calibration counts it
         context = sum(self.prompt_len[r] + len(t) for r, t in self.tokens.items() if t)
@@ -276,7 +276,7 @@ def ray_instance_class(num_gpus: float, num_cpus: float):  # noqa: ANN201
 
     class RayInstance(VllmInstance):
         def __init__(self, cfg: InstanceConfig, index: int = 0) -> None:
-            from calibrate.engine import require_vllm
+            from rlsim.real.vllm_engine import require_vllm
 
             require_vllm()
             super().__init__(cfg, index)
