@@ -15,8 +15,12 @@ drift from the code.
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 from pathlib import Path
+
+from rlsim.hostload import LoadMeter, describe
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -56,14 +60,9 @@ def tables_in(text: str) -> dict[str, str]:
     return {name: body for name, body in found}
 
 
-def machine_note(meter, script: str) -> str:  # noqa: ANN001
+def machine_note(meter: LoadMeter, script: str) -> str:
     """The line under a timing table: the command that wrote it, the machine, and its load over
-    the measurement (`rlsim.hostload.LoadMeter` started before it)."""
-    import os
-    import platform
-
-    from rlsim.hostload import describe
-
+    the measurement (`meter` started before it)."""
     return (
         f"Written by `python benchmarks/{script} --readme` on {platform.machine()} Linux with {os.cpu_count()} CPUs; "
         f"during the measurement {describe(meter.read())}."

@@ -29,7 +29,6 @@ import numpy as np
 import pandas as pd
 
 from rlsim.calibration.grid import (
-    GRIDS,
     SAMPLING_TEMPERATURE,
     DecodeConfig,
     cell_lengths,
@@ -38,7 +37,6 @@ from rlsim.calibration.grid import (
 )
 from rlsim.hostload import LoadMeter, describe, speed_probe
 
-__all__ = ["GRIDS", "SAMPLING_TEMPERATURE", "DecodeConfig", "cell_lengths", "check_grid", "check_records_dir", "run"]
 
 def engine_probe_ms(eng, vocab: int, tag: str) -> float:  # noqa: ANN001 - rlsim.real.vllm_engine.Engine
     """Milliseconds the engine takes for the probe batch (`rlsim.real.vllm_engine.probe_requests`),
