@@ -69,7 +69,7 @@ def group_cost(profile, lengths: list[float], prompt_tokens: list[int]):  # noqa
     tokens = sum(lengths)
     ctx = sum(p * n + n * n / 2 for p, n in zip(prompt_tokens, lengths, strict=True))
     mean_kv = (sum(prompt_tokens) + tokens) / max(len(lengths), 1)
-    conc = max(1.0, min(profile.max_num_seqs, profile.kv_capacity_tokens / max(mean_kv, 1.0)))
+    conc = max(1.0, min(profile.engine.max_num_seqs, profile.kv_capacity_tokens / max(mean_kv, 1.0)))
     longest = max(lengths, default=0.0)
     per_token = (profile.alpha_s + profile.gamma_s) * tokens + profile.beta_s * ctx
 

@@ -39,7 +39,7 @@ class _Load:
         self.ctx += prompt * length + length * length / 2
         self.kv += prompt + length
         self.count += 1
-        conc = max(1.0, min(prof.max_num_seqs, prof.kv_capacity_tokens * self.count / self.kv))
+        conc = max(1.0, min(prof.engine.max_num_seqs, prof.kv_capacity_tokens * self.count / self.kv))
         return (
             prof.t_w_s * max(self.longest, self.tokens / conc)
             + (prof.alpha_s + prof.gamma_s) * self.tokens

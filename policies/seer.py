@@ -142,7 +142,7 @@ class SeerPolicy:
 
     def _dispatch(self, view: PolicyView) -> list[Action]:
         capacity = float(view.profile.kv_capacity_tokens)
-        limit = view.profile.max_num_seqs
+        limit = view.profile.engine.max_num_seqs
         mean = self.seen_tokens / self.seen if self.seen else self.config.chunk_tokens / 2
         actions: list[Action] = []
         while (item := self._next()) is not None:

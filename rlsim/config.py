@@ -10,7 +10,7 @@ limits default to veRL's rollout config (`verl/trainer/config/rollout/rollout.ya
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from rlsim.errors import RlsimError
@@ -61,27 +61,47 @@ class ClusterConfig:
         return self.rollout_gpus // tensor_parallel_size
 
 
+def _knob(default: Any, help: str, flag: str | None = None) -> Any:  # noqa: A002 - the CLI's word
+    """A field with its command-line help (and, for a switch, its on/off flag), from which
+    `rlsim.cli.engine_options` declares the option once for every command."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """vLLM engine limits of every rollout instance, with vLLM's and veRL's names.
+    """The vLLM engine of every rollout instance, one object from the CLI to the scheduler, with
+    vLLM's and veRL's names.
 
-    `None` keeps the profile's own value (a shipped GPU profile is derived at veRL's defaults; a
-    calibrated one holds what its engine ran with). `gpu_memory_utilization` re-derives the KV
-    capacity from the profile's model and GPU facts. `free_cache_engine` (veRL's name): colocated
-    engines sleep through training, freeing their KV cache, so carried requests re-prefill.
-    `block_size` (KV tokens per block; default: the profile's, vLLM's 16 on GPUs),
-    `enable_chunked_prefill` and `async_scheduling` are vLLM's knobs of the same names; the last
-    defaults to the profile's platform (on for GPU profiles, off for CPU-calibrated ones).
+    A profile holds the engine its costs hold for (`Profile.engine`: a shipped GPU profile is
+    derived at veRL's defaults, a calibrated one records what its engine ran);
+    `rlsim.step_costs.with_engine` lays a run's settings over it, a `None` keeping the profile's,
+    and every part of a run (the simulated scheduler, the driver, the policies, real engines)
+    then reads the settings from that one object. `gpu_memory_utilization` re-derives the KV
+    capacity from the profile's model and GPU facts.
     """
 
-    gpu_memory_utilization: float | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
-    free_cache_engine: bool = True
-    block_size: int | None = None
-    enable_chunked_prefill: bool = True
-    async_scheduling: bool | None = None
+    gpu_memory_utilization: float | None = _knob(
+        None, "vLLM gpu_memory_utilization; re-derives KV capacity (default: the profile's, veRL's 0.5)."
+    )
+    max_num_seqs: int | None = _knob(None, "vLLM max_num_seqs (default: the profile's, veRL's 1024).")
+    max_num_batched_tokens: int | None = _knob(
+        None, "vLLM max_num_batched_tokens (default: the profile's, veRL's 8192)."
+    )
+    enable_prefix_caching: bool = _knob(True, "vLLM prefix caching.", "enable-prefix-caching")
+    free_cache_engine: bool = _knob(
+        True,
+        "Colocated engines sleep through training (KV freed, weights offloaded), so carried requests "
+        "re-prefill, as veRL's hybrid engine.",
+        "free-cache-engine",
+    )
+    block_size: int | None = _knob(None, "vLLM block_size: KV tokens per block (default: the profile's, 16).")
+    enable_chunked_prefill: bool = _knob(True, "vLLM chunked prefill.", "enable-chunked-prefill")
+    async_scheduling: bool | None = _knob(
+        None,
+        "vLLM async scheduling: the next batch is scheduled before the last one's tokens are known "
+        "(default: the profile's platform: on for GPU profiles, off for CPU-calibrated ones, as vLLM 0.32).",
+        "async-scheduling",
+    )
 
     def __post_init__(self) -> None:
         u = self.gpu_memory_utilization
@@ -93,6 +113,16 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise RlsimError(f"{name} must be positive, got {v}")
+
+    def over(self, base: EngineConfig) -> EngineConfig:
+        """These settings, with each unset (`None`) one taken from `base`."""
+        return replace(self, **{
+            f.name: getattr(base, f.name) for f in fields(self) if getattr(self, f.name) is None
+        })  # fmt: skip
+
+    def set_values(self) -> dict[str, Any]:
+        """The settings that are not `None`, by name (what a vLLM engine is given)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
+from rlsim.roofline import check_roofline
 
+# The engine settings a profile file records, as top-level fields.
+PROFILE_ENGINE_FIELDS = (
+    "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "block_size", "async_scheduling",
+)  # fmt: skip
 PROFILE_DIR = Path(str(resources.files("calibrate") / "profiles"))
 # 1: the five coefficients; 2: adds linear_t0_s (the compute knee) and the per-term provenance of
 # rlsim.iteration_model. A version-1 file loads unchanged (its knee is measured from t_w_s).
@@ -92,9 +98,12 @@ class Profile:
     beta_s: float
     gamma_s: float
     prefill_s_per_token: float
-    kv_capacity_tokens: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
+    kv_capacity_tokens: int  # KV tokens one instance holds under `engine`
+    # The engine its costs hold for (derived at veRL's defaults, or what a calibrated engine ran):
+    # max_num_seqs and max_num_batched_tokens always, gpu_memory_utilization where known, block_size,
+    # and async_scheduling (vLLM 0.32 turns it on wherever the executor supports it, GPU executors,
+    # and the CPU platform turns it off; a file's null follows that rule from `hardware`).
+    engine: EngineConfig
     train: TrainCost
     weight_sync_s: float
     spec: dict[str, Any] = field(default_factory=dict)
@@ -104,15 +113,9 @@ class Profile:
     model_facts: dict[str, Any] = field(default_factory=dict)
     # memory_bytes, hbm_bytes_per_s, host_link_bytes_per_s, weight_sync_bytes_per_s, weight_sync_per_tensor_s
     gpu_facts: dict[str, Any] = field(default_factory=dict)
-    gpu_memory_utilization: float | None = None  # what kv_capacity_tokens was derived or measured at
-    block_size: int = 16  # KV tokens per block (vLLM's default on GPUs; a calibrated engine's own)
     # The linear layers' weight-read time at zero tokens, where the compute knee is measured from
     # (rlsim.iteration_model); None in profiles that do not separate it (the knee then uses t_w_s).
     linear_t0_s: float | None = None
-    # vLLM's async scheduling (`AsyncScheduler`): vLLM 0.32 turns it on wherever the executor
-    # supports it (GPU executors) and the CPU platform turns it off; None follows that rule from
-    # `hardware` (`schedules_async`). A calibrated profile records what its engine ran.
-    async_scheduling: bool | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -126,24 +129,20 @@ class Profile:
         ):
             if getattr(self, name) < 0:
                 raise RlsimError(f"profile {self.name}: {name} must be >= 0")
-        for name in (
-            "tensor_parallel_size",
-            "kv_capacity_tokens",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-        ):
+        for name in ("tensor_parallel_size", "kv_capacity_tokens"):
             if getattr(self, name) <= 0:
                 raise RlsimError(f"profile {self.name}: {name} must be positive")
+        engine = self.engine
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "async_scheduling"):
+            if getattr(engine, name) is None:
+                raise RlsimError(f"profile {self.name}: its engine's {name} must be set")
         if self.t_w_s + self.alpha_s + self.gamma_s <= 0:
             raise RlsimError(f"profile {self.name}: an iteration must cost time")
-        if self.block_size > self.kv_capacity_tokens:
+        if engine.block_size > self.kv_capacity_tokens:
             raise RlsimError(
-                f"profile {self.name}: block_size {self.block_size} exceeds the KV capacity of "
+                f"profile {self.name}: block_size {engine.block_size} exceeds the KV capacity of "
                 f"{self.kv_capacity_tokens} tokens"
             )
-        gmu = self.gpu_memory_utilization
-        if gmu is not None and not (isinstance(gmu, (int, float)) and 0 < gmu <= 1):
-            raise RlsimError(f"profile {self.name}: gpu_memory_utilization must be in (0, 1], got {gmu!r}")
         # Seconds per iteration, not per step: an engine iteration of one sequence past a minute, or
         # one at the engine's limits that overflows, is a unit error that would run for ever.
         one = self.t_w_s + self.alpha_s + self.gamma_s
@@ -152,11 +151,11 @@ class Profile:
                 f"profile {self.name}: one sequence's decode iteration takes {one:.3g} s; the coefficients are "
                 f"seconds per iteration (no engine takes over {MAX_ITERATION_S:.0f} s)"
             )
-        seqs, kv = self.max_num_seqs, self.kv_capacity_tokens
-        full = self.iteration_s(seqs, kv, seqs, self.max_num_batched_tokens)
+        seqs, kv = engine.max_num_seqs, self.kv_capacity_tokens
+        full = self.iteration_s(seqs, kv, seqs, engine.max_num_batched_tokens)
         if not full <= 60 * MAX_ITERATION_S:  # NaN too
             raise RlsimError(
-                f"profile {self.name}: an iteration at the engine's limits ({self.max_num_seqs} sequences, "
+                f"profile {self.name}: an iteration at the engine's limits ({engine.max_num_seqs} sequences, "
                 f"{self.kv_capacity_tokens:,} KV tokens) takes {full:.3g} s; a coefficient is in the wrong unit"
             )
 
@@ -185,16 +184,11 @@ class Profile:
         """Output tokens per second of a steady decode batch (the README's sanity line)."""
         return batch / self.iteration_s(batch, batch * context_per_seq, batch)
 
-    @property
-    def schedules_async(self) -> bool:
-        """Whether its engines schedule asynchronously: as recorded, else on unless the hardware
-        is a CPU (vLLM's `VllmConfig` default against `CpuPlatform`)."""
-        if self.async_scheduling is not None:
-            return bool(self.async_scheduling)
-        return not self.hardware.strip().upper().startswith("CPU")
-
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The profile's JSON: its engine's recorded settings as top-level fields."""
+        out = asdict(self)
+        engine = out.pop("engine")
+        return out | {k: engine[k] for k in PROFILE_ENGINE_FIELDS}
 
 
 def shipped_profiles() -> list[str]:
@@ -225,7 +219,8 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         raise RlsimError(
             f"{where} is profile schema {version}; this rlsim reads schemas 1-{SCHEMA_VERSION} (upgrade rlsim)"
         )
-    required = [f.name for f in fields(Profile) if f.name not in optional]
+    required = [f.name for f in fields(Profile) if f.name not in optional and f.name != "engine"]
+    required[required.index("kv_capacity_tokens") + 1 : 0] = ["max_num_seqs", "max_num_batched_tokens"]
     for name in required:
         if name not in raw:
             raise RlsimError(f"{where} is missing field '{name}'")
@@ -236,14 +231,13 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         if name not in train:
             raise RlsimError(f"{where} is missing field 'train.{name}'")
     try:
-        kwargs = {k: raw[k] for k in required if k != "train"}
-        for k in (
-            "tensor_parallel_size",
-            "kv_capacity_tokens",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-        ):
+        kwargs = {k: raw[k] for k in required if k not in ("train", "max_num_seqs", "max_num_batched_tokens")}
+        for k in ("tensor_parallel_size", "kv_capacity_tokens"):
             kwargs[k] = int(kwargs[k])
+        limits = {k: int(raw[k]) for k in ("max_num_seqs", "max_num_batched_tokens")}
+        for k, v in limits.items():
+            if v <= 0:
+                raise RlsimError(f"{k} must be positive")
         for k in ("t_w_s", "alpha_s", "beta_s", "gamma_s", "prefill_s_per_token", "weight_sync_s"):
             kwargs[k] = float(kwargs[k])
         names = ("flops_per_token", "peak_flops_per_gpu", "mfu", "fixed_s", "forward_fixed_s", "forward_s_per_token")
@@ -275,11 +269,26 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         fit_error=raw.get("fit_error", {}),
         model_facts=raw.get("model_facts", {}),
         gpu_facts=raw.get("gpu_facts", {}),
-        gpu_memory_utilization=raw.get("gpu_memory_utilization"),
-        block_size=_positive_int(raw.get("block_size", 16), f"{where}: field 'block_size'"),
+        engine=_engine(raw, limits, where),
         linear_t0_s=_optional_seconds(raw.get("linear_t0_s"), f"{where}: field 'linear_t0_s'"),
-        async_scheduling=_optional_bool(raw.get("async_scheduling"), f"{where}: field 'async_scheduling'"),
         **kwargs,
+    )
+
+
+def _engine(raw: dict[str, Any], limits: dict[str, int], where: str) -> EngineConfig:
+    """The engine a profile file records; async scheduling, where the file leaves it null, as vLLM
+    0.32 sets it: on unless the hardware is a CPU (`VllmConfig`'s default against `CpuPlatform`)."""
+    gmu = raw.get("gpu_memory_utilization")
+    if gmu is not None and (isinstance(gmu, bool) or not isinstance(gmu, (int, float)) or not 0 < gmu <= 1):
+        raise RlsimError(f"{where}: field 'gpu_memory_utilization' must be in (0, 1], got {gmu!r}")
+    async_scheduling = _optional_bool(raw.get("async_scheduling"), f"{where}: field 'async_scheduling'")
+    if async_scheduling is None:
+        async_scheduling = not str(raw["hardware"]).strip().upper().startswith("CPU")
+    return EngineConfig(
+        gpu_memory_utilization=gmu,
+        block_size=_positive_int(raw.get("block_size", 16), f"{where}: field 'block_size'"),
+        async_scheduling=async_scheduling,
+        **limits,
     )
 
 
@@ -319,7 +328,5 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not isinstance(raw, dict):
         raise RlsimError(f"{path} must hold a JSON object")
     profile = profile_from_dict(raw, str(path))
-    from rlsim.roofline import check_roofline
-
     check_roofline(profile, str(path))
     return profile

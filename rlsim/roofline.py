@@ -24,9 +24,12 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlsim.errors import RlsimError
-from rlsim.profile import Profile
+
+if TYPE_CHECKING:  # the profile's loader runs the check below
+    from rlsim.profile import Profile
 
 WARN_FRACTION, REFUSE_FRACTION = 0.85, 1.0
 BATCHES = (32, 64, 128, 256)
@@ -69,7 +72,7 @@ def cell(profile: Profile, batch: int, context: int) -> Cell:
     """The profile's steady decode iteration at (batch, context) against the roofline."""
     t = profile.iteration_s(batch, batch * context, batch)
     bound = roofline_s(profile, batch, context)
-    fits = batch * context <= profile.kv_capacity_tokens and batch <= profile.max_num_seqs
+    fits = batch * context <= profile.kv_capacity_tokens and batch <= profile.engine.max_num_seqs
     return Cell(batch, context, t, batch / t, bound, bound / t if t > 0 else math.inf, fits)
 
 

@@ -82,14 +82,13 @@ def kv_capacity(profile: Profile, gpu_memory_utilization: float) -> int:
 
 
 def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
-    """The profile under these engine limits (unset ones keep the profile's values)."""
-    changes: dict = {}
-    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "async_scheduling"):
-        value = getattr(engine, name)
-        if value is not None:
-            changes[name] = value
-    u = engine.gpu_memory_utilization
-    if u is not None and u != profile.gpu_memory_utilization:
+    """The profile under this run's engine: `engine` laid over the profile's own (`None` keeps
+    the profile's setting), the KV capacity re-derived for another `gpu_memory_utilization`.
+    The result's `engine` is the one configuration every part of the run reads."""
+    merged = engine.over(profile.engine)
+    changes: dict = {"engine": merged}
+    u, was = merged.gpu_memory_utilization, profile.engine.gpu_memory_utilization
+    if u is not None and u != was:
         if not (profile.model_facts and profile.gpu_facts.get("memory_bytes")):
             raise RlsimError(
                 f"profile {profile.name} has no model and GPU memory facts, so its KV capacity "
@@ -97,8 +96,7 @@ def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
                 f"gpu_memory_utilization={u}"
             )
         changes["kv_capacity_tokens"] = kv_capacity(profile, u)
-        changes["gpu_memory_utilization"] = u
-    return dataclasses.replace(profile, **changes) if changes else profile
+    return dataclasses.replace(profile, **changes)
 
 
 def forward_flops(profile: Profile, seq_lens: np.ndarray) -> float:

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
-from rlsim.profile import load_profile
+from rlsim.profile import load_profile, profile_from_dict
 from rlsim.protocol import Finished, Request
 from rlsim.sim.engine import SimEngine
 from rlsim.sim.simulate import simulate
@@ -21,9 +21,10 @@ from rlsim.trace.synth import SynthConfig, synthesize
 STEP = 0.01  # seconds per iteration, whatever the batch
 
 
-def _profile(**kw):
+def _profile(async_scheduling: bool = False, **engine):
     base = load_profile("h100-qwen2.5-7b-tp1")
-    return dataclasses.replace(base, t_w_s=STEP, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=0, **kw)
+    base = dataclasses.replace(base, t_w_s=STEP, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=0)
+    return with_engine(base, EngineConfig(async_scheduling=async_scheduling, **engine))
 
 
 def _req(rid: int, length: int, max_tokens: int = 10**6) -> Request:
@@ -41,12 +42,14 @@ def test_the_default_follows_the_profiles_platform() -> None:
     """On for a GPU profile (vLLM turns it on for GPU executors), off for a CPU-calibrated one,
     and an engine setting overrides either; the shipped profiles record it."""
     gpu = load_profile("h100-qwen2.5-7b-tp1")
-    assert gpu.async_scheduling is True and gpu.schedules_async
-    cpu = dataclasses.replace(gpu, hardware="CPU (2 cores)", async_scheduling=None)
-    assert not cpu.schedules_async
-    assert dataclasses.replace(gpu, async_scheduling=None).schedules_async
-    assert not with_engine(gpu, EngineConfig(async_scheduling=False)).schedules_async
-    assert with_engine(cpu, EngineConfig(async_scheduling=True)).schedules_async
+    assert gpu.engine.async_scheduling is True
+    unset = gpu.to_dict() | {"async_scheduling": None}
+    assert profile_from_dict(unset).engine.async_scheduling is True
+    cpu = profile_from_dict(unset | {"hardware": "CPU (2 cores)"})
+    assert cpu.engine.async_scheduling is False
+    assert with_engine(gpu, EngineConfig(async_scheduling=False)).engine.async_scheduling is False
+    assert with_engine(cpu, EngineConfig(async_scheduling=True)).engine.async_scheduling is True
+    assert with_engine(cpu, EngineConfig()).engine.async_scheduling is False  # unset: the profile's
 
 
 @pytest.mark.parametrize("exact", [False, True])
@@ -59,7 +62,7 @@ def test_a_request_stopping_on_eos_decodes_one_token_more_and_holds_its_slot(exa
     times = {}
     for async_ in (False, True):
         for max_tokens in (10**6, 30):
-            eng = SimEngine(_profile(max_num_seqs=1), 1, exact=exact, async_scheduling=async_)
+            eng = SimEngine(_profile(async_, max_num_seqs=1), 1, exact=exact)
             eng.submit([_req(0, 30, max_tokens), _req(1, 20)])
             times[async_, max_tokens] = _finishes(eng)
     for max_tokens in (10**6, 30):
@@ -75,7 +78,7 @@ def test_a_submit_to_a_busy_instance_lands_one_schedule_later_with_async(async_:
     """A request submitted while an iteration runs is prefilled in the next iteration without
     async scheduling, and one iteration later with it (the engine core already scheduled the
     batch after the running one)."""
-    eng = SimEngine(_profile(), 1, async_scheduling=async_)
+    eng = SimEngine(_profile(async_), 1)
     eng.submit([_req(0, 100)])
     eng.call_at(10.5 * STEP, "mid-iteration")
     while not any(getattr(e, "tag", None) == "mid-iteration" for e in eng.step()):

@@ -182,7 +182,7 @@ def test_bad_policies(small_trace_path: Path, policy: str, message: str) -> None
      ({"t_w_s": 1e9}, "the coefficients are seconds per iteration"),
      ({"beta_s": 1e300}, "a coefficient is in the wrong unit"),
      ({"block_size": 10**9}, "block_size 1000000000 exceeds the KV capacity"),
-     ({"gpu_memory_utilization": 5.0}, "gpu_memory_utilization must be in (0, 1]"),
+     ({"gpu_memory_utilization": 5.0}, "field 'gpu_memory_utilization' must be in (0, 1]"),
      ({"t_w_s": 1e-300, "alpha_s": 0, "beta_s": 0, "gamma_s": 0, "linear_t0_s": 0}, "below the memory roofline")],
 )  # fmt: skip
 def test_bad_profiles(tmp_path: Path, small_trace_path: Path, change: dict, message: str) -> None:

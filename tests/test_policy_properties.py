@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.registry import COMPARE_DEFAULT, REGISTRY, make_policy
-from rlsim.config import ClusterConfig, RLConfig
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.profile import load_profile
 from rlsim.sim.simulate import simulate
 from rlsim.trace.synth import SynthConfig, synthesize
@@ -91,8 +91,9 @@ def test_one_instance_batch_one_constant_step(name: str, prompts: int, r0: int, 
     tr = synthesize(cfg)
     rl = RLConfig(prompts_per_step=min(4, prompts), samples_per_prompt=r0, epochs=2, max_response_len=512)
     for async_ in (False, True):
-        prof = dataclasses.replace(CONSTANT, max_num_seqs=1, async_scheduling=async_)
-        res = simulate(tr, name, ClusterConfig(num_gpus=1, profile=BASE.name), rl, prof)
+        engine = EngineConfig(max_num_seqs=1, async_scheduling=async_)
+        res = simulate(tr, name, ClusterConfig(num_gpus=1, profile=BASE.name), rl, CONSTANT, engine_cfg=engine)
+        prof = CONSTANT
         busy = sum(end - start for start, end in res.segments[0])
         generated = (res.requests.num_output_tokens - res.requests.kept_tokens).sum()
         step = prof.t_w_s

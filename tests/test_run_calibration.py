@@ -81,7 +81,7 @@ def test_the_fit_recovers_the_model_and_takes_the_engines_limits() -> None:
     prof = fit_profile(base, before, facts, "small", {"host/others_cpus": 0.1})
     for k in ("t_w_s", "gamma_s"):
         assert getattr(prof, k) == pytest.approx(TRUE[k], rel=0.1), k
-    assert prof.kv_capacity_tokens == 50_000 and prof.max_num_seqs == 256 and prof.block_size == 16
+    assert prof.kv_capacity_tokens == 50_000 and prof.engine.max_num_seqs == 256 and prof.engine.block_size == 16
     assert prof.name == "run-calibrated-tiny-llama-tp1" and prof.hardware == FACTS["hardware"]
     assert prof.train == base.train and prof.model_facts == {}  # another model's facts cost nothing here
     assert prof.provenance["passes"] == ["before"] and "drift_pct" not in prof.provenance

@@ -6,14 +6,21 @@ import dataclasses
 
 import pytest
 
+from rlsim.config import EngineConfig
 from rlsim.profile import load_profile
 from rlsim.protocol import Finished, Preempted, Request
 from rlsim.sim.engine import SimEngine
+from rlsim.step_costs import with_engine
+
+ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
 
 def _profile(**kw):
-    base = load_profile("h100-qwen2.5-7b-tp1")
-    return dataclasses.replace(base, **kw)
+    """The 7B profile with these costs and engine settings (synchronous scheduling unless asked:
+    async scheduling's one-iteration lags are `tests/test_async_scheduling.py`'s)."""
+    engine = {k: kw.pop(k) for k in list(kw) if k in ENGINE_FIELDS}
+    base = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), **kw)
+    return with_engine(base, EngineConfig(**{"async_scheduling": False, **engine}))
 
 
 def _req(rid: int, prompt: int, length: int, instance: int = 0, max_tokens: int = 10**6) -> Request:
@@ -129,7 +136,7 @@ def test_prefix_cache_shares_a_prompt_between_siblings(exact: bool) -> None:
     p = _profile(t_w_s=0.01, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=1e-5, kv_capacity_tokens=2500)
     firsts = {}
     for caching in (True, False):
-        eng = SimEngine(p, 1, exact=exact, enable_prefix_caching=caching)
+        eng = SimEngine(with_engine(p, EngineConfig(enable_prefix_caching=caching)), 1, exact=exact)
         eng.submit([_prompt_req(i, 7, 1000, 300) for i in range(4)])
         events = _drain(eng)
         firsts[caching] = sorted(eng.first_token.values())

@@ -35,7 +35,8 @@ def test_kv_capacity_follows_memory_utilisation() -> None:
     assert with_engine(p, EngineConfig(gpu_memory_utilization=0.8)).kv_capacity_tokens == kv_capacity(p, 0.8)
     assert kv_capacity(p, 0.8) > 2 * kv_capacity(p, 0.5)
     q = with_engine(p, EngineConfig(max_num_seqs=64, max_num_batched_tokens=4096))
-    assert (q.max_num_seqs, q.max_num_batched_tokens, q.kv_capacity_tokens) == (64, 4096, p.kv_capacity_tokens)
+    limits = (q.engine.max_num_seqs, q.engine.max_num_batched_tokens, q.kv_capacity_tokens)
+    assert limits == (64, 4096, p.kv_capacity_tokens)
 
 
 def test_training_phases_scale_with_tokens_and_context() -> None:

@@ -10,15 +10,19 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rlsim.cli import options
+from rlsim.cli.engine_options import engine_options
 from rlsim.cli.options import check_len, configs, from_trace, load_trace, split_policies
 from rlsim.cli.ui import console as make_console
+from rlsim.config import EngineConfig
 
 
 def register_compare(app: typer.Typer) -> None:
     """Add `rlsim compare` to the top-level app."""
 
     @app.command()
+    @engine_options()
     def compare(
+        engine: EngineConfig,
         policies: str = typer.Option(
             "", help="Comma-separated policy strings, e.g. 'sync,rollpacker(eta_p=1.5)+histospec' (default: all)."
         ),
@@ -34,14 +38,6 @@ def register_compare(app: typer.Typer) -> None:
         epochs: int | None = options.EPOCHS,
         max_steps: int | None = options.MAX_STEPS,
         seed: int = options.SEED,
-        gpu_memory_utilization: float | None = options.GPU_MEMORY_UTILIZATION,
-        max_num_seqs: int | None = options.MAX_NUM_SEQS,
-        max_num_batched_tokens: int | None = options.MAX_NUM_BATCHED_TOKENS,
-        enable_prefix_caching: bool = options.PREFIX_CACHING,
-        enable_chunked_prefill: bool = options.CHUNKED_PREFILL,
-        block_size: int | None = options.BLOCK_SIZE,
-        async_scheduling: bool | None = options.ASYNC_SCHEDULING,
-        free_cache_engine: bool = options.FREE_CACHE_ENGINE,
         reward_latency: float = options.REWARD_LATENCY,
         use_kl_loss: bool = options.USE_KL_LOSS,
         workers: int = typer.Option(0, min=0, help="Processes to simulate policies in parallel (0: one per core)."),
@@ -64,7 +60,7 @@ def register_compare(app: typer.Typer) -> None:
             check_output_file(plot, "--plot")  # before minutes of simulation, not after
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
-        cluster, rl, engine = configs(from_trace(locals(), tr))
+        cluster, rl = configs(from_trace(locals(), tr))
         check_len(tr, rl.max_response_len)
         prog = Progress(
             TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),

@@ -13,7 +13,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rlsim.cli.ui import console as make_console
 from rlsim.errors import RlsimError
 
-# Options shared by `simulate` and `compare` (one definition, one help text).
+# Options shared by `simulate` and `compare` (one definition, one help text); the engine's options
+# are declared once, by `EngineConfig` itself (`rlsim.cli.engine_options`).
 TRACE = typer.Option(None, help="Parquet trace (default: the bundled traces/math17k.parquet).")
 GPUS = typer.Option(64, help="Total GPUs.")
 PROFILE = typer.Option(
@@ -25,29 +26,6 @@ DISPATCH = typer.Option(
     "least_loaded",
     help="least_loaded (each sample to the instance with the fewest unfinished requests, as veRL's agent loop), "
     "round_robin (sample by sample) or per_prompt (a prompt's samples together).",
-)
-GPU_MEMORY_UTILIZATION = typer.Option(
-    None, help="vLLM gpu_memory_utilization; re-derives KV capacity (default: the profile's, veRL's 0.5)."
-)
-MAX_NUM_SEQS = typer.Option(None, help="vLLM max_num_seqs (default: the profile's, veRL's 1024).")
-MAX_NUM_BATCHED_TOKENS = typer.Option(
-    None, help="vLLM max_num_batched_tokens (default: the profile's, veRL's 8192)."
-)
-PREFIX_CACHING = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching", help="vLLM prefix caching.")
-CHUNKED_PREFILL = typer.Option(
-    True, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="vLLM chunked prefill."
-)
-BLOCK_SIZE = typer.Option(None, help="vLLM block_size: KV tokens per block (default: the profile's, 16).")
-ASYNC_SCHEDULING = typer.Option(
-    None,
-    "--async-scheduling/--no-async-scheduling",
-    help="vLLM async scheduling: the next batch is scheduled before the last one's tokens are known "
-    "(default: the profile's platform: on for GPU profiles, off for CPU-calibrated ones, as vLLM 0.32).",
-)
-FREE_CACHE_ENGINE = typer.Option(
-    True,
-    "--free-cache-engine/--no-free-cache-engine",
-    help="Colocated engines sleep through training (KV freed, weights offloaded), as veRL's hybrid engine.",
 )
 REWARD_LATENCY = typer.Option(
     0.05, "--reward-latency", help="Seconds to score one sample (a trace's reward_time_s column overrides it)."
@@ -66,8 +44,9 @@ SEED = typer.Option(0, help="Seed of the data order.")
 
 
 def configs(opts: dict):  # noqa: ANN202
-    """ClusterConfig, RLConfig and EngineConfig from a command's shared options (its locals())."""
-    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+    """ClusterConfig and RLConfig from a command's shared options (its locals()); the engine's
+    come as one `EngineConfig` (`rlsim.cli.engine_options`)."""
+    from rlsim.config import ClusterConfig, RLConfig
 
     cluster = ClusterConfig(
         num_gpus=opts["gpus"],
@@ -79,11 +58,7 @@ def configs(opts: dict):  # noqa: ANN202
     rl = RLConfig(**{k: opts[k] for k in (
         "prompts_per_step", "samples_per_prompt", "max_response_len", "epochs", "max_steps", "seed", "use_kl_loss"
     )}, reward_latency_s=opts["reward_latency"])  # fmt: skip
-    engine = EngineConfig(**{k: opts[k] for k in (
-        "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-        "free_cache_engine", "block_size", "enable_chunked_prefill", "async_scheduling",
-    )})  # fmt: skip
-    return cluster, rl, engine
+    return cluster, rl
 
 
 def load_trace(trace: Path | None, policies: list[str] = ()):  # noqa: ANN202

@@ -10,8 +10,11 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlsim.cli.options import MAX_NUM_BATCHED_TOKENS, PROFILE
+from rlsim.cli.engine_options import engine_options
+from rlsim.cli.options import PROFILE
 from rlsim.cli.ui import console as make_console
+from rlsim.config import EngineConfig
+from rlsim.plan.space import SEARCHED_ENGINE_FIELDS
 
 
 def _bar(label: str, total: int) -> tuple[Progress, int]:
@@ -72,7 +75,9 @@ def register(app: typer.Typer) -> None:
         make_console().print(f"{len(rows)} points in {out} ({new} simulated in {dt:.1f} s{rate})")
 
     @app.command()
+    @engine_options(exclude=SEARCHED_ENGINE_FIELDS)  # searched: lists of values to try, below
     def plan(
+        engine: EngineConfig,
         target_epoch_hours: float | None = typer.Option(
             None, help="Objective: the fewest GPU-hours per epoch with an epoch within this many hours."
         ),
@@ -87,7 +92,6 @@ def register(app: typer.Typer) -> None:
         tp: str = typer.Option("", help="Rollout TP sizes to try, e.g. 2,4,8 (default: the profile's own)."),
         max_num_seqs: str = typer.Option("", help="vLLM max_num_seqs values to try, e.g. 256,1024."),
         gpu_memory_utilization: str = typer.Option("", help="vLLM gpu_memory_utilization values to try, e.g. 0.5,0.8."),
-        max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
         max_response_len: str = typer.Option("20480", help="Response caps to try, e.g. 16384,20480."),
         policies: str = typer.Option("", help="Comma-separated policies (default: every registered one but oracle)."),
         prompts_per_step: int = typer.Option(512, help="P0: prompts per step."),
@@ -137,7 +141,7 @@ def register(app: typer.Typer) -> None:
         rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, epochs=1)
         path = trace or default_trace()
         load(path, columns=[])  # a bad trace fails here, in one sentence, before a pool starts
-        candidates(space, profile, gpu_budget, max_num_batched_tokens)  # and a bad search space
+        candidates(space, profile, gpu_budget, engine)  # and a bad search space
         prog, task = _bar("planning", 0)
         total, done = [0], [0]
 
@@ -155,7 +159,7 @@ def register(app: typer.Typer) -> None:
             with prog:
                 res = run_plan(
                     path, space, profile, rl, cfg, pool, PlanCache(cache_path),
-                    on_done=lambda _: tick(), max_num_batched_tokens=max_num_batched_tokens, on_start=start,
+                    on_done=lambda _: tick(), engine=engine, on_start=start,
                 )  # fmt: skip
         finally:
             pool.shutdown(cancel_futures=True)

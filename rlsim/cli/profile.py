@@ -44,7 +44,7 @@ def show(
     con = make_console()
     con.print(
         f"[bold]{profile.name}[/]  {profile.hardware}, {profile.model}, TP {profile.tensor_parallel_size}, "
-        f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.max_num_seqs}",
+        f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.engine.max_num_seqs}",
         highlight=False,
     )
     if not cells:

@@ -8,17 +8,21 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from rlsim.cli.engine_options import engine_options
 from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import engine_log
+from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 
 
 def register(app: typer.Typer) -> None:
     """Add the real-mode commands to the top-level app."""
-    from rlsim.cli.options import DISPATCH, PLACEMENT, PREFIX_CACHING, SEED, TRACE, TRAIN_GPUS, step_progress
+    from rlsim.cli.options import DISPATCH, PLACEMENT, SEED, TRACE, TRAIN_GPUS, step_progress
 
     @app.command()
+    @engine_options(exclude=("free_cache_engine",))  # real engines keep their KV through training
     def run(
+        engine: EngineConfig,
         real: bool = typer.Option(False, "--real", help="Drive real vLLM engines (the only mode of this command)."),
         out: Path = typer.Option(..., "--out", "-o", help="Run directory (written as the run goes)."),
         resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in --out."),
@@ -69,16 +73,14 @@ def register(app: typer.Typer) -> None:
         seed: int = SEED,
         temperature: float = typer.Option(1.0, help="Sampling temperature."),
         max_model_len: int | None = typer.Option(None, help="vLLM max_model_len (default: the model's)."),
-        max_num_seqs: int | None = typer.Option(None, help="vLLM max_num_seqs (default: the profile's)."),
         ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
-        enable_prefix_caching: bool = PREFIX_CACHING,
         calibrate: str | None = typer.Option(
             None, help="Measure rlsim calibrate decode's grid (small or default) on the run's own engines before its "
             "steps (the run uses that fit) and between them (rlsim validate uses that one).",
         ),
     ) -> None:
         """Run the RL step loop against real vLLM engines with the simulator's driver and policies."""
-        from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+        from rlsim.config import ClusterConfig, RLConfig
         from rlsim.real.run import RealRun
         from rlsim.real.run_config import RealConfig
 
@@ -116,12 +118,11 @@ def register(app: typer.Typer) -> None:
             )  # fmt: skip
             cfg = RealConfig(
                 model=model, lengths=lengths, train=train, rollout_tp=rollout_tp, temperature=temperature,
-                max_model_len=max_model_len, max_num_seqs=max_num_seqs, ray_address=ray_address, calibrate=calibrate,
+                max_model_len=max_model_len, ray_address=ray_address, calibrate=calibrate,
                 lr=lr, old_log_prob=old_log_prob, ppo_mini_batch_size=ppo_mini_batch_size,
                 ppo_max_token_len_per_gpu=ppo_max_token_len_per_gpu, device=device, kl_loss_coef=kl_loss_coef,
                 save_freq=save_freq, shuffle_rewards=shuffle_rewards,
             )  # fmt: skip
-            engine = EngineConfig(enable_prefix_caching=enable_prefix_caching)
             run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)
         total = run_.total_steps()
         log = out / "vllm.log"

@@ -8,8 +8,10 @@ import typer
 from rich.table import Table
 
 from rlsim.cli import options
+from rlsim.cli.engine_options import engine_options
 from rlsim.cli.options import check_len, configs, expected_steps, from_trace, load_trace, step_progress
 from rlsim.cli.ui import console as make_console
+from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 
 
@@ -43,7 +45,9 @@ def register(app: typer.Typer) -> None:
         make_console().print(table)
 
     @app.command()
+    @engine_options()
     def simulate(
+        engine: EngineConfig,
         policy: str = typer.Option(
             "sync", help="Policy string: NAME[(knob=value,...)][+histospec], or module:Class (see `rlsim policies`)."
         ),
@@ -60,14 +64,6 @@ def register(app: typer.Typer) -> None:
         epochs: int | None = options.EPOCHS,
         max_steps: int | None = options.MAX_STEPS,
         seed: int = options.SEED,
-        gpu_memory_utilization: float | None = options.GPU_MEMORY_UTILIZATION,
-        max_num_seqs: int | None = options.MAX_NUM_SEQS,
-        max_num_batched_tokens: int | None = options.MAX_NUM_BATCHED_TOKENS,
-        enable_prefix_caching: bool = options.PREFIX_CACHING,
-        enable_chunked_prefill: bool = options.CHUNKED_PREFILL,
-        block_size: int | None = options.BLOCK_SIZE,
-        async_scheduling: bool | None = options.ASYNC_SCHEDULING,
-        free_cache_engine: bool = options.FREE_CACHE_ENGINE,
         reward_latency: float = options.REWARD_LATENCY,
         use_kl_loss: bool = options.USE_KL_LOSS,
         exact: bool = typer.Option(False, "--exact", help="Iteration-by-iteration reference mode."),
@@ -84,7 +80,7 @@ def register(app: typer.Typer) -> None:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         tr = load_trace(trace, [policy])
         opts = from_trace(locals(), tr)
-        cluster, rl, engine = configs(opts)
+        cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)
         prog, cb = step_progress(expected_steps(tr, rl), f"simulating {policy}")
         with prog:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlsim.config import ClusterConfig, DynamicSamplingConfig, EngineConfig, RLConfig
+from rlsim.config import ClusterConfig, DynamicSamplingConfig, RLConfig
 from rlsim.driver.dynamic_sampling import GroupFilter, check_rewards
 from rlsim.driver.launch import Launcher
 from rlsim.driver.trace_index import TraceIndex
@@ -54,7 +54,6 @@ class Driver(Launcher):
     profile: Profile
     cluster: ClusterConfig
     rl: RLConfig
-    engine_cfg: EngineConfig = field(default_factory=EngineConfig)
     dynamic_sampling: DynamicSamplingConfig | None = None
     index: TraceIndex = field(init=False)
     records: Records = field(init=False)
@@ -111,7 +110,7 @@ class Driver(Launcher):
 
     # ---- checkpoints (real runs resume from the last finished step) ------------------------
     _NOT_STATE = (
-        "engine", "trace", "index", "view", "profile", "cluster", "rl", "engine_cfg", "dynamic_sampling", "first_token",
+        "engine", "trace", "index", "view", "profile", "cluster", "rl", "dynamic_sampling", "first_token",
     )  # fmt: skip
 
     def snapshot(self) -> dict:
@@ -123,12 +122,13 @@ class Driver(Launcher):
 
     @classmethod
     def restore(  # noqa: ANN206
-        cls, state: dict, engine: Engine, trace: Trace, profile: Profile, cluster, rl, engine_cfg, ds  # noqa: ANN001
+        cls, state: dict, engine: Engine, trace: Trace, profile: Profile, cluster, rl, ds  # noqa: ANN001
     ) -> Driver:
         """A driver continuing from `snapshot()` on a new engine. Requests that were in flight
         at the snapshot are submitted again (with their ids) and run from their first token."""
         state = dict(state)
-        drv = cls(engine, state.pop("policy"), trace, profile, cluster, rl, engine_cfg, ds)
+        state.pop("engine_cfg", None)  # a checkpoint written when the driver held its own copy
+        drv = cls(engine, state.pop("policy"), trace, profile, cluster, rl, ds)
         step, version, now = state.pop("view")
         vars(drv).update(state)
         if isinstance(drv.requests, dict):  # a checkpoint written when requests were a dict by id
@@ -265,7 +265,7 @@ class Driver(Launcher):
         out = self.records.num_output_tokens
         lens = np.array([out[r] + self.requests[r].num_prompt_tokens for r in ids], dtype=float)
         colocated = self.cluster.placement == "colocated"
-        sleep = colocated and self.engine_cfg.free_cache_engine
+        sleep = colocated and self.profile.engine.free_cache_engine
         cost = step_cost(self.profile, lens, self.cluster.training_gpus, self.rl.use_kl_loss, sleep)
         start = max(gen_end + cost.rollout_sleep, reward_end)
         if colocated:

@@ -8,7 +8,7 @@ weights until enough groups are valid. Then the step's rewards and training phas
 
 from __future__ import annotations
 
-from rlsim.config import ClusterConfig, DynamicSamplingConfig, EngineConfig, RLConfig
+from rlsim.config import ClusterConfig, DynamicSamplingConfig, RLConfig
 from rlsim.driver.driver import Driver
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
@@ -27,13 +27,13 @@ def run_loop(
     progress=None,  # noqa: ANN001 - optional callable(step, now)
     driver: Driver | None = None,
     on_step=None,  # noqa: ANN001 - optional callable(driver) after every step
-    engine_cfg: EngineConfig | None = None,
     dynamic_sampling: DynamicSamplingConfig | None = None,
 ) -> Records:
     """Run the RL loop until every epoch is trained (or `max_steps`); return the records.
     `driver` continues a restored run (`Driver.restore`); `on_step` sees the driver after each
-    step (a real run checkpoints there)."""
-    drv = driver or Driver(engine, policy, trace, profile, cluster, rl, engine_cfg or EngineConfig(), dynamic_sampling)
+    step (a real run checkpoints there). `profile` is the one under the run's engine
+    (`rlsim.step_costs.with_engine`), whose `engine` the driver follows."""
+    drv = driver or Driver(engine, policy, trace, profile, cluster, rl, dynamic_sampling)
     policy, view = drv.policy, drv.view
     while rl.max_steps is None or view.step < rl.max_steps:
         view.now = engine.now

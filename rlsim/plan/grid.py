@@ -14,7 +14,8 @@ A grid file (YAML):
 Point fields: `gpus`, `profile`, `placement`, `train_gpus`, `dispatch` (cluster);
 `prompts_per_step`, `samples_per_prompt`, `max_response_len`, `epochs`, `max_steps`, `seed`,
 `reward_latency_s`, `reward_workers`, `use_kl_loss` (RL step); `gpu_memory_utilization`,
-`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`, `free_cache_engine` (engine);
+`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`, `free_cache_engine`, ... (every
+`rlsim.config.EngineConfig` field: the engine);
 `policy` (a policy string, knobs included) and
 `knobs.NAME` (a knob added to the point's policy string, e.g. `knobs.eta_p: [1.0, 1.5]`); `trace`
 (a Parquet path) or `preset`, `rho`, `num_prompts`, `trace_epochs`, `prompt_share`, `start_step`,
@@ -29,10 +30,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 
 CLUSTER_FIELDS = {"gpus": int, "profile": str, "placement": str, "train_gpus": int, "dispatch": str}
@@ -40,10 +43,11 @@ RL_FIELDS = {
     "prompts_per_step": int, "samples_per_prompt": int, "max_response_len": int, "epochs": int,
     "max_steps": int, "seed": int, "reward_latency_s": float, "reward_workers": int, "use_kl_loss": bool,
 }  # fmt: skip
+# every EngineConfig field, with the type a grid value must have (`None` aside)
 ENGINE_FIELDS = {
-    "gpu_memory_utilization": float, "max_num_seqs": int, "max_num_batched_tokens": int,
-    "enable_prefix_caching": bool, "free_cache_engine": bool, "block_size": int, "enable_chunked_prefill": bool,
-}  # fmt: skip
+    name: next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+    for name, hint in typing.get_type_hints(EngineConfig).items()
+}
 TRACE_FIELDS = {
     "trace": str, "preset": str, "rho": float, "num_prompts": int, "trace_epochs": int, "prompt_share": float,
     "start_step": int, "clip_ratio": float,

@@ -119,8 +119,7 @@ def estimate(trace_path: str, cand: dict[str, Any], rl: dict[str, Any], steps: i
     n_steps = steps_per_epoch(trace, rl["prompts_per_step"])
     run_rl = RLConfig(**{**rl, "max_response_len": c.max_response_len, "epochs": 1, "max_steps": steps, "seed": seed})
     cluster = ClusterConfig(num_gpus=c.num_gpus, profile=c.profile, placement=c.placement, train_gpus=c.train_gpus)
-    engine = EngineConfig(gpu_memory_utilization=c.gpu_memory_utilization, max_num_seqs=c.max_num_seqs,
-                          max_num_batched_tokens=c.max_num_batched_tokens)
+    engine = c.engine_config()
     row: dict[str, Any] = {**cand, "steps_simulated": steps, "seed": seed, "steps_per_epoch": n_steps}
     try:
         res = simulate(trace, c.policy, cluster, run_rl, tables=False, engine_cfg=engine)
@@ -155,20 +154,21 @@ def plan(
     executor: Executor | None = None,
     cache: PlanCache | None = None,
     on_done: Callable[[dict], None] | None = None,
-    max_num_batched_tokens: int | None = None,
+    engine: EngineConfig | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Search `space` for `config`'s objective; see the module docstring. Returns the finalists
     (`answers`, one per policy, with seed spreads, ranks and ties), the best (in target mode, the
     best that meets the target under every seed), the Pareto front and every row simulated (`rows`,
     each candidate at the last rung it reached). `on_start` is told how many estimates the halving
-    plans (the front's early points may add a few); `on_done` sees each estimate, cached or not."""
+    plans (the front's early points may add a few); `on_done` sees each estimate, cached or not.
+    `engine` holds the engine settings the search does not vary."""
     from policies.registry import parse_policy
     from rlsim.plan.sweep import _trace_for
 
     for p in space.policies:
         parse_policy(p)
-    cands = candidates(space, profile, config.gpu_budget, max_num_batched_tokens)
+    cands = candidates(space, profile, config.gpu_budget, engine)
     trace_path = str(trace_path)
     trace = _trace_for(json.dumps({"trace": trace_path}))
     for cap in space.max_response_len:

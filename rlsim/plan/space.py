@@ -10,7 +10,8 @@ cap) a user asks about, checked and expanded into candidates before anything is 
   other tensor-parallel sizes (`tp_family`); they are derived from the same model facts and
   iteration model (`calibrate/derive_profiles.py`), so only TP changes between them. A calibrated
   profile has no family: only its own TP can be searched.
-- **Engine knobs**: `max_num_seqs` and `gpu_memory_utilization` (None keeps the profile's).
+- **Engine knobs**: `max_num_seqs` and `gpu_memory_utilization` (None keeps the profile's); the
+  engine's other settings are held fixed, as given (`Candidate.engine`).
 - **Response cap**: `max_response_len`, each with the clip ratio it implies on the user's trace
   (the share of the trace's samples longer than the cap, which are then cut).
 
@@ -25,10 +26,13 @@ import itertools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from rlsim.config import PLACEMENTS
+from rlsim.config import PLACEMENTS, EngineConfig
 from rlsim.errors import RlsimError
+
+SEARCHED_ENGINE_FIELDS = ("max_num_seqs", "gpu_memory_utilization")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +48,14 @@ class Candidate:
     max_num_seqs: int | None = None
     gpu_memory_utilization: float | None = None
     max_response_len: int = 20480
-    max_num_batched_tokens: int | None = None  # held fixed by the search
+    # the engine settings the search holds fixed: `EngineConfig` fields by name (the two above searched)
+    engine: dict[str, Any] = field(default_factory=dict)
+
+    def engine_config(self) -> EngineConfig:
+        """The candidate's one engine configuration."""
+        return EngineConfig(
+            **self.engine, max_num_seqs=self.max_num_seqs, gpu_memory_utilization=self.gpu_memory_utilization
+        )
 
     @property
     def rollout_gpus(self) -> int:
@@ -156,9 +167,12 @@ def tp_family(profile: str) -> dict[int, str]:
 
 
 def candidates(
-    space: SearchSpace, profile: str, gpu_budget: int | None = None, max_num_batched_tokens: int | None = None
+    space: SearchSpace, profile: str, gpu_budget: int | None = None, engine: EngineConfig | None = None
 ) -> list[Candidate]:
-    """Every candidate of the space (GPU counts above `gpu_budget` left out), in a fixed order."""
+    """Every candidate of the space (GPU counts above `gpu_budget` left out), in a fixed order,
+    each under `engine` with the searched max_num_seqs and gpu_memory_utilization."""
+    fixed = {k: v for k, v in asdict(engine or EngineConfig()).items() if k not in SEARCHED_ENGINE_FIELDS}
+    fixed = {k: v for k, v in fixed.items() if v != getattr(EngineConfig(), k)}  # defaults left out of the key
     family = tp_family(profile)
     tps = space.tps or tuple(t for t, name in family.items() if name == profile)
     missing = [t for t in tps if t not in family]
@@ -202,7 +216,7 @@ def candidates(
                 places, space.max_num_seqs, space.gpu_memory_utilization, space.max_response_len, space.policies
             )
             for (place, train), seqs, util, cap, pol in knobs:
-                out.append(Candidate(pol, g, place, train, tp, family[tp], seqs, util, cap, max_num_batched_tokens))
+                out.append(Candidate(pol, g, place, train, tp, family[tp], seqs, util, cap, dict(fixed)))
     if not out:
         raise RlsimError("the search space is empty")
     return out

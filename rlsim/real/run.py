@@ -51,6 +51,7 @@ from rlsim.real.run_config import (
     read_run_config,
     run_engine_config,
     run_profile,
+    run_profile_engine,
 )
 from rlsim.real.run_files import LOAD_COLUMNS, RunFiles, RunState, has_column
 from rlsim.report import to_json
@@ -69,8 +70,9 @@ class RealRun(Learning, RunCalibration, RunFiles):
         try:
             self.cluster = ClusterConfig(**config["ClusterConfig"])
             self.rl = RLConfig(**config["RLConfig"])
+            self.engine_cfg = run_engine_config(config)  # before RealConfig: takes an old run's max_num_seqs
+            config["EngineConfig"] = dataclasses.asdict(self.engine_cfg)
             self.real = RealConfig(**config["RealConfig"])
-            self.engine_cfg = run_engine_config(config)
         except TypeError as exc:
             raise RlsimError(f"{where} holds a config this rlsim cannot read ({exc})") from None
         self.policy = config["policy"]
@@ -173,7 +175,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
             raise RlsimError(
                 f"max_response_len={self.rl.max_response_len} exceeds the trace's cap {trace.meta.max_response_len}"
             )
-        prof = run_profile(profile_from(self.config["profile"]), self.real.train)
+        prof = run_profile_engine(run_profile(profile_from(self.config["profile"]), self.real.train), self.engine_cfg)
         self._last_step = self.total_steps()
         state = self._load_checkpoint()
         say = say or (lambda line: None)
@@ -189,7 +191,9 @@ class RealRun(Learning, RunCalibration, RunFiles):
                 )
         backend, facts = self._start_engines(parsed.histospec is not None)
         if self.real.calibrate and state is None:  # the profile the run uses, measured on its engines
-            prof = run_profile(self._calibrate_before(backend, facts, say), self.real.train)
+            prof = run_profile_engine(
+                run_profile(self._calibrate_before(backend, facts, say), self.real.train), self.engine_cfg
+            )
         self._probe("start", backend, facts)  # before a resumed driver submits its in-flight samples again
         texts = None
         if "prompt_text" in trace.table:
@@ -214,7 +218,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
                 old = pd.read_parquet(its).reindex(columns=list(ITERATION_COLUMNS), fill_value=-1)
                 engine.iterations = list(old[old["time"] <= state.clock].itertuples(index=False, name=None))
             driver = Driver.restore(
-                state.driver, engine, trace, prof, self.cluster, self.rl, self.engine_cfg, parsed.dynamic_sampling
+                state.driver, engine, trace, prof, self.cluster, self.rl, parsed.dynamic_sampling
             )
         if self.real.train == "grpo":
             self._start_trainer(engine, backend, driver.version if driver is not None else 0)
@@ -240,7 +244,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
         try:
             records = run_loop(
                 engine, make_policy(self.policy), trace, prof, self.cluster, self.rl, progress, driver, on_step,
-                self.engine_cfg, parsed.dynamic_sampling,
+                parsed.dynamic_sampling,
             )
             stats = [backend.call(i, "stats") for i in range(self.n)]
             self._probe("end", backend, facts)
@@ -270,15 +274,16 @@ class RealRun(Learning, RunCalibration, RunFiles):
         from rlsim.real.backends import start_backend
         from rlsim.real.vllm_instance import InstanceConfig
 
-        prof = self.config["profile"]
         cfg = InstanceConfig(
             model=self.real.model,
             tensor_parallel_size=self.real.rollout_tp,
             seed=self.rl.seed,
             max_model_len=self.real.max_model_len,
-            max_num_seqs=self.real.max_num_seqs or prof.get("max_num_seqs"),
             dtype=self.real.dtype,
-            enable_prefix_caching=self.engine_cfg.enable_prefix_caching,
+            # the run's settings, max_num_seqs defaulting to the profile's (the others to vLLM's)
+            engine=dataclasses.replace(
+                self.engine_cfg, max_num_seqs=self.engine_cfg.max_num_seqs or self.config["profile"].get("max_num_seqs")
+            ),
             histospec_k=self.real.histospec_k if histospec else 0,
             logprobs=self.real.train == "grpo",
             enable_sleep_mode=self.sleeps,

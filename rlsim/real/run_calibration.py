@@ -147,10 +147,13 @@ def fit_profile(
         tensor_parallel_size=int(f0["tensor_parallel_size"]),
         **{k: round(v, 12) for k, v in fit.coeffs.items()},
         kv_capacity_tokens=min(int(f["kv_capacity_tokens"]) for f in facts),
-        block_size=int(f0["block_size"]),
-        async_scheduling=bool(f0["async_scheduling"]) if "async_scheduling" in f0 else None,
-        max_num_seqs=int(f0["max_num_seqs"]),
-        max_num_batched_tokens=int(f0["max_num_batched_tokens"]),
+        engine=dataclasses.replace(  # the engine the run's instances ran (facts.json)
+            base.engine,
+            block_size=int(f0["block_size"]),
+            async_scheduling=bool(f0.get("async_scheduling", not str(f0["hardware"]).upper().startswith("CPU"))),
+            max_num_seqs=int(f0["max_num_seqs"]),
+            max_num_batched_tokens=int(f0["max_num_batched_tokens"]),
+        ),
         provenance=provenance,
         fit_error={
             "heldout_mape": round(fit.mape, 4),

@@ -31,7 +31,6 @@ class RealConfig:
     rollout_tp: int = 1
     temperature: float = 1.0
     max_model_len: int | None = None
-    max_num_seqs: int | None = None
     dtype: str | None = None
     ray_address: str | None = None
     histospec_k: int = 16
@@ -109,8 +108,18 @@ def run_profile(profile: Profile, train: str) -> Profile:
 
 def run_engine_config(config: dict[str, Any]) -> EngineConfig:
     """The engine settings a real run used (runs written before they were recorded had prefix
-    caching off and never slept)."""
-    return EngineConfig(**config.get("EngineConfig", {"enable_prefix_caching": False, "free_cache_engine": False}))
+    caching off and never slept; older ones kept max_num_seqs with the RealConfig)."""
+    settings = dict(config.get("EngineConfig", {"enable_prefix_caching": False, "free_cache_engine": False}))
+    legacy = config.get("RealConfig", {}).pop("max_num_seqs", None)
+    if legacy is not None and settings.get("max_num_seqs") is None:
+        settings["max_num_seqs"] = legacy
+    return EngineConfig(**settings)
+
+
+def run_profile_engine(profile: Profile, engine: EngineConfig) -> Profile:
+    """The profile a real run's driver follows: its engine under the run's settings (the KV
+    capacity is the real engines' own, not re-derived)."""
+    return dataclasses.replace(profile, engine=engine.over(profile.engine))
 
 
 def profile_from(raw: dict) -> Profile:

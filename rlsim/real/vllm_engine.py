@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 
 INSTALL_HINT = (
@@ -117,8 +118,9 @@ class Engine:
         max_num_seqs: int | None = None,
     ) -> None:
         self.sink = _Sink()
+        settings = EngineConfig(max_num_seqs=max_num_seqs, enable_prefix_caching=False)
         self.engine, self.facts = create_engine(
-            model, tp, seed, max_model_len, speculative_config, dtype, max_num_seqs, self.sink
+            model, tp, seed, max_model_len, speculative_config, dtype, settings, self.sink
         )
         self.start_s = self.facts["engine_start_s"]
 
@@ -247,13 +249,13 @@ def create_engine(
     max_model_len: int | None = None,
     speculative_config: dict | None = None,
     dtype: str | None = None,
-    max_num_seqs: int | None = None,
+    engine: EngineConfig | None = None,
     sink: _Sink | None = None,
-    enable_prefix_caching: bool = False,
     **extra: Any,
 ) -> tuple[Any, dict[str, Any]]:
-    """An in-process `LLMEngine` (stats on; prefix caching off unless asked: calibration measures
-    every token it schedules, real runs follow their EngineConfig) and the facts that describe it:
+    """An in-process `LLMEngine` under `engine`'s vLLM settings (those it leaves unset are vLLM's
+    own; without one, prefix caching off: calibration measures every token it schedules, real runs
+    follow their EngineConfig) with stats on, and the facts that describe it:
     usable KV capacity (`(num_gpu_blocks - 1) x block_size`: block 0 is vLLM's null block),
     scheduler limits, versions, hardware. Shared by
     calibration and real runs, so a profile fitted here describes the engine a run uses. With a
@@ -266,15 +268,15 @@ def create_engine(
         model=model,
         tensor_parallel_size=tp,
         seed=seed,
-        enable_prefix_caching=enable_prefix_caching,
         disable_log_stats=False,
         enable_logging_iteration_details=True,
         dtype=dtype or ("float32" if is_cpu_build() else "auto"),
     )
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
-    if max_num_seqs:
-        kwargs["max_num_seqs"] = max_num_seqs
+    settings = (engine or EngineConfig(enable_prefix_caching=False)).set_values()
+    settings.pop("free_cache_engine")  # veRL's, not vLLM's: the driver sleeps the engines or not
+    kwargs.update(settings)
     if speculative_config:
         kwargs["speculative_config"] = speculative_config
     kwargs.update(extra)

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rlsim.config import EngineConfig
+
 # vLLM's SchedulerIterationDetails fields a step reports (rlsim.real.engine records them)
 DETAILS = ("num_ctx_requests", "num_ctx_tokens", "num_generation_requests", "num_generation_tokens")
 
@@ -29,9 +31,8 @@ class InstanceConfig:
     tensor_parallel_size: int = 1
     seed: int = 0
     max_model_len: int | None = None
-    max_num_seqs: int | None = None
     dtype: str | None = None
-    enable_prefix_caching: bool = True
+    engine: EngineConfig = EngineConfig()  # the vLLM settings (unset ones: vLLM's)
     histospec_k: int = 0  # > 0: HistoSpec drafting with this many speculative tokens at most
     logprobs: bool = False  # return each sampled token's log-prob and the prompt's ids (training)
     enable_sleep_mode: bool = False  # vLLM's sleep mode around training (GPU engines; the CPU backend refuses it)
@@ -63,9 +64,8 @@ class VllmInstance:
             cfg.max_model_len,
             spec,
             cfg.dtype,
-            cfg.max_num_seqs,
+            cfg.engine,
             self.sink,
-            cfg.enable_prefix_caching,
             # TP workers as local processes on this actor's GPUs (Ray has set CUDA_VISIBLE_DEVICES).
             **({"distributed_executor_backend": "mp"} if cfg.tensor_parallel_size > 1 else {}),
             **({"enable_sleep_mode": True} if cfg.enable_sleep_mode else {}),

@@ -22,7 +22,7 @@ produced a finish or a preemption starts its next iteration only once the driver
 events, so a submit or abort the driver makes in reaction lands before that iteration, not one
 iteration later as with an engine that runs on by itself (vLLM's `AsyncLLM`, the default).
 
-Async scheduling (`async_scheduling=True`, vLLM's default on GPU executors: the engine core
+Async scheduling (the engine's `async_scheduling`, vLLM's default on GPU executors: the engine core
 schedules the next batch before the last one's tokens are known): the scheduler keeps a finished
 request's place for one more schedule (`rlsim.sim.scheduler`), and a submit or abort that reaches a
 busy instance lands one schedule later than it would without it, as the engine core polls its
@@ -90,25 +90,24 @@ class SimEngine:
         num_instances: int,
         exact: bool = False,
         spec=None,  # noqa: ANN001 - rlsim.spec.speculation.SpecModel or None
-        enable_prefix_caching: bool = True,
-        block_size: int = 16,
-        enable_chunked_prefill: bool = True,
         iteration_times: Sequence[Sequence[tuple[float, int, int]]] | None = None,
         lockstep: bool = False,
-        async_scheduling: bool = False,
     ) -> None:
+        # the profile under the run's engine (`rlsim.step_costs.with_engine`): its costs, its KV
+        # capacity and, in `profile.engine`, every vLLM setting the scheduler follows
+        engine = profile.engine
         self.profile = profile
         self.num_instances = num_instances
         self.exact = exact or iteration_times is not None
         # replay: per instance, (seconds, decode requests, prefill tokens) of each real iteration
         self._replay = Replay(iteration_times) if iteration_times is not None else None
         self.lockstep = lockstep
-        self.async_scheduling = async_scheduling
+        self.async_scheduling = engine.async_scheduling
         self._held: list[simpy.Event] = []
         self.replay = self._replay.counts if self._replay is not None else dict.fromkeys(Replay.COUNTS, 0)
         self.spec = spec
         self._draft_s = spec.draft_s if spec is not None else 0.0
-        self.block_size = block_size
+        self.block_size = engine.block_size
         self.env = simpy.Environment()
         self._outbox: list[Event] = []
         self._paused = False
@@ -118,13 +117,13 @@ class SimEngine:
         self._resume = self.env.event()
         self._where: dict[int, int] = {}
         self.first_token: dict[int, float] = {}
-        num_blocks = profile.kv_capacity_tokens // block_size
+        num_blocks = profile.kv_capacity_tokens // engine.block_size
         self.instances = [
             _Instance(
                 i,
                 InstanceScheduler(
-                    num_blocks, block_size, profile.max_num_seqs, profile.max_num_batched_tokens,
-                    enable_chunked_prefill, enable_prefix_caching, async_scheduling,
+                    num_blocks, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
+                    engine.enable_chunked_prefill, engine.enable_prefix_caching, engine.async_scheduling,
                 ),
             )
             for i in range(num_instances)
@@ -270,7 +269,7 @@ class SimEngine:
 
     @property
     def max_num_seqs(self) -> int:
-        return self.profile.max_num_seqs
+        return self.profile.engine.max_num_seqs
 
     def segments(self, instance: int) -> list[tuple[float, float]]:
         """Merged busy intervals, the iteration or jump in progress counted up to now (as

@@ -24,8 +24,8 @@ from rlsim.step_costs import with_engine
 from rlsim.trace.format import Trace
 
 
-def check_engine_fits(prof: Profile, engine_cfg: EngineConfig, trace: Trace, rl: RLConfig) -> None:
-    """Refuse, in one sentence, an engine that could never run the trace's longest request."""
+def check_engine_fits(prof: Profile, trace: Trace, rl: RLConfig) -> None:
+    """Refuse, in one sentence, an engine (`prof.engine`) that could never run the trace's longest request."""
     t = trace.table
     capped = t["num_output_tokens"].clip(upper=rl.max_response_len)
     longest = int((t["num_prompt_tokens"] + capped).max()) if len(t) else 0
@@ -35,9 +35,9 @@ def check_engine_fits(prof: Profile, engine_cfg: EngineConfig, trace: Trace, rl:
             f"instance's KV cache of {prof.kv_capacity_tokens} tokens; raise gpu_memory_utilization "
             f"or lower max_response_len"
         )
-    if not engine_cfg.enable_chunked_prefill and longest > prof.max_num_batched_tokens:
+    if not prof.engine.enable_chunked_prefill and longest > prof.engine.max_num_batched_tokens:
         raise RlsimError(
-            f"with chunked prefill off, max_num_batched_tokens ({prof.max_num_batched_tokens}) must "
+            f"with chunked prefill off, max_num_batched_tokens ({prof.engine.max_num_batched_tokens}) must "
             f"hold the longest request ({longest} tokens), as vLLM requires of max_model_len"
         )
 
@@ -61,18 +61,13 @@ def simulate(
     instances as `rlsim run --real` drives its engines (`rlsim.sim.engine`)."""
     cluster = cluster or ClusterConfig()
     rl = rl or RLConfig()
-    engine_cfg = engine_cfg or EngineConfig()
     prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
-    prof = with_engine(prof, engine_cfg)
+    prof = with_engine(prof, engine_cfg or EngineConfig())  # prof.engine: the run's one engine configuration
     n = cluster.num_instances(prof.tensor_parallel_size)
     parsed = parse_policy(policy)
     spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
-    check_engine_fits(prof, engine_cfg, trace, rl)
-    engine = SimEngine(
-        prof, n, exact=exact, spec=spec, enable_prefix_caching=engine_cfg.enable_prefix_caching,
-        block_size=prof.block_size, enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
-        iteration_times=iteration_times, lockstep=lockstep, async_scheduling=prof.schedules_async,
-    )
+    check_engine_fits(prof, trace, rl)
+    engine = SimEngine(prof, n, exact=exact, spec=spec, iteration_times=iteration_times, lockstep=lockstep)
     pol = make_policy(policy)
     t0 = time.perf_counter()
     # The loop allocates millions of small objects that live until the run ends; the cyclic
@@ -82,8 +77,7 @@ def simulate(
     gc.disable()
     try:
         records = run_loop(
-            engine, pol, trace, prof, cluster, rl, progress, engine_cfg=engine_cfg,
-            dynamic_sampling=parsed.dynamic_sampling,
+            engine, pol, trace, prof, cluster, rl, progress, dynamic_sampling=parsed.dynamic_sampling,
         )  # fmt: skip
     finally:
         if gc_enabled:
@@ -101,11 +95,11 @@ def simulate(
         summary["replay"] = dict(engine.replay)
     if spec is not None:
         summary["histospec"] = {"source": spec.source, "acceptance_prob": spec.acceptance_prob}
-    config = config_dict(cluster, rl, engine_cfg) | {
+    config = config_dict(cluster, rl, prof.engine) | {
         "policy": policy, "policy_knobs": getattr(pol, "config", None) and dataclasses.asdict(pol.config),
         "histospec": parsed.histospec and dataclasses.asdict(parsed.histospec), "exact": exact,
         "dynamic_sampling": parsed.dynamic_sampling and dataclasses.asdict(parsed.dynamic_sampling),
-        "profile": prof.to_dict(), "async_scheduling": prof.schedules_async,
+        "profile": prof.to_dict(), "async_scheduling": prof.engine.async_scheduling,
         "trace": {"source": trace.meta.source, "model": trace.meta.model},
     }  # fmt: skip
     return Result(policy, config, requests, steps, summary, [engine.segments(i) for i in range(n)])
