@@ -27,8 +27,8 @@ from readme_tables import emit
 from policies.registry import REGISTRY
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.sim.compare import compare
-from rlsim.trace.fit import fit_preset
-from rlsim.trace.fit_check import check_fit, cross_validate
+from rlsim.trace.fit import cross_validate, fit_preset
+from rlsim.trace.fit_check import check_fit
 from rlsim.trace.importers import import_logs
 from rlsim.trace.synth import SynthConfig, synthesize
 

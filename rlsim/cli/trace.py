@@ -248,9 +248,10 @@ def fit(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Fit the length generator to your own log: body quantiles, clip mass, prompt share, growth."""
-    from rlsim.trace.fit import fit_preset, save_preset
-    from rlsim.trace.fit_check import check_fit, cross_validate
+    from rlsim.trace.fit import cross_validate, fit_preset
+    from rlsim.trace.fit_check import check_fit
     from rlsim.trace.format import load
+    from rlsim.trace.presets import save_preset
 
     _refuse_overwrite(out, force)
     if folds == 1 or folds < 0:

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from rlsim.real.trainer import LOSS_AGG_MODES
-
 if TYPE_CHECKING:  # torch is imported where it is used: rlsim imports no GPU package at module level
     import torch
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # agg_loss's modes
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:

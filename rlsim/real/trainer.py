@@ -38,9 +38,17 @@ from typing import Any
 import numpy as np
 
 from rlsim.errors import RlsimError
+from rlsim.real.grpo import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    compute_grpo_outcome_advantage,
+    compute_policy_loss_vanilla,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+)
 
 OLD_LOG_PROB_MODES = ("recompute", "rollout")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # rlsim.real.grpo.agg_loss's
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +160,6 @@ class Trainer:
         response mask; right-padded batch, one forward pass."""
         import torch
 
-        from rlsim.real.grpo import entropy_from_logits, logprobs_from_logits
-
         seqs = [list(s.prompt_token_ids) + list(s.response_token_ids) for s in samples]
         width = max(len(x) for x in seqs)
         resp = max(len(s.response_token_ids) for s in samples)
@@ -195,8 +201,6 @@ class Trainer:
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """Train on one step's samples; answer veRL's metrics for the step."""
         import torch
-
-        from rlsim.real.grpo import agg_loss, compute_grpo_outcome_advantage, compute_policy_loss_vanilla, kl_penalty
 
         samples = [s for s in samples if s.response_token_ids]
         if not samples:

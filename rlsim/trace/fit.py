@@ -23,17 +23,15 @@ my.preset.json` generates from at any scale. What is fitted:
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import MISSING, asdict, fields, replace
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 from scipy import special
 
 from rlsim.errors import RlsimError
-from rlsim.files import atomic_write_text
+from rlsim.trace.fit_check import check_fit, check_rows, synth_like
 from rlsim.trace.format import Trace
 from rlsim.trace.presets import Preset, fit_prompt_share
 
@@ -50,7 +48,6 @@ FIT_LEVELS = (
     0.995,
     0.999,
 )
-PRESET_FORMAT = "rlsim.preset/1"
 DEFAULT_RHO = 0.9
 MIN_RECURRING = 10  # prompts seen on consecutive visits needed to fit rho
 
@@ -118,8 +115,6 @@ def fit_preset(trace: Trace, name: str) -> tuple[Preset, list[str]]:
     the shipped presets' copula, and a hierarchical form (a prompt's log centre plus a residual
     whose spread depends on the centre), which is what long-reasoning logs need, where the
     prompt sets the length scale and samples of one prompt stay close to each other."""
-    from rlsim.trace.fit_check import check_fit
-
     notes: list[str] = []
     table, lengths, prompt_tokens, epochs, prompt_ids = _groups(trace)
     cap = trace.meta.max_response_len
@@ -214,8 +209,6 @@ def _calibrated_hierarchical(trace, logs, clipped, cap, z_prompt, epochs, prompt
     """The hierarchical form with `excess` chosen (bisection) so that its draw clips as often as
     the log does. A response cut at the cap would have run longer by an unknown amount; `excess`
     is that amount in log length, added to the residuals of the cut responses."""
-    from rlsim.trace.fit_check import synth_like
-
     def build(excess: float) -> Preset:
         return _hierarchical(logs, clipped, cap, z_prompt, epochs, prompt_ids, common, excess)
 
@@ -298,31 +291,29 @@ def _with_rewards(rows: pd.DataFrame, preset: Preset, lengths: np.ndarray, notes
     return replace(preset, reward_model=model)
 
 
-def save_preset(preset: Preset, path: Path, notes: list[str]) -> Path:
-    """Write a preset as JSON (with the fit's notes) for `rlsim trace synth --preset`."""
-    body = {"format": PRESET_FORMAT, **asdict(preset), "fit_notes": notes}
-    return atomic_write_text(path, json.dumps(body, indent=2) + "\n")
+def fold_of(trace: Trace, folds: int, seed: int = 0) -> dict[int, int]:
+    """prompt -> fold (0..folds-1), seeded, as equal in size as the prompt count allows."""
+    prompts = np.unique(trace.table["prompt_id"].to_numpy())
+    order = np.random.default_rng(seed).permutation(prompts)
+    return {int(p): i % folds for i, p in enumerate(order)}
 
 
-def load_preset(path: Path) -> Preset:
-    """A preset JSON written by `save_preset`; one sentence naming what is wrong otherwise."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RlsimError(f"{path}: no such preset file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RlsimError(f"{path} is not a preset JSON file ({exc})") from None
-    if not isinstance(raw, dict) or raw.get("format") != PRESET_FORMAT:
-        raise RlsimError(f'{path} is not an rlsim preset (no "format": "{PRESET_FORMAT}")')
-    names = {f.name for f in fields(Preset)}
-    missing = [f.name for f in fields(Preset) if f.default is MISSING and f.name not in raw]
-    try:
-        values = {k: v for k, v in raw.items() if k in names}
-        for key in ("z_knots", "log_len_knots", "growth_steps", "growth_mean", "reward_model", "resid_z_knots",
-                    "resid_bins", "resid_log_knots"):  # fmt: skip
-            if isinstance(values.get(key), list):
-                values[key] = tuple(tuple(v) if isinstance(v, list) else v for v in values[key])
-        return Preset(**values)
-    except (TypeError, ValueError) as exc:
-        raise RlsimError(f"{path}: invalid preset ({exc}{'; missing ' + missing[0] if missing else ''})") from None
+def cross_validate(trace: Trace, name: str, folds: int = 5, seed: int = 0) -> list[dict]:
+    """Check rows (as `check_fit`) of a K-fold cross-validation: every fold's prompts are
+    compared with a generator fitted to the other folds only, and the pooled draws of the K
+    generators with the whole log, so no prompt is judged by a fit that saw it."""
+    if folds < 2:
+        raise RlsimError(f"cross-validation needs at least 2 folds, got {folds}")
+    which = trace.table["prompt_id"].map(fold_of(trace, folds, seed)).to_numpy()
+    if len(np.unique(which)) < folds:
+        raise RlsimError(f"{trace.num_prompts} prompts are too few for {folds} folds")
+    parts = []
+    for k in range(folds):
+        fit_on = Trace(trace.table[which != k].reset_index(drop=True), trace.meta)
+        held = Trace(trace.table[which == k].reset_index(drop=True), trace.meta)
+        preset, _ = fit_preset(fit_on, name)
+        part = synth_like(preset, held, seed, min_prompts=1000)
+        part["prompt_id"] += k * 10_000_000
+        parts.append(part)
+    pooled = Trace(pd.concat(parts, ignore_index=True), trace.meta)
+    return check_rows(trace, pooled)

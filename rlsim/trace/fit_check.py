@@ -1,6 +1,6 @@
 """How well a fitted generator reproduces a log: held-apart prompts and a large synthetic draw.
 
-`cross_validate` holds prompts apart fold by fold (whole groups, every visit), fits on the other
+`rlsim.trace.fit.cross_validate` holds prompts apart fold by fold (whole groups, every visit), fits on the other
 folds, and pools the K fitted generators' draws against the whole log: no prompt is judged by a
 fit that saw it (a small log's two halves differ by more than a good generator differs from
 either, so one held-apart half would mostly measure the log's own noise). `synth_like` draws a
@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
-from rlsim.errors import RlsimError
 from rlsim.trace.format import Trace
 from rlsim.trace.presets import Preset
 from rlsim.trace.stats import compare_traces
+from rlsim.trace.synth import SynthConfig, synthesize
 
 CHECK_METRICS = (
     "p10", "p25", "p50", "p75", "p90", "mean", "clip_ratio", "clipped_group_share", "within_prompt_cv",
@@ -29,41 +28,9 @@ CHECK_METRICS = (
 )  # fmt: skip
 
 
-def fold_of(trace: Trace, folds: int, seed: int = 0) -> dict[int, int]:
-    """prompt -> fold (0..folds-1), seeded, as equal in size as the prompt count allows."""
-    prompts = np.unique(trace.table["prompt_id"].to_numpy())
-    order = np.random.default_rng(seed).permutation(prompts)
-    return {int(p): i % folds for i, p in enumerate(order)}
-
-
-def cross_validate(trace: Trace, name: str, folds: int = 5, seed: int = 0) -> list[dict]:
-    """Check rows (as `check_fit`) of a K-fold cross-validation: every fold's prompts are
-    compared with a generator fitted to the other folds only, and the pooled draws of the K
-    generators with the whole log, so no prompt is judged by a fit that saw it."""
-    from rlsim.trace.fit import fit_preset
-
-    if folds < 2:
-        raise RlsimError(f"cross-validation needs at least 2 folds, got {folds}")
-    which = trace.table["prompt_id"].map(fold_of(trace, folds, seed)).to_numpy()
-    if len(np.unique(which)) < folds:
-        raise RlsimError(f"{trace.num_prompts} prompts are too few for {folds} folds")
-    parts = []
-    for k in range(folds):
-        fit_on = Trace(trace.table[which != k].reset_index(drop=True), trace.meta)
-        held = Trace(trace.table[which == k].reset_index(drop=True), trace.meta)
-        preset, _ = fit_preset(fit_on, name)
-        part = synth_like(preset, held, seed, min_prompts=1000)
-        part["prompt_id"] += k * 10_000_000
-        parts.append(part)
-    pooled = Trace(pd.concat(parts, ignore_index=True), trace.meta)
-    return _rows(trace, pooled)
-
-
 def synth_like(preset: Preset, like: Trace, seed: int = 0, min_prompts: int = 4000) -> pd.DataFrame:
     """A synthetic draw from `preset` shaped like `like`: same cap and group size, one epoch over
     as many steps as `like` spans, and at least `min_prompts` prompts."""
-    from rlsim.trace.synth import SynthConfig, synthesize
-
     n_prompts = max(min_prompts, 20 * like.num_prompts)
     steps = like.table["step"].nunique() if "step" in like.table.columns else 1
     config = SynthConfig(
@@ -79,10 +46,10 @@ def synth_like(preset: Preset, like: Trace, seed: int = 0, min_prompts: int = 40
 
 def check_fit(preset: Preset, against: Trace, seed: int = 0) -> list[dict]:
     """Rows (metric, log value a, fitted value b, diff text) of the fitted generator against a trace."""
-    return _rows(against, Trace(synth_like(preset, against, seed), against.meta))
+    return check_rows(against, Trace(synth_like(preset, against, seed), against.meta))
 
 
-def _rows(real: Trace, synthetic: Trace) -> list[dict]:
+def check_rows(real: Trace, synthetic: Trace) -> list[dict]:
     rows = {r["metric"]: r for r in compare_traces(real, synthetic) if r["scope"] == "all"}
     out = []
     for m in CHECK_METRICS:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from rlsim.errors import RlsimError
-from rlsim.trace.importers import RawLog, read_jsonl, step_of
+from rlsim.trace.rawlog import RawLog, read_jsonl, step_of
 
 LENGTHS_GLOB = "packed_lengths_step_*.jsonl"
 REWARD_GLOB = "reward_timings_step_*.jsonl"

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from rlsim.errors import RlsimError
-from rlsim.trace.importers import PromptVisits, RawLog, step_of
+from rlsim.trace.rawlog import PromptVisits, RawLog, step_of
 
 
 def _files(src: Path) -> list[Path]:

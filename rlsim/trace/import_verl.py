@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from rlsim.errors import RlsimError
-from rlsim.trace.importers import PromptVisits, RawLog, read_jsonl, step_of
+from rlsim.trace.rawlog import PromptVisits, RawLog, read_jsonl, step_of
 
 
 def _load_tokenizer(path: Path | None):  # noqa: ANN202 - a tokenizers.Tokenizer

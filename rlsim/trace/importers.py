@@ -1,6 +1,6 @@
 """Convert real rollout logs into rlsim traces (`rlsim trace import`), so real lengths replay.
 
-Three formats, each read by its own module into a raw table (`RawLog`); this module finds the
+Three formats, each read by its own module into a raw table (`rlsim.trace.rawlog.RawLog`); this module finds the
 log folder, detects the format and turns the raw table into a trace with what the logs do not
 say inferred from what they do, every inference stated in `Imported.notes`:
 
@@ -19,16 +19,18 @@ serves prompts in the log's order, `prompts_per_step` at a time.
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from rlsim.errors import RlsimError
 from rlsim.trace.format import Trace, TraceMeta
+from rlsim.trace.import_polytrace import read_polytrace
+from rlsim.trace.import_slime import read_slime
+from rlsim.trace.import_verl import read_verl
+from rlsim.trace.rawlog import RawLog
 
 FORMATS = ("polytrace", "verl", "slime")
 COMMON_CAPS = (1024, 2048, 3072, 4096, 8192, 16384, 20480, 24576, 32768, 40960, 65536, 131072)
@@ -39,71 +41,12 @@ MODEL_PATTERN = re.compile(
 )
 
 
-@dataclass
-class RawLog:
-    """What a format reader found: one row per response plus facts about the log.
-
-    `table` columns: step, prompt_id, epoch, sample_idx, num_prompt_tokens, num_output_tokens
-    and, where the log has them, reward, reward_time_s, output_token_ids, prompt_text, and
-    truncated (bool: the engine said the response hit its cap)."""
-
-    table: pd.DataFrame
-    source: str
-    params: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    token_ids: str | None = None
-
-
-class PromptVisits:
-    """Prompt identity and visit index from a prompt's text, for logs that carry text but no ids:
-    a new text is a new prompt; the same text at a later step is that prompt's next visit (epoch)."""
-
-    def __init__(self) -> None:
-        self.ids: dict[str, int] = {}
-        self.visit: dict[int, int] = {}
-        self.last_step: dict[int, int] = {}
-
-    def __call__(self, text: str, step: int) -> tuple[int, int]:
-        """(prompt_id, epoch) of `text` seen at `step` (steps must come in order)."""
-        pid = self.ids.setdefault(text, len(self.ids))
-        if self.last_step.get(pid) != step:
-            self.visit[pid] = self.visit.get(pid, -1) + 1
-            self.last_step[pid] = step
-        return pid, self.visit[pid]
-
-
 @dataclass(frozen=True)
 class Imported:
     """A trace converted from logs and the sentences that say what was inferred."""
 
     trace: Trace
     notes: tuple[str, ...]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of a .jsonl file; a bad line is one sentence naming file and line."""
-    rows = []
-    try:
-        with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise RlsimError(f"{path}:{n} is not valid JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise RlsimError(f"{path}:{n} is not a JSON object")
-                rows.append(row)
-    except UnicodeDecodeError:
-        raise RlsimError(f"{path} is not UTF-8 text") from None
-    return rows
-
-
-def step_of(path: Path) -> int:
-    """The step number in a log file's name (`packed_lengths_step_12.jsonl`, `12.jsonl`, `data_12.pt`)."""
-    match = re.search(r"(\d+)$", path.stem)
-    return int(match.group(1)) if match else 0
 
 
 def _has_polytrace(d: Path) -> bool:
@@ -281,16 +224,10 @@ def import_logs(
         raise RlsimError(f"--max-response-len must be positive, got {max_response_len}")
     folder, kind, notes = find_log_dir(Path(src), fmt)
     if kind == "polytrace":
-        from rlsim.trace.import_polytrace import read_polytrace
-
         raw = read_polytrace(folder)
     elif kind == "verl":
-        from rlsim.trace.import_verl import read_verl
-
         raw = read_verl(folder, tokenizer, max_response_len)
     else:
-        from rlsim.trace.import_slime import read_slime
-
         raw = read_slime(folder)
     raw.notes[:0] = notes
     return to_trace(raw, folder, max_response_len, model)

@@ -35,11 +35,16 @@ Sources:
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
 
 import numpy as np
 from scipy import special, stats
+
+from rlsim.errors import RlsimError
+from rlsim.files import atomic_write_text
 
 QUANTILE_LEVELS = (0.001, 0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99, 0.999)
 
@@ -274,3 +279,36 @@ REASONING_32K = Preset(
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (DAPO_QWEN25_32B, REASONING_32K)}
+
+
+PRESET_FORMAT = "rlsim.preset/1"
+
+
+def save_preset(preset: Preset, path: Path, notes: list[str]) -> Path:
+    """Write a preset as JSON (with the fit's notes) for `rlsim trace synth --preset`."""
+    body = {"format": PRESET_FORMAT, **asdict(preset), "fit_notes": notes}
+    return atomic_write_text(path, json.dumps(body, indent=2) + "\n")
+
+
+def load_preset(path: Path) -> Preset:
+    """A preset JSON written by `save_preset`; one sentence naming what is wrong otherwise."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RlsimError(f"{path}: no such preset file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RlsimError(f"{path} is not a preset JSON file ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("format") != PRESET_FORMAT:
+        raise RlsimError(f'{path} is not an rlsim preset (no "format": "{PRESET_FORMAT}")')
+    names = {f.name for f in fields(Preset)}
+    missing = [f.name for f in fields(Preset) if f.default is MISSING and f.name not in raw]
+    try:
+        values = {k: v for k, v in raw.items() if k in names}
+        for key in ("z_knots", "log_len_knots", "growth_steps", "growth_mean", "reward_model", "resid_z_knots",
+                    "resid_bins", "resid_log_knots"):  # fmt: skip
+            if isinstance(values.get(key), list):
+                values[key] = tuple(tuple(v) if isinstance(v, list) else v for v in values[key])
+        return Preset(**values)
+    except (TypeError, ValueError) as exc:
+        raise RlsimError(f"{path}: invalid preset ({exc}{'; missing ' + missing[0] if missing else ''})") from None

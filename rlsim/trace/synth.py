@@ -22,7 +22,7 @@ from scipy import special
 
 from rlsim.errors import RlsimError
 from rlsim.trace.format import Trace, TraceMeta
-from rlsim.trace.presets import PRESETS, Preset
+from rlsim.trace.presets import PRESETS, Preset, load_preset
 from rlsim.trace.tokens import synth_token_ids
 
 QWEN25_VOCAB = 151_643
@@ -135,8 +135,6 @@ def resolve_preset(name: str) -> Preset:
     """A shipped preset by name, or a preset JSON file written by `rlsim trace fit`."""
     if name in PRESETS:
         return PRESETS[name]
-    from rlsim.trace.fit import load_preset
-
     return load_preset(Path(name))
 
 
