@@ -46,6 +46,8 @@ import time
 import numpy as np
 import pandas as pd
 from readme_tables import emit
+from rich.console import Console
+from rich.table import Table
 
 from policies.registry import REGISTRY
 from rlsim.config import ClusterConfig, RLConfig
@@ -344,9 +346,6 @@ def main() -> int:
     if "--markdown" in sys.argv or "--readme" in sys.argv:
         emit("paper_checks", markdown(), sys.argv)  # --readme also writes README.md's table
     else:
-        from rich.console import Console
-        from rich.table import Table
-
         table = Table(title="rlsim against the papers (POLICIES.md)", title_justify="left")
         for c in ("check", "kind", "paper", "rlsim", "result"):
             table.add_column(c)

@@ -35,9 +35,18 @@ import tempfile
 import time
 
 import numpy as np
+import pandas as pd
 from readme_tables import emit, machine_note
 
+from policies.registry import COMPARE_DEFAULT, make_policy
+from rlsim.config import ClusterConfig, RLConfig
+from rlsim.driver.loop import run_loop
 from rlsim.hostload import LoadMeter
+from rlsim.paths import default_trace
+from rlsim.profile import load_profile
+from rlsim.protocol import Finished, Timer
+from rlsim.sim.simulate import simulate
+from rlsim.trace.format import Trace, load, save
 
 
 def heap_loop_epoch(trace, cluster, rl) -> float:  # noqa: ANN001
@@ -47,8 +56,6 @@ def heap_loop_epoch(trace, cluster, rl) -> float:  # noqa: ANN001
     its requests as one batch (no KV limit, no prefill, no scheduler); between finishes the
     batch is fixed, so the loop jumps from one finish to the next with the profile's closed
     form. Returns the simulated epoch time (rollout only)."""
-    from rlsim.profile import load_profile
-
     prof = load_profile(cluster.profile)
     n = cluster.num_instances(prof.tensor_parallel_size)
     tw, al, be = prof.t_w_s, prof.alpha_s + prof.gamma_s, prof.beta_s
@@ -120,8 +127,6 @@ class _HeapEngine:
         pass
 
     def step(self) -> list:
-        from rlsim.protocol import Finished, Timer
-
         if not self._heap:
             return []
         when, _, item = heapq.heappop(self._heap)
@@ -137,10 +142,6 @@ class _HeapEngine:
 
 def floor_epoch(trace, cluster, rl) -> float:  # noqa: ANN001
     """Wall seconds of one sync epoch of the driver, policy and records over `_HeapEngine`."""
-    from policies.registry import make_policy
-    from rlsim.driver.loop import run_loop
-    from rlsim.profile import load_profile
-
     prof = load_profile(cluster.profile)
     engine = _HeapEngine(cluster.num_instances(prof.tensor_parallel_size), 0.02)
     gc.disable()  # as `simulate` runs the loop
@@ -166,11 +167,6 @@ def _peak_mib() -> float:
 
 def one(policy: str) -> dict:
     """In this (fresh) process: the heap loop, then one epoch of `policy`; figures as a dict."""
-    from rlsim.config import ClusterConfig, RLConfig
-    from rlsim.paths import default_trace
-    from rlsim.sim.simulate import simulate
-    from rlsim.trace.format import load
-
     trace = load(default_trace(), columns=[])
     rl, cluster = RLConfig(epochs=1), ClusterConfig()
     ref = math.inf
@@ -194,11 +190,6 @@ def one(policy: str) -> dict:
 
 def write_big(path: str) -> None:
     """The bundled trace's first epoch with every prompt repeated ten times (new ids), as Parquet."""
-    import pandas as pd
-
-    from rlsim.paths import default_trace
-    from rlsim.trace.format import Trace, load, save
-
     trace = load(default_trace())
     df = trace.table[trace.table["epoch"] == trace.epochs[0]]
     step = int(df["prompt_id"].max()) + 1
@@ -209,10 +200,6 @@ def write_big(path: str) -> None:
 
 def big(path: str) -> dict:
     """In this (fresh) process, as a user would: load the 10x trace, simulate one sync epoch."""
-    from rlsim.config import RLConfig
-    from rlsim.sim.simulate import simulate
-    from rlsim.trace.format import load
-
     t0 = time.perf_counter()
     res = simulate(load(path, columns=[]), "sync", rl=RLConfig(epochs=1), tables=False)
     return {
@@ -232,8 +219,6 @@ def _wall(cmd: list[str]) -> float:
 
 
 def main() -> None:
-    from policies.registry import COMPARE_DEFAULT
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--policies", default=",".join(COMPARE_DEFAULT))
     ap.add_argument("--skip-cli", action="store_true", help="leave out rlsim compare and rlsim plan")
@@ -294,11 +279,6 @@ def main() -> None:
         ]  # fmt: skip
         speed.append(f"| sync's driver, policy and records over `_HeapEngine` (the floor) | {sync['floor_s']:.2f} | "
                      f"{sync['heap_loop_s']:.2f} | {sync['floor_s'] / sync['heap_loop_s']:.1f}x | |")  # fmt: skip
-
-    from rlsim.config import ClusterConfig, RLConfig
-    from rlsim.paths import default_trace
-    from rlsim.sim.simulate import simulate
-    from rlsim.trace.format import load
 
     trace = load(default_trace(), columns=[])
     sl, cl = RLConfig(max_steps=2), ClusterConfig(num_gpus=8)

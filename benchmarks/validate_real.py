@@ -34,16 +34,23 @@ run, without logs, checkpoints or model weights) into DIR/<date-time>/ with a ma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 from readme_tables import emit, machine_note
 
+from rlsim.calibration.fit import fit_iterations, load_records
 from rlsim.hostload import LoadMeter
+from rlsim.profile import load_profile
+from rlsim.real.validate_parts import predicted_s
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -90,8 +97,6 @@ def main() -> None:
     for policy in args.policies.split(","):
         run = out / f"run-{policy}"
         if run.exists():
-            import shutil
-
             shutil.rmtree(run)
         sh("-m", "rlsim.cli", "run", "--real", "--model", str(model), "--trace", str(trace), "--steps", str(args.steps),
            "--epochs", "2", "--policy", policy, "--profile", str(prof), "--out", str(run), "--no-enable-prefix-caching",
@@ -156,8 +161,6 @@ def main() -> None:
 
 def record(out: Path, dest: Path, policies: list[str], args: argparse.Namespace) -> None:
     """The batch as committed test data: every run of it, whatever its figures."""
-    import shutil
-
     batch = dest / time.strftime("%Y%m%d-%H%M%S")
     skip = shutil.ignore_patterns("vllm.log", "checkpoint.pkl", "*.png", "trace.json", "actor", "*.tmp")
     shutil.copytree(out / "records", batch / "records", ignore=skip)
@@ -195,15 +198,6 @@ def calibration_table(prof: Path, spec: Path) -> str:
 
 def model_table(rec: Path, out: Path, results: dict) -> None:
     """The iteration model before (unscaled) and after (scaled to the total) on the same records."""
-    import dataclasses
-
-    import numpy as np
-    import pandas as pd
-
-    from rlsim.calibration.fit import fit_iterations, load_records
-    from rlsim.profile import load_profile
-    from rlsim.real.validate_parts import predicted_s
-
     records = load_records(rec)
     base = load_profile(str(out / "profile.json"))
     print("\n| fit | held-out MAPE | held-out total | " + " | ".join(f"{p} MAPE / summed" for p in results) + " |")

@@ -26,6 +26,7 @@ from readme_tables import emit, machine_note
 from validate_real import sh
 
 from rlsim.hostload import LoadMeter
+from rlsim.trace.format import load
 
 
 def learning(run: Path, targets: pd.Series, first: int, last: int) -> dict[str, float]:
@@ -71,8 +72,6 @@ def main() -> None:
            str(args.steps), "--no-enable-prefix-caching", "--out", str(run), *extra)  # fmt: skip
     res = json.loads(sh("-m", "rlsim.cli", "validate", str(runs["grpo"]), "--json"))
     note = machine_note(meter, "validate_train.py")
-
-    from rlsim.trace.format import load
 
     targets = load(task).table.groupby("prompt_id")["target_len"].first()
     first, last = 4, 8

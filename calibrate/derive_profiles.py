@@ -49,8 +49,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from rlsim.iteration_model import H100, H200, H800, Gpu, Terms, closed_form
+from rlsim.profile import profile_from_dict
+from rlsim.step_costs import kv_capacity, weight_sync_s
 
 OUT = Path(__file__).resolve().parent / "profiles"
 OPS = (
@@ -115,9 +118,6 @@ def _gpu(gpu: Gpu) -> dict:
 
 
 def _kv(prof: dict, util: float) -> int:
-    from rlsim.profile import profile_from_dict
-    from rlsim.step_costs import kv_capacity
-
     # a placeholder capacity of one block: kv_capacity reads the model's and the GPU's facts only
     return kv_capacity(profile_from_dict(prof | {"kv_capacity_tokens": prof.get("block_size", 16)}), util)
 
@@ -138,8 +138,6 @@ def _linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 def linear_layers(vidur: Path, ref: str, tp: int, non_emb: float) -> tuple[float, float, float, float]:
     """(intercept s, slope s/token, compute-bound slope s/token, MAPE over 1..512 tokens) of all
     linear layers of a model of `non_emb` parameters, from the measured reference at the same TP."""
-    import pandas as pd
-
     ref_non_emb, ref_layers = REFERENCE[ref]
     table = pd.read_csv(vidur / "h100" / ref / "mlp.csv")
     rows = table[table.num_tensor_parallel_workers == tp].sort_values("num_tokens")
@@ -234,9 +232,6 @@ def derive(gpu: Gpu, name: str, tp: int, vidur: Path) -> dict:
 
 
 def _sync_s(prof: dict) -> float:
-    from rlsim.profile import profile_from_dict
-    from rlsim.step_costs import weight_sync_s
-
     return weight_sync_s(profile_from_dict(prof))
 
 

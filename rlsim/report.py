@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rlsim.files import atomic_save, atomic_write_bytes, save_figure, write_error
 from rlsim.result import Result
@@ -105,10 +110,6 @@ def write_run_dir(result: Result, out: Path, swap: bool = True) -> Path:
     writing never leaves a directory that mixes two runs (an existing `out` stays whole until the
     swap). Without it (a real run's directory, which holds the run's other files), file by file,
     each atomically."""
-    import os
-    import shutil
-    import tempfile
-
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,6 @@ def plot_compare(rows: list[dict[str, Any]], out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     epochs = sorted({e for r in rows for e in r["epoch_time_s"]})
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)

@@ -38,7 +38,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.errors import RlsimError
+from rlsim.profile import profile_from_dict
+from rlsim.sim.simulate import simulate
+from rlsim.trace.format import Trace, TraceMeta
 
 COEFFS = ("t_w_s", "alpha_s", "beta_s", "gamma_s", "prefill_s_per_token")
 BUCKETS = ((1, 1), (2, 4), (5, 16), (17, 64), (65, 256), (257, 10**9))
@@ -326,10 +330,6 @@ def replay_workload(rec: Records, profile: dict[str, Any]) -> tuple[float, float
     """(measured, simulated) total time of the held-out workload phase, or None if absent."""
     if not rec.workload:
         return None
-    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
-    from rlsim.profile import profile_from_dict
-    from rlsim.sim.simulate import simulate
-    from rlsim.trace.format import Trace, TraceMeta
 
     reqs = pd.DataFrame(rec.workload["requests"])
     n_s = int(reqs["sample_idx"].max()) + 1

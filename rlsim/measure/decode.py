@@ -36,13 +36,12 @@ from rlsim.calibration.grid import (
     check_records_dir,
 )
 from rlsim.hostload import LoadMeter, describe, speed_probe
+from rlsim.real.vllm_engine import PROBE_REPEATS, Engine, probe_requests, warmup_requests
 
 
 def engine_probe_ms(eng, vocab: int, tag: str) -> float:  # noqa: ANN001 - rlsim.real.vllm_engine.Engine
     """Milliseconds the engine takes for the probe batch (`rlsim.real.vllm_engine.probe_requests`),
     median of its repeats; not part of the records the fit sees."""
-    from rlsim.real.vllm_engine import PROBE_REPEATS, probe_requests
-
     times = [eng.run(probe_requests(vocab, f"{tag}{k}"), phase="probe").spec["total_s"] for k in range(PROBE_REPEATS)]
     return 1e3 * float(np.median(times))
 
@@ -71,8 +70,6 @@ def workload_requests(cfg: DecodeConfig, vocab: int, rng: np.random.Generator) -
 
 
 def run(cfg: DecodeConfig, progress=None) -> Path:
-    from rlsim.real.vllm_engine import Engine, warmup_requests
-
     cfg.out.mkdir(parents=True, exist_ok=True)
     check_records_dir(cfg.out, cfg.model)
     max_len = max(cfg.prompt_lens) * 3 // 2 + 1 + max(cfg.output_len, 8 * cfg.workload_median) + 16

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from rlsim.errors import RlsimError
 
 GPU_BATCHES, GPU_CONTEXTS, GPU_PREFILL = (1, 4, 16, 32, 64, 128, 256), (1024, 4096, 8192, 16384), (512, 2048, 8192)
@@ -151,7 +153,6 @@ def measure(model: str, out: Path, tp: int = 1, device: str | None = None, repea
         import torch
     except ImportError:
         raise RlsimError("rlsim calibrate ops needs torch: pip install torch") from None
-    import pandas as pd
 
     shapes, name = read_shapes(model)
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -29,14 +29,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rlsim.calibration.grid import check_records_dir
 from rlsim.errors import RlsimError
+from rlsim.real.vllm_engine import Engine, require_vllm
+from rlsim.trace.format import load
 
 PROPOSER = "rlsim.real.histospec_proposer.HistoSpecProposer"
 
 
 def prompts_from_trace(path: Path, n: int, vocab: int, model: str) -> list[list[int]]:
-    from rlsim.trace.format import load
-
     trace = load(path)
     first = trace.visit(0).drop_duplicates("prompt_id").head(n)
     if "prompt_text" in first.columns and first["prompt_text"].notna().all():
@@ -68,8 +69,6 @@ def _summary(spec: dict) -> dict:
 
 def run(model: str, trace: Path, out: Path, num_prompts: int = 16, max_tokens: int = 128, temperature: float = 0.0,
         methods: tuple[str, ...] = ("histospec", "ngram"), k: int = 16, seed: int = 0, say=None) -> dict:  # fmt: skip
-    from rlsim.calibration.grid import check_records_dir
-    from rlsim.real.vllm_engine import Engine, require_vllm
 
     require_vllm()
     out.mkdir(parents=True, exist_ok=True)

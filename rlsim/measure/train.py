@@ -29,16 +29,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from rlsim.errors import RlsimError
+from rlsim.real.trainer import Sample, Trainer, TrainerConfig, require_torch
+from rlsim.real.vllm_engine import check_model, hardware, require_vllm
+from rlsim.real.vllm_instance import InstanceConfig, VllmInstance
+from rlsim.step_costs import padded_tokens
 
 
 def synthetic_samples(batch: int, seq_len: int, vocab: int, seed: int) -> list:  # rlsim.real.trainer.Sample
     """`batch` GRPO samples in groups of two with random rewards: prompts of seq_len / 4
     tokens, responses of 1 to 3 seq_len / 4 tokens."""
-    import numpy as np
-
-    from rlsim.real.trainer import Sample
-
     rng = np.random.default_rng(seed)
     prompt = max(1, seq_len // 4)
     out = []
@@ -54,9 +56,6 @@ def synthetic_samples(batch: int, seq_len: int, vocab: int, seed: int) -> list: 
 def measure(
     model: str, seq_len: int = 128, batches: tuple[int, ...] = (4, 8, 16, 32), repeats: int = 3, engine: bool = True
 ) -> dict:
-    from rlsim.real.trainer import Trainer, TrainerConfig, require_torch
-    from rlsim.real.vllm_engine import check_model, hardware
-
     torch = require_torch()
     check_model(model)
     cuda = torch.cuda.is_available()
@@ -75,20 +74,15 @@ def measure(
 
 
 def start_engine(model: str):  # noqa: ANN201 - rlsim.real.vllm_instance.VllmInstance, or None without vLLM
-    from rlsim.real.vllm_engine import require_vllm
-
     try:
         require_vllm()
     except RlsimError:
         return None
-    from rlsim.real.vllm_instance import InstanceConfig, VllmInstance
 
     return VllmInstance(InstanceConfig(model=model))
 
 
 def _measure(trainer, seq_len: int, batches: tuple[int, ...], repeats: int) -> dict:  # noqa: ANN001
-    from rlsim.step_costs import padded_tokens
-
     params = sum(p.numel() for p in trainer.model.parameters())
     vocab = int(trainer.model.config.vocab_size)
 

@@ -13,6 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import policies
+import rlsim
+
 
 def digest(path: str | Path) -> str:
     h = hashlib.sha256()
@@ -24,9 +27,6 @@ def digest(path: str | Path) -> str:
 
 def code_digest() -> str:
     """Of rlsim's and the policies' source: a changed simulator invalidates the cache."""
-    import policies
-    import rlsim
-
     h = hashlib.sha256()
     for pkg in (rlsim, policies):
         root = Path(pkg.__file__).parent

@@ -35,8 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlsim.config import EngineConfig
+import yaml
+
+from policies.registry import parse_policy
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.errors import RlsimError
+from rlsim.profile import load_profile
+from rlsim.step_costs import with_engine
 
 CLUSTER_FIELDS = {"gpus": int, "profile": str, "placement": str, "train_gpus": int, "dispatch": str}
 RL_FIELDS = {
@@ -127,8 +132,6 @@ def parse_grid(data: Any, where: str = "grid") -> Grid:  # noqa: ANN401
 
 
 def load_grid(path: Path) -> Grid:
-    import yaml
-
     if not path.is_file():
         raise RlsimError(f"{path}: no such grid file")
     try:
@@ -155,11 +158,6 @@ def policy_string(point: dict[str, Any]) -> str:
 
 
 def point_configs(point: dict[str, Any], where: str = "grid"):  # noqa: ANN202
-    from policies.registry import parse_policy
-    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
-    from rlsim.profile import load_profile
-    from rlsim.step_costs import with_engine
-
     try:
         kw = {k: point[k] for k in CLUSTER_FIELDS if k in point}
         if "gpus" in kw:

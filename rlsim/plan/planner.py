@@ -35,10 +35,14 @@ from typing import Any
 
 import numpy as np
 
+from policies.registry import parse_policy
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.errors import RlsimError
 from rlsim.plan.cache import PlanCache, code_digest, digest
 from rlsim.plan.space import Candidate, SearchSpace, candidates, clip_ratio
+from rlsim.plan.sweep import _trace_for
+from rlsim.profile import _resolve
+from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace
 
 
@@ -111,9 +115,6 @@ def estimate(trace_path: str, cand: dict[str, Any], rl: dict[str, Any], steps: i
     """Simulate one candidate for `steps` steps under `seed` (in a worker); its estimate as a row.
     A configuration the simulator refuses (a request larger than the KV cache...) is a row with
     `error`, not a failure of the search."""
-    from rlsim.plan.sweep import _trace_for
-    from rlsim.sim.simulate import simulate
-
     c = Candidate(**cand)
     trace = _trace_for(json.dumps({"trace": trace_path}))
     n_steps = steps_per_epoch(trace, rl["prompts_per_step"])
@@ -163,9 +164,6 @@ def plan(
     each candidate at the last rung it reached). `on_start` is told how many estimates the halving
     plans (the front's early points may add a few); `on_done` sees each estimate, cached or not.
     `engine` holds the engine settings the search does not vary."""
-    from policies.registry import parse_policy
-    from rlsim.plan.sweep import _trace_for
-
     for p in space.policies:
         parse_policy(p)
     cands = candidates(space, profile, config.gpu_budget, engine)
@@ -274,8 +272,6 @@ def plan(
 
 
 def _profile_path(name: str) -> Path:
-    from rlsim.profile import _resolve
-
     return _resolve(name)
 
 

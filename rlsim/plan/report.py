@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlsim.files import save_figure
+from rlsim.plan.space import Candidate
 
 
 def spread(mean: float, rng: tuple[float, float], fmt: str = ".2f") -> str:
@@ -49,8 +50,6 @@ def answer_rows(result: dict[str, Any]) -> list[list[str]]:
 
 
 def pareto_rows(result: dict[str, Any]) -> list[list[str]]:
-    from rlsim.plan.space import Candidate
-
     fields = Candidate.__dataclass_fields__
     out = []
     for r in result["pareto"]:

@@ -29,8 +29,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rlsim.config import PLACEMENTS, EngineConfig
 from rlsim.errors import RlsimError
+from rlsim.profile import PROFILE_DIR, load_profile, shipped_profiles
 
 SEARCHED_ENGINE_FIELDS = ("max_num_seqs", "gpu_memory_utilization")
 
@@ -153,8 +156,6 @@ def parse_gpus(text: str) -> tuple[int, ...]:
 def tp_family(profile: str) -> dict[int, str]:
     """TP -> profile name: the shipped profiles of `profile`'s model on its GPU at every TP
     (its own TP alone for a profile outside the shipped families)."""
-    from rlsim.profile import PROFILE_DIR, load_profile, shipped_profiles
-
     base = load_profile(profile)
     family = {base.tensor_parallel_size: profile}
     if not str(profile).endswith(".json") and (PROFILE_DIR / f"{profile}.json").exists():
@@ -224,7 +225,5 @@ def candidates(
 
 def clip_ratio(lengths: Sequence[int] | object, cap: int) -> float:
     """Share of the trace's samples that reach `cap` (cut there when it is the response limit)."""
-    import numpy as np
-
     arr = np.asarray(lengths)
     return float((arr >= cap).mean()) if arr.size else math.nan

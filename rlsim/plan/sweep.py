@@ -18,9 +18,15 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_complet
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from rlsim.errors import RlsimError
 from rlsim.files import atomic_save
+from rlsim.paths import MATH17K_PROMPTS, bundled, default_trace
 from rlsim.plan.grid import SYNTH_FIELDS, TRACE_FIELDS, Grid, point_configs, point_id, point_label, policy_string
+from rlsim.sim.simulate import simulate
+from rlsim.trace.format import load
+from rlsim.trace.synth import SynthConfig, load_prompts, synthesize
 
 SUMMARY_KEYS = (
     "epoch_time_s", "total_time_s", "gpu_hours", "num_steps", "rollout_share", "bubble_ratio",
@@ -32,10 +38,6 @@ SUMMARY_KEYS = (
 def _trace_for(key: str):  # noqa: ANN202 - cached per worker process
     """The point's trace: synthesised from the bundled DAPO-Math-17k prompts when any synthesis
     field is set, else the `trace` file, else the bundled default."""
-    from rlsim.paths import MATH17K_PROMPTS, bundled, default_trace
-    from rlsim.trace.format import load
-    from rlsim.trace.synth import SynthConfig, load_prompts, synthesize
-
     spec = json.loads(key)
     if not any(k in spec for k in SYNTH_FIELDS):
         return load(spec.get("trace") or default_trace())
@@ -50,8 +52,6 @@ def _trace_for(key: str):  # noqa: ANN202 - cached per worker process
 
 def run_point(point: dict[str, Any]) -> dict[str, Any]:
     """Simulate one point; the row is its fields, its id and the summary figures."""
-    from rlsim.sim.simulate import simulate
-
     cluster, rl, engine = point_configs(point)
     trace_key = {k: point[k] for k in TRACE_FIELDS if k in point}
     if any(k in trace_key for k in SYNTH_FIELDS):
@@ -107,8 +107,6 @@ def make_executor(kind: str, workers: int | None, address: str | None = None) ->
 
 
 def _read_rows(out: Path) -> list[dict[str, Any]]:
-    import pandas as pd
-
     if not out.exists():
         return []
     try:
@@ -123,9 +121,6 @@ def _read_rows(out: Path) -> list[dict[str, Any]]:
 def check_caps(grid: Grid) -> None:
     """Refuse, before any point runs, a point whose `max_response_len` exceeds its trace file's
     cap (synthesised traces are drawn up to the point's cap and need no check)."""
-    from rlsim.paths import default_trace
-    from rlsim.trace.format import load
-
     caps: dict[str, int] = {}
     for p in grid.points:
         if any(k in p for k in SYNTH_FIELDS):
@@ -142,8 +137,6 @@ def check_caps(grid: Grid) -> None:
 
 
 def _write_rows(out: Path, rows: list[dict[str, Any]], order: dict[str, int]) -> None:
-    import pandas as pd
-
     frame = pd.DataFrame(sorted(rows, key=lambda r: order.get(r["point_id"], len(order))))
     atomic_save(out, lambda tmp: frame.to_parquet(tmp, index=False))
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from rlsim.errors import RlsimError
+from rlsim.real.vllm_instance import VllmInstance, ray_instance_class
 
 
 class PromptSource:
@@ -103,8 +104,6 @@ class RayBackend:
 def start_backend(cfg, n: int, ray_address: str | None) -> tuple[LocalBackend | RayBackend, list[dict]]:  # noqa: ANN001
     """`n` warmed-up instances of `cfg` (a `VllmInstance` here when one, Ray actors otherwise) and
     each one's facts (KV blocks, limits, versions)."""
-    from rlsim.real.vllm_instance import VllmInstance, ray_instance_class
-
     if n == 1 and not ray_address:
         inst = VllmInstance(cfg)
         inst.warmup(inst.facts["vocab_size"])

@@ -6,6 +6,7 @@ and wake around the update where the engines support it, and the actor checkpoin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ import numpy as np
 
 from rlsim.errors import RlsimError
 from rlsim.real.engine import RealEngine
+from rlsim.real.trainer import Sample, Trainer
+from rlsim.step_costs import StepCost
 
 
 class Learning:
@@ -22,8 +25,6 @@ class Learning:
     def _start_trainer(self, engine: RealEngine, backend, version: int) -> None:  # noqa: ANN001
         """The trainer on the run's model; a resumed run loads the actor checkpoint of the
         driver's weight version and pushes it into the fresh engines."""
-        from rlsim.real.trainer import Trainer
-
         if not self.targets and not self.answers:
             raise RlsimError(
                 "--train grpo needs rewards: a task trace (rlsim trace task) or DAPO-Math-17k prompts with answers"
@@ -44,7 +45,6 @@ class Learning:
         base = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.out
         # named after the run directory: a resumed run reuses, and at its end removes, the folder of
         # the run that was killed
-        import hashlib
 
         return base / f"rlsim-weights-{hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:12]}"
 
@@ -57,9 +57,6 @@ class Learning:
     def _learn(self, engine: RealEngine, backend, reqs: list, version: int):  # noqa: ANN001, ANN202
         """One real update on the trained samples, the weights into every engine, the actor
         checkpoint; the measured phases (veRL's timing names) and the trainer's metrics."""
-        from rlsim.real.trainer import Sample
-        from rlsim.step_costs import StepCost
-
         samples = []
         for q in reqs:
             d = engine.samples.pop(q.request_id, None)

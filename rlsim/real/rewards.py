@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import re
 
+import pyarrow.parquet as pq
+
+from rlsim.paths import MATH17K_PROMPTS, bundled
+
 _ANSWER = re.compile(r"Answer\s*:\s*(.+)", re.IGNORECASE)
 _REMOVE = (r"\\text\{[^}]*\}", r"\\mathrm\{[^}]*\}", r"\\!", r"\\,", r"\$", r"\s+", r"\.$")
 
@@ -51,10 +55,6 @@ def score(text: str, ground_truth: str) -> float:
 def answers_for(texts: dict[int, str]) -> dict[int, str]:
     """Ground-truth answers of the trace's prompts, from the bundled DAPO-Math-17k prompt file,
     for prompts whose text matches it (other traces get no rewards)."""
-    import pyarrow.parquet as pq
-
-    from rlsim.paths import MATH17K_PROMPTS, bundled
-
     path = bundled(MATH17K_PROMPTS)
     if not path.exists() or "ground_truth" not in pq.read_schema(path).names:
         return {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import pickle
 import shutil
 import time
@@ -32,16 +33,20 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
+from policies.registry import make_policy, parse_policy, policy_class
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
+from rlsim.driver.driver import Driver
+from rlsim.driver.loop import run_loop
 from rlsim.errors import RlsimError
 from rlsim.files import atomic_write_bytes
 from rlsim.hostload import LoadMeter
 from rlsim.profile import load_profile
-from rlsim.real.backends import PromptSource
+from rlsim.real.backends import PromptSource, start_backend
 from rlsim.real.engine import ITERATION_COLUMNS, RealEngine
 from rlsim.real.learn import Learning
-from rlsim.real.rewards import answers_for
+from rlsim.real.rewards import answers_for, score
 from rlsim.real.run_calibration import RunCalibration
 from rlsim.real.run_config import (
     ENGINE_COLUMNS,
@@ -54,7 +59,12 @@ from rlsim.real.run_config import (
     run_profile_engine,
 )
 from rlsim.real.run_files import LOAD_COLUMNS, RunFiles, RunState, has_column
+from rlsim.real.trainer import check_weights, require_torch
+from rlsim.real.vllm_engine import check_model, is_cpu_build, require_vllm
+from rlsim.real.vllm_instance import InstanceConfig
 from rlsim.report import to_json
+from rlsim.trace.format import load
+from rlsim.trace.tasks import length_reward
 
 
 class RealRun(Learning, RunCalibration, RunFiles):
@@ -100,9 +110,6 @@ class RealRun(Learning, RunCalibration, RunFiles):
         profile: str,
         engine_cfg: EngineConfig | None = None,
     ) -> RealRun:
-        from policies.registry import parse_policy, policy_class
-        from rlsim.real.vllm_engine import check_model, require_vllm
-
         # Everything checkable is checked before the run directory is touched.
         parsed = parse_policy(policy)
         if getattr(policy_class(parsed.name), "divided_rollout", False):
@@ -120,8 +127,6 @@ class RealRun(Learning, RunCalibration, RunFiles):
                 raise RlsimError("--train grpo learns from the model's own responses: add --lengths free")
             if cluster.placement != "colocated":
                 raise RlsimError("--train grpo trains in the driver between rollouts: --placement colocated only")
-            from rlsim.real.trainer import check_weights, require_torch
-
             require_torch()
             check_weights(real.model)
         if (out / "config.json").exists():
@@ -160,12 +165,6 @@ class RealRun(Learning, RunCalibration, RunFiles):
         """Drive the engines to the end; `progress(step, now)` as the simulator's,
         `on_step_row(row)` with each finished step's row of steps.parquet (veRL's metric names),
         `say(line)` with what happens outside the steps (the `--calibrate` passes)."""
-        from policies.registry import make_policy, parse_policy
-        from rlsim.driver.driver import Driver
-        from rlsim.driver.loop import run_loop
-        from rlsim.real.vllm_engine import require_vllm
-        from rlsim.trace.format import load
-
         require_vllm()
         parsed = parse_policy(self.policy)
         cols = (["prompt_text"] if self.real.lengths == "free" else []) + ["reward", "reward_time_s", "step"]
@@ -180,8 +179,6 @@ class RealRun(Learning, RunCalibration, RunFiles):
         state = self._load_checkpoint()
         say = say or (lambda line: None)
         if self.real.train == "grpo" and self.cluster.placement == "colocated":
-            from rlsim.real.vllm_engine import is_cpu_build
-
             self.sleeps = not is_cpu_build()
             if not self.sleeps:
                 say(
@@ -261,19 +258,12 @@ class RealRun(Learning, RunCalibration, RunFiles):
     # ---- --train grpo (rlsim.real.trainer) -------------------------------------------------------
     def total_steps(self) -> int:
         """The steps this run will take: --steps, or every epoch of the trace's prompts."""
-        import math
-
-        import pyarrow.parquet as pq
-
         if self.rl.max_steps:
             return self.rl.max_steps
         prompts = pq.read_table(self.trace_path, columns=["prompt_id"]).column(0).to_numpy()
         return math.ceil(len(set(prompts.tolist())) / self.rl.prompts_per_step) * self.rl.epochs
 
     def _start_engines(self, histospec: bool):  # noqa: ANN202
-        from rlsim.real.backends import start_backend
-        from rlsim.real.vllm_instance import InstanceConfig
-
         cfg = InstanceConfig(
             model=self.real.model,
             tensor_parallel_size=self.real.rollout_tp,
@@ -299,12 +289,8 @@ class RealRun(Learning, RunCalibration, RunFiles):
             truth = self.answers.get(req.prompt_id)
             target = self.targets.get(req.prompt_id)
             if target is not None:
-                from rlsim.trace.tasks import length_reward
-
                 row["reward"] = length_reward(len(f["output_token_ids"]), target, self.rl.max_response_len)
             elif truth is not None:  # an empty response has no answer line: scored wrong
-                from rlsim.real.rewards import score
-
                 row["reward"] = score(f.get("text") or "", truth)
         self.engine_rows[req.request_id] = row
 

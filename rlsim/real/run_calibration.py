@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rlsim.calibration.fit import fit_iterations, repeat_noise
+from rlsim.calibration.grid import GRIDS, SAMPLING_TEMPERATURE, DecodeConfig, cell_lengths, check_grid
 from rlsim.errors import RlsimError
 from rlsim.files import atomic_write_bytes
 from rlsim.hostload import LoadMeter, speed_probe
@@ -47,8 +49,6 @@ PASSES = ("before", "during")
 
 def grid_cells(grid: str, seed: int, pass_idx: int) -> list[tuple[int, int]]:
     """The (batch size, prompt length) cells of one pass, in that pass's seeded order."""
-    from rlsim.calibration.grid import GRIDS
-
     batch_sizes, prompt_lens, _ = GRIDS[grid]
     cells = [(b, p) for p in prompt_lens for b in batch_sizes]
     order = np.random.default_rng([seed, pass_idx]).permutation(len(cells))
@@ -57,8 +57,6 @@ def grid_cells(grid: str, seed: int, pass_idx: int) -> list[tuple[int, int]]:
 
 def check_grid_fits(grid: str, facts: list[dict]) -> None:
     """The grid's largest cell must fit every engine (one sentence naming what does not)."""
-    from rlsim.calibration.grid import GRIDS, DecodeConfig, check_grid
-
     b, p, n = GRIDS[grid]
     cfg = DecodeConfig(model="", out=Path("."), batch_sizes=b, prompt_lens=p, output_len=n)
     for f in facts:
@@ -70,8 +68,6 @@ def check_grid_fits(grid: str, facts: list[dict]) -> None:
 
 def cell_requests(grid: str, b: int, p: int, vocab: int, rng: np.random.Generator, tag: str) -> list[dict]:
     """One cell's requests, lengths as `rlsim calibrate decode` gives them, sampled as the run samples."""
-    from rlsim.calibration.grid import GRIDS, SAMPLING_TEMPERATURE, cell_lengths
-
     plens, outs = cell_lengths(b, p, GRIDS[grid][2])
     return [
         {"request_id": f"calib-{tag}-{i}", "prompt_token_ids": rng.integers(2, vocab, plens[i]).tolist(),
@@ -114,8 +110,6 @@ def fit_profile(
     """`base` with the iteration model fitted to `rows` and the engines' own limits. With `both`
     (the rows of both passes), the noise between the passes' measurements of the same cells
     (`rlsim.calibration.fit.repeat_noise`) and their drift (`pass_drift`) go into the profile."""
-    from rlsim.calibration.fit import fit_iterations, repeat_noise
-
     fit = fit_iterations(rows)
     noise = fit.noise if both is None else repeat_noise(both)
     drift = None if both is None else pass_drift(both)

@@ -12,8 +12,9 @@ from typing import Any
 
 from rlsim.config import ClusterConfig, EngineConfig
 from rlsim.errors import RlsimError
-from rlsim.profile import Profile, TrainCost
+from rlsim.profile import Profile, TrainCost, profile_from_dict
 from rlsim.real.engine import LENGTH_MODES
+from rlsim.real.trainer import TrainerConfig
 
 TRAIN_MODES = ("modeled", "none", "grpo")
 ENGINE_COLUMNS = (
@@ -63,8 +64,6 @@ class RealConfig:
 
 
     def trainer_config(self):  # noqa: ANN201 - rlsim.real.trainer.TrainerConfig
-        from rlsim.real.trainer import TrainerConfig
-
         return TrainerConfig(
             lr=self.lr, old_log_prob=self.old_log_prob, ppo_mini_batch_size=self.ppo_mini_batch_size,
             ppo_max_token_len_per_gpu=self.ppo_max_token_len_per_gpu, device=self.device,
@@ -123,6 +122,4 @@ def run_profile_engine(profile: Profile, engine: EngineConfig) -> Profile:
 
 
 def profile_from(raw: dict) -> Profile:
-    from rlsim.profile import profile_from_dict
-
     return profile_from_dict(raw, "run config profile")

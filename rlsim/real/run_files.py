@@ -12,11 +12,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from rlsim.files import atomic_save, atomic_write_bytes, save_figure
 from rlsim.real.engine import ITERATION_COLUMNS, RealEngine
 from rlsim.real.run_config import ENGINE_COLUMNS
-from rlsim.trace.format import Trace
+from rlsim.report import write_run_dir
+from rlsim.result import Result, summarize
+from rlsim.trace.format import Trace, TraceMeta, save
 
 LOAD_COLUMNS = ("host/others_cpus", "host/load_1m")
 
@@ -74,8 +77,6 @@ class RunFiles:
 
     def _write_recorded_trace(self, requests: pd.DataFrame, trace: Trace) -> None:
         """Finished samples as an rlsim trace: visits whose first R0 samples all finished."""
-        from rlsim.trace.format import TraceMeta, save
-
         done = requests[requests["outcome"] == "finished"].drop_duplicates(
             ["epoch", "prompt_id", "sample_idx"], keep="last"
         )
@@ -103,9 +104,6 @@ class RunFiles:
         )
         save(Trace(table, meta), self.out / "recorded_trace.parquet")
     def _finish(self, records, engine: RealEngine, facts: list[dict], stats: list[dict]) -> dict[str, Any]:  # noqa: ANN001
-        from rlsim.report import write_run_dir
-        from rlsim.result import Result, summarize
-
         steps = self._with_load(records.steps_frame())
         requests = self._requests_frame(records)
         summary = summarize(steps, records.cols, self.n, self.cluster.num_gpus)
@@ -156,8 +154,6 @@ def plot_training(steps: pd.DataFrame, path: Path) -> None:
 
 
 def has_column(path: Path, name: str) -> bool:
-    import pyarrow.parquet as pq
-
     try:
         return name in pq.read_schema(path).names
     except Exception:  # noqa: BLE001 - load() names what is wrong with the file

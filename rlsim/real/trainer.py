@@ -30,6 +30,7 @@ engine's threads, which are idle while a colocated run trains (`Trainer.threads`
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from rlsim.real.grpo import (
     kl_penalty,
     logprobs_from_logits,
 )
+from rlsim.step_costs import micro_batches
 
 OLD_LOG_PROB_MODES = ("recompute", "rollout")
 
@@ -150,8 +152,6 @@ class Trainer:
     def micro_batches(self, samples: list[Sample]) -> list[list[int]]:
         """Sample indices packed in order into micro-batches of at most
         `ppo_max_token_len_per_gpu` prompt + response tokens (a longer sample alone)."""
-        from rlsim.step_costs import micro_batches
-
         lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
         return micro_batches(lengths, self.cfg.ppo_max_token_len_per_gpu)
 
@@ -311,8 +311,6 @@ class Trainer:
     def save_checkpoint(self, folder: Path, tokenizer_from: Path | None = None) -> None:
         """Model (safetensors and config, with the tokenizer files of `tokenizer_from`: a
         directory a fresh engine loads) and optimizer state, written beside and swapped in."""
-        import shutil
-
         import torch
 
         tmp = folder.with_name(folder.name + ".tmp")

@@ -31,15 +31,23 @@ and while the run ran (`rlsim.hostload`), with a warning when they differ enough
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from rlsim.errors import RlsimError
-from rlsim.real.validate_parts import decompose, load_part
+from rlsim.profile import load_profile, profile_from_dict
+from rlsim.real.run import RealRun
+from rlsim.real.run_calibration import read_run_profile
+from rlsim.real.run_config import read_run_config, run_profile
+from rlsim.real.validate_parts import ITERATION_NEEDS, decompose, load_part
+from rlsim.sim.simulate import simulate
+from rlsim.trace.format import Trace, load
 
 METRICS = (
     ("step_time_s", "step time (s, mean)"),
@@ -104,14 +112,6 @@ def validate(run_dir: Path, profile: str | None = None, engine_changes: dict[str
     """Simulate the run in `run_dir` and return real, simulated and Diff% per metric.
     `engine_changes` simulates it under other engine settings than the run's (a negative control:
     a wrong `max_num_batched_tokens` must break the replay's batch identity)."""
-    import dataclasses
-
-    from rlsim.profile import load_profile, profile_from_dict
-    from rlsim.real.run import RealRun
-    from rlsim.real.run_config import read_run_config, run_profile
-    from rlsim.sim.simulate import simulate
-    from rlsim.trace.format import load
-
     config = read_run_config(run_dir)
     cfg_path = run_dir / "config.json"
     real = config.get("RealConfig")
@@ -126,7 +126,6 @@ def validate(run_dir: Path, profile: str | None = None, engine_changes: dict[str
     if not (run_dir / "steps.parquet").exists():
         raise RlsimError(f"{run_dir} has no finished step yet (no steps.parquet)")
     steps, requests = _read(run_dir / "steps.parquet"), _read(run_dir / "requests.parquet")
-    from rlsim.real.run_calibration import read_run_profile
 
     between = None if profile else read_run_profile(run_dir)  # a --calibrate run's fit between its steps
     if profile:
@@ -229,8 +228,6 @@ def with_recorded_lengths(trace, recorded):  # noqa: ANN001, ANN201 - rlsim.trac
     """`trace` with the prompt and response lengths a free run generated (`recorded`, its
     recorded_trace.parquet) for every visit it finished; the rest keep the trace's. The prompts
     and epochs stay the trace's, so the simulation's dataloader hands them out in the run's order."""
-    from rlsim.trace.format import Trace
-
     key = ["epoch", "prompt_id", "sample_idx"]
     rec = recorded.table
     table = trace.table.copy()
@@ -255,8 +252,6 @@ def compare_rows(real_m: dict[str, float], sim_m: dict[str, float]) -> list[dict
 
 def _iterations(run_dir: Path) -> pd.DataFrame | None:
     """The run's iterations with vLLM's batches, or None for a run recorded without them."""
-    from rlsim.real.validate_parts import ITERATION_NEEDS
-
     path = run_dir / "iterations.parquet"
     if not path.exists():
         return None
@@ -267,8 +262,6 @@ def _iterations(run_dir: Path) -> pd.DataFrame | None:
 
 
 def _names(path: Path) -> list[str]:
-    import pyarrow.parquet as pq
-
     return pq.read_schema(path).names
 
 

@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import kendalltau
 
+from rlsim.calibration.fit import BUCKETS, _bucket, features
 from rlsim.profile import Profile
 
 # The columns of a run's iterations.parquet the decomposition reads.
@@ -35,8 +37,6 @@ PROBE_WARN = 0.05
 
 def predicted_s(prof: Profile, its: pd.DataFrame) -> np.ndarray:
     """The profile's time for each recorded iteration, counted as the simulator counts it."""
-    from rlsim.calibration.fit import features
-
     x = features(its)
     coef = np.array([prof.t_w_s, prof.alpha_s, prof.beta_s, prof.gamma_s, prof.prefill_s_per_token])
     decode = its["num_generation_tokens"].to_numpy(float)
@@ -48,8 +48,6 @@ def iteration_model_part(
 ) -> dict[str, Any]:
     """MAPE and signed error of the profile on the run's own iterations, by batch size, and the
     rollout and step time the summed error amounts to (per instance and step)."""
-    from rlsim.calibration.fit import BUCKETS, _bucket
-
     pred, real = predicted_s(prof, its), its["wall_s"].to_numpy(float)
     ok = real > 0
     pred, real = pred[ok], real[ok]
@@ -80,8 +78,6 @@ def finish_order(real: pd.DataFrame, sim: pd.DataFrame, real_steps: pd.DataFrame
     tau of the finish order within each step (request-count weighted), the share of steps whose
     order is the same up to ties, and the median absolute difference of the finish times, each
     measured from its side's start of the step that launched the request."""
-    from scipy.stats import kendalltau
-
     def finishes(req: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
         start = dict(zip(st["step"].astype(int), st["time/start"].astype(float), strict=True))
         done = req.loc[(req["outcome"] == "finished") & req["step"].isin(start), ["request_id", "step", "finish_time"]]

@@ -21,7 +21,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rlsim.config import ClusterConfig, RLConfig
 from rlsim.errors import RlsimError
+from rlsim.profile import load_profile
+from rlsim.real.validate import diff_pct
+from rlsim.sim.simulate import simulate
+from rlsim.trace.importers import import_logs
 
 # veRL metric -> (label, the simulator's steps-table column)
 METRICS = (
@@ -99,12 +104,6 @@ def validate_verl(
     max_response_len: int | None = None,
 ) -> dict[str, Any]:
     """Simulate the logged steps on `profile` x `gpus` and compare with veRL's own timings."""
-    from rlsim.config import ClusterConfig, RLConfig
-    from rlsim.profile import load_profile
-    from rlsim.real.validate import diff_pct
-    from rlsim.sim.simulate import simulate
-    from rlsim.trace.importers import import_logs
-
     real = read_verl_metrics(metrics)
     trace = import_logs(Path(log), fmt, max_response_len, None, tokenizer).trace
     logged = [int(s) for s in trace.meta.source_params.get("steps", [])]

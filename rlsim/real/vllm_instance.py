@@ -10,6 +10,7 @@ its drafter (`rlsim.real.histospec_proposer`) reads while the engine runs.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlsim.config import EngineConfig
+from rlsim.real.vllm_engine import PROBE_REPEATS, _Sink, create_engine, probe_requests, require_vllm, warmup_requests
 
 # vLLM's SchedulerIterationDetails fields a step reports (rlsim.real.engine records them)
 DETAILS = ("num_ctx_requests", "num_ctx_tokens", "num_generation_requests", "num_generation_tokens")
@@ -42,8 +44,6 @@ class VllmInstance:
     """A vLLM engine behind four calls: `add`, `abort`, `step`, `publish_history`."""
 
     def __init__(self, cfg: InstanceConfig, index: int = 0) -> None:
-        from rlsim.real.vllm_engine import _Sink, create_engine
-
         self.index = index
         self.history_path = None
         spec = None
@@ -89,8 +89,6 @@ class VllmInstance:
         """Run every decode batch size from `widest` down to 1 once, as calibration does, so no
         iteration of the run pays for the first use of its batch shape
         (`rlsim.real.vllm_engine.warmup_requests`; on GPUs vLLM captures CUDA graphs at start-up)."""
-        from rlsim.real.vllm_engine import warmup_requests
-
         self.add(warmup_requests(vocab, min(widest, int(self.facts["max_num_seqs"]))))
         while self.engine.has_unfinished_requests():
             self.step()
@@ -99,8 +97,6 @@ class VllmInstance:
     def probe(self, vocab: int) -> float:
         """Milliseconds this engine takes for the probe batch (`rlsim.real.vllm_engine.probe_requests`,
         the batch calibration times), median of its repeats."""
-        from rlsim.real.vllm_engine import PROBE_REPEATS, probe_requests
-
         if self.engine.has_unfinished_requests():  # the probe would take the run's outputs
             return float("nan")
         times = [sum(r["step_s"] for r in self.measure(probe_requests(vocab, f"run{k}"))) for k in range(PROBE_REPEATS)]
@@ -114,8 +110,6 @@ class VllmInstance:
         iteration: `step_s` timed back to back as calibration times `LLMEngine.step()` (output
         handling included), `new_tokens` and the batch (`DETAILS`, `context_tokens`). Neither the
         requests nor their iterations count as the run's."""
-        import gc
-
         if self.engine.has_unfinished_requests():
             raise RuntimeError("measure() needs an idle engine: the run's requests are in flight")
         counted = self.iterations
@@ -276,8 +270,6 @@ def ray_instance_class(num_gpus: float, num_cpus: float):  # noqa: ANN201
 
     class RayInstance(VllmInstance):
         def __init__(self, cfg: InstanceConfig, index: int = 0) -> None:
-            from rlsim.real.vllm_engine import require_vllm
-
             require_vllm()
             super().__init__(cfg, index)
 

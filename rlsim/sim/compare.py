@@ -11,11 +11,15 @@ spread, and a policy whose rank changes between seeds as a tie rather than a win
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any
 
+import numpy as np
+
+from policies.registry import parse_policy
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace
@@ -40,8 +44,6 @@ def compare(
     engine_cfg: EngineConfig | None = None,
 ) -> list[dict[str, Any]]:
     """One summary row per policy, in the order given. `workers=1` runs in this process."""
-    from policies.registry import parse_policy
-
     engine_cfg = engine_cfg or EngineConfig()
 
     for name in names:
@@ -83,8 +85,6 @@ def compare_seeds(
     engine_cfg: EngineConfig | None = None,
 ) -> list[dict[str, Any]]:
     """`compare` over `seeds` data orders (seeds rl.seed, rl.seed + 1, ...), aggregated by `aggregate`."""
-    import dataclasses
-
     runs = [
         compare(trace, names, cluster, dataclasses.replace(rl, seed=rl.seed + k), workers, on_done=on_done,
                 engine_cfg=engine_cfg)  # fmt: skip
@@ -98,8 +98,6 @@ def aggregate(runs: Sequence[Sequence[dict[str, Any]]], seeds: Sequence[int]) ->
     the times and speedup replaced by their mean, their (min, max) beside them, the policy's rank
     by total time under each seed, and `tie` when that rank changes between seeds (the order
     between it and another policy is noise, not a result)."""
-    import numpy as np
-
     out = []
     ranks = []
     for run in runs:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -225,8 +226,6 @@ def run_vllm(cfg: ParityConfig, max_iters: int = 1_000_000) -> Log:
     batch is scheduled while up to `depth - 1` earlier ones are still executing (depth 2 under
     async scheduling, 1 without), and the oldest batch's output is then applied. A schedule with
     no tokens runs nothing and is not an iteration."""
-    from collections import deque
-
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash

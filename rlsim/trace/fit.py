@@ -28,12 +28,12 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
-from scipy import special
+from scipy import special, stats
 
 from rlsim.errors import RlsimError
 from rlsim.trace.fit_check import check_fit, check_rows, synth_like
 from rlsim.trace.format import Trace
-from rlsim.trace.presets import Preset, fit_prompt_share
+from rlsim.trace.presets import Preset, fit_prompt_share, fit_reward_model
 
 FIT_LEVELS = (
     0.001,
@@ -53,8 +53,6 @@ MIN_RECURRING = 10  # prompts seen on consecutive visits needed to fit rho
 
 
 def _normal_scores(x: np.ndarray) -> np.ndarray:
-    from scipy import stats
-
     ranks = stats.rankdata(x.ravel())
     return special.ndtri((ranks - 0.5) / ranks.size).reshape(x.shape)
 
@@ -279,8 +277,6 @@ def _fit_rho(latent_hat: np.ndarray, epochs: np.ndarray, prompt_ids: np.ndarray,
 
 def _with_rewards(rows: pd.DataFrame, preset: Preset, lengths: np.ndarray, notes: list[str]) -> Preset:
     """Fit the reward model to which groups have mixed rewards, by quartile of mean log length."""
-    from rlsim.trace.presets import fit_reward_model
-
     rewards = rows["reward"].to_numpy(float).reshape(lengths.shape)
     kept = ~(rewards == rewards[:, :1]).all(axis=1)
     mean_log = np.log(lengths.astype(float)).mean(axis=1)

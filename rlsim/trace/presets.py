@@ -41,7 +41,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
-from scipy import special, stats
+from scipy import optimize, special, stats
 
 from rlsim.errors import RlsimError
 from rlsim.files import atomic_write_text
@@ -159,8 +159,6 @@ def fit_reward_model(
 ) -> tuple[float, float, float]:
     """(mu, tau, kappa) whose kept-group share (rewards not all equal, `n` samples) by quartile of
     the prompt's mean log length matches `kept_by_quartile`, with the preset's length model."""
-    from scipy import optimize
-
     rng = np.random.default_rng(seed)
     a, u = rng.standard_normal(draws), rng.standard_normal(draws)
     mean_log = preset.log_lengths(a, rng.standard_normal((draws, n))).mean(axis=1)

@@ -17,6 +17,7 @@ from scipy import stats as sstats
 
 from rlsim.files import save_figure
 from rlsim.trace.format import Trace
+from rlsim.trace.presets import fit_prompt_share
 
 METRICS = (
     "num_prompts",
@@ -117,8 +118,6 @@ def _length_stats(df: pd.DataFrame, max_len: int, epoch: int | None, prev_means:
 
 def _prompt_share(df: pd.DataFrame) -> float | None:
     """`fit_prompt_share` over the groups, on the samples every group has (None if undefined)."""
-    from rlsim.trace.presets import fit_prompt_share
-
     n = int(df.groupby(["epoch", "prompt_id"], sort=False).size().min())
     kept = df[df["sample_idx"] < n].sort_values(["epoch", "prompt_id", "sample_idx"])
     if n < 2 or len(kept) // n < 3 or len(kept) % n:
