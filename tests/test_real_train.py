@@ -154,7 +154,9 @@ def test_killed_training_run_resumes_from_its_actor_checkpoint(calibrated: dict,
     done = _steps(out)
     assert 2 <= done < 6, "the run must be killed mid-run"
     versions = sorted(int(p.name[1:]) for p in (out / "actor").glob("v*") if p.name[1:].isdigit())
-    assert done in versions and all(v >= done for v in versions)  # the recorded steps' weights survive
+    # the recorded steps' weights survive; the previous version is pruned only after the driver's
+    # checkpoint is written, so a kill between the step's table and that prune may leave it
+    assert done in versions and all(v >= done - 1 for v in versions)
     run_python("-m", "rlsim.cli", "run", "--real", "--resume", "--out", str(out))
     st = pd.read_parquet(out / "steps.parquet")
     assert list(st["step"]) == list(range(6)) and st["critic/score/mean"].notna().all()
