@@ -16,6 +16,7 @@ rejects a malformed one with one sentence.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -116,6 +117,10 @@ class Profile:
     # The linear layers' weight-read time at zero tokens, where the compute knee is measured from
     # (rlsim.iteration_model); None in profiles that do not separate it (the knee then uses t_w_s).
     linear_t0_s: float | None = None
+    # (decode tokens, seconds) knots of what the line `t_w_s + gamma_s x N` misses where the
+    # decode cost is not linear in the tokens (a mixture-of-experts model reads more experts as its
+    # batch grows: `rlsim.derive.derive`); interpolated, held past the last knot; empty: linear
+    decode_residual_s: tuple[tuple[float, float], ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -178,7 +183,19 @@ class Profile:
         Profiles that state `linear_t0_s` measure the knee from the linear layers' own intercept
         (`rlsim.iteration_model`), not from the whole fixed time."""
         t0 = self.t_w_s if self.linear_t0_s is None else self.linear_t0_s
-        return max(0.0, (self.prefill_s_per_token - self.gamma_s) * tokens - t0)
+        excess = max(0.0, (self.prefill_s_per_token - self.gamma_s) * tokens - t0)
+        return excess + self.decode_residual(tokens) if self.decode_residual_s else excess
+
+    def decode_residual(self, tokens: float) -> float:
+        """`decode_residual_s` interpolated at `tokens` (held past the last knot)."""
+        knots = self.decode_residual_s
+        if tokens <= 0:
+            return 0.0
+        i = bisect.bisect_left(knots, (tokens, -math.inf))
+        if i >= len(knots):
+            return knots[-1][1]
+        (x1, y1), (x0, y0) = knots[i], knots[i - 1] if i else (0.0, 0.0)
+        return y1 if x1 == x0 else y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
     def decode_throughput(self, batch: int, context_per_seq: int) -> float:
         """Output tokens per second of a steady decode batch (the README's sanity line)."""
@@ -210,7 +227,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     """Build a `Profile` from parsed JSON, naming the first missing or bad field."""
     optional = (
         "spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization", "block_size",
-        "linear_t0_s", "async_scheduling", "schema_version",
+        "linear_t0_s", "async_scheduling", "schema_version", "decode_residual_s",
     )  # fmt: skip
     version = raw.get("schema_version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -271,6 +288,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         gpu_facts=raw.get("gpu_facts", {}),
         engine=_engine(raw, limits, where),
         linear_t0_s=_optional_seconds(raw.get("linear_t0_s"), f"{where}: field 'linear_t0_s'"),
+        decode_residual_s=_knots(raw.get("decode_residual_s", []), f"{where}: field 'decode_residual_s'"),
         **kwargs,
     )
 
@@ -290,6 +308,20 @@ def _engine(raw: dict[str, Any], limits: dict[str, int], where: str) -> EngineCo
         async_scheduling=async_scheduling,
         **limits,
     )
+
+
+def _knots(value: Any, what: str) -> tuple[tuple[float, float], ...]:
+    """Ascending (tokens > 0, finite seconds) pairs."""
+    try:
+        knots = tuple((float(x), float(y)) for x, y in value)
+    except (TypeError, ValueError):
+        raise RlsimError(f"{what} must be a list of [tokens, seconds] pairs") from None
+    xs = [x for x, _ in knots]
+    if any(x <= 0 or not math.isfinite(x) for x in xs) or xs != sorted(set(xs)):
+        raise RlsimError(f"{what}: the tokens must be positive and ascending")
+    if not all(math.isfinite(y) for _, y in knots):
+        raise RlsimError(f"{what}: the seconds must be finite")
+    return knots
 
 
 def _optional_bool(value: Any, what: str) -> bool | None:

@@ -26,6 +26,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlsim import model_facts
 from rlsim.errors import RlsimError
 
 if TYPE_CHECKING:  # the profile's loader runs the check below
@@ -36,22 +37,23 @@ BATCHES = (32, 64, 128, 256)
 CONTEXTS = (1024, 4096, 8192, 16384)
 
 
-def kv_bytes_per_token(facts: dict) -> float:
-    """K and V of one token over all layers (the whole model, before tensor parallelism)."""
-    return 2.0 * facts["num_layers"] * facts["num_kv_heads"] * facts["head_dim"] * facts["dtype_bytes"]
 
 
 def has_roofline(profile: Profile) -> bool:
     """Whether the profile states what the bound needs (GPU profiles do; CPU ones need not)."""
-    need = ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes")
-    return all(k in profile.model_facts for k in need) and "hbm_bytes_per_s" in profile.gpu_facts
+    facts = profile.model_facts
+    kv = "kv_bytes_per_token" in facts or all(k in facts for k in ("num_kv_heads", "head_dim"))
+    need = ("num_params", "num_layers", "dtype_bytes")
+    return kv and all(k in facts for k in need) and "hbm_bytes_per_s" in profile.gpu_facts
 
 
 def roofline_s(profile: Profile, batch: int, context: int) -> float:
-    """Lower bound on one decode iteration of `batch` sequences of `context` tokens each."""
+    """Lower bound on one decode iteration of `batch` sequences of `context` tokens each: one
+    rank reads its share of the weights the batch uses (of an MoE model's routed experts, those its
+    tokens hit) and of the batch's KV."""
     facts, tp = profile.model_facts, profile.tensor_parallel_size
-    weights = facts["num_params"] * facts["dtype_bytes"] / tp
-    kv = batch * context * kv_bytes_per_token(facts) / tp
+    weights = model_facts.weights_read_params(facts, batch) * facts["dtype_bytes"] / tp
+    kv = batch * context * model_facts.kv_bytes_per_token(facts) / model_facts.kv_shards(facts, tp)
     return (weights + kv) / profile.gpu_facts["hbm_bytes_per_s"]
 
 
@@ -70,7 +72,7 @@ class Cell:
 
 def cell(profile: Profile, batch: int, context: int) -> Cell:
     """The profile's steady decode iteration at (batch, context) against the roofline."""
-    t = profile.iteration_s(batch, batch * context, batch)
+    t = profile.iteration_s(batch, batch * context, batch) + profile.compute_excess_s(batch)
     bound = roofline_s(profile, batch, context)
     fits = batch * context <= profile.kv_capacity_tokens and batch <= profile.engine.max_num_seqs
     return Cell(batch, context, t, batch / t, bound, bound / t if t > 0 else math.inf, fits)

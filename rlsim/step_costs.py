@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlsim import model_facts
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
@@ -64,8 +65,7 @@ def weight_bytes(profile: Profile) -> float:
 
 
 def kv_bytes_per_token(profile: Profile) -> float:
-    mf = profile.model_facts
-    return 2.0 * mf["num_layers"] * mf["num_kv_heads"] * mf["head_dim"] * mf["dtype_bytes"]
+    return model_facts.kv_bytes_per_token(profile.model_facts)
 
 
 def kv_capacity(profile: Profile, gpu_memory_utilization: float) -> int:
@@ -78,7 +78,8 @@ def kv_capacity(profile: Profile, gpu_memory_utilization: float) -> int:
             f"profile {profile.name}: the weights ({weight_bytes(profile) / tp / 1e9:.1f} GB per GPU at TP{tp}) do "
             f"not fit in gpu_memory_utilization={gpu_memory_utilization} of {memory / 1e9:.0f} GB"
         )
-    return int(free * tp / kv_bytes_per_token(profile))
+    shards = model_facts.kv_shards(profile.model_facts, tp)  # MLA: every rank holds the whole latent
+    return int(free * shards / kv_bytes_per_token(profile))
 
 
 def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
@@ -103,7 +104,7 @@ def forward_flops(profile: Profile, seq_lens: np.ndarray) -> float:
     """FLOPs of one forward pass over sequences of these lengths (weights + causal attention)."""
     mf = profile.model_facts
     t = np.asarray(seq_lens, dtype=float)
-    return float((2.0 * mf["num_params"] * t + 2.0 * mf["num_layers"] * mf["hidden_size"] * t * t).sum())
+    return float((2.0 * model_facts.active_params(mf) * t + 2.0 * mf["num_layers"] * mf["hidden_size"] * t * t).sum())
 
 
 def weight_sync_s(profile: Profile) -> float:

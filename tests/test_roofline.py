@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from rlsim.cli.app import app
 from rlsim.errors import RlsimError
+from rlsim.model_facts import kv_bytes_per_token
 from rlsim.profile import PROFILE_DIR, load_profile, shipped_profiles
-from rlsim.roofline import cell, grid, has_roofline, kv_bytes_per_token, roofline_s
+from rlsim.roofline import cell, grid, has_roofline, roofline_s
 
 
 def test_roofline_matches_hand_worked_numbers_for_qwen25_14b_tp2() -> None:

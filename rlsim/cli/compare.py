@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
 from rlsim.cli.options import check_len, configs, from_trace, load_trace, split_policies
@@ -29,6 +30,11 @@ def register_compare(app: typer.Typer) -> None:
         trace: Path | None = options.TRACE,
         gpus: int = options.GPUS,
         profile: str = options.PROFILE,
+        model: str | None = derive_opts.MODEL,
+        gpu: str | None = derive_opts.GPU,
+        tp: int = derive_opts.TP,
+        ep: int = derive_opts.EP,
+        dtype: str = derive_opts.DTYPE,
         placement: str = options.PLACEMENT,
         train_gpus: int = options.TRAIN_GPUS,
         dispatch: str = options.DISPATCH,
@@ -60,6 +66,7 @@ def register_compare(app: typer.Typer) -> None:
             check_output_file(plot, "--plot")  # before minutes of simulation, not after
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype)
         cluster, rl = configs(from_trace(locals(), tr))
         check_len(tr, rl.max_response_len)
         prog = Progress(

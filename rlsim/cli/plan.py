@@ -10,6 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rlsim.cli import derive as derive_opts
 from rlsim.cli.engine_options import engine_options
 from rlsim.cli.options import PROFILE
 from rlsim.cli.ui import console as make_console
@@ -84,12 +85,18 @@ def register(app: typer.Typer) -> None:
         gpu_budget: int | None = typer.Option(None, help="Objective: the fastest epoch on at most this many GPUs."),
         trace: Path | None = typer.Option(None, help="Parquet trace (default: the bundled math17k)."),
         profile: str = PROFILE,
+        model: str | None = derive_opts.MODEL,
+        gpu: str | None = derive_opts.GPU,
+        dtype: str = derive_opts.DTYPE,
         gpus: str = typer.Option("8..256", help="GPU counts: a range (powers of two, 8..256) or a list (16,32,64)."),
         placement: str = typer.Option("colocated", help="Placements to try: colocated, disaggregated, or both."),
         train_share: str = typer.Option(
             "0.25,0.5", help="Disaggregated: fractions of the GPUs for training (rollout rounded to whole instances)."
         ),
-        tp: str = typer.Option("", help="Rollout TP sizes to try, e.g. 2,4,8 (default: the profile's own)."),
+        tp: str = typer.Option(
+            "", help="Rollout TP sizes to try, e.g. 2,4,8 (default: the profile's own; with --model, 1,2,4,8 where "
+            "the weights fit)."
+        ),
         max_num_seqs: str = typer.Option("", help="vLLM max_num_seqs values to try, e.g. 256,1024."),
         gpu_memory_utilization: str = typer.Option("", help="vLLM gpu_memory_utilization values to try, e.g. 0.5,0.8."),
         max_response_len: str = typer.Option("20480", help="Response caps to try, e.g. 16384,20480."),
@@ -128,12 +135,15 @@ def register(app: typer.Typer) -> None:
         if cache_path is not None and (cache_path.is_dir() or cache_path.parent.exists()):
             check_output_file(cache_path, "--cache")  # a missing cache directory is created
         cfg = PlanConfig(target_epoch_hours, gpu_budget, steps, min_steps, eta, seeds)
+        tps = parse_list(tp, int, "--tp")
+        if model is not None or gpu is not None:  # the family of derived profiles, one per TP
+            profile, tps = derive_opts.derive_family(model, gpu, tps, dtype)
         # HistoSpec variants are left out by default: a plan estimates an epoch from its first
         # steps, where no prompt has a previous visit to draft from yet.
         names = split_policies(policies) or [p for p in REGISTRY if p != "oracle"]
         space = SearchSpace(
             policies=tuple(names), gpus=parse_gpus(gpus), placements=parse_list(placement, str, "--placement"),
-            train_shares=parse_list(train_share, float, "--train-share"), tps=parse_list(tp, int, "--tp"),
+            train_shares=parse_list(train_share, float, "--train-share"), tps=tps,
             max_num_seqs=parse_list(max_num_seqs, int, "--max-num-seqs") or (None,),
             gpu_memory_utilization=parse_list(gpu_memory_utilization, float, "--gpu-memory-utilization") or (None,),
             max_response_len=parse_list(max_response_len, int, "--max-response-len"),

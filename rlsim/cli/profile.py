@@ -8,14 +8,20 @@ from dataclasses import asdict
 import typer
 from rich.table import Table
 
+from rlsim.cli.derive import register_derive, tables
 from rlsim.cli.ui import console as make_console
 
-profile_app = typer.Typer(help="List profiles and show one against the memory roofline.", no_args_is_help=True)
+profile_app = typer.Typer(
+    help="List profiles, show one against the memory roofline, derive one for any model on any GPU.",
+    no_args_is_help=True,
+)
+register_derive(profile_app)
 
 
 @profile_app.command("list")
 def list_() -> None:
-    """Shipped profiles: hardware, model, tensor parallelism, KV capacity."""
+    """Shipped profiles (hardware, model, tensor parallelism, KV capacity), and the models and GPUs
+    `rlsim profile derive` knows."""
     from rlsim.profile import load_profile, shipped_profiles
 
     table = Table(title="Shipped profiles (calibrate/profiles/)", title_justify="left")
@@ -24,7 +30,10 @@ def list_() -> None:
     for name in shipped_profiles():
         p = load_profile(name)
         table.add_row(name, p.hardware, p.model, str(p.tensor_parallel_size), f"{p.kv_capacity_tokens:,}")
-    make_console().print(table)
+    con = make_console()
+    con.print(table)
+    for t in tables():
+        con.print(t)
 
 
 @profile_app.command()

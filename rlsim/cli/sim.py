@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
 from rlsim.cli.options import check_len, configs, expected_steps, from_trace, load_trace, step_progress
@@ -55,6 +56,11 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("runs/sim"), "--out", "-o", help="Run directory to write."),
         gpus: int = options.GPUS,
         profile: str = options.PROFILE,
+        model: str | None = derive_opts.MODEL,
+        gpu: str | None = derive_opts.GPU,
+        tp: int = derive_opts.TP,
+        ep: int = derive_opts.EP,
+        dtype: str = derive_opts.DTYPE,
         placement: str = options.PLACEMENT,
         train_gpus: int = options.TRAIN_GPUS,
         dispatch: str = options.DISPATCH,
@@ -79,6 +85,7 @@ def register(app: typer.Typer) -> None:
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         tr = load_trace(trace, [policy])
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype)
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)

@@ -27,6 +27,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -155,9 +156,18 @@ def parse_gpus(text: str) -> tuple[int, ...]:
 
 def tp_family(profile: str) -> dict[int, str]:
     """TP -> profile name: the shipped profiles of `profile`'s model on its GPU at every TP
-    (its own TP alone for a profile outside the shipped families)."""
+    (its own TP alone for a profile outside the shipped families). A profile file's family is
+    the files beside it named as it is but for the TP (`rlsim profile derive` names them
+    `GPU-MODEL-tpN[-epN][-fp8]`; `rlsim plan --model` derives the family there)."""
     base = load_profile(profile)
     family = {base.tensor_parallel_size: profile}
+    tag = f"-tp{base.tensor_parallel_size}"
+    if str(profile).endswith(".json") and tag in base.name:
+        head, _, tail = base.name.partition(tag)
+        for path in sorted(Path(profile).parent.glob(f"{head}-tp*.json")):
+            p = load_profile(path)
+            if p.name == f"{head}-tp{p.tensor_parallel_size}{tail}":
+                family.setdefault(p.tensor_parallel_size, str(path))
     if not str(profile).endswith(".json") and (PROFILE_DIR / f"{profile}.json").exists():
         gpu = base.hardware.split("x ", 1)[-1]
         for name in shipped_profiles():

@@ -1,0 +1,130 @@
+"""`rlsim profile derive` and `--model/--gpu/--tp` on the simulating commands: a profile from a
+model's config and a GPU's datasheet (`rlsim.derive`), written where every `--profile` reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from rlsim.cli.ui import console as make_console
+from rlsim.config import EngineConfig
+from rlsim.errors import RlsimError
+
+MODEL = typer.Option(
+    None, help="Derive the profile: a model name (rlsim profile list), a config.json or its directory."
+)
+GPU = typer.Option(None, help="With --model: a GPU name (rlsim profile list) or a JSON file of its datasheet facts.")
+TP = typer.Option(1, "--tp", help="With --model: tensor-parallel size of each rollout instance.")
+EP = typer.Option(1, "--ep", help="With --model: expert-parallel size (1, or --tp for vLLM's enable_expert_parallel).")
+DTYPE = typer.Option("bf16", "--dtype", help="With --model: weights and KV cache in bf16 or fp8.")
+
+
+def derived_profile_path(model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16") -> str:
+    """Derive the profile and write it under ~/.cache/rlsim/profiles (or $RLSIM_CACHE_DIR); its path."""
+    from rlsim.derive.derive import derive_profile, setup
+    from rlsim.files import atomic_write_text
+
+    raw = derive_profile(setup(model, gpu, tp, ep, dtype))
+    root = Path(os.environ.get("RLSIM_CACHE_DIR") or Path.home() / ".cache" / "rlsim") / "profiles"
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{raw['name']}.json"
+    atomic_write_text(path, json.dumps(raw, indent=2) + "\n")
+    return str(path)
+
+
+def profile_or_derived(profile: str, model: str | None, gpu: str | None, tp: int, ep: int, dtype: str) -> str:
+    """`--profile`, or the profile `--model/--gpu/--tp` derive (the two are exclusive)."""
+    if model is None and gpu is None:
+        return profile
+    if model is None or gpu is None:
+        raise RlsimError("--model and --gpu go together (with --tp): they derive the profile")
+    return derived_profile_path(model, gpu, tp, ep, dtype)
+
+
+def derive_family(model: str | None, gpu: str | None, tps: tuple[int, ...], dtype: str) -> tuple[str, tuple[int, ...]]:
+    """`rlsim plan --model M --gpu G`: the derived profile at every TP asked (default: 1, 2, 4 and
+    8 where the model derives: heads divided, weights fitting, within the scale-up domain), side by
+    side so that the planner finds them as one family; the smallest TP's path, and the TPs."""
+    if model is None or gpu is None:
+        raise RlsimError("--model and --gpu go together: they derive the profiles the plan searches")
+    paths: dict[int, str] = {}
+    for t in tps or (1, 2, 4, 8):
+        try:
+            paths[t] = derived_profile_path(model, gpu, t, 1, dtype)
+        except RlsimError:
+            if tps:
+                raise
+    if not paths:
+        raise RlsimError(f"{model} derives on {gpu} at none of TP 1, 2, 4, 8 (see rlsim profile derive)")
+    return paths[min(paths)], tuple(sorted(paths))
+
+
+def register_derive(profile_app: typer.Typer) -> None:
+    """Add `rlsim profile derive` to the profile group."""
+
+    @profile_app.command()
+    def derive(
+        model: str = typer.Option(..., help="A model name (rlsim profile list), a config.json or its directory."),
+        gpu: str = typer.Option(..., help="A GPU name (rlsim profile list) or a JSON file of its datasheet facts."),
+        tp: int = typer.Option(1, "--tp", help="Tensor-parallel size of one rollout instance."),
+        ep: int = EP,
+        dtype: str = DTYPE,
+        kv_cache_dtype: str | None = typer.Option(None, help="KV cache dtype, bf16 or fp8 (default: --dtype)."),
+        gpu_memory_utilization: float | None = typer.Option(
+            None, help="vLLM gpu_memory_utilization the KV capacity is derived at (default: veRL's 0.5)."
+        ),
+        max_num_seqs: int | None = typer.Option(None, help="vLLM max_num_seqs (default: veRL's 1024)."),
+        out: Path | None = typer.Option(None, "--out", "-o", help="Write the profile JSON here (default: print it)."),
+    ) -> None:
+        """A profile from a model's config and a GPU's datasheet: dense or MoE, GQA or MLA, bf16 or fp8."""
+        from rlsim.derive.derive import derive_profile, setup
+        from rlsim.files import atomic_write_text
+        from rlsim.paths import check_output_file
+        from rlsim.profile import profile_from_dict
+        from rlsim.roofline import check_roofline
+
+        if out is not None:
+            check_output_file(out, "--out")
+        engine = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)
+        raw = derive_profile(setup(model, gpu, tp, ep, dtype, kv_cache_dtype), engine)
+        prof = profile_from_dict(raw, raw["name"])
+        check_roofline(prof, raw["name"])
+        text = json.dumps(raw, indent=2) + "\n"
+        if out is None:
+            typer.echo(text, nl=False)
+            return
+        atomic_write_text(out, text)
+        con = make_console()
+        con.print(
+            f"{out}: {raw['name']}, t_w {prof.t_w_s * 1e3:.2f} ms, KV capacity {prof.kv_capacity_tokens:,} tokens, "
+            f"{prof.decode_throughput(64, 4096):,.0f} tok/s at batch 64 x 4K context"
+        )
+
+
+def tables() -> list[Table]:
+    """The shipped model and GPU tables (`rlsim profile list`)."""
+    from rlsim.derive.gpus import load_gpu, shipped_gpus
+    from rlsim.derive.models import load_model, shipped_models
+
+    models = Table(title="Models rlsim profile derive knows (rlsim/derive/models.json)", title_justify="left")
+    for col in ("name", "config of", "params", "active", "attention", "KV bytes/token (bf16)"):
+        models.add_column(col, justify="right" if col in ("params", "active", "KV bytes/token (bf16)") else "left")
+    for name in shipped_models():
+        m = load_model(name)
+        kind = ("MLA" if m.is_mla else "GQA") + (f", MoE {m.experts_per_token}/{m.num_experts}" if m.is_moe else "")
+        models.add_row(name, m.source, f"{m.num_params / 1e9:.1f}B", f"{m.num_active_params / 1e9:.1f}B", kind,
+                       f"{m.kv_values_per_token() * 2:,}")  # fmt: skip
+    gpus = Table(title="GPUs (rlsim/derive/gpus.json, each with its datasheet)", title_justify="left")
+    for col in ("name", "GPU", "memory", "HBM", "bf16 dense", "fp8 dense", "scale-up", "domain"):
+        gpus.add_column(col, justify="left" if col in ("name", "GPU") else "right")
+    for key in shipped_gpus():
+        g = load_gpu(key)
+        fp8 = f"{g.fp8_flops_per_s / 1e12:,.0f} TF" if g.fp8_flops_per_s else "-"
+        gpus.add_row(key, g.name, f"{g.memory_bytes / 1e9:.0f} GB", f"{g.hbm_bytes_per_s / 1e12:.2f} TB/s",
+                     f"{g.bf16_flops_per_s / 1e12:,.0f} TF", fp8, f"{g.scale_up_bytes_per_s / 1e9:,.0f} GB/s",
+                     str(g.scale_up_domain))  # fmt: skip
+    return [models, gpus]

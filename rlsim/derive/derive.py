@@ -1,0 +1,300 @@
+"""`derive_profile`: a rollout instance's profile from a model's config and a GPU's datasheet.
+
+One vLLM iteration on a TP group (one rank's view; `iteration_s` adds it up term by term):
+
+- every layer's linear layers by the fitted roofline of `rlsim.derive.operators`, at the weights'
+  dtype (FP8 halves the bytes and doubles the peak). A mixture-of-experts layer reads its
+  attention projections, its shared experts and router, and only the routed experts the batch's
+  tokens hit (`rlsim.model_facts.experts_hit`: E x (1 - (1 - k/E)^N) under uniform top-k routing),
+  and computes with the k experts each token uses;
+- attention: every running sequence's KV read once, at 72.6% of HBM bandwidth (the slime SGLang
+  fit of DeepSeek-R1-Distill-Llama-8B on an H200: 37.6 ns per KV token where 131,072 bytes over
+  4.8 TB/s take 27.3 ns; github.com/mjacob1002/slime @ 22a2ffb). GQA's KV is split over the TP
+  ranks; MLA's latent KV is held in full by every rank, as vLLM does;
+- TP > 1: two all-reduces per layer of the tokens' activations over the scale-up link (ring), 35 us
+  each (Vidur's H100 DGX all-reduce median for 2 KB-1 MiB messages); with expert parallelism
+  (`ep` = TP: vLLM's `enable_expert_parallel` inside one instance) an MoE layer instead all-reduces
+  after attention and sends each token to its k experts and back (two all-to-alls);
+- once per iteration: the LM head's weights, the framework and sampler (1.2 ms: the slime fit's
+  T_w less its own model's linear layers and LM head); per running sequence 23.6 us (its alpha).
+
+`closed_form` folds this into the profile's five coefficients as `calibrate/derive_profiles.py`
+folds measured tables: a line over 1..512 decode tokens gives `t_w_s` and `gamma_s` (and the linear
+layers' own intercept `linear_t0_s`, where the compute knee starts), a line over 1,024..4,096
+prefill tokens `prefill_s_per_token`. An MoE model's iteration time is concave in the batch (it
+reads more experts as the batch grows, up to all of them), which a line cannot follow: its error
+against `iteration_s` is in the profile's `fit_error`. Not modelled, and refused in one sentence: a
+TP group larger than the GPU's scale-up domain, expert parallelism other than within one instance
+(data-parallel attention), pipeline-parallel generation; DeepSeek's MTP draft layer is not loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlsim.config import EngineConfig
+from rlsim.derive.gpus import GpuSpec, load_gpu, shipped_gpus
+from rlsim.derive.models import DTYPE_BYTES, Model, load_model
+from rlsim.derive.operators import LinearFit, linear_fit
+from rlsim.errors import RlsimError
+from rlsim.model_facts import experts_hit, kv_shards
+from rlsim.profile import SCHEMA_VERSION, Profile, profile_from_dict
+from rlsim.step_costs import kv_capacity, weight_sync_s
+
+# slime's SGLang fit, DeepSeek-R1-Distill-Llama-8B on an H200-class GPU (module docstring)
+SLIME_T_W_S, SLIME_ALPHA_S, SLIME_BETA_S = 5.595e-3, 23.6e-6, 37.6e-9
+ATTN_BW_FRACTION = 2 * 32 * 8 * 128 * 2 / 4.8e12 / SLIME_BETA_S  # 0.726
+ALLREDUCE_LATENCY_S = 35e-6  # Vidur h100_dgx all_reduce.csv, median kernel time, 2 KB-1 MiB messages
+ACTIVATION_BYTES = 2  # bf16 activations cross the links whatever the weights' dtype
+# veRL's rollout defaults (verl/trainer/config/rollout/rollout.yaml)
+VERL_GPU_MEMORY_UTILIZATION, VERL_MAX_NUM_SEQS, VERL_MAX_NUM_BATCHED_TOKENS = 0.5, 1024, 8192
+HOST_LINK_BPS = 50e9  # PCIe Gen5 x16: 64 GB/s a direction; 50 effective (assumed)
+SYNC_BPS, SYNC_PER_TENSOR_S = 10e9, 5e-3  # assumed, as calibrate/derive_profiles.py
+TRAIN_MFU, TRAIN_FIXED_S = 0.35, 5.0  # assumed, as calibrate/derive_profiles.py
+DECODE_TOKENS = np.array([1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512])
+PREFILL_TOKENS = np.array([1024, 1536, 2048, 3072, 4096])
+# an MoE profile's residual knots: the line's range and on to veRL's max_num_batched_tokens
+RESIDUAL_TOKENS = np.concatenate([DECODE_TOKENS, [768, 1024, 1536, 2048, 3072, 4096, 6144, 8192]])
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What is derived: a model on a GPU at a TP (and EP) degree, weights and KV at a dtype."""
+
+    model: Model
+    gpu: GpuSpec
+    gpu_key: str
+    tensor_parallel_size: int
+    expert_parallel_size: int = 1
+    dtype: str = "bf16"
+    kv_cache_dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        m, tp, ep = self.model, self.tensor_parallel_size, self.expert_parallel_size
+        if tp <= 0 or ep <= 0:
+            raise RlsimError(f"--tp and --ep must be positive, got {tp} and {ep}")
+        if m.num_heads % tp:
+            raise RlsimError(f"--tp {tp} does not divide {m.name}'s {m.num_heads} attention heads")
+        if tp > self.gpu.scale_up_domain:
+            raise RlsimError(
+                f"--tp {tp} spans more GPUs than {self.gpu.name}'s scale-up domain of {self.gpu.scale_up_domain}: "
+                "tensor parallelism across nodes is not modelled"
+            )
+        if ep > 1:
+            if not m.is_moe:
+                raise RlsimError(f"--ep {ep}: {m.name} is a dense model and has no experts to split")
+            if ep != tp:
+                raise RlsimError(
+                    f"--ep {ep} with --tp {tp}: only expert parallelism within one instance (--ep equal to --tp, "
+                    "vLLM's enable_expert_parallel) is modelled, not data-parallel attention"
+                )
+            if m.num_experts % ep:
+                raise RlsimError(f"--ep {ep} does not divide {m.name}'s {m.num_experts} routed experts")
+        for d in (self.dtype, self.kv_cache_dtype):
+            if d not in DTYPE_BYTES:
+                raise RlsimError(f"unknown dtype {d!r}; choose bf16 or fp8")
+        self.gpu.peak_flops(self.dtype)  # FP8 on a GPU without it: one sentence
+
+    @property
+    def weight_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        return self.model.facts(self.dtype, self.kv_cache_dtype)
+
+    @property
+    def kv_bytes_per_rank_per_token(self) -> float:
+        f = self.facts
+        return f["kv_bytes_per_token"] / kv_shards(f, self.tensor_parallel_size)
+
+
+def _linear_s(s: Setup, fit: LinearFit, tokens: np.ndarray) -> np.ndarray:
+    """All layers' linear time on one rank over `tokens` tokens (an array)."""
+    m, tp, wb = s.model, s.tensor_parallel_size, s.weight_bytes
+    hbm, peak = s.gpu.hbm_bytes_per_s, s.gpu.peak_flops(s.dtype)
+    n = np.asarray(tokens, dtype=float)
+    dense_params = m.attn_params + m.dense_mlp_params
+    total = m.num_dense_layers * fit.layer_s(dense_params * wb / tp, 2 * dense_params / tp, n, m.hidden_size, hbm, peak)
+    if m.moe_layers:
+        attn = fit.layer_s(m.attn_params * wb / tp, 2 * m.attn_params / tp, n, m.hidden_size, hbm, peak)
+        hit = np.array([experts_hit(m.num_experts, m.experts_per_token, x) for x in np.atleast_1d(n)]).reshape(n.shape)
+        always = m.shared_expert_params + m.router_params
+        read = (hit * m.expert_params + always) * wb / tp
+        used = 2 * (m.experts_per_token * m.expert_params + always) / tp
+        a = read / (fit.eff_bw * hbm)
+        b = n * used / (fit.eff_flops * peak)
+        experts = (a**fit.p + b**fit.p) ** (1.0 / fit.p)
+        total = total + m.moe_layers * (attn + experts)
+    return total
+
+
+def _links_s(s: Setup, tokens: np.ndarray) -> np.ndarray:
+    """All-reduce (and, with EP, all-to-all) time of one iteration over `tokens` tokens."""
+    m, tp = s.model, s.tensor_parallel_size
+    n = np.asarray(tokens, dtype=float)
+    if tp == 1:
+        return np.zeros_like(n)
+    link = s.gpu.scale_up_bytes_per_s
+    allreduce = ALLREDUCE_LATENCY_S + n * m.hidden_size * ACTIVATION_BYTES * 2 * (tp - 1) / tp / link
+    if s.expert_parallel_size == 1:
+        return 2 * m.num_layers * allreduce
+    ep = s.expert_parallel_size
+    a2a = ALLREDUCE_LATENCY_S + n * m.experts_per_token * m.hidden_size * ACTIVATION_BYTES * (ep - 1) / ep / link
+    return 2 * m.num_dense_layers * allreduce + m.moe_layers * (allreduce + 2 * a2a)
+
+
+def framework_s(fit: LinearFit) -> float:
+    """slime's measured T_w less what its own model's linear layers and LM head take on an H200
+    by the fitted roofline (the line over 1..512 tokens, as `closed_form` folds a model)."""
+    h200 = load_gpu("h200")
+    slime = load_model("deepseek-r1-distill-llama-8b")
+    s = Setup(slime, h200, "h200", 1)
+    t0, _ = np.polyfit(DECODE_TOKENS, _linear_s(s, fit, DECODE_TOKENS), 1)[::-1]
+    return SLIME_T_W_S - t0 - slime.lm_head_params * 2 / h200.hbm_bytes_per_s
+
+
+def iteration_s(s: Setup, batch: float, context: float, decode_tokens: float, prefill_tokens: float = 0.0) -> float:
+    """One iteration, term by term (the reference the closed form is fitted to)."""
+    fit = linear_fit()
+    tokens = np.array([decode_tokens + prefill_tokens], dtype=float)
+    lm_head = s.model.lm_head_params * s.weight_bytes / s.tensor_parallel_size / s.gpu.hbm_bytes_per_s
+    attn = context * s.kv_bytes_per_rank_per_token / (ATTN_BW_FRACTION * s.gpu.hbm_bytes_per_s)
+    body = float(_linear_s(s, fit, tokens)[0] + _links_s(s, tokens)[0]) if tokens[0] > 0 else 0.0
+    return framework_s(fit) + lm_head + SLIME_ALPHA_S * batch + attn + body
+
+
+def _knee(coeffs: dict[str, Any], tokens: float) -> float:
+    return max(0.0, (coeffs["prefill_s_per_token"] - coeffs["gamma_s"]) * tokens - coeffs["linear_t0_s"])
+
+
+def closed_form(s: Setup) -> tuple[dict[str, Any], float]:
+    """The profile's coefficients (`linear_t0_s` and, for an MoE model, the `decode_residual_s`
+    knots the line misses), and their mean relative error against `iteration_s` over decode
+    batches 1..512 at contexts of 1K-16K tokens."""
+    fit = linear_fit()
+    lm_head = s.model.lm_head_params * s.weight_bytes / s.tensor_parallel_size / s.gpu.hbm_bytes_per_s
+    fixed = framework_s(fit) + lm_head
+    lin = _linear_s(s, fit, DECODE_TOKENS)
+    body = lin + _links_s(s, DECODE_TOKENS)
+    gamma, t0 = np.polyfit(DECODE_TOKENS, body, 1)
+    lin_slope, lin_t0 = np.polyfit(DECODE_TOKENS, lin, 1)
+    pre_body = _linear_s(s, fit, PREFILL_TOKENS) + _links_s(s, PREFILL_TOKENS)
+    prefill, _ = np.polyfit(PREFILL_TOKENS, pre_body, 1)
+    coeffs = {
+        "t_w_s": fixed + t0,
+        "alpha_s": SLIME_ALPHA_S,
+        "beta_s": s.kv_bytes_per_rank_per_token / (ATTN_BW_FRACTION * s.gpu.hbm_bytes_per_s),
+        "gamma_s": gamma,
+        "prefill_s_per_token": max(prefill, gamma),
+        "linear_t0_s": max(lin_t0, 0.0),
+    }
+    coeffs: dict[str, Any] = {k: float(f"{float(v):.9g}") for k, v in coeffs.items()}
+    if s.model.is_moe:  # what the line misses, knot by knot (rlsim.profile.Profile.decode_residual)
+        ys = _linear_s(s, fit, RESIDUAL_TOKENS) + _links_s(s, RESIDUAL_TOKENS)
+        coeffs["decode_residual_s"] = [
+            [int(n), float(f"{float(y - (t0 + gamma * n) - _knee(coeffs, n)):.6g}")]
+            for n, y in zip(RESIDUAL_TOKENS, ys, strict=True)
+        ]
+    residual = dict((n, y) for n, y in coeffs.get("decode_residual_s", []))
+    errors = []
+    for b in (1, 8, 32, 128, 512):
+        for ctx in (1024, 4096, 16384):
+            ref = iteration_s(s, b, b * ctx, b)
+            got = coeffs["t_w_s"] + coeffs["alpha_s"] * b + coeffs["beta_s"] * b * ctx + coeffs["gamma_s"] * b
+            errors.append(abs((got + _knee(coeffs, b) + residual.get(b, 0.0)) / ref - 1))
+    return coeffs, float(np.mean(errors))
+
+
+def setup(model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", kv_cache_dtype: str | None = None) -> Setup:
+    """The `Setup` of a model name or config path on a GPU name or JSON file."""
+    spec = load_gpu(gpu)
+    key = gpu.lower() if gpu.lower() in shipped_gpus() else spec.name.lower()
+    return Setup(load_model(model), spec, key, tp, ep, dtype, kv_cache_dtype or dtype)
+
+
+def derive_profile(s: Setup, engine: EngineConfig | None = None) -> dict[str, Any]:
+    """The profile (as its JSON dict) of `s`, under veRL's rollout defaults unless `engine` sets
+    `gpu_memory_utilization`, `max_num_seqs` or `max_num_batched_tokens`."""
+    m, g, tp = s.model, s.gpu, s.tensor_parallel_size
+    fit = linear_fit()
+    coeffs, err = closed_form(s)
+    engine = engine or EngineConfig()
+    util = engine.gpu_memory_utilization or VERL_GPU_MEMORY_UTILIZATION
+    suffix = (f"-ep{s.expert_parallel_size}" if s.expert_parallel_size > 1 else "") + (
+        f"-{s.dtype}" if s.dtype != "bf16" else ""
+    )
+    facts = s.facts
+    gpu_facts = {
+        "memory_bytes": g.memory_bytes, "hbm_bytes_per_s": g.hbm_bytes_per_s,
+        "nvlink_bytes_per_s": g.scale_up_bytes_per_s,
+        "scale_up_domain": g.scale_up_domain, "scale_out_bytes_per_s": g.scale_out_bytes_per_s,
+        "host_link_bytes_per_s": HOST_LINK_BPS, "weight_sync_bytes_per_s": SYNC_BPS,
+        "weight_sync_per_tensor_s": SYNC_PER_TENSOR_S,
+    }  # fmt: skip
+    prof: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "name": f"{s.gpu_key}-{m.name}-tp{tp}{suffix}",
+        "hardware": f"{tp}x {g.name}",
+        "model": m.name,
+        "tensor_parallel_size": tp,
+        **coeffs,
+        "kv_capacity_tokens": 16,
+        "max_num_seqs": engine.max_num_seqs or VERL_MAX_NUM_SEQS,
+        "max_num_batched_tokens": engine.max_num_batched_tokens or VERL_MAX_NUM_BATCHED_TOKENS,
+        "gpu_memory_utilization": util,
+        "async_scheduling": True,  # vLLM 0.32's default on GPU executors, as veRL runs it
+        "train": {
+            "flops_per_token": 6 * m.num_active_params, "peak_flops_per_gpu": g.bf16_flops_per_s,
+            "mfu": TRAIN_MFU, "fixed_s": TRAIN_FIXED_S,
+        },  # fmt: skip
+        "weight_sync_s": 0.0,
+        "model_facts": facts,
+        "gpu_facts": gpu_facts,
+        "provenance": {
+            "kind": "derived by rlsim profile derive",
+            "model": f"config of {m.source} ({m.num_params / 1e9:.2f}B parameters, {m.num_active_params / 1e9:.2f}B "
+            f"active, {'MLA' if m.is_mla else 'GQA'}, {'MoE' if m.is_moe else 'dense'})",
+            "gpu": g.source,
+            "linear_layers": f"roofline fitted to Vidur's H100 operator medians ({fit.rows} rows, "
+            f"MAPE {fit.mape:.1%}): "
+            f"{fit.eff_bw:.1%} of HBM bandwidth, {fit.eff_flops:.1%} of peak, knee sharpness {fit.p:.2f}, "
+            f"{fit.c0_s * 1e6:.1f} us per layer (rlsim.derive.operators)",
+            "attention": f"KV at {ATTN_BW_FRACTION:.1%} of HBM bandwidth (the slime fit's beta against its bound); "
+            f"{s.kv_bytes_per_rank_per_token:,.0f} bytes per token per rank",
+            "per_sequence": f"{SLIME_ALPHA_S * 1e6:.1f} us (the slime fit's alpha)",
+            "framework": f"{framework_s(fit) * 1e3:.2f} ms (the slime fit's T_w less its model's linear layers and LM "
+            "head by the fitted roofline)",
+            "links": "2 all-reduces per layer (35 us + ring bytes over the scale-up link)"
+            + ("; with EP, per MoE layer 1 all-reduce and 2 all-to-alls" if s.expert_parallel_size > 1 else "")
+            if tp > 1 else "none (TP 1)",
+            "engine_limits": "veRL rollout defaults unless given: max_num_seqs 1024, max_num_batched_tokens 8192, "
+            "gpu_memory_utilization 0.5",
+            "train": "6 x active parameters FLOPs per trained token at 35% MFU of the GPU's dense bf16 peak, 5 s "
+            "fixed (assumed)",
+            "weight_sync": "weights over 10 GB/s effective + 5 ms per tensor (assumed)",
+            "not_modelled": "pipeline-parallel generation, data-parallel attention, MTP draft layers",
+        },
+        "fit_error": {"closed_form_vs_terms_mape": round(err, 4), "linear_layers_fit_mape": round(fit.mape, 4)},
+    }
+    weights = facts["num_params"] * facts["dtype_bytes"] / tp
+    if weights >= util * g.memory_bytes:
+        raise RlsimError(
+            f"{m.name}'s weights take {weights / 1e9:.1f} GB per GPU at TP {tp}, more than "
+            f"gpu_memory_utilization {util} of {g.name}'s {g.memory_bytes / 1e9:.0f} GB: raise --tp or "
+            "--gpu-memory-utilization, or use --dtype fp8"
+        )
+    placeholder = profile_from_dict(prof, "derived profile")
+    prof["kv_capacity_tokens"] = kv_capacity(placeholder, util)
+    prof["weight_sync_s"] = round(weight_sync_s(profile_from_dict(prof, "derived profile")), 3)
+    return prof
+
+
+def derived(model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16") -> Profile:
+    """The derived `Profile` itself (what `--model/--gpu/--tp` simulate with)."""
+    raw = derive_profile(setup(model, gpu, tp, ep, dtype))
+    return dataclasses.replace(profile_from_dict(raw, raw["name"]))

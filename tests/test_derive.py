@@ -1,0 +1,241 @@
+"""`rlsim profile derive`: models from their configs, GPUs from their datasheets, and the derived
+iteration model held against hand calculations and measurements it was not fitted to."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from rlsim.cli.app import app
+from rlsim.derive.derive import ATTN_BW_FRACTION, derive_profile, iteration_s, setup
+from rlsim.derive.gpus import load_gpu, shipped_gpus
+from rlsim.derive.models import load_model, shipped_models
+from rlsim.derive.operators import layer_shape, linear_fit
+from rlsim.model_facts import experts_hit, kv_shards
+from rlsim.profile import load_profile, profile_from_dict
+from rlsim.roofline import grid
+from rlsim.step_costs import kv_capacity
+
+from .conftest import REPO
+
+VIDUR = REPO.parent / "shared" / "data" / "vidur_profiling"
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active"),
+    [("deepseek-v3", 671e9, 37e9), ("qwen3-30b-a3b", 30.5e9, 3.3e9), ("qwen3-235b-a22b", 235e9, 22e9),
+     ("llama-3.1-8b", 8.03e9, 8.03e9), ("qwen2.5-7b", 7.62e9, 7.62e9)],
+)  # fmt: skip
+def test_parameter_counts_match_the_model_cards(name: str, total: float, active: float) -> None:
+    """Counted from the config alone, against each model card's stated totals (DeepSeek-V3: 671B
+    total, 37B activated, without its 14B MTP module; Qwen3: 30.5B/3.3B and 235B/22B)."""
+    m = load_model(name)
+    assert m.num_params == pytest.approx(total, rel=0.01)
+    assert m.num_active_params == pytest.approx(active, rel=0.02)
+
+
+def test_mla_kv_is_the_latent_held_in_full_by_every_rank() -> None:
+    """DeepSeek-V3 at bf16: (512 + 64) x 61 layers x 2 bytes = 70,272 bytes per token, and each of
+    a TP 8 group's ranks holds all of it (vLLM does not split the latent by heads), so the KV
+    capacity is the free memory of one rank over 70,272 bytes."""
+    s = setup("deepseek-v3", "h200", 8, 8, "fp8", "bf16")
+    facts = s.facts
+    assert facts["kv_bytes_per_token"] == (512 + 64) * 61 * 2 == 70_272
+    assert kv_shards(facts, 8) == 1 and s.kv_bytes_per_rank_per_token == 70_272
+    from rlsim.config import EngineConfig
+
+    prof = profile_from_dict(derive_profile(s, EngineConfig(gpu_memory_utilization=0.9)))
+    free = 0.9 * 141e9 - facts["num_params"] * 1 / 8
+    assert kv_capacity(prof, 0.9) == int(free / 70_272)
+    gqa = setup("qwen3-32b", "h100", 4).facts  # GQA: 8 KV heads split over 4 ranks
+    assert kv_shards(gqa, 4) == 4 and gqa["kv_bytes_per_token"] == 2 * 64 * 8 * 128 * 2
+
+
+def _hand_moe_layer_s(tokens: int, experts_read: float) -> float:
+    """One Qwen3-30B-A3B layer on one H100 (TP 1), by hand: attention projections
+    2048 x (32 + 4 + 4) x 128 + 32 x 128 x 2048 = 18,874,368 parameters; an expert
+    3 x 2048 x 768 = 4,718,592; the router 2048 x 128 = 262,144; bf16 weights."""
+    f = linear_fit()
+    hbm, peak = 3.35e12, 989e12
+    attn = 18_874_368
+    expert, router = 4_718_592, 262_144
+
+    def smooth(read_bytes: float, flops: float) -> float:
+        a, b = read_bytes / (f.eff_bw * hbm), flops / (f.eff_flops * peak)
+        return (a**f.p + b**f.p) ** (1 / f.p)
+
+    attn_s = f.c0_s + smooth(attn * 2, tokens * 2 * attn) + f.c1 * tokens * 2048 / hbm
+    experts_s = smooth((experts_read * expert + router) * 2, tokens * 2 * (8 * expert + router))
+    return attn_s + experts_s
+
+
+@pytest.mark.parametrize(("batch", "experts_read"), [(1, 8.0), (2048, 128.0)])
+def test_moe_decode_reads_the_experts_its_tokens_hit(batch: int, experts_read: float) -> None:
+    """Batch 1 reads its token's 8 experts per layer; a batch of 2,048 tokens hits all 128 of them
+    (1 - (1 - 8/128)^2048 rounds to 1). The iteration is 48 such layers, the LM head
+    (151,936 x 2048 x 2 bytes over HBM), the framework time, 23.6 us per sequence and the KV read."""
+    assert experts_hit(128, 8, batch) == pytest.approx(experts_read, rel=1e-9)
+    s = setup("qwen3-30b-a3b", "h100", 1)
+    from rlsim.derive.derive import framework_s
+
+    context = batch * 1000
+    kv = context * 48 * 4 * 128 * 2 * 2 / (ATTN_BW_FRACTION * 3.35e12)
+    hand = 48 * _hand_moe_layer_s(batch, experts_read) + 151_936 * 2048 * 2 / 3.35e12
+    hand += framework_s(linear_fit()) + 23.6e-6 * batch + kv
+    assert iteration_s(s, batch, context, batch) == pytest.approx(hand, rel=1e-6)
+
+
+def test_an_moe_profile_charges_its_concave_decode_cost() -> None:
+    """The line t_w + gamma N cannot follow an MoE model's cost, which grows with the experts a
+    batch hits; the profile's residual knots make the simulator charge the term model at every
+    knot (and within 2% between them)."""
+    s = setup("qwen3-30b-a3b", "h100", 2)
+    prof = profile_from_dict(derive_profile(s))
+    assert prof.decode_residual_s
+    for b in (1, 2, 8, 32, 100, 128, 512, 1024, 5000):
+        charged = prof.iteration_s(b, b * 4096, b) + prof.compute_excess_s(b)
+        tol = 1e-6 if b in dict(prof.decode_residual_s) else 0.02
+        assert charged == pytest.approx(iteration_s(s, b, b * 4096, b), rel=tol)
+
+
+@pytest.mark.skipif(not VIDUR.exists(), reason="../shared/data/vidur_profiling is not beside the checkout")
+def test_linear_layers_predict_a100_measurements_they_were_not_fitted_to() -> None:
+    """Fitted to Vidur's H100 tables only, the roofline with the A100's datasheet bandwidth and
+    peak (2,039 GB/s, 312 TFLOP/s) predicts Vidur's measured A100 layers of Llama-2-7B, Llama-3-8B
+    and CodeLlama-34B (TP 1-8, 1-4,096 tokens) within 5% on average (measured: 4.4%)."""
+    ops = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+           "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")  # fmt: skip
+    frames = []
+    for path in sorted((VIDUR / "a100").glob("*/*/mlp.csv")):
+        t = pd.read_csv(path)
+        frames.append(pd.DataFrame({
+            "tp": t.num_tensor_parallel_workers, "num_tokens": t.num_tokens, "hidden_size": t.n_embd,
+            "num_heads": t.n_head, "num_kv_heads": t.n_kv_head, "intermediate_size": t.n_expanded_embd,
+            "gated": t.use_gated_mlp, "ms": sum(t[f"time_stats.{o}.median"] for o in ops),
+        }))  # fmt: skip
+    d = pd.concat(frames, ignore_index=True)
+    a100 = load_gpu("a100")
+    wb, fl = layer_shape(d)
+    pred = linear_fit().layer_s(wb, fl, d.num_tokens, d.hidden_size, a100.hbm_bytes_per_s, a100.bf16_flops_per_s)
+    err = np.abs(pred * 1e3 / d.ms - 1)
+    assert len(d) > 1000 and linear_fit().mape < 0.06
+    assert err.mean() < 0.05, f"A100 held-out MAPE {err.mean():.1%}"
+
+
+@pytest.mark.skipif(not VIDUR.exists(), reason="../shared/data/vidur_profiling is not beside the checkout")
+def test_attention_term_against_measured_a100_decode_kernels() -> None:
+    """The KV read at 72.6% of HBM bandwidth (fitted to slime's whole-engine SGLang decode on an
+    H200) against Vidur's measured A100 FlashAttention decode kernels of Llama-2-7B at 32K or more
+    KV tokens per layer call: the model is slower than the bare kernel by 19-27%, as found (the
+    engine's attention step holds more than the kernel); the test pins that band."""
+    d = pd.read_csv(VIDUR / "a100" / "meta-llama" / "Llama-2-7b-hf" / "attention_subset.csv")
+    dec = d[~d.is_prefill & (d.batch_size * d.kv_cache_size >= 32 * 1024)]
+    model_ms = dec.batch_size * dec.kv_cache_size * (2 * 32 * 128 * 2) / (ATTN_BW_FRACTION * 2.039e12) * 1e3
+    err = model_ms / dec["time_stats.attn_decode.median"] - 1
+    assert len(dec) > 800 and 0.15 < err.mean() < 0.30
+
+
+def test_a_dense_config_derives_close_to_its_shipped_profile() -> None:
+    """Qwen2.5-7B on an H100 from its config: decode tok/s within 10% of the shipped profile (which
+    reads Vidur's tables of the nearest measured model directly) on every cell of the README's
+    batch x context grid. The 2% the shipped profiles would need to be regenerated by the command
+    is not reached; the README's derive table reports the cells."""
+    shipped = load_profile("h100-qwen2.5-7b-tp1")
+    derived = profile_from_dict(derive_profile(setup("qwen2.5-7b", "h100", 1)))
+    for a, b in zip(grid(shipped), grid(derived), strict=True):
+        assert b.tokens_per_s == pytest.approx(a.tokens_per_s, rel=0.10), (a.batch, a.context)
+    assert derived.kv_capacity_tokens == pytest.approx(shipped.kv_capacity_tokens, rel=0.01)
+
+
+def test_every_shipped_model_and_gpu_derives_and_clears_the_roofline() -> None:
+    """Every model of the table on an H100 at the smallest TP its weights fit (FP8 and 90% memory
+    for the largest), and every GPU with Qwen3-8B: each loads and stays under the memory roofline."""
+    from rlsim.config import EngineConfig
+    from rlsim.roofline import check_roofline
+
+    for name in shipped_models():
+        m = load_model(name)
+        dtype = "fp8" if m.num_params > 100e9 else "bf16"
+        util = 0.9 if m.num_params > 100e9 else 0.5
+        gpu = "h200" if m.num_params > 300e9 else "h100"
+        memory = load_gpu(gpu).memory_bytes
+        tp = next(t for t in (1, 2, 4, 8) if m.num_params * (1 if dtype == "fp8" else 2) / t < util * memory * 0.9)
+        raw = derive_profile(setup(name, gpu, tp, tp if m.is_moe and tp > 1 else 1, dtype), EngineConfig(util))
+        check_roofline(profile_from_dict(raw), raw["name"])
+    for gpu in shipped_gpus():
+        check_roofline(profile_from_dict(derive_profile(setup("qwen3-8b", gpu, 1))), gpu)
+
+
+def test_every_gpu_number_has_a_source() -> None:
+    for key, raw in shipped_gpus().items():
+        assert len(raw["source"]) > 40, key
+    raw = json.loads((REPO / "rlsim" / "derive" / "models.json").read_text())
+    assert all("source" in v for k, v in raw.items() if not k.startswith("_"))
+
+
+def test_derive_writes_a_profile_every_command_takes(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    args = ["profile", "derive", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--tp", "2", "-o", str(out)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert load_profile(out).model == "qwen3-30b-a3b"
+    r = runner.invoke(app, ["profile", "show", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--model", "qwen3-8b", "--gpu", "tpu-v9"], "unknown GPU 'tpu-v9'"),
+     (["--model", "nonesuch-7b", "--gpu", "h100"], "unknown model 'nonesuch-7b'"),
+     (["--model", "qwen3-8b", "--gpu", "h100", "--tp", "3"], "--tp 3 does not divide qwen3-8b's 32 attention heads"),
+     (["--model", "qwen3-32b", "--gpu", "a100-40gb"], "weights take 65.5 GB per GPU at TP 1"),
+     (["--model", "qwen3-30b-a3b", "--gpu", "h100", "--tp", "2", "--ep", "4"], "only expert parallelism within one"),
+     (["--model", "qwen3-8b", "--gpu", "a100", "--dtype", "fp8"], "has no FP8 tensor cores"),
+     (["--model", "qwen3-8b", "--gpu", "h100", "--tp", "16"], "scale-up domain of 8")],
+)  # fmt: skip
+def test_bad_derive_input_is_one_sentence(args: list[str], message: str) -> None:
+    r = runner.invoke(app, ["profile", "derive", *args])
+    assert r.exit_code == 2, (args, r.output)
+    assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_config_missing_a_field_or_an_ep_not_dividing_experts_is_refused(tmp_path: Path) -> None:
+    cfg = dict(shipped_models()["qwen3-30b-a3b"])
+    cfg.pop("moe_intermediate_size")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    r = runner.invoke(app, ["profile", "derive", "--model", str(tmp_path), "--gpu", "h100"])
+    assert r.exit_code == 2 and "lacks 'moe_intermediate_size'" in r.stderr, r.output
+    cfg = dict(shipped_models()["qwen3-30b-a3b"], num_experts=100, num_attention_heads=24, num_key_value_heads=8)
+    path.write_text(json.dumps(cfg))
+    r = runner.invoke(app, ["profile", "derive", "--model", str(path), "--gpu", "h100", "--tp", "8", "--ep", "8"])
+    assert r.exit_code == 2 and "--ep 8 does not divide" in r.stderr, r.output
+
+
+def test_simulate_and_plan_derive_on_the_fly(small_trace_path: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """`--model M --gpu G --tp N` simulates with the derived profile (written under the cache
+    directory); `rlsim plan --model M --gpu G` searches the TPs the model derives at as one family."""
+    from rlsim.plan.space import tp_family
+
+    monkeypatch.setenv("RLSIM_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    args = ["simulate", "--trace", str(small_trace_path), "--model", "qwen3-30b-a3b", "--gpu", "h100", "--tp", "2",
+            "--gpus", "4", "--max-steps", "1", "-o", str(out), "--json"]  # fmt: skip
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["profile"]["name"] == "h100-qwen3-30b-a3b-tp2" and config["profile"]["decode_residual_s"]
+    from rlsim.cli.derive import derive_family
+
+    first, tps = derive_family("qwen3-30b-a3b", "h100", (), "bf16")
+    assert tps == (2, 4, 8)  # TP 1: 61 GB of weights above half of 80 GB
+    assert sorted(tp_family(first)) == [2, 4, 8]
+    lone = ["simulate", "--trace", str(small_trace_path), "--model", "qwen3-8b", "-o", str(tmp_path / "x")]
+    r = runner.invoke(app, lone)
+    assert r.exit_code == 2 and "--model and --gpu go together" in r.stderr
