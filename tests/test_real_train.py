@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from rlsim.real.learn import weights_dir
 from rlsim.trace.format import load
 
 from .conftest import REPO, host_load, run_python
@@ -161,7 +162,7 @@ def test_killed_training_run_resumes_from_its_actor_checkpoint(calibrated: dict,
     st = pd.read_parquet(out / "steps.parquet")
     assert list(st["step"]) == list(range(6)) and st["critic/score/mean"].notna().all()
     assert [p.name for p in (out / "actor").glob("v*")] == ["v6"]
-    assert not list(Path("/dev/shm").glob("rlsim-weights-*"))  # the runs' pushed weights are removed
+    assert not weights_dir(out).exists()  # the killed run's pushed weights, removed by the resumed run
 
 
 def test_kl_loss_save_freq_and_the_phases_of_a_trained_run_validated(calibrated: dict, task: Path,

@@ -19,6 +19,15 @@ from rlsim.real.trainer import Sample, Trainer
 from rlsim.step_costs import StepCost
 
 
+def weights_dir(out: Path) -> Path:
+    """Where a run's weights pushed into the engines are written: memory where there is some. Named
+    after the run directory, so a resumed run reuses, and at its end removes, the folder of the run
+    that was killed."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else out
+    return base / f"rlsim-weights-{hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]}"
+
+
 class Learning:
     """`RealRun`'s training side (a mixin over its state)."""
 
@@ -40,13 +49,7 @@ class Learning:
         engine.learner = lambda reqs, v: self._learn(engine, backend, reqs, v)
 
     def _weights_dir(self) -> Path:
-        """Where the weights pushed into the engines are written: memory where there is some."""
-        shm = Path("/dev/shm")
-        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.out
-        # named after the run directory: a resumed run reuses, and at its end removes, the folder of
-        # the run that was killed
-
-        return base / f"rlsim-weights-{hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:12]}"
+        return weights_dir(self.out)
 
     def _push_weights(self, backend) -> float:  # noqa: ANN001
         t0 = time.perf_counter()
