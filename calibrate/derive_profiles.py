@@ -51,6 +51,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rlsim.derive.derive import (  # the constants `rlsim profile derive` shares, with their sources
+    ALLREDUCE_LATENCY_S,
+    ATTN_BW_FRACTION,
+    HOST_LINK_BPS,
+    SLIME_ALPHA_S,
+    SLIME_BETA_S,
+    SLIME_T_W_S,
+    SYNC_BPS,
+    SYNC_PER_TENSOR_S,
+    VERL_GPU_MEMORY_UTILIZATION,
+    VERL_MAX_NUM_BATCHED_TOKENS,
+    VERL_MAX_NUM_SEQS,
+)
 from rlsim.iteration_model import H100, H200, H800, Gpu, Terms, closed_form
 from rlsim.profile import profile_from_dict
 from rlsim.step_costs import kv_capacity, weight_sync_s
@@ -68,10 +81,8 @@ OPS = (
     "add",
 )
 # slime's SGLang fit, DeepSeek-R1-Distill-Llama-8B on an H200-class GPU (module docstring)
-SLIME_T_W_S, SLIME_ALPHA_S, SLIME_BETA_S, SLIME_KV_CAPACITY = 5.595e-3, 23.6e-6, 37.6e-9, 789_000
+SLIME_KV_CAPACITY = 789_000
 LLAMA_8B = {"params": 8.03e9, "non_embedding": 6.98e9, "layers": 32, "hidden": 4096, "kv_heads": 8, "vocab": 128256}
-ATTN_BW_FRACTION = 2 * 32 * 8 * 128 * 2 / H200.hbm_bytes_per_s / SLIME_BETA_S  # 0.726
-ALLREDUCE_LATENCY_S = 35e-6  # Vidur h100_dgx all_reduce.csv, median kernel time, 2 KB-1 MiB messages
 
 # name: (params, non-embedding params, layers, hidden, kv_heads, head_dim, vocab, measured reference)
 MODELS = {
@@ -85,9 +96,6 @@ REFERENCE = {
     "codellama/CodeLlama-34b-Instruct-hf": (33.2e9, 48),
 }
 # veRL's rollout defaults (verl/trainer/config/rollout/rollout.yaml)
-VERL_GPU_MEMORY_UTILIZATION, VERL_MAX_NUM_SEQS, VERL_MAX_NUM_BATCHED_TOKENS = 0.5, 1024, 8192
-HOST_LINK_BPS = 50e9  # PCIe Gen5 x16: 64 GB/s a direction; 50 effective (assumed)
-SYNC_BPS, SYNC_PER_TENSOR_S = 10e9, 5e-3  # assumed; see the module docstring
 # (GPU, model, rollout TP) shipped: the H100 family, and the H800 setups RollPacker ran (7B TP 1,
 # 14B TP 2, 32B TP 4 as veRL's DAPO Qwen2.5-32B recipe rolls out).
 # The rest of the H100 family (each model at TP 1/2/4/8 where its bf16 weights fit in half of

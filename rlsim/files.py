@@ -9,6 +9,7 @@ path, which the CLI prints as one line with exit code 2; the temporary file is r
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -52,3 +53,15 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
 def save_figure(fig, path: Path | str, **kwargs) -> Path:  # noqa: ANN001, ANN003 - a matplotlib Figure
     """`fig.savefig` through a temporary file (the format from `path`'s suffix)."""
     return atomic_save(path, lambda tmp: fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or None, **kwargs))
+
+
+def read_json_object(path: Path | str, what: str = "JSON") -> dict:
+    """The JSON object in a file; a file that is not JSON, or holds no object, is one sentence."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RlsimError(f"{path} is not valid {what} ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise RlsimError(f"{path} must hold a JSON object")
+    return raw

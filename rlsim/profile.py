@@ -293,6 +293,12 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     )
 
 
+def default_async_scheduling(hardware: str) -> bool:
+    """vLLM 0.32's default: on wherever the executor supports it (GPU executors), off on the CPU
+    platform (`VllmConfig` against `CpuPlatform`)."""
+    return not hardware.strip().upper().startswith("CPU")
+
+
 def _engine(raw: dict[str, Any], limits: dict[str, int], where: str) -> EngineConfig:
     """The engine a profile file records; async scheduling, where the file leaves it null, as vLLM
     0.32 sets it: on unless the hardware is a CPU (`VllmConfig`'s default against `CpuPlatform`)."""
@@ -301,7 +307,7 @@ def _engine(raw: dict[str, Any], limits: dict[str, int], where: str) -> EngineCo
         raise RlsimError(f"{where}: field 'gpu_memory_utilization' must be in (0, 1], got {gmu!r}")
     async_scheduling = _optional_bool(raw.get("async_scheduling"), f"{where}: field 'async_scheduling'")
     if async_scheduling is None:
-        async_scheduling = not str(raw["hardware"]).strip().upper().startswith("CPU")
+        async_scheduling = default_async_scheduling(str(raw["hardware"]))
     return EngineConfig(
         gpu_memory_utilization=gmu,
         block_size=_positive_int(raw.get("block_size", 16), f"{where}: field 'block_size'"),

@@ -28,7 +28,6 @@ Pure numpy/scipy: fitting needs no vLLM.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from scipy.optimize import nnls
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.errors import RlsimError
+from rlsim.files import read_json_object
 from rlsim.profile import profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace, TraceMeta
@@ -81,7 +81,7 @@ def load_records(path: str | Path) -> Records:
     facts_path = path / "facts.json"
     if not facts_path.exists():
         raise RlsimError(f"{path} has no facts.json; run rlsim calibrate decode --out {path} first")
-    facts = _json_object(facts_path)
+    facts = read_json_object(facts_path)
     for key in ("model", "hardware", "tensor_parallel_size", "kv_capacity_tokens", "block_size", "max_num_seqs",
                 "max_num_batched_tokens", "num_gpu_blocks"):  # fmt: skip
         if key not in facts:
@@ -103,7 +103,7 @@ def load_records(path: str | Path) -> Records:
     extra: dict[str, Any] = {}
     for name in ("workload.json", "train.json", "spec.json"):
         f = path / name
-        extra[name] = _json_object(f) if f.exists() else None
+        extra[name] = read_json_object(f) if f.exists() else None
         other = (extra[name] or {}).get("model")
         if other is not None and other != model:
             raise RlsimError(
@@ -122,16 +122,6 @@ def load_records(path: str | Path) -> Records:
 ITERATION_COLUMNS = (
     "num_generation_requests", "num_ctx_requests", "context_tokens", "num_ctx_tokens", "num_generation_tokens",
 )  # fmt: skip
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RlsimError(f"{path} is not valid JSON ({str(exc).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise RlsimError(f"{path} must hold a JSON object")
-    return raw
 
 
 def features(df: pd.DataFrame) -> np.ndarray:

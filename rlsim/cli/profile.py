@@ -77,7 +77,8 @@ def show(
             row.append(f"[{style}]{text}[/]" if style else text)
         table.add_row(str(b), *row)
     table.caption = (
-        "roofline: (weights / TP + batch x context x KV bytes per token / TP) / HBM bandwidth, the least time "
+        "roofline: (weights the batch reads / TP + batch x context x KV bytes per token per rank) / HBM bandwidth, "
+        "the least time "
         "an iteration can take; real engines reach about 50-70% of it; yellow above 75%, red above 100% "
         "(impossible); * the KV does not fit (batch x context above the KV capacity, or batch above max_num_seqs)"
     )

@@ -30,7 +30,7 @@ TP group larger than the GPU's scale-up domain, expert parallelism other than wi
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ from rlsim.derive.models import DTYPE_BYTES, Model, load_model
 from rlsim.derive.operators import LinearFit, linear_fit
 from rlsim.errors import RlsimError
 from rlsim.model_facts import experts_hit, kv_shards
-from rlsim.profile import SCHEMA_VERSION, Profile, profile_from_dict
+from rlsim.profile import SCHEMA_VERSION, profile_from_dict
 from rlsim.step_costs import kv_capacity, weight_sync_s
 
 # slime's SGLang fit, DeepSeek-R1-Distill-Llama-8B on an H200-class GPU (module docstring)
@@ -126,9 +126,7 @@ def _linear_s(s: Setup, fit: LinearFit, tokens: np.ndarray) -> np.ndarray:
         always = m.shared_expert_params + m.router_params
         read = (hit * m.expert_params + always) * wb / tp
         used = 2 * (m.experts_per_token * m.expert_params + always) / tp
-        a = read / (fit.eff_bw * hbm)
-        b = n * used / (fit.eff_flops * peak)
-        experts = (a**fit.p + b**fit.p) ** (1.0 / fit.p)
+        experts = fit.roofline_s(read, n * used, hbm, peak)
         total = total + m.moe_layers * (attn + experts)
     return total
 
@@ -148,9 +146,11 @@ def _links_s(s: Setup, tokens: np.ndarray) -> np.ndarray:
     return 2 * m.num_dense_layers * allreduce + m.moe_layers * (allreduce + 2 * a2a)
 
 
-def framework_s(fit: LinearFit) -> float:
+@functools.cache
+def framework_s() -> float:
     """slime's measured T_w less what its own model's linear layers and LM head take on an H200
     by the fitted roofline (the line over 1..512 tokens, as `closed_form` folds a model)."""
+    fit = linear_fit()
     h200 = load_gpu("h200")
     slime = load_model("deepseek-r1-distill-llama-8b")
     s = Setup(slime, h200, "h200", 1)
@@ -165,7 +165,7 @@ def iteration_s(s: Setup, batch: float, context: float, decode_tokens: float, pr
     lm_head = s.model.lm_head_params * s.weight_bytes / s.tensor_parallel_size / s.gpu.hbm_bytes_per_s
     attn = context * s.kv_bytes_per_rank_per_token / (ATTN_BW_FRACTION * s.gpu.hbm_bytes_per_s)
     body = float(_linear_s(s, fit, tokens)[0] + _links_s(s, tokens)[0]) if tokens[0] > 0 else 0.0
-    return framework_s(fit) + lm_head + SLIME_ALPHA_S * batch + attn + body
+    return framework_s() + lm_head + SLIME_ALPHA_S * batch + attn + body
 
 
 def _knee(coeffs: dict[str, Any], tokens: float) -> float:
@@ -178,7 +178,7 @@ def closed_form(s: Setup) -> tuple[dict[str, Any], float]:
     batches 1..512 at contexts of 1K-16K tokens."""
     fit = linear_fit()
     lm_head = s.model.lm_head_params * s.weight_bytes / s.tensor_parallel_size / s.gpu.hbm_bytes_per_s
-    fixed = framework_s(fit) + lm_head
+    fixed = framework_s() + lm_head
     lin = _linear_s(s, fit, DECODE_TOKENS)
     body = lin + _links_s(s, DECODE_TOKENS)
     gamma, t0 = np.polyfit(DECODE_TOKENS, body, 1)
@@ -267,7 +267,7 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None) -> dict[str, An
             "attention": f"KV at {ATTN_BW_FRACTION:.1%} of HBM bandwidth (the slime fit's beta against its bound); "
             f"{s.kv_bytes_per_rank_per_token:,.0f} bytes per token per rank",
             "per_sequence": f"{SLIME_ALPHA_S * 1e6:.1f} us (the slime fit's alpha)",
-            "framework": f"{framework_s(fit) * 1e3:.2f} ms (the slime fit's T_w less its model's linear layers and LM "
+            "framework": f"{framework_s() * 1e3:.2f} ms (the slime fit's T_w less its model's linear layers and LM "
             "head by the fitted roofline)",
             "links": "2 all-reduces per layer (35 us + ring bytes over the scale-up link)"
             + ("; with EP, per MoE layer 1 all-reduce and 2 all-to-alls" if s.expert_parallel_size > 1 else "")
@@ -292,9 +292,3 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None) -> dict[str, An
     prof["kv_capacity_tokens"] = kv_capacity(placeholder, util)
     prof["weight_sync_s"] = round(weight_sync_s(profile_from_dict(prof, "derived profile")), 3)
     return prof
-
-
-def derived(model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16") -> Profile:
-    """The derived `Profile` itself (what `--model/--gpu/--tp` simulate with)."""
-    raw = derive_profile(setup(model, gpu, tp, ep, dtype))
-    return dataclasses.replace(profile_from_dict(raw, raw["name"]))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsim.errors import RlsimError
+from rlsim.files import read_json_object
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +67,4 @@ def load_gpu(name_or_path: str) -> GpuSpec:
     path = Path(name_or_path)
     if not path.is_file():
         raise RlsimError(f"unknown GPU {name_or_path!r}: give a JSON file of its facts or one of {', '.join(table)}")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RlsimError(f"{path} is not a JSON file ({exc})") from None
-    if not isinstance(raw, dict):
-        raise RlsimError(f"{path} must hold a JSON object")
-    return gpu_from_dict(raw, str(path))
+    return gpu_from_dict(read_json_object(path), str(path))

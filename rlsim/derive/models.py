@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsim.errors import RlsimError
+from rlsim.files import read_json_object
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -181,12 +182,7 @@ def load_model(name_or_path: str) -> Model:
         raise RlsimError(
             f"unknown model {name_or_path!r}: give a config.json, a model directory, or one of {', '.join(table)}"
         )
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RlsimError(f"{path} is not a JSON config ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise RlsimError(f"{path} must hold a JSON object")
+    cfg = read_json_object(path, "JSON config")
     cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg  # multimodal wrappers
     name = path.parent.name if path.name == "config.json" else path.stem
     return model_from_config(cfg, name.lower(), str(path))

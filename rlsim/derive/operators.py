@@ -41,11 +41,16 @@ class LinearFit:
     mape: float
     rows: int
 
+    def roofline_s(self, read_bytes, flops, hbm: float, peak: float):  # noqa: ANN001, ANN201
+        """The smooth maximum of reading `read_bytes` and computing `flops` (arrays broadcast)."""
+        a = np.asarray(read_bytes, dtype=float) / (self.eff_bw * hbm)
+        b = np.asarray(flops, dtype=float) / (self.eff_flops * peak)
+        return (a**self.p + b**self.p) ** (1.0 / self.p)
+
     def layer_s(self, weight_bytes, flops_per_token, tokens, hidden: int, hbm: float, peak: float):  # noqa: ANN001, ANN201
         """One layer's linear time on one rank (arrays broadcast)."""
-        a = np.asarray(weight_bytes, dtype=float) / (self.eff_bw * hbm)
-        b = np.asarray(tokens, dtype=float) * np.asarray(flops_per_token, dtype=float) / (self.eff_flops * peak)
-        return self.c0_s + (a**self.p + b**self.p) ** (1.0 / self.p) + self.c1 * np.asarray(tokens) * hidden / hbm
+        n = np.asarray(tokens, dtype=float)
+        return self.c0_s + self.roofline_s(weight_bytes, n * flops_per_token, hbm, peak) + self.c1 * n * hidden / hbm
 
 
 def layer_shape(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

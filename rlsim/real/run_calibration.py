@@ -38,7 +38,7 @@ from rlsim.calibration.grid import GRIDS, SAMPLING_TEMPERATURE, DecodeConfig, ce
 from rlsim.errors import RlsimError
 from rlsim.files import atomic_write_bytes
 from rlsim.hostload import LoadMeter, speed_probe
-from rlsim.profile import Profile
+from rlsim.profile import Profile, default_async_scheduling
 from rlsim.real.engine import RealEngine
 from rlsim.real.run_config import profile_from
 from rlsim.real.run_files import write_parquet
@@ -144,7 +144,7 @@ def fit_profile(
         engine=dataclasses.replace(  # the engine the run's instances ran (facts.json)
             base.engine,
             block_size=int(f0["block_size"]),
-            async_scheduling=bool(f0.get("async_scheduling", not str(f0["hardware"]).upper().startswith("CPU"))),
+            async_scheduling=bool(f0.get("async_scheduling", default_async_scheduling(str(f0["hardware"])))),
             max_num_seqs=int(f0["max_num_seqs"]),
             max_num_batched_tokens=int(f0["max_num_batched_tokens"]),
         ),
