@@ -240,8 +240,8 @@ def main() -> None:
         return
 
     meter = LoadMeter()
-    load = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} cores, load average {load:.2f} at start; one policy-epoch per fresh process")
+    loadavg = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} cores, load average {loadavg:.2f} at start; one policy-epoch per fresh process")
     print(f"{'policy':26s} {'epoch (s)':>9s} {'heap loop (s)':>13s} {'ratio':>6s} {'peak MiB':>8s}")
     rows = []
     speed = ["| policy | one epoch (s) | heap loop (s) | ratio | peak MiB |", "|---|---|---|---|---|"]
