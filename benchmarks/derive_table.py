@@ -6,14 +6,17 @@ Each row is `rlsim profile derive` of one model on one GPU (`rlsim.derive`), and
 profile's steady decode at a batch and a per-sequence context: output tokens per second of one
 instance, and in brackets the share of the memory roofline it reaches (the weights the batch
 reads plus its KV over HBM bandwidth; `rlsim.roofline`). `*` marks a cell whose KV does not fit.
-Pure arithmetic on datasheets and configs: deterministic, so `tests/test_readme_tables.py` holds
-the README's table equal to this script's output.
+Then the checks of `benchmarks/derive_checks.py`: the derivation against measured and published
+figures, each marked fitted or test. Pure arithmetic on datasheets, configs and committed
+measurements: deterministic, so `tests/test_readme_tables.py` holds the README's tables equal to
+this script's output.
 """
 
 from __future__ import annotations
 
 import sys
 
+from derive_checks import markdown as checks_markdown
 from readme_tables import emit
 
 from rlsim.config import EngineConfig
@@ -52,8 +55,10 @@ def main() -> None:
         par = f"TP {tp}" + (f"/EP {ep}" if ep > 1 else "") + f", {dtype}" + (f", mem {util}" if util != 0.5 else "")
         lines.append(f"| {model} | {gpu} | {par} | {prof.kv_capacity_tokens:,} | " + " | ".join(cells) + " |")
     emit("derived_profiles", "\n".join(lines) + "\n", sys.argv)
+    checks = checks_markdown()
+    emit("derive_checks", checks, sys.argv)
     if "--markdown" not in sys.argv and "--readme" not in sys.argv:
-        print("\n".join(lines))
+        print("\n".join(lines) + "\n\n" + checks)
 
 
 if __name__ == "__main__":

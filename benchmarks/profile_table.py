@@ -1,6 +1,6 @@
 """Shipped GPU profiles against the memory roofline, before and after a change, as markdown.
 
-    python benchmarks/profile_table.py [--before-rev c4ffc9f] [--markdown | --readme]
+    python benchmarks/profile_table.py [--before-rev 879e9c8] [--markdown | --readme]
 
 Prints (1) each profile's decode tok/s at batch 64 and 256 for 1k and 8k context, at the revision
 `--before-rev` (read with `git show`, so run it in a clone with history) and now, with the roofline
@@ -40,7 +40,7 @@ def _before(rev: str, name: str):  # noqa: ANN202
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before-rev", default="c4ffc9f")
+    ap.add_argument("--before-rev", default="879e9c8")
     ap.add_argument("--markdown", action="store_true", help="print the before/after table only")
     ap.add_argument("--readme", action="store_true", help="also write it into README.md")
     args = ap.parse_args()

@@ -11,8 +11,9 @@ Dense and mixture-of-experts models, with grouped-query (GQA) or multi-head late
 - experts (MoE only): `moe_layers`, `num_experts`, `experts_per_token`, `expert_params` (one
   routed expert of one layer), `shared_expert_params` (per MoE layer, always read).
 
-Tensor parallelism splits the weights over its ranks, and GQA's KV by heads, while MLA's latent
-KV is held in full by every rank, as vLLM does (`kv_shards`).
+Tensor parallelism splits the weights over its ranks, and GQA's KV by heads (replicated once the
+ranks outnumber the KV heads), while MLA's latent KV is held in full by every rank, as vLLM does
+(`kv_shards`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ def kv_shards(facts: dict[str, Any], tensor_parallel_size: int) -> int:
     """Over how many ranks of a TP group one token's KV is split (each rank holds 1/shards)."""
     if "kv_lora_rank" in facts:  # MLA: the latent is not split by heads
         return 1
-    # GQA: split by heads. Past as many ranks as KV heads vLLM replicates them, which the shipped
-    # profiles (derived with KV / TP) do not model yet: kept as they are, so one rule holds for all.
-    return tensor_parallel_size
+    # GQA: split by heads; past as many ranks as KV heads, vLLM replicates each head over
+    # tp / kv_heads ranks, so a rank still holds one head's share
+    return min(tensor_parallel_size, int(facts.get("num_kv_heads", tensor_parallel_size)))
 
 
 def experts_hit(num_experts: int, experts_per_token: int, tokens: float) -> float:

@@ -59,10 +59,18 @@ class TrainCost:
     # > 0: the tokens above are padded ones, the trainer padding micro-batches of at most this many
     # tokens to their longest sample (rlsim.real.trainer; rlsim.step_costs.padded_tokens); 0: unpadded
     padded_micro_batch_tokens: int = 0
+    # The trainer a derived profile assumes (`rlsim.derive.train`): its backend, whose published
+    # MFU `mfu` defaults to, and its layout, which prices what the MFU does not hold (tensor- and
+    # expert-parallel traffic, the pipeline's bubble); "" in a fitted profile (measured whole)
+    backend: str = ""
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if not math.isfinite(getattr(self, f.name)):
+            if f.name != "backend" and not math.isfinite(getattr(self, f.name)):
                 raise RlsimError(f"field 'train.{f.name}' must be a finite number")
         if self.peak_flops_per_gpu <= 0:
             raise RlsimError(f"field 'train.peak_flops_per_gpu' must be positive, got {self.peak_flops_per_gpu}")
@@ -73,6 +81,9 @@ class TrainCost:
         for name in ("fixed_s", "forward_fixed_s", "forward_s_per_token", "padded_micro_batch_tokens"):
             if getattr(self, name) < 0:
                 raise RlsimError(f"field 'train.{name}' must be >= 0, got {getattr(self, name)}")
+        for name in ("tp", "pp", "ep", "cp"):
+            if getattr(self, name) < 1:
+                raise RlsimError(f"field 'train.{name}' must be >= 1, got {getattr(self, name)}")
 
     def seconds(self, tokens: int, gpus: int) -> float:
         return self.fixed_s + tokens * self.flops_per_token / (gpus * self.peak_flops_per_gpu * self.mfu)
@@ -112,7 +123,8 @@ class Profile:
     fit_error: dict[str, Any] = field(default_factory=dict)
     # num_params, num_layers, hidden_size, num_kv_heads, head_dim, dtype_bytes, num_tensors
     model_facts: dict[str, Any] = field(default_factory=dict)
-    # memory_bytes, hbm_bytes_per_s, host_link_bytes_per_s, weight_sync_bytes_per_s, weight_sync_per_tensor_s
+    # memory_bytes, hbm_bytes_per_s, nvlink_bytes_per_s, scale_up_domain, scale_out_bytes_per_s,
+    # host_link_bytes_per_s, weight_sync_per_tensor_s (an older file: weight_sync_bytes_per_s)
     gpu_facts: dict[str, Any] = field(default_factory=dict)
     # The linear layers' weight-read time at zero tokens, where the compute knee is measured from
     # (rlsim.iteration_model); None in profiles that do not separate it (the knee then uses t_w_s).
@@ -261,6 +273,8 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         cost = TrainCost(
             **{k: float(train[k]) for k in names if k in train},
             padded_micro_batch_tokens=int(train.get("padded_micro_batch_tokens", 0)),
+            backend=str(train.get("backend", "")),
+            **{k: int(train[k]) for k in ("tp", "pp", "ep", "cp") if k in train},
         )
     except (TypeError, ValueError) as exc:
         raise RlsimError(f"{where}: a field has the wrong type ({exc})") from None

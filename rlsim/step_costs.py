@@ -7,9 +7,19 @@ Training (veRL's phases, each a `timing_s/...` column of steps.parquet):
   profile's fixed per-step overhead.
 - A forward over a sequence of T tokens costs `2 N T` FLOPs for the weights plus `2 L d T^2` for
   causal attention (QK^T and AV, 4 L d t at position t, summed over t); all at the profile's MFU
-  of the training GPUs' peak.
-- `update_weights`: resharding the trained weights and broadcasting them to the rollout engines,
-  `bytes / weight_sync_bytes_per_s + num_tensors * weight_sync_per_tensor_s`.
+  of the training GPUs' peak. The MFU is its trainer backend's published figure
+  (`rlsim.derive.train`), which holds the data-parallel traffic its run overlapped; the training
+  layout adds what it does not (`layout_cost`): tensor parallelism's two all-reduces per layer
+  and pass, expert parallelism's two all-to-alls per MoE layer and pass, over the scale-up link
+  when the group fits in one scale-up domain and the scale-out link otherwise, and the
+  pipeline's bubble, `(m + pp - 1) / m` for m micro-batches of veRL's 16,384 tokens per stage.
+  Context parallelism splits each sequence over its ranks; its ring exchange overlaps
+  attention and is not charged.
+- `update_weights`: the whole model's bytes over the link the exchange crosses (the scale-up
+  link when the cluster's GPUs fit in one scale-up domain, the scale-out link otherwise), plus
+  a cost per tensor (gathering, bucketing, the engines' load): `bytes / link +
+  num_tensors * weight_sync_per_tensor_s`. Older profiles state one effective bandwidth instead
+  (`weight_sync_bytes_per_s`).
 - Colocated engines sleep through training (veRL's `free_cache_engine`): `rollout_sleep`
   offloads each rank's weight shard over the host link and frees the KV cache, `rollout_wake_up`
   loads it back; the KV is gone, so carried requests re-prefill.
@@ -30,6 +40,7 @@ graph memory are not subtracted, so this is an upper bound of what vLLM reports.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,13 +118,62 @@ def forward_flops(profile: Profile, seq_lens: np.ndarray) -> float:
     return float((2.0 * model_facts.active_params(mf) * t + 2.0 * mf["num_layers"] * mf["hidden_size"] * t * t).sum())
 
 
-def weight_sync_s(profile: Profile) -> float:
+def link_bytes_per_s(profile: Profile, gpus: int) -> float:
+    """Per-GPU bandwidth of the link a group of `gpus` GPUs crosses: the scale-up link (NVLink)
+    within one scale-up domain, the scale-out link (the node's NICs) beyond it."""
     gf = profile.gpu_facts
-    if profile.model_facts and "weight_sync_bytes_per_s" in gf:
-        return weight_bytes(profile) / gf["weight_sync_bytes_per_s"] + (
-            profile.model_facts["num_tensors"] * gf["weight_sync_per_tensor_s"]
-        )
+    if gpus <= gf.get("scale_up_domain", 8) or "scale_out_bytes_per_s" not in gf:
+        return float(gf["nvlink_bytes_per_s"])
+    return float(gf["scale_out_bytes_per_s"])
+
+
+def weight_sync_s(profile: Profile, gpus: int | None = None) -> float:
+    """`update_weights` on a cluster of `gpus` GPUs (default: one instance's TP group)."""
+    gf, mf = profile.gpu_facts, profile.model_facts
+    if not mf:
+        return profile.weight_sync_s
+    per_tensor = mf["num_tensors"] * gf.get("weight_sync_per_tensor_s", 0.0)
+    if "weight_sync_bytes_per_s" in gf:  # an older profile's one effective bandwidth
+        return weight_bytes(profile) / gf["weight_sync_bytes_per_s"] + per_tensor
+    if "nvlink_bytes_per_s" in gf:
+        return weight_bytes(profile) / link_bytes_per_s(profile, gpus or profile.tensor_parallel_size) + per_tensor
     return profile.weight_sync_s
+
+
+PP_MICRO_BATCH_TOKENS = 16384  # veRL's ppo_max_token_len_per_gpu default: the tokens of a micro-batch
+ACTIVATION_BYTES = 2  # bf16 activations
+
+
+def check_layout(profile: Profile, gpus: int) -> None:
+    """One sentence where the training layout cannot run on `gpus` training GPUs."""
+    tc, mf = profile.train, profile.model_facts
+    group = tc.tp * tc.pp * tc.cp
+    if gpus % group:
+        raise RlsimError(
+            f"the training layout TP {tc.tp} x PP {tc.pp} x CP {tc.cp} = {group} GPUs does not divide the {gpus} "
+            "training GPUs"
+        )
+    if tc.ep > 1 and (gpus // (tc.tp * tc.pp)) % tc.ep:
+        raise RlsimError(f"training EP {tc.ep} does not divide the data x context parallel ranks of {gpus} GPUs")
+    if mf and tc.pp > mf.get("num_layers", tc.pp):
+        raise RlsimError(f"training PP {tc.pp} exceeds the model's {mf['num_layers']} layers")
+
+
+def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int) -> tuple[float, float]:
+    """(seconds of tensor- and expert-parallel traffic in one forward pass, the pipeline's bubble
+    factor) of training on samples of these lengths on `gpus` GPUs (the module docstring)."""
+    tc, mf = profile.train, profile.model_facts
+    dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
+    tokens = float(np.sum(seq_lens)) / (dp * tc.cp)  # what one rank of a data-parallel replica computes on
+    act = tokens * mf["hidden_size"] * ACTIVATION_BYTES
+    comm = 0.0
+    if tc.tp > 1:  # 2 all-reduces per layer (ring: 2 (tp - 1) / tp of the bytes), its stage's layers
+        comm += 2 * mf["num_layers"] / tc.pp * 2 * (tc.tp - 1) / tc.tp * act / link_bytes_per_s(profile, tc.tp)
+    if tc.ep > 1 and mf.get("moe_layers"):  # dispatch and combine: each token to its k experts and back
+        a2a = mf["experts_per_token"] * act * (tc.ep - 1) / tc.ep / link_bytes_per_s(profile, tc.ep * tc.tp)
+        comm += 2 * mf["moe_layers"] / tc.pp * a2a
+    micro = max(1, math.ceil(tokens / (tc.padded_micro_batch_tokens or PP_MICRO_BATCH_TOKENS)))
+    return comm, (micro + tc.pp - 1) / micro
 
 
 def sleep_s(profile: Profile) -> float:
@@ -147,12 +207,16 @@ def padded_tokens(lengths, budget: int) -> int:  # noqa: ANN001
     return sum(len(mb) * max(lengths[i] for i in mb) for mb in micro_batches(lengths, budget))
 
 
-def step_cost(profile: Profile, seq_lens: np.ndarray, train_gpus: int, use_kl_loss: bool, sleep: bool) -> StepCost:
-    """The phases of one step that trains on samples of these total lengths (prompt + response)."""
+def step_cost(
+    profile: Profile, seq_lens: np.ndarray, train_gpus: int, use_kl_loss: bool, sleep: bool, gpus: int | None = None
+) -> StepCost:
+    """The phases of one step that trains on samples of these total lengths (prompt + response),
+    on `train_gpus` training GPUs of a cluster of `gpus` (default: the training GPUs)."""
     tc = profile.train
     if profile.model_facts:
         rate = train_gpus * tc.peak_flops_per_gpu * tc.mfu
-        fwd = forward_flops(profile, seq_lens) / rate
+        comm, bubble = layout_cost(profile, seq_lens, train_gpus)
+        fwd = (forward_flops(profile, seq_lens) / rate + comm) * bubble
         old, ref, update = fwd, (fwd if use_kl_loss else 0.0), tc.fixed_s + 3 * fwd
     else:  # fitted: the measured forward (old log-probs, reference) and update, or the whole stage
         budget = tc.padded_micro_batch_tokens
@@ -160,4 +224,4 @@ def step_cost(profile: Profile, seq_lens: np.ndarray, train_gpus: int, use_kl_lo
         fwd = tc.forward_seconds(tokens, train_gpus)
         old, ref, update = fwd, (fwd if use_kl_loss else 0.0), tc.seconds(tokens, train_gpus)
     slept = sleep_s(profile) if sleep else 0.0
-    return StepCost(old, ref, update, weight_sync_s(profile), slept, slept)
+    return StepCost(old, ref, update, weight_sync_s(profile, gpus or train_gpus), slept, slept)

@@ -25,7 +25,8 @@ def test_tp_family_is_the_same_model_on_the_same_gpu() -> None:
     assert tp_family("h100-qwen2.5-32b-tp4") == {
         2: "h100-qwen2.5-32b-tp2", 4: "h100-qwen2.5-32b-tp4", 8: "h100-qwen2.5-32b-tp8",
     }  # fmt: skip
-    assert tp_family("h100-qwen2.5-7b-tp1") == {t: f"h100-qwen2.5-7b-tp{t}" for t in (1, 2, 4, 8)}
+    # Qwen2.5-7B's 28 heads do not divide over 8 ranks, which vLLM refuses: no TP 8 member
+    assert tp_family("h100-qwen2.5-7b-tp1") == {t: f"h100-qwen2.5-7b-tp{t}" for t in (1, 2, 4)}
     assert tp_family("h800-qwen2.5-32b-tp4") == {4: "h800-qwen2.5-32b-tp4"}  # no H800 family shipped
 
 

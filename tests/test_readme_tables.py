@@ -19,7 +19,7 @@ from readme_tables import read_table, tables_in, write_table  # noqa: E402
 # benchmark script -> the README tables it writes
 DETERMINISTIC = {
     "profile_table": ["profile_table"],
-    "derive_table": ["derived_profiles"],
+    "derive_table": ["derived_profiles", "derive_checks"],
     "paper_checks": ["paper_checks"],
     "compare_table": ["compare_default", "compare_dynamic_sampling"],
     "plan_table": ["plan_example"],

@@ -17,20 +17,21 @@ from rlsim.roofline import cell, grid, has_roofline, roofline_s
 
 
 def test_roofline_matches_hand_worked_numbers_for_qwen25_14b_tp2() -> None:
-    """Qwen2.5-14B (48 layers, 8 KV heads of 128, bf16, 14.7e9 parameters) at TP 2 on H100:
-    KV 2 x 48 x 8 x 128 x 2 = 196,608 bytes per token; batch 32 x 16,384 context per rank reads
-    14.7e9 x 2 / 2 = 14.70 GB of weights and 32 x 16,384 x 196,608 / 2 = 51.54 GB of KV:
-    66.24 GB / 3.35 TB/s = 19.77 ms. The profile's iteration there is 10.9971 ms + 23.6 us x 32
-    + 40.406 ns x 524,288 + 19.199 us x 32 = 33.55 ms, so it runs at 59% of the roofline (the
-    profile before the all-reduce, framework and achievable-bandwidth terms: 22.20 ms, 89%)."""
+    """Qwen2.5-14B (48 layers, 8 KV heads of 128, bf16, 14.77e9 parameters counted from its
+    config) at TP 2 on H100: KV 2 x 48 x 8 x 128 x 2 = 196,608 bytes per token; batch 32 x 16,384
+    context per rank reads 14.77e9 x 2 / 2 = 14.77 GB of weights and 32 x 16,384 x 196,608 / 2 =
+    51.54 GB of KV: 66.31 GB / 3.35 TB/s = 19.79 ms. The profile's iteration there is
+    10.6307 ms + 23.6 us x 32 + 40.406 ns x 524,288 + 18.995 us x 32 = 33.18 ms, so it runs at
+    60% of the roofline."""
     p = load_profile("h100-qwen2.5-14b-tp2")
     assert kv_bytes_per_token(p.model_facts) == 196_608
-    assert roofline_s(p, 32, 16_384) == pytest.approx((14.7e9 + 32 * 16_384 * 98_304) / 3.35e12)
-    assert roofline_s(p, 32, 16_384) == pytest.approx(0.019773, rel=1e-4)
+    assert p.model_facts["num_params"] == 14_769_192_960
+    assert roofline_s(p, 32, 16_384) == pytest.approx((14_769_192_960 + 32 * 16_384 * 98_304) / 3.35e12)
+    assert roofline_s(p, 32, 16_384) == pytest.approx(0.019794, rel=1e-4)
     c = cell(p, 32, 16_384)
-    assert c.iteration_s == pytest.approx(0.0109971261 + 2.36e-05 * 32 + 4.04059701e-08 * 524_288 + 1.9199042e-05 * 32)
-    assert c.roofline_fraction == pytest.approx(0.5893, abs=1e-3)
-    assert not c.kv_fits  # 524,288 tokens > the profile's 257,364
+    assert c.iteration_s == pytest.approx(0.0106306599 + 2.36e-05 * 32 + 4.04059701e-08 * 524_288 + 1.89945748e-05 * 32)
+    assert c.roofline_fraction == pytest.approx(0.5966, abs=1e-3)
+    assert not c.kv_fits  # 524,288 tokens > the profile's 256,661
     assert cell(p, 32, 4096).kv_fits
 
 
@@ -45,7 +46,7 @@ def test_every_shipped_gpu_profile_is_below_the_roofline() -> None:
 def test_profile_show_prints_the_grid_and_marks_cells_where_kv_does_not_fit() -> None:
     r = CliRunner().invoke(app, ["profile", "show", "h100-qwen2.5-14b-tp2"])
     assert r.exit_code == 0, r.output
-    assert "954 (59%) *" in r.output and "1,812 (47%)" in r.output
+    assert "964 (60%) *" in r.output and "1,851 (48%)" in r.output
     r = CliRunner().invoke(app, ["profile", "show", "h100-qwen2.5-14b-tp2", "--json"])
     cells = json.loads(r.output)["cells"]
     assert len(cells) == 16 and {c["batch"] for c in cells} == {32, 64, 128, 256}

@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+from rlsim.derive.derive import derive_profile, setup
+from rlsim.derive.train import Trainer, published_mfu
+from rlsim.errors import RlsimError
 from rlsim.profile import TrainCost, load_profile, profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.step_costs import (
+    check_layout,
     forward_flops,
     kv_capacity,
     micro_batches,
@@ -22,16 +26,69 @@ from rlsim.step_costs import (
 from rlsim.trace.synth import SynthConfig, synthesize
 
 
-def test_weight_sync_of_an_8b_model_is_inside_slimes_measurement() -> None:
-    """slime measured 2.8-5.0 s per weight update for an 8B model on 8 GPUs."""
-    assert 2.8 <= weight_sync_s(load_profile("h200-llama-8b")) <= 5.0
+def test_weight_sync_crosses_the_scale_up_link_within_a_domain_and_scale_out_beyond() -> None:
+    """The whole model's bf16 bytes over NVLink (900 GB/s) on one 8-GPU node, over the 50 GB/s
+    per-GPU scale-out link on 16 GPUs, plus 5 ms per tensor either way; on a GB200 NVL72 rack 64
+    GPUs still exchange over NVLink."""
+    p = load_profile("h100-qwen2.5-7b-tp1")
+    weights, tensors = p.model_facts["num_params"] * 2, p.model_facts["num_tensors"] * 5e-3
+    assert weight_sync_s(p, 8) == pytest.approx(weights / 900e9 + tensors)
+    assert weight_sync_s(p, 16) == pytest.approx(weights / 50e9 + tensors)
+    assert p.weight_sync_s == round(weight_sync_s(p, 1), 3)
+    cost = step_cost(p, np.array([1000.0]), 8, False, False, gpus=16)
+    assert cost.update_weights == pytest.approx(weight_sync_s(p, 16))
+    gb200 = profile_from_dict(derive_profile(setup("qwen2.5-7b", "gb200", 1)))
+    assert weight_sync_s(gb200, 64) == pytest.approx(weights / gb200.gpu_facts["nvlink_bytes_per_s"] + tensors)
+
+
+def test_trainer_backends_default_to_their_published_mfu() -> None:
+    """FSDP2: TorchTitan's 5,762 tokens/s per H100 for Llama 3.1 8B at 8K, under rlsim's count
+    (6 N + 6 L d T FLOPs per token: 8.03e9 parameters, 32 layers, 4,096 hidden) of 989 TFLOP/s;
+    Megatron: its README's 47%. --mfu overrides either."""
+    per_token = 6 * 8.03e9 + 6 * 32 * 4096 * 8192
+    assert published_mfu("fsdp2") == pytest.approx(5762 * per_token / 989e12, abs=2e-3)
+    assert published_mfu("megatron") == 0.47
+    raw = derive_profile(setup("qwen2.5-7b", "h100", 1), trainer=Trainer("megatron", tp=2, pp=2))
+    assert (raw["train"]["mfu"], raw["train"]["backend"], raw["train"]["tp"]) == (0.47, "megatron", 2)
+    assert derive_profile(setup("qwen2.5-7b", "h100", 1), trainer=Trainer(mfu=0.5))["train"]["mfu"] == 0.5
+    with pytest.raises(RlsimError, match="need megatron"):
+        Trainer("fsdp2", tp=2)
+
+
+def test_the_training_layout_adds_its_traffic_and_bubble() -> None:
+    """Megatron TP 2 adds 2 all-reduces per layer and pass over NVLink; PP 4 adds the bubble
+    (m + 3) / m for m micro-batches of 16,384 tokens; EP adds the all-to-alls of an MoE model;
+    a layout that does not divide the training GPUs is one sentence."""
+
+    def cost(trainer: Trainer, model: str = "qwen2.5-7b", gpus: int = 8):  # noqa: ANN202
+        p = profile_from_dict(derive_profile(setup(model, "h100", 2 if "a3b" in model else 1), trainer=trainer))
+        return p, step_cost(p, np.full(64, 4096.0), gpus, False, False)
+
+    p, base = cost(Trainer("megatron"))
+    _, tp2 = cost(Trainer("megatron", tp=2))
+    tokens = 64 * 4096 / 4  # a data-parallel replica's tokens (8 GPUs / TP 2 = 4 replicas)
+    ring = 2 * 28 * 2 * 0.5 * tokens * 3584 * 2 / 900e9
+    assert tp2.old_log_prob - base.old_log_prob == pytest.approx(ring)
+    _, pp4 = cost(Trainer("megatron", pp=4))
+    m = 64 * 4096 / 2 / 16384  # 2 replicas, 8 micro-batches each
+    assert pp4.old_log_prob == pytest.approx(base.old_log_prob * (m + 3) / m)
+    _, moe = cost(Trainer("megatron"), "qwen3-30b-a3b")
+    _, moe_ep = cost(Trainer("megatron", ep=8), "qwen3-30b-a3b")
+    assert moe_ep.old_log_prob > moe.old_log_prob
+    with pytest.raises(RlsimError, match="does not divide the 6 training GPUs"):
+        tp4 = derive_profile(setup("qwen2.5-7b", "h100", 1), trainer=Trainer("megatron", tp=4))
+        check_layout(profile_from_dict(tp4), 6)
+    with pytest.raises(RlsimError, match="dense model"):
+        derive_profile(setup("qwen2.5-7b", "h100", 1), trainer=Trainer("megatron", ep=2))
 
 
 def test_kv_capacity_follows_memory_utilisation() -> None:
     """(u x memory - weight shard) x TP / KV bytes per token: Qwen2.5-32B at TP 4 on 80 GB GPUs."""
     p = load_profile("h100-qwen2.5-32b-tp4")
     kv_token = 2 * 64 * 8 * 128 * 2
-    assert p.kv_capacity_tokens == int((0.5 * 80e9 - 2 * 32.5e9 / 4) * 4 / kv_token)  # veRL's default
+    params = p.model_facts["num_params"]  # 32.8B counted from the config (the model card rounds to 32.5B)
+    assert params == pytest.approx(32.76e9, rel=1e-3)
+    assert p.kv_capacity_tokens == int((0.5 * 80e9 - 2 * params / 4) * 4 / kv_token)  # veRL's default
     assert with_engine(p, EngineConfig(gpu_memory_utilization=0.8)).kv_capacity_tokens == kv_capacity(p, 0.8)
     assert kv_capacity(p, 0.8) > 2 * kv_capacity(p, 0.5)
     q = with_engine(p, EngineConfig(max_num_seqs=64, max_num_batched_tokens=4096))

@@ -35,6 +35,7 @@ def register_compare(app: typer.Typer) -> None:
         tp: int = derive_opts.TP,
         ep: int = derive_opts.EP,
         dtype: str = derive_opts.DTYPE,
+        trainer: str = derive_opts.TRAINER,
         placement: str = options.PLACEMENT,
         train_gpus: int = options.TRAIN_GPUS,
         dispatch: str = options.DISPATCH,
@@ -66,7 +67,7 @@ def register_compare(app: typer.Typer) -> None:
             check_output_file(plot, "--plot")  # before minutes of simulation, not after
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype)
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer)
         cluster, rl = configs(from_trace(locals(), tr))
         check_len(tr, rl.max_response_len)
         prog = Progress(

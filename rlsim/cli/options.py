@@ -21,7 +21,7 @@ PROFILE = typer.Option(
     "h100-qwen2.5-32b-tp4", help="Shipped profile name or JSON path (default: rollout TP 4, as veRL's DAPO recipe)."
 )
 PLACEMENT = typer.Option("colocated", help="colocated or disaggregated.")
-TRAIN_GPUS = typer.Option(0, help="Training GPUs (disaggregated only).")
+TRAIN_GPUS = typer.Option(0, "--train-gpus", "--trainer-gpus", help="Training GPUs (disaggregated only).")
 DISPATCH = typer.Option(
     "least_loaded",
     help="least_loaded (each sample to the instance with the fewest unfinished requests, as veRL's agent loop), "

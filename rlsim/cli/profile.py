@@ -56,6 +56,17 @@ def show(
         f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.engine.max_num_seqs}",
         highlight=False,
     )
+    tc = profile.train
+    if profile.model_facts and tc.backend:
+        from rlsim.step_costs import weight_sync_s
+
+        domain = int(profile.gpu_facts.get("scale_up_domain", 8))
+        con.print(
+            f"training: {tc.backend} at {tc.mfu:.1%} MFU of {tc.peak_flops_per_gpu / 1e12:,.0f} TFLOP/s per GPU, "
+            f"layout TP {tc.tp} PP {tc.pp} EP {tc.ep} CP {tc.cp}; weight sync {weight_sync_s(profile, domain):.2f} s "
+            f"within a scale-up domain ({domain} GPUs), {weight_sync_s(profile, domain + 1):.2f} s beyond",
+            highlight=False,
+        )
     if not cells:
         con.print(
             "no roofline: the profile does not state model_facts (num_params, num_layers, num_kv_heads, head_dim, "

@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
         tp: int = derive_opts.TP,
         ep: int = derive_opts.EP,
         dtype: str = derive_opts.DTYPE,
+        trainer: str = derive_opts.TRAINER,
         placement: str = options.PLACEMENT,
         train_gpus: int = options.TRAIN_GPUS,
         dispatch: str = options.DISPATCH,
@@ -85,7 +86,7 @@ def register(app: typer.Typer) -> None:
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         tr = load_trace(trace, [policy])
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype)
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer)
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)
@@ -98,6 +99,7 @@ def register(app: typer.Typer) -> None:
             return
         _print_summary(result.summary, f"{policy} | {cluster.num_gpus} GPUs, {cluster.profile}, {cluster.placement}")
         make_console().print(f"run directory: {out} (summary.json holds every figure at full precision)")
+
 
 def _print_summary(s: dict, title: str) -> None:
     """One simulated run's figures, rounded and with units (the run directory keeps them exact)."""
@@ -132,5 +134,3 @@ def _print_summary(s: dict, title: str) -> None:
     for row in rows:
         table.add_row(*row)
     make_console().print(table)
-
-

@@ -40,6 +40,7 @@ from rlsim.config import EngineConfig
 from rlsim.derive.gpus import GpuSpec, load_gpu, shipped_gpus
 from rlsim.derive.models import DTYPE_BYTES, Model, load_model
 from rlsim.derive.operators import LinearFit, linear_fit
+from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.model_facts import experts_hit, kv_shards
 from rlsim.profile import SCHEMA_VERSION, profile_from_dict
@@ -53,8 +54,7 @@ ACTIVATION_BYTES = 2  # bf16 activations cross the links whatever the weights' d
 # veRL's rollout defaults (verl/trainer/config/rollout/rollout.yaml)
 VERL_GPU_MEMORY_UTILIZATION, VERL_MAX_NUM_SEQS, VERL_MAX_NUM_BATCHED_TOKENS = 0.5, 1024, 8192
 HOST_LINK_BPS = 50e9  # PCIe Gen5 x16: 64 GB/s a direction; 50 effective (assumed)
-SYNC_BPS, SYNC_PER_TENSOR_S = 10e9, 5e-3  # assumed, as calibrate/derive_profiles.py
-TRAIN_MFU, TRAIN_FIXED_S = 0.35, 5.0  # assumed, as calibrate/derive_profiles.py
+SYNC_PER_TENSOR_S = 5e-3  # per weight tensor: gather, bucket, the engine's load (assumed)
 DECODE_TOKENS = np.array([1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512])
 PREFILL_TOKENS = np.array([1024, 1536, 2048, 3072, 4096])
 # an MoE profile's residual knots: the line's range and on to veRL's max_num_batched_tokens
@@ -217,10 +217,12 @@ def setup(model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", kv_ca
     return Setup(load_model(model), spec, key, tp, ep, dtype, kv_cache_dtype or dtype)
 
 
-def derive_profile(s: Setup, engine: EngineConfig | None = None) -> dict[str, Any]:
+def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Trainer | None = None) -> dict[str, Any]:
     """The profile (as its JSON dict) of `s`, under veRL's rollout defaults unless `engine` sets
-    `gpu_memory_utilization`, `max_num_seqs` or `max_num_batched_tokens`."""
+    `gpu_memory_utilization`, `max_num_seqs` or `max_num_batched_tokens`, trained by `trainer`
+    (default: veRL's FSDP backend at its published MFU)."""
     m, g, tp = s.model, s.gpu, s.tensor_parallel_size
+    trainer = trainer or Trainer()
     fit = linear_fit()
     coeffs, err = closed_form(s)
     engine = engine or EngineConfig()
@@ -233,8 +235,7 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None) -> dict[str, An
         "memory_bytes": g.memory_bytes, "hbm_bytes_per_s": g.hbm_bytes_per_s,
         "nvlink_bytes_per_s": g.scale_up_bytes_per_s,
         "scale_up_domain": g.scale_up_domain, "scale_out_bytes_per_s": g.scale_out_bytes_per_s,
-        "host_link_bytes_per_s": HOST_LINK_BPS, "weight_sync_bytes_per_s": SYNC_BPS,
-        "weight_sync_per_tensor_s": SYNC_PER_TENSOR_S,
+        "host_link_bytes_per_s": HOST_LINK_BPS, "weight_sync_per_tensor_s": SYNC_PER_TENSOR_S,
     }  # fmt: skip
     prof: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -248,10 +249,7 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None) -> dict[str, An
         "max_num_batched_tokens": engine.max_num_batched_tokens or VERL_MAX_NUM_BATCHED_TOKENS,
         "gpu_memory_utilization": util,
         "async_scheduling": True,  # vLLM 0.32's default on GPU executors, as veRL runs it
-        "train": {
-            "flops_per_token": 6 * m.num_active_params, "peak_flops_per_gpu": g.bf16_flops_per_s,
-            "mfu": TRAIN_MFU, "fixed_s": TRAIN_FIXED_S,
-        },  # fmt: skip
+        "train": trainer.block(m, g),
         "weight_sync_s": 0.0,
         "model_facts": facts,
         "gpu_facts": gpu_facts,
@@ -274,9 +272,11 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None) -> dict[str, An
             if tp > 1 else "none (TP 1)",
             "engine_limits": "veRL rollout defaults unless given: max_num_seqs 1024, max_num_batched_tokens 8192, "
             "gpu_memory_utilization 0.5",
-            "train": "6 x active parameters FLOPs per trained token at 35% MFU of the GPU's dense bf16 peak, 5 s "
-            "fixed (assumed)",
-            "weight_sync": "weights over 10 GB/s effective + 5 ms per tensor (assumed)",
+            "train": trainer.provenance(),
+            "weight_sync": f"the whole model's bytes over the scale-up link ({g.scale_up_bytes_per_s / 1e9:,.0f} GB/s) "
+            f"within a scale-up domain of {g.scale_up_domain} GPUs, the scale-out link "
+            f"({g.scale_out_bytes_per_s / 1e9:,.0f} GB/s per GPU) beyond it, + {SYNC_PER_TENSOR_S * 1e3:.0f} ms per "
+            "tensor (assumed); weight_sync_s is one instance's",
             "not_modelled": "pipeline-parallel generation, data-parallel attention, MTP draft layers",
         },
         "fit_error": {"closed_form_vs_terms_mape": round(err, 4), "linear_layers_fit_mape": round(fit.mape, 4)},

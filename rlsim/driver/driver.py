@@ -266,7 +266,8 @@ class Driver(Launcher):
         lens = np.array([out[r] + self.requests[r].num_prompt_tokens for r in ids], dtype=float)
         colocated = self.cluster.placement == "colocated"
         sleep = colocated and self.profile.engine.free_cache_engine
-        cost = step_cost(self.profile, lens, self.cluster.training_gpus, self.rl.use_kl_loss, sleep)
+        cluster = self.cluster
+        cost = step_cost(self.profile, lens, cluster.training_gpus, self.rl.use_kl_loss, sleep, cluster.num_gpus)
         start = max(gen_end + cost.rollout_sleep, reward_end)
         if colocated:
             self.engine.pause(sleep=sleep)

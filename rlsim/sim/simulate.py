@@ -20,7 +20,7 @@ from rlsim.profile import Profile, load_profile
 from rlsim.result import Result, summarize
 from rlsim.sim.engine import SimEngine
 from rlsim.spec.speculation import SpecModel
-from rlsim.step_costs import with_engine
+from rlsim.step_costs import check_layout, with_engine
 from rlsim.trace.format import Trace
 
 
@@ -67,6 +67,7 @@ def simulate(
     parsed = parse_policy(policy)
     spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
     check_engine_fits(prof, trace, rl)
+    check_layout(prof, cluster.training_gpus)
     engine = SimEngine(prof, n, exact=exact, spec=spec, iteration_times=iteration_times, lockstep=lockstep)
     pol = make_policy(policy)
     t0 = time.perf_counter()
