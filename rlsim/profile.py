@@ -39,6 +39,9 @@ SCHEMA_VERSION = 2
 MAX_ITERATION_S = 60.0  # a profile's iteration of one sequence above this is a unit error
 
 
+TRAINER_DEFAULTS = {"backend": "", "tp": 1, "pp": 1, "ep": 1, "cp": 1}  # TrainCost's trainer, when not stated
+
+
 @dataclass(frozen=True, slots=True)
 class TrainCost:
     """Training-stage cost: fixed overhead plus FLOPs per trained token at a stated MFU.
@@ -217,6 +220,9 @@ class Profile:
         """The profile's JSON: its engine's recorded settings as top-level fields."""
         out = asdict(self)
         engine = out.pop("engine")
+        for name, default in TRAINER_DEFAULTS.items():  # a fitted profile's train block stays as it was written
+            if out["train"][name] == default:
+                del out["train"][name]
         return out | {k: engine[k] for k in PROFILE_ENGINE_FIELDS}
 
 
