@@ -10,8 +10,10 @@ Training (veRL's phases, each a `timing_s/...` column of steps.parquet):
   of the training GPUs' peak. The MFU is its trainer backend's published figure
   (`rlsim.derive.train`), which holds the data-parallel traffic its run overlapped; the training
   layout adds what it does not (`layout_cost`): tensor parallelism's two all-reduces per layer
-  and pass, expert parallelism's two all-to-alls per MoE layer and pass, over the scale-up link
-  when the group fits in one scale-up domain and the scale-out link otherwise, and the
+  and pass, expert parallelism's two all-to-alls per MoE layer and pass (experts folded over a
+  pipeline stage's GPUs, as Megatron-Core does, each TP rank sending its sequence-parallel
+  share), over the scale-up link when the group fits in one scale-up domain and the scale-out
+  link otherwise, and the
   pipeline's bubble, `(m + pp - 1) / m` for m micro-batches of veRL's 16,384 tokens per stage.
   Context parallelism splits each sequence over its ranks; its ring exchange overlaps
   attention and is not charged.
@@ -153,8 +155,8 @@ def check_layout(profile: Profile, gpus: int) -> None:
             f"the training layout TP {tc.tp} x PP {tc.pp} x CP {tc.cp} = {group} GPUs does not divide the {gpus} "
             "training GPUs"
         )
-    if tc.ep > 1 and (gpus // (tc.tp * tc.pp)) % tc.ep:
-        raise RlsimError(f"training EP {tc.ep} does not divide the data x context parallel ranks of {gpus} GPUs")
+    if tc.ep > 1 and (gpus // tc.pp) % tc.ep:  # Megatron's MoE parallel folding: experts over a stage's GPUs
+        raise RlsimError(f"training EP {tc.ep} does not divide the {gpus // tc.pp} GPUs of a pipeline stage")
     if mf and tc.pp > mf.get("num_layers", tc.pp):
         raise RlsimError(f"training PP {tc.pp} exceeds the model's {mf['num_layers']} layers")
 
@@ -169,8 +171,9 @@ def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int) -> tuple[floa
     comm = 0.0
     if tc.tp > 1:  # 2 all-reduces per layer (ring: 2 (tp - 1) / tp of the bytes), its stage's layers
         comm += 2 * mf["num_layers"] / tc.pp * 2 * (tc.tp - 1) / tc.tp * act / link_bytes_per_s(profile, tc.tp)
-    if tc.ep > 1 and mf.get("moe_layers"):  # dispatch and combine: each token to its k experts and back
-        a2a = mf["experts_per_token"] * act * (tc.ep - 1) / tc.ep / link_bytes_per_s(profile, tc.ep * tc.tp)
+    if tc.ep > 1 and mf.get("moe_layers"):  # dispatch and combine: each token to its k experts and back,
+        # each TP rank sending its sequence-parallel share, within the EP group
+        a2a = mf["experts_per_token"] * act / tc.tp * (tc.ep - 1) / tc.ep / link_bytes_per_s(profile, tc.ep)
         comm += 2 * mf["moe_layers"] / tc.pp * a2a
     micro = max(1, math.ceil(tokens / (tc.padded_micro_batch_tokens or PP_MICRO_BATCH_TOKENS)))
     return comm, (micro + tc.pp - 1) / micro
