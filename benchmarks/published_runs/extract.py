@@ -84,7 +84,8 @@ def rows_of(summary: Path) -> list[dict]:
         if line.startswith("* Precision:"):
             precision = "fp8" if "Generation FP8" in line else "bf16"
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if not line.startswith("|") or len(cells) < 11 or cells[0] in ("Algorithm", "Model") or cells[0].startswith("-"):
+        header = cells[0] in ("Algorithm", "Model") or cells[0].startswith("-")
+        if not line.startswith("|") or len(cells) < 11 or header:
             continue
         if len(cells) == 11:  # v0.4 has no algorithm column
             cells = ["GRPO", *cells]
@@ -139,7 +140,7 @@ def annotate(row: dict, repo: Path) -> dict:
     return row | {
         "rlsim_model": rlsim_model, "gpu": gpu, "recipe": path if cfg else "", "gen_tp": gen_tp,
         "samples_per_prompt": _get(cfg, "grpo", "num_generations_per_prompt") or "",
-        "max_new_tokens": gen.get("max_new_tokens") if isinstance(gen.get("max_new_tokens"), int) else row["max_seq_len"],
+        "max_new_tokens": new if isinstance(new := gen.get("max_new_tokens"), int) else row["max_seq_len"],
         "gen_gpus": gen_gpus, "gpu_memory_utilization": _get(gen, "vllm_cfg", "gpu_memory_utilization") or "",
         "train_tp": tp, "train_cp": cp, "train_ep": ep, "train_pp": pp, "layout_source": source,
         "kl_penalty": _get(cfg, "loss_fn", "reference_policy_kl_penalty") or 0.0,

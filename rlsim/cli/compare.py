@@ -36,6 +36,7 @@ def register_compare(app: typer.Typer) -> None:
         ep: int = derive_opts.EP,
         dtype: str = derive_opts.DTYPE,
         trainer: str = derive_opts.TRAINER,
+        terms: str | None = derive_opts.TERMS,
         placement: str = options.PLACEMENT,
         train_gpus: int = options.TRAIN_GPUS,
         dispatch: str = options.DISPATCH,
@@ -67,7 +68,7 @@ def register_compare(app: typer.Typer) -> None:
             check_output_file(plot, "--plot")  # before minutes of simulation, not after
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer)
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms)
         cluster, rl = configs(from_trace(locals(), tr))
         check_len(tr, rl.max_response_len)
         prog = Progress(

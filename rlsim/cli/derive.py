@@ -21,6 +21,10 @@ GPU = typer.Option(None, help="With --model: a GPU name (rlsim profile list) or 
 TP = typer.Option(1, "--tp", help="With --model: tensor-parallel size of each rollout instance.")
 EP = typer.Option(1, "--ep", help="With --model: expert-parallel size (1, or --tp for vLLM's enable_expert_parallel).")
 DTYPE = typer.Option("bf16", "--dtype", help="With --model: weights and KV cache in bf16 or fp8.")
+TERMS = typer.Option(
+    None, "--terms", help="With --model: framework terms fitted to published runs laid over the derivation: nemo-rl "
+    "(fitted on half of NeMo RL's published step times) or a JSON file of them.",
+)
 TRAINER = typer.Option(
     "fsdp2",
     "--trainer",
@@ -31,14 +35,18 @@ TRAINER = typer.Option(
 
 
 def derived_profile_path(
-    model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", trainer: str = "fsdp2"
+    model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", trainer: str = "fsdp2", terms: str | None = None
 ) -> str:
     """Derive the profile and write it under ~/.cache/rlsim/profiles (or $RLSIM_CACHE_DIR); its path."""
     from rlsim.derive.derive import derive_profile, setup
+    from rlsim.derive.terms import load_terms
     from rlsim.derive.train import Trainer
     from rlsim.files import atomic_write_text
 
     raw = derive_profile(setup(model, gpu, tp, ep, dtype), trainer=Trainer.parse(trainer))
+    if terms:
+        fitted, provenance = load_terms(terms)
+        raw = fitted.apply(raw, provenance)
     root = Path(os.environ.get("RLSIM_CACHE_DIR") or Path.home() / ".cache" / "rlsim") / "profiles"
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"{raw['name']}.json"
@@ -47,20 +55,32 @@ def derived_profile_path(
 
 
 def profile_or_derived(
-    profile: str, model: str | None, gpu: str | None, tp: int, ep: int, dtype: str, trainer: str = "fsdp2"
+    profile: str,
+    model: str | None,
+    gpu: str | None,
+    tp: int,
+    ep: int,
+    dtype: str,
+    trainer: str = "fsdp2",
+    terms: str | None = None,
 ) -> str:
     """`--profile`, or the profile `--model/--gpu/--tp` derive (the two are exclusive)."""
     if model is None and gpu is None:
-        if trainer != "fsdp2":
-            raise RlsimError("--trainer goes with --model and --gpu: a given --profile states its own training cost")
+        if trainer != "fsdp2" or terms:
+            raise RlsimError("--trainer and --terms go with --model and --gpu: a given --profile states its own costs")
         return profile
     if model is None or gpu is None:
         raise RlsimError("--model and --gpu go together (with --tp): they derive the profile")
-    return derived_profile_path(model, gpu, tp, ep, dtype, trainer)
+    return derived_profile_path(model, gpu, tp, ep, dtype, trainer, terms)
 
 
 def derive_family(
-    model: str | None, gpu: str | None, tps: tuple[int, ...], dtype: str, trainer: str = "fsdp2"
+    model: str | None,
+    gpu: str | None,
+    tps: tuple[int, ...],
+    dtype: str,
+    trainer: str = "fsdp2",
+    terms: str | None = None,
 ) -> tuple[str, tuple[int, ...]]:
     """`rlsim plan --model M --gpu G`: the derived profile at every TP asked (default: 1, 2, 4 and
     8 where the model derives: heads divided, weights fitting, within the scale-up domain), side by
@@ -70,7 +90,7 @@ def derive_family(
     paths: dict[int, str] = {}
     for t in tps or (1, 2, 4, 8):
         try:
-            paths[t] = derived_profile_path(model, gpu, t, 1, dtype, trainer)
+            paths[t] = derived_profile_path(model, gpu, t, 1, dtype, trainer, terms)
         except RlsimError:
             if tps:
                 raise
@@ -95,11 +115,13 @@ def register_derive(profile_app: typer.Typer) -> None:
         ),
         max_num_seqs: int | None = typer.Option(None, help="vLLM max_num_seqs (default: veRL's 1024)."),
         trainer: str = TRAINER,
+        terms: str | None = TERMS,
         out: Path | None = typer.Option(None, "--out", "-o", help="Write the profile JSON here (default: print it)."),
     ) -> None:
         """A profile from a model's config and a GPU's datasheet: dense or MoE, GQA or MLA, bf16 or fp8, with
         the training cost of a trainer backend and layout."""
         from rlsim.derive.derive import derive_profile, setup
+        from rlsim.derive.terms import load_terms
         from rlsim.derive.train import Trainer
         from rlsim.files import atomic_write_text
         from rlsim.paths import check_output_file
@@ -110,6 +132,9 @@ def register_derive(profile_app: typer.Typer) -> None:
             check_output_file(out, "--out")
         engine = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)
         raw = derive_profile(setup(model, gpu, tp, ep, dtype, kv_cache_dtype), engine, Trainer.parse(trainer))
+        if terms:
+            fitted, provenance = load_terms(terms)
+            raw = fitted.apply(raw, provenance)
         prof = profile_from_dict(raw, raw["name"])
         check_roofline(prof, raw["name"])
         text = json.dumps(raw, indent=2) + "\n"

@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
         gpu: str | None = derive_opts.GPU,
         dtype: str = derive_opts.DTYPE,
         trainer: str = derive_opts.TRAINER,
+        terms: str | None = derive_opts.TERMS,
         gpus: str = typer.Option("8..256", help="GPU counts: a range (powers of two, 8..256) or a list (16,32,64)."),
         placement: str = typer.Option("colocated", help="Placements to try: colocated, disaggregated, or both."),
         train_share: str = typer.Option(
@@ -138,7 +139,7 @@ def register(app: typer.Typer) -> None:
         cfg = PlanConfig(target_epoch_hours, gpu_budget, steps, min_steps, eta, seeds)
         tps = parse_list(tp, int, "--tp")
         if model is not None or gpu is not None:  # the family of derived profiles, one per TP
-            profile, tps = derive_opts.derive_family(model, gpu, tps, dtype, trainer)
+            profile, tps = derive_opts.derive_family(model, gpu, tps, dtype, trainer, terms)
         # HistoSpec variants are left out by default: a plan estimates an epoch from its first
         # steps, where no prompt has a previous visit to draft from yet.
         names = split_policies(policies) or [p for p in REGISTRY if p != "oracle"]

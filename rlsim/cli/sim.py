@@ -62,6 +62,7 @@ def register(app: typer.Typer) -> None:
         ep: int = derive_opts.EP,
         dtype: str = derive_opts.DTYPE,
         trainer: str = derive_opts.TRAINER,
+        terms: str | None = derive_opts.TERMS,
         placement: str = options.PLACEMENT,
         train_gpus: int = options.TRAIN_GPUS,
         dispatch: str = options.DISPATCH,
@@ -86,7 +87,7 @@ def register(app: typer.Typer) -> None:
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         tr = load_trace(trace, [policy])
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer)
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms)
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)

@@ -1,0 +1,77 @@
+"""Framework terms fitted to published runs, laid over a derived profile (`--terms FILE|NAME`).
+
+A derived profile states only what physics and the cited sources give. Three terms are what a
+published end-to-end run pins down and physics does not: seconds every engine iteration spends
+beyond the derivation (`iteration_overhead_s`, the engine's scheduling, input preparation and
+sampling beyond SGLang's in slime's fit), seconds per weight tensor of a refit
+(`refit_per_tensor_s`) and the Megatron trainer's MFU (`megatron_mfu`). A terms file holds the
+fitted values with their provenance (which rows, which objective); `nemo-rl` is the shipped one,
+fitted on half of NeMo RL's published step times (`benchmarks/published_runs.py`, whose other
+half is its test). A term a file leaves out keeps the derived value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rlsim.errors import RlsimError
+from rlsim.files import read_json_object
+
+SHIPPED = ("nemo-rl",)
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """Fitted framework terms; `None` keeps the derived value."""
+
+    iteration_overhead_s: float = 0.0
+    refit_per_tensor_s: float | None = None
+    megatron_mfu: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.iteration_overhead_s < 0:
+            raise RlsimError(f"iteration_overhead_s must be >= 0, got {self.iteration_overhead_s}")
+        if self.refit_per_tensor_s is not None and self.refit_per_tensor_s < 0:
+            raise RlsimError(f"refit_per_tensor_s must be >= 0, got {self.refit_per_tensor_s}")
+        if self.megatron_mfu is not None and not 0 < self.megatron_mfu <= 1:
+            raise RlsimError(f"megatron_mfu must be in (0, 1], got {self.megatron_mfu}")
+
+    def apply(self, raw: dict[str, Any], provenance: str = "") -> dict[str, Any]:
+        """A copy of the profile dict `raw` with these terms laid over it."""
+        raw = json.loads(json.dumps(raw))
+        raw["t_w_s"] = float(f"{raw['t_w_s'] + self.iteration_overhead_s:.9g}")
+        if self.refit_per_tensor_s is not None:
+            raw["gpu_facts"]["weight_sync_per_tensor_s"] = self.refit_per_tensor_s
+        if self.megatron_mfu is not None and raw["train"].get("backend") == "megatron":
+            raw["train"]["mfu"] = self.megatron_mfu
+        if provenance:
+            raw.setdefault("provenance", {})["fitted_terms"] = provenance
+        return raw
+
+
+def load_terms(name_or_path: str) -> tuple[Terms, str]:
+    """The terms of a shipped name (`nemo-rl`) or a JSON file, and a line of provenance."""
+    if name_or_path in SHIPPED:
+        raw = json.loads((resources.files("rlsim.derive") / f"terms_{name_or_path}.json").read_text(encoding="utf-8"))
+        where = f"rlsim/derive/terms_{name_or_path}.json"
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise RlsimError(f"unknown terms {name_or_path!r}: give a JSON file or one of {', '.join(SHIPPED)}")
+        raw, where = read_json_object(path), str(path)
+    values = raw.get("terms")
+    if not isinstance(values, dict):
+        raise RlsimError(f"{where} has no 'terms' object")
+    known = {f.name for f in fields(Terms)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise RlsimError(f"{where}: unknown term {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    try:
+        terms = Terms(**values)
+    except TypeError as exc:
+        raise RlsimError(f"{where}: {exc}") from None
+    return terms, f"{where}: {raw.get('fitted_on', 'provenance not stated')}"

@@ -1,0 +1,87 @@
+"""The published-runs rows, their split and the fitted terms: what the README's accuracy table
+rests on (`benchmarks/published_runs.py`; the table itself is held equal to the script's output
+by `tests/test_readme_tables.py`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from benchmarks.nemo_rl import FITTED, load_rows, run
+from rlsim.cli.app import app
+from rlsim.derive.derive import derive_profile, setup
+from rlsim.derive.terms import Terms, load_terms
+from rlsim.derive.train import Trainer
+from rlsim.errors import RlsimError
+
+
+def test_every_published_row_is_kept_with_a_setup_or_a_reason() -> None:
+    """52 rows over three releases; 36 expressible, each with its recipe; every other row says
+    why (generation TP beyond the scale-up domain, 8-step off-policy, a hybrid Mamba model)."""
+    d = load_rows()
+    assert len(d) == 52 and set(d.release.astype(str)) == {"0.4", "0.5", "0.6"}
+    ok = d[d.expressible]
+    assert len(ok) == 36 and ok.recipe.str.startswith("examples/configs/recipes/llm/performance/").all()
+    assert d[~d.expressible].reason.str.len().gt(0).all()
+    assert (ok.kl_penalty > 0).all()  # every expressible GRPO recipe keeps a reference model
+    assert ok.prompt_len.between(90, 140).all()
+
+
+def test_the_split_keeps_a_configuration_in_one_half() -> None:
+    d = load_rows()
+    ok = d[d.expressible]
+    assert ok.groupby("config").half.nunique().eq(1).all()
+    assert set(ok.half) == {"fit", "test"} and (ok.half == "test").sum() >= 14
+
+
+def test_the_shipped_terms_record_where_they_were_fitted() -> None:
+    terms, provenance = load_terms("nemo-rl")
+    raw = json.loads(FITTED.read_text())
+    assert raw["rows"] == int(((load_rows().half == "fit") & load_rows().expressible).sum())
+    assert "fit half" in provenance and "rows.csv" in provenance
+    assert 0 < terms.iteration_overhead_s < 0.05 and 0 < terms.megatron_mfu <= 1
+
+
+def test_terms_lay_over_a_derived_profile_and_only_megatron_takes_the_mfu() -> None:
+    terms = Terms(iteration_overhead_s=0.01, refit_per_tensor_s=1e-3, megatron_mfu=0.3)
+    base = derive_profile(setup("qwen3-32b", "h100", 4), trainer=Trainer("megatron", tp=4))
+    out = terms.apply(base, "test")
+    assert out["t_w_s"] == pytest.approx(base["t_w_s"] + 0.01)
+    assert (out["train"]["mfu"], out["gpu_facts"]["weight_sync_per_tensor_s"]) == (0.3, 1e-3)
+    assert out["provenance"]["fitted_terms"] == "test" and base["train"]["mfu"] == 0.47  # the input is untouched
+    fsdp = terms.apply(derive_profile(setup("qwen3-32b", "h100", 4)))
+    assert fsdp["train"]["mfu"] == derive_profile(setup("qwen3-32b", "h100", 4))["train"]["mfu"]
+    with pytest.raises(RlsimError, match="megatron_mfu must be in"):
+        Terms(megatron_mfu=1.5)
+
+
+def test_terms_on_the_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    args = ["profile", "derive", "--model", "qwen3-32b", "--gpu", "h100", "--tp", "4", "--terms", "nemo-rl"]
+    r = CliRunner().invoke(app, [*args, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "terms_nemo-rl.json" in json.loads(out.read_text())["provenance"]["fitted_terms"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"terms": {"bogus": 1}}')
+    for extra, message in ((["--terms", str(bad)], "unknown term 'bogus'"), (["--terms", "nosuch"], "unknown terms")):
+        r = CliRunner().invoke(app, [*args[:-2], *extra])
+        assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["simulate", "--profile", "h100-qwen2.5-7b-tp1", "--terms", "nemo-rl"])
+    assert r.exit_code == 2 and "go with --model and --gpu" in r.stderr
+
+
+def test_a_row_simulates_its_stated_setup() -> None:
+    """Qwen3-30B-A3B on 32 H100s, on-policy: the derived profile's step has every phase, the KL
+    reference among them, and the fitted terms move it toward the published 198 s."""
+    d = load_rows()
+    row = d[(d.release.astype(str) == "0.5") & (d.model == "Qwen3-30B3A") & (d.policy == "On policy")
+            & (d.system == "DGX-H100")]  # fmt: skip
+    derived = run(row, Terms())
+    fitted = run(row, load_terms("nemo-rl")[0])
+    assert (derived[["gen", "old_log_prob", "update_actor", "update_weights"]] > 0).all(axis=None)
+    assert abs(fitted.error.iloc[0]) < abs(derived.error.iloc[0]) + 0.1
+    assert isinstance(fitted, pd.DataFrame) and float(row.step_s.iloc[0]) == 198.0
