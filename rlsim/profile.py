@@ -34,7 +34,7 @@ PROFILE_ENGINE_FIELDS = (
 )  # fmt: skip
 PROFILE_DIR = Path(str(resources.files("calibrate") / "profiles"))
 # 1: the five coefficients; 2: adds linear_t0_s (the compute knee) and the per-term provenance of
-# rlsim.iteration_model. A version-1 file loads unchanged (its knee is measured from t_w_s).
+# the derivation (rlsim.derive.derive). A version-1 file loads unchanged (its knee is measured from t_w_s).
 SCHEMA_VERSION = 2
 MAX_ITERATION_S = 60.0  # a profile's iteration of one sequence above this is a unit error
 
@@ -130,7 +130,7 @@ class Profile:
     # host_link_bytes_per_s, weight_sync_per_tensor_s (an older file: weight_sync_bytes_per_s)
     gpu_facts: dict[str, Any] = field(default_factory=dict)
     # The linear layers' weight-read time at zero tokens, where the compute knee is measured from
-    # (rlsim.iteration_model); None in profiles that do not separate it (the knee then uses t_w_s).
+    # (rlsim.derive.derive.closed_form); None in profiles that do not separate it (the knee then uses t_w_s).
     linear_t0_s: float | None = None
     # (decode tokens, seconds) knots of what the line `t_w_s + gamma_s x N` misses where the
     # decode cost is not linear in the tokens (a mixture-of-experts model reads more experts as its
@@ -196,7 +196,7 @@ class Profile:
         `t_w_s / (prefill_s_per_token - gamma_s)` tokens (about 1,200 for the H100 7B profile);
         it binds when speculative decoding verifies several tokens per sequence in a large batch.
         Profiles that state `linear_t0_s` measure the knee from the linear layers' own intercept
-        (`rlsim.iteration_model`), not from the whole fixed time."""
+        (`rlsim.derive.derive.closed_form`), not from the whole fixed time."""
         t0 = self.t_w_s if self.linear_t0_s is None else self.linear_t0_s
         excess = max(0.0, (self.prefill_s_per_token - self.gamma_s) * tokens - t0)
         return excess + self.decode_residual(tokens) if self.decode_residual_s else excess
