@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import minimize
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
@@ -50,7 +51,7 @@ ROWS = Path(__file__).resolve().parent / "published_runs" / "rows.csv"
 FITTED = Path(__file__).resolve().parents[1] / "rlsim" / "derive" / "terms_nemo-rl.json"
 STEPS = 5
 PRESET = "dapo-qwen2.5-32b"
-PHASES = ("gen", "old_log_prob", "update_actor", "update_weights")
+PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 NEMO_ENGINE = {"max_num_seqs": 1024, "max_num_batched_tokens": 16384, "enable_prefix_caching": False}
 
 
@@ -121,8 +122,6 @@ def run(rows: pd.DataFrame, terms: Terms, say: bool = False) -> pd.DataFrame:
 
 def fit(rows: pd.DataFrame) -> tuple[Terms, float]:
     """The terms minimising the mean squared log error of step time over the fit half's rows."""
-    from scipy.optimize import minimize
-
     fit_rows = rows[(rows.half == "fit") & rows.expressible]
 
     def terms_of(x: np.ndarray) -> Terms:
