@@ -4,14 +4,17 @@ An engine iteration with B running sequences, C tokens of KV context, N_dec new 
 draft-verification) tokens and N_pre prefill tokens costs
 
     t = t_w_s + alpha_s * B + beta_s * C + gamma_s * N_dec + prefill_s_per_token * N_pre
+        + prefill_request_s * R_pre
 
-(DESIGN.md, "The model of time"). The rest of the RL step (old log-probs, reference, update,
-weight sync, sleep and wake) is costed by `rlsim.step_costs` from the profile's `model_facts`
-and `gpu_facts` when it has them (shipped GPU profiles do), else from the fitted `train` block and
-`weight_sync_s` (calibrated profiles). `model_facts` also lets `with_engine` re-derive the KV
-capacity for another `gpu_memory_utilization`. Profiles are JSON files
-(calibrate/profiles/*.json); `load_profile` accepts a path or the name of a shipped profile and
-rejects a malformed one with one sentence.
+(DESIGN.md, "The model of time"), R_pre the requests the iteration prefills (vLLM's
+`num_ctx_requests`): `prefill_request_s` is the per-request term, each request's scheduling, input
+preparation and submission beyond its tokens (0 where not measured or fitted). The rest of the RL
+step (old log-probs, reference, update, weight sync, sleep and wake) is costed by `rlsim.step_costs`
+from the profile's `model_facts` and `gpu_facts` when it has them (shipped GPU profiles do), else
+from the fitted `train` block and `weight_sync_s` (calibrated profiles). `model_facts` also lets
+`with_engine` re-derive the KV capacity for another `gpu_memory_utilization`. Profiles are JSON
+files (calibrate/profiles/*.json); `load_profile` accepts a path or the name of a shipped profile
+and rejects a malformed one with one sentence.
 """
 
 from __future__ import annotations
@@ -136,6 +139,8 @@ class Profile:
     # decode cost is not linear in the tokens (a mixture-of-experts model reads more experts as its
     # batch grows: `rlsim.derive.derive`); interpolated, held past the last knot; empty: linear
     decode_residual_s: tuple[tuple[float, float], ...] = ()
+    # Seconds per request an iteration prefills, beyond its tokens (the module docstring)
+    prefill_request_s: float = 0.0
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -146,6 +151,7 @@ class Profile:
             "gamma_s",
             "prefill_s_per_token",
             "weight_sync_s",
+            "prefill_request_s",
         ):
             if getattr(self, name) < 0:
                 raise RlsimError(f"profile {self.name}: {name} must be >= 0")
@@ -179,7 +185,9 @@ class Profile:
                 f"{self.kv_capacity_tokens:,} KV tokens) takes {full:.3g} s; a coefficient is in the wrong unit"
             )
 
-    def iteration_s(self, batch: int, context: int, decode_tokens: int, prefill_tokens: int = 0) -> float:
+    def iteration_s(
+        self, batch: int, context: int, decode_tokens: int, prefill_tokens: int = 0, prefill_requests: int = 0
+    ) -> float:
         """Time of one engine iteration."""
         return (
             self.t_w_s
@@ -187,6 +195,7 @@ class Profile:
             + self.beta_s * context
             + self.gamma_s * decode_tokens
             + self.prefill_s_per_token * prefill_tokens
+            + self.prefill_request_s * prefill_requests
         )
 
     def compute_excess_s(self, tokens: float) -> float:
@@ -223,6 +232,8 @@ class Profile:
         for name, default in TRAINER_DEFAULTS.items():  # a fitted profile's train block stays as it was written
             if out["train"][name] == default:
                 del out["train"][name]
+        if not out["prefill_request_s"]:  # a profile without the per-request term is written as before it
+            del out["prefill_request_s"]
         return out | {k: engine[k] for k in PROFILE_ENGINE_FIELDS}
 
 
@@ -245,7 +256,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     """Build a `Profile` from parsed JSON, naming the first missing or bad field."""
     optional = (
         "spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization", "block_size",
-        "linear_t0_s", "async_scheduling", "schema_version", "decode_residual_s",
+        "linear_t0_s", "async_scheduling", "schema_version", "decode_residual_s", "prefill_request_s",
     )  # fmt: skip
     version = raw.get("schema_version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -309,6 +320,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         engine=_engine(raw, limits, where),
         linear_t0_s=_optional_seconds(raw.get("linear_t0_s"), f"{where}: field 'linear_t0_s'"),
         decode_residual_s=_knots(raw.get("decode_residual_s", []), f"{where}: field 'decode_residual_s'"),
+        prefill_request_s=_optional_seconds(raw.get("prefill_request_s"), f"{where}: field 'prefill_request_s'") or 0.0,
         **kwargs,
     )
 

@@ -14,18 +14,20 @@ from rlsim.calibration.fit import COEFFS, acceptance_prob, fit_iterations, load_
 from rlsim.cli.app import app
 from rlsim.errors import RlsimError
 
-TRUE = {"t_w_s": 2e-3, "alpha_s": 5e-5, "beta_s": 4e-8, "gamma_s": 2e-5, "prefill_s_per_token": 3e-5}
+TRUE = {"t_w_s": 2e-3, "alpha_s": 5e-5, "beta_s": 4e-8, "gamma_s": 2e-5, "prefill_s_per_token": 3e-5,
+        "prefill_request_s": 4e-4}  # fmt: skip
 
 
 def _iterations(n: int, spec: bool, noise: float, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     b = rng.integers(1, 128, n)
     drafts = rng.integers(0, 8, n) * b if spec else np.zeros(n, dtype=int)
-    pre_req = (rng.random(n) < 0.1).astype(int)
+    pre_req = (rng.random(n) < 0.1) * rng.integers(1, 9, n)
     pre_tok = pre_req * rng.integers(16, 2048, n)
     ctx = b * rng.integers(32, 4096, n)
     t = TRUE["t_w_s"] + TRUE["alpha_s"] * (b + pre_req) + TRUE["beta_s"] * (ctx + pre_tok)
     t = t + TRUE["gamma_s"] * (b + drafts) + TRUE["prefill_s_per_token"] * pre_tok
+    t = t + TRUE["prefill_request_s"] * pre_req
     return pd.DataFrame(
         {
             "phase": "spec" if spec else "grid",
@@ -42,7 +44,8 @@ def _iterations(n: int, spec: bool, noise: float, seed: int = 0) -> pd.DataFrame
 
 
 def test_fit_recovers_known_coefficients_with_spec_rows() -> None:
-    """With verify steps (N_dec > B) all five coefficients come back within 5%."""
+    """With verify steps (N_dec > B) all six coefficients come back within 5%, the per-request
+    term apart from the tokens those requests prefill."""
     df = pd.concat([_iterations(3000, False, 0.01), _iterations(3000, True, 0.01, seed=1)], ignore_index=True)
     fit = fit_iterations(df)
     assert fit.alpha_identified

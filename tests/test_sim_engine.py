@@ -209,3 +209,33 @@ def test_replay_takes_each_iteration_time_from_the_recording() -> None:
     # prefill) batches recorded: only iterations 2 and 3 (request 0 decoding) match
     assert eng.replay == {"iterations": 5, "same_batch": 2, "past_recording": 1}
     assert exact.now == pytest.approx(0.05, rel=1e-12)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_per_request_term_is_paid_once_per_prefilled_request(exact: bool) -> None:
+    """`prefill_request_s` adds its seconds for each request an iteration prefills: B requests
+    whose prompts fit one iteration add B x the term to the rollout, and nothing to decoding."""
+    base = dict(t_w_s=0.005, alpha_s=0, beta_s=0, gamma_s=1e-5, prefill_s_per_token=4e-6,
+                max_num_batched_tokens=100_000)  # fmt: skip
+    times = {}
+    for term in (0.0, 2e-3):
+        eng = SimEngine(_profile(prefill_request_s=term, **base), 1, exact=exact)
+        eng.submit([_req(i, 100, 50 + i) for i in range(32)])
+        _drain(eng)
+        times[term] = eng.now
+    assert times[2e-3] - times[0.0] == pytest.approx(32 * 2e-3, rel=1e-9)
+
+
+def test_per_request_term_in_a_profile_file() -> None:
+    """A profile file states the term or leaves it out (0, as files written before it); a
+    negative one is refused in one sentence."""
+    from rlsim.errors import RlsimError
+    from rlsim.profile import profile_from_dict
+
+    raw = load_profile("h100-qwen2.5-7b-tp1").to_dict()
+    assert "prefill_request_s" not in raw and profile_from_dict(raw).prefill_request_s == 0.0
+    p = profile_from_dict(raw | {"prefill_request_s": 1.5e-4})
+    assert p.to_dict()["prefill_request_s"] == 1.5e-4
+    assert p.iteration_s(4, 0, 0, 100, 2) - p.iteration_s(4, 0, 0, 100, 0) == pytest.approx(3e-4)
+    with pytest.raises(RlsimError, match="prefill_request_s"):
+        profile_from_dict(raw | {"prefill_request_s": -1.0})

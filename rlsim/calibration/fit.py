@@ -4,14 +4,16 @@
 
 The iteration model of DESIGN.md ("The model of time"),
 
-    t = T_w + alpha * B + beta * C + gamma * N_dec + prefill * N_pre
+    t = T_w + alpha * B + beta * C + gamma * N_dec + prefill * N_pre + prefill_request * R_pre
 
-is fitted by non-negative least squares on relative error to the `grid` iterations of
-`rlsim calibrate decode`, each row divided by its measured time (so no regime of short or long
-iterations dominates the shape), and then scaled as a whole so that the fitted iterations'
-predicted total equals their measured total. Iteration times are skewed (an occasional slow
-iteration, never a fast one), so the relative fit tracks the typical iteration, and the
-simulator, which adds iteration times up, under-predicted every total by 5-8% (the held-out
+(R_pre the requests an iteration prefills, vLLM's `num_ctx_requests`; the first iteration of a cell
+is timed from the cells' submission, so `prefill_request` holds each request's `add_request` as well
+as its scheduling and input preparation) is fitted by non-negative least squares on relative error
+to the `grid` iterations of `rlsim calibrate decode`, each row divided by its measured time (so no
+regime of short or long iterations dominates the shape), and then scaled as a whole so that the
+fitted iterations' predicted total equals their measured total. Iteration times are skewed (an
+occasional slow iteration, never a fast one), so the relative fit tracks the typical iteration, and
+the simulator, which adds iteration times up, under-predicted every total by 5-8% (the held-out
 total error of the tiny CPU model's grids); the scale makes the model one of the mean iteration.
 `target="median"` keeps the unscaled fit, for comparison. The
 iterations of `rlsim calibrate spec` join the grid when present (speculative steps verify more tokens than they have
@@ -44,7 +46,7 @@ from rlsim.profile import profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace, TraceMeta
 
-COEFFS = ("t_w_s", "alpha_s", "beta_s", "gamma_s", "prefill_s_per_token")
+COEFFS = ("t_w_s", "alpha_s", "beta_s", "gamma_s", "prefill_s_per_token", "prefill_request_s")
 BUCKETS = ((1, 1), (2, 4), (5, 16), (17, 64), (65, 256), (257, 10**9))
 
 
@@ -125,12 +127,11 @@ ITERATION_COLUMNS = (
 
 
 def features(df: pd.DataFrame) -> np.ndarray:
-    """Columns [1, B, C, N_dec, N_pre] as the simulator counts them."""
+    """Columns [1, B, C, N_dec, N_pre, R_pre] as the simulator counts them."""
     b = df["num_generation_requests"].to_numpy(float) + df["num_ctx_requests"].to_numpy(float)
     c = df["context_tokens"].to_numpy(float) + df["num_ctx_tokens"].to_numpy(float)
-    return np.column_stack(
-        [np.ones(len(df)), b, c, df["num_generation_tokens"].to_numpy(float), df["num_ctx_tokens"].to_numpy(float)]
-    )
+    pre = [df[k].to_numpy(float) for k in ("num_generation_tokens", "num_ctx_tokens", "num_ctx_requests")]
+    return np.column_stack([np.ones(len(df)), b, c, *pre])
 
 
 def _bucket(b: float) -> str:
@@ -186,14 +187,14 @@ def fit_iterations(df: pd.DataFrame, seed: int = 0, holdout: float = 0.25, targe
     # Decode-only steps compute one token per sequence, so B and N_dec move together; verify
     # steps (N_dec > decode sequences) are what tell alpha from gamma.
     alpha_ok = bool((rows["num_generation_tokens"] > rows["num_generation_requests"]).any())
-    cols = [0, 1, 2, 3, 4] if alpha_ok else [0, 2, 3, 4]
+    cols = [0, 1, 2, 3, 4, 5] if alpha_ok else [0, 2, 3, 4, 5]
     if not alpha_ok:
         notes.append("alpha not identifiable without speculative iterations (B = N_dec): folded into gamma")
     xf, yf = x[~test][:, cols], y[~test]
     sol, _ = nnls(xf / yf[:, None], np.ones(len(yf)))
     if target == "mean" and (xf @ sol).sum() > 0:
         sol = sol * (yf.sum() / (xf @ sol).sum())  # the same shape, scaled to the measured total
-    coef = np.zeros(5)
+    coef = np.zeros(len(COEFFS))
     coef[cols] = sol
     pred = x @ coef
     err = np.abs(pred - y) / y

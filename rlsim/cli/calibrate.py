@@ -185,7 +185,8 @@ def fit(
     table.add_column("coefficient")
     table.add_column("value", justify="right")
     units = {"t_w_s": ("T_w", 1e3, "ms"), "alpha_s": ("alpha", 1e6, "us/seq"), "beta_s": ("beta", 1e9, "ns/KV token"),
-             "gamma_s": ("gamma", 1e6, "us/token"), "prefill_s_per_token": ("prefill", 1e6, "us/token")}  # fmt: skip
+             "gamma_s": ("gamma", 1e6, "us/token"), "prefill_s_per_token": ("prefill", 1e6, "us/token"),
+             "prefill_request_s": ("per prefilling request", 1e6, "us/request")}  # fmt: skip
     for key, (label, mul, unit) in units.items():
         table.add_row(label, f"{prof[key] * mul:.4g} {unit}")
     table.add_row("KV capacity", f"{prof['kv_capacity_tokens']:,} tokens")

@@ -38,7 +38,9 @@ PROBE_WARN = 0.05
 def predicted_s(prof: Profile, its: pd.DataFrame) -> np.ndarray:
     """The profile's time for each recorded iteration, counted as the simulator counts it."""
     x = features(its)
-    coef = np.array([prof.t_w_s, prof.alpha_s, prof.beta_s, prof.gamma_s, prof.prefill_s_per_token])
+    coef = np.array(
+        [prof.t_w_s, prof.alpha_s, prof.beta_s, prof.gamma_s, prof.prefill_s_per_token, prof.prefill_request_s]
+    )
     decode = its["num_generation_tokens"].to_numpy(float)
     return x @ coef + np.array([prof.compute_excess_s(n) for n in decode])
 

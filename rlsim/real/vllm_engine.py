@@ -166,7 +166,9 @@ class Engine:
         return rec
 
     def _loop(self, rec, prompt_len, generated, finished, t_submit, phase) -> None:  # noqa: ANN001
-        t_prev = time.perf_counter()
+        # the first iteration is timed from the submission: its prefilling requests' add_request
+        # is what the fit's per-request term holds beside their scheduling and input preparation
+        t_prev = t_submit
         while self.engine.has_unfinished_requests():
             running = [rid for rid in prompt_len if rid not in finished]
             context = sum(prompt_len[r] + generated[r] for r in running if generated[r] > 0)

@@ -113,12 +113,12 @@ class VllmInstance:
         if self.engine.has_unfinished_requests():
             raise RuntimeError("measure() needs an idle engine: the run's requests are in flight")
         counted = self.iterations
+        t_prev = time.perf_counter()  # the first iteration is timed from the submission, as calibration times it
         self.add(requests)
         rows = []
         gc_was = gc.isenabled()
         gc.disable()  # as in calibration: no collection pause lands on a timed iteration
         try:
-            t_prev = time.perf_counter()
             while self.engine.has_unfinished_requests():
                 res = self.step()
                 t_now = time.perf_counter()

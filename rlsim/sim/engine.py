@@ -7,8 +7,9 @@ then waiting ones under `max_num_seqs` and `max_num_batched_tokens` (chunked pre
 KV in blocks of `block_size`; a waiting or preempted request admitted only if its whole sequence
 fits; preemption from the back of the running list when a request's next slots do not fit, and no
 admission in an iteration that preempted; prefix caching at block granularity with vLLM's
-free-queue order. This module prices iterations with the profile's cost model and turns the
-scheduler's finishes and preemptions into events.
+free-queue order. This module prices iterations with the profile's cost model (each iteration's
+batch, KV context, decode and prefill tokens, and the requests it prefills, which pay the
+profile's per-request term) and turns the scheduler's finishes and preemptions into events.
 
 Event jumping (`rlsim.sim.jump`): between events the decode batch is fixed, so an instance jumps
 straight to its next finish or block shortage in one SimPy timeout; it runs iterations one at a
@@ -396,7 +397,7 @@ class SimEngine:
                         "with more GPUs per instance, or lower --max-response-len"
                     )
                 if batch:
-                    took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens)
+                    took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens, len(out.chunks))
                     took += p.compute_excess_s(out.decode_tokens) + self._draft_s * len(sched.spec)
                     if self._replay is not None:
                         took = self._replay.took(inst.idx, out, took)
