@@ -5,6 +5,7 @@ by `tests/test_readme_tables.py`)."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -43,13 +44,15 @@ def test_the_shipped_terms_record_where_they_were_fitted() -> None:
     assert raw["rows"] == int(((load_rows().half == "fit") & load_rows().expressible).sum())
     assert "fit half" in provenance and "rows.csv" in provenance
     assert 0 < terms.iteration_overhead_s < 0.05 and 0 < terms.megatron_mfu <= 1
+    assert len([v for v in asdict(terms).values() if v]) <= 4, "at most four free terms"
 
 
 def test_terms_lay_over_a_derived_profile_and_only_megatron_takes_the_mfu() -> None:
-    terms = Terms(iteration_overhead_s=0.01, refit_per_tensor_s=1e-3, megatron_mfu=0.3)
+    terms = Terms(iteration_overhead_s=0.01, prefill_request_s=2e-4, refit_per_tensor_s=1e-3, megatron_mfu=0.3)
     base = derive_profile(setup("qwen3-32b", "h100", 4), trainer=Trainer("megatron", tp=4))
     out = terms.apply(base, "test")
     assert out["t_w_s"] == pytest.approx(base["t_w_s"] + 0.01)
+    assert "prefill_request_s" not in base and out["prefill_request_s"] == 2e-4
     assert (out["train"]["mfu"], out["gpu_facts"]["weight_sync_per_tensor_s"]) == (0.3, 1e-3)
     assert out["provenance"]["fitted_terms"] == "test" and base["train"]["mfu"] == 0.47  # the input is untouched
     fsdp = terms.apply(derive_profile(setup("qwen3-32b", "h100", 4)))
@@ -87,4 +90,15 @@ def test_a_row_simulates_its_stated_setup() -> None:
     assert (derived[["gen", "old_log_prob", "ref", "update_actor", "update_weights"]] > 0).all(axis=None)
     assert derived.ref.iloc[0] == pytest.approx(derived.old_log_prob.iloc[0])
     assert abs(derived.error.iloc[0]) < 0.15 and abs(fitted.error.iloc[0]) < 0.15
-    assert fitted.update_weights.iloc[0] < derived.update_weights.iloc[0] / 5  # 0.59 ms per tensor, not 5 ms
+    assert fitted.update_weights.iloc[0] < derived.update_weights.iloc[0] / 5  # 0.58 ms per tensor, not 5 ms
+
+
+def test_the_held_back_half_gives_the_readme_medians() -> None:
+    """Every expressible row with the shipped terms: the fit and test halves' median and worst
+    |error| as the README states them (17% and 72% on the test half; the issue's targets, 10% and
+    25%, are not met, and the README says why). The simulation is deterministic: no timing test."""
+    d = load_rows()
+    rows = d[d.expressible]
+    res = rows.join(run(rows, load_terms("nemo-rl")[0]))
+    got = {h: (round(100 * g.error.abs().median()), round(100 * g.error.abs().max())) for h, g in res.groupby("half")}
+    assert got == {"fit": (12, 97), "test": (17, 72)}, got

@@ -1,10 +1,12 @@
 """Framework terms fitted to published runs, laid over a derived profile (`--terms FILE|NAME`).
 
-A derived profile states only what physics and the cited sources give. Three terms are what a
+A derived profile states only what physics and the cited sources give. Four terms are what a
 published end-to-end run pins down and physics does not: seconds every engine iteration spends
 beyond the derivation (`iteration_overhead_s`, the engine's scheduling, input preparation and
-sampling beyond SGLang's in slime's fit), seconds per weight tensor of a refit
-(`refit_per_tensor_s`) and the Megatron trainer's MFU (`megatron_mfu`). A terms file holds the
+sampling beyond SGLang's in slime's fit), seconds per request an iteration prefills
+(`prefill_request_s`, the profile's per-request term: each request's submission, scheduling and
+input preparation), seconds per weight tensor of a refit (`refit_per_tensor_s`) and the Megatron
+trainer's MFU (`megatron_mfu`). A terms file holds the
 fitted values with their provenance (which rows, which objective); `nemo-rl` is the shipped one,
 fitted on half of NeMo RL's published step times (`benchmarks/published_runs.py`, whose other
 half is its test). A term a file leaves out keeps the derived value.
@@ -29,12 +31,15 @@ class Terms:
     """Fitted framework terms; `None` keeps the derived value."""
 
     iteration_overhead_s: float = 0.0
+    prefill_request_s: float = 0.0
     refit_per_tensor_s: float | None = None
     megatron_mfu: float | None = None
 
     def __post_init__(self) -> None:
         if self.iteration_overhead_s < 0:
             raise RlsimError(f"iteration_overhead_s must be >= 0, got {self.iteration_overhead_s}")
+        if self.prefill_request_s < 0:
+            raise RlsimError(f"prefill_request_s must be >= 0, got {self.prefill_request_s}")
         if self.refit_per_tensor_s is not None and self.refit_per_tensor_s < 0:
             raise RlsimError(f"refit_per_tensor_s must be >= 0, got {self.refit_per_tensor_s}")
         if self.megatron_mfu is not None and not 0 < self.megatron_mfu <= 1:
@@ -44,6 +49,8 @@ class Terms:
         """A copy of the profile dict `raw` with these terms laid over it."""
         raw = json.loads(json.dumps(raw))
         raw["t_w_s"] = float(f"{raw['t_w_s'] + self.iteration_overhead_s:.9g}")
+        if self.prefill_request_s:
+            raw["prefill_request_s"] = float(f"{raw.get('prefill_request_s', 0.0) + self.prefill_request_s:.9g}")
         if self.refit_per_tensor_s is not None:
             raw["gpu_facts"]["weight_sync_per_tensor_s"] = self.refit_per_tensor_s
         if self.megatron_mfu is not None and raw["train"].get("backend") == "megatron":
