@@ -31,6 +31,7 @@ DETERMINISTIC = {
 TIMING = {
     "simulate_epoch": ["sync_baseline", "simulator_speed"],
     "validate_real": ["calibration_figures", "validate_real", "validate_real_profiles"],
+    "predict_real": ["predict_real"],
     "validate_train": ["train_tiny", "validate_train"],
 }
 OTHER = {"scheduler_parity": ["scheduler_parity"]}  # checked row by row in tests/test_scheduler_parity.py

@@ -10,6 +10,10 @@ hold here, in every CI run, with or without vLLM installed (validation only simu
 
 - validation: the simulated rollout and step time within 5% of the real ones (the README's
   band), and the replay's batch identical to the real one in every iteration;
+- prediction (a batch whose manifest says `"calibrate": "before"`, written by
+  `python benchmarks/predict_real.py --record tests/data/recorded_runs`: the profile calibrated
+  before the runs, engine defaults, every policy run several times): each policy's median rollout
+  time within 10% of the real one, every run's replay batch-identical;
 - calibration: the records pass `rlsim calibrate fit`'s gate (held-out MAPE at most 15%, with
   its repeat-noise allowance) without `--force`, and each run's in-run fit is within 15% held out.
 
@@ -20,6 +24,7 @@ recorded ones never skip.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from recorded_runs import RECORDED, validated  # noqa: E402
 
 BATCHES = sorted(d for d in RECORDED.iterdir() if d.is_dir()) if RECORDED.is_dir() else []
-RUNS = [(b, r) for b in BATCHES for r in json.loads((b / "manifest.json").read_text())["runs"]]
+MANIFESTS = {b: json.loads((b / "manifest.json").read_text()) for b in BATCHES}
+RUNS = [(b, r) for b in BATCHES for r in MANIFESTS[b]["runs"] if MANIFESTS[b].get("calibrate") != "before"]
+PREDICTED = [b for b in BATCHES if MANIFESTS[b].get("calibrate") == "before"]
 VALIDATION_BAND_PCT = 5.0
+PREDICTION_BAND_PCT = 10.0  # the median of a policy's runs
 CALIBRATION_GATE = 0.15
 
 
@@ -66,3 +74,23 @@ def test_recorded_calibration_passes_the_gate(batch: Path, tmp_path: Path) -> No
         if cal.exists():
             mape = json.loads(cal.read_text())["fit_error"]["heldout_mape"]
             assert mape <= CALIBRATION_GATE, (run, mape)
+
+
+@pytest.mark.parametrize("batch", PREDICTED, ids=[b.name for b in PREDICTED])
+def test_predicted_runs_hold_the_median_band(batch: Path, tmp_path: Path) -> None:
+    """Every run of a prediction batch is validated (none left out); per policy, the median of its
+    runs' rollout time error is within 10%, and every run's replay has the real batches."""
+    runs = MANIFESTS[batch]["runs"]
+    assert len(runs) >= 3 * len({r.rsplit("-", 1)[0] for r in runs}), "at least 3 runs per policy"
+    by_policy: dict[str, list[float]] = {}
+    for run in runs:
+        (tmp_path / run).mkdir()
+        res = validated(batch, run, tmp_path / run)
+        it = res["parts"]["schedule"]["iterations"]
+        assert it["same_batch"] == it["simulated"] == it["real"] > 0, (run, it)
+        engine = json.loads((batch / run / "config.json").read_text())["EngineConfig"]
+        assert engine["enable_prefix_caching"], "a prediction runs at the engine's defaults"
+        by_policy.setdefault(run.rsplit("-", 1)[0], []).append(res["parts"]["total"]["rollout_time_pct"])
+    medians = {p: statistics.median(v) for p, v in by_policy.items()}
+    print(f"\n{batch.name}: median rollout time error {medians}")
+    assert all(abs(m) <= PREDICTION_BAND_PCT for m in medians.values()), medians
