@@ -56,6 +56,11 @@ def show(
         f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.engine.max_num_seqs}",
         highlight=False,
     )
+    con.print(
+        f"iteration: t_w {profile.t_w_s * 1e3:.3g} ms, per prefilling request "
+        f"{profile.prefill_request_s * 1e6:.3g} us{'' if profile.prefill_request_s else ' (not measured or fitted)'}",
+        highlight=False,
+    )
     tc = profile.train
     if profile.model_facts and tc.backend:
         from rlsim.step_costs import weight_sync_s
