@@ -64,23 +64,28 @@ def load_rows() -> pd.DataFrame:
     return d.assign(prompt_len=d.model.map(prompt).fillna(d.prompt_tokens).round().astype(int))
 
 
-@functools.cache
-def _trace(prompts_per_step: int, samples: int, cap: int, prompt_len: int, mean: float):  # noqa: ANN202
-    """The DAPO preset rescaled so that its capped mean response is `mean` (bisection on the scale)."""
-    n = prompts_per_step * STEPS
-    prompts = pd.DataFrame({"prompt_id": np.arange(n), "num_prompt_tokens": np.full(n, prompt_len)})
+def rescaled(preset: str, prompts_per_step: int, samples: int, steps: int, cap: int, mean: float,
+             prompts: pd.DataFrame | None = None, lo: float = 0.01, hi: float = 4.0, iters: int = 30):  # noqa: ANN201
+    """The preset rescaled (`length_scale`, bisection over [lo, hi]) so that its capped mean response is `mean`."""
 
     def make(scale: float):  # noqa: ANN202
-        cfg = SynthConfig(preset=PRESET, num_prompts=n, samples_per_prompt=samples, epochs=1,
+        cfg = SynthConfig(preset=preset, num_prompts=prompts_per_step * steps, samples_per_prompt=samples, epochs=1,
                           prompts_per_step=prompts_per_step, max_response_len=cap, length_scale=scale)  # fmt: skip
         return synthesize(cfg, prompts)
 
-    lo, hi = 0.01, 4.0
-    for _ in range(30):
+    for _ in range(iters):
         mid = (lo + hi) / 2
         got = make(mid).table["num_output_tokens"].clip(upper=cap).mean()
         lo, hi = (mid, hi) if got < mean else (lo, mid)
     return make((lo + hi) / 2)
+
+
+@functools.cache
+def _trace(prompts_per_step: int, samples: int, cap: int, prompt_len: int, mean: float):  # noqa: ANN202
+    """The DAPO preset rescaled so that its capped mean response is `mean`, every prompt `prompt_len` tokens."""
+    n = prompts_per_step * STEPS
+    prompts = pd.DataFrame({"prompt_id": np.arange(n), "num_prompt_tokens": np.full(n, prompt_len)})
+    return rescaled(PRESET, prompts_per_step, samples, STEPS, cap, mean, prompts)
 
 
 def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms()) -> dict:  # noqa: B008 - frozen

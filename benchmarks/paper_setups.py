@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from nemo_rl import rescaled
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
@@ -43,7 +44,6 @@ from rlsim.derive.train import Trainer
 from rlsim.paths import default_trace
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import load
-from rlsim.trace.synth import SynthConfig, synthesize
 
 WORKDIR = Path(tempfile.mkdtemp(prefix="rlsim-paper-setups-"))
 
@@ -125,25 +125,9 @@ SEER = (
 )
 
 
-def _rescaled(preset: str, prompts: int, samples: int, steps: int, cap: int, mean: float):  # noqa: ANN202
-    """The preset rescaled (`length_scale`, bisection) so that its capped mean response is `mean`."""
-
-    def make(scale: float):  # noqa: ANN202
-        cfg = SynthConfig(preset=preset, num_prompts=prompts * steps, samples_per_prompt=samples, epochs=1,
-                          prompts_per_step=prompts, max_response_len=cap, length_scale=scale)  # fmt: skip
-        return synthesize(cfg)
-
-    lo, hi = 0.05, 8.0
-    for _ in range(25):
-        mid = (lo + hi) / 2
-        got = make(mid).table["num_output_tokens"].clip(upper=cap).mean()
-        lo, hi = (mid, hi) if got < mean else (lo, mid)
-    return make((lo + hi) / 2)
-
-
 def seer(model: str, gpus: int, tp: int, prompts: int, samples: int, cap: int, mean: float, steps: int = 5) -> dict:
     """Seer (grouped drafting on) and veRL's baseline in Seer's Table 3 setup: throughput and rollout seconds."""
-    tr = _rescaled("reasoning-32k", prompts, samples, steps, cap, mean)
+    tr = rescaled("reasoning-32k", prompts, samples, steps, cap, mean, lo=0.05, hi=8.0, iters=25)
     prof = record_profile(model, "h800", tp)
     rl = RLConfig(prompts_per_step=prompts, samples_per_prompt=samples, epochs=1, max_response_len=cap, max_steps=steps)
     out = {}

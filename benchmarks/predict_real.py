@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from readme_tables import emit, machine_note
-from validate_real import sh
+from validate_real import calibrate_tiny, sh
 
 from rlsim.hostload import LoadMeter
 
@@ -52,16 +52,9 @@ def main() -> None:
     model, trace, rec, prof = out / "tiny-llama", out / "tiny.parquet", out / "records", out / "profile.json"
     t0 = time.perf_counter()
     meter = LoadMeter()
-    if not model.exists():
-        sh("-m", "calibrate.tiny_model", "--out", str(model))
-    if not trace.exists():
-        sh("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "32", "--samples-per-prompt", "4",
-           "--epochs", "2", "--length-scale", "0.1")  # fmt: skip
-    if rec.exists():
+    if rec.exists():  # calibrated afresh, never on top of an earlier batch's records
         shutil.rmtree(rec)
-    for what in ("decode", "train"):
-        sh("-m", "rlsim.cli", "calibrate", what, "--model", str(model), "--out", str(rec))
-    sh("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(prof), "--force")
+    calibrate_tiny(out)
     print(f"calibrated in {time.perf_counter() - t0:.0f} s", flush=True)
     policies = args.policies.split(",")
     runs: list[tuple[str, str, dict]] = []

@@ -63,6 +63,21 @@ def sh(*args: str) -> str:
     return proc.stdout
 
 
+def calibrate_tiny(out: Path) -> str:
+    """The README's CPU sequence up to the profile, in `out`: the tiny model and trace (kept when
+    already there), `rlsim calibrate decode` and `train` into out/records, `rlsim calibrate fit`
+    into out/profile.json; answers the fit's printout."""
+    model, trace, rec = out / "tiny-llama", out / "tiny.parquet", out / "records"
+    if not model.exists():
+        sh("-m", "calibrate.tiny_model", "--out", str(model))
+    if not trace.exists():
+        sh("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "32", "--samples-per-prompt", "4",
+           "--epochs", "2", "--length-scale", "0.1")  # fmt: skip
+    for what in ("decode", "train"):
+        sh("-m", "rlsim.cli", "calibrate", what, "--model", str(model), "--out", str(rec))
+    return sh("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(out / "profile.json"), "--force")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("out/validate-real"))
@@ -80,14 +95,7 @@ def main() -> None:
     model, trace, rec, prof = out / "tiny-llama", out / "tiny.parquet", out / "records", out / "profile.json"
     t0 = time.perf_counter()
     meter = LoadMeter()
-    if not model.exists():
-        sh("-m", "calibrate.tiny_model", "--out", str(model))
-    if not trace.exists():
-        sh("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "32", "--samples-per-prompt", "4",
-           "--epochs", "2", "--length-scale", "0.1")  # fmt: skip
-    for what in ("decode", "train"):
-        sh("-m", "rlsim.cli", "calibrate", what, "--model", str(model), "--out", str(rec))
-    fit_out = sh("-m", "rlsim.cli", "calibrate", "fit", str(rec), "-o", str(prof), "--force")
+    fit_out = calibrate_tiny(out)
     spec = out / "spec"  # apart from the records: its verify iterations would enter the fit
     sh("-m", "rlsim.cli", "calibrate", "spec", "--model", str(model), "--trace", str(trace), "--out", str(spec))
     print(f"calibrated in {time.perf_counter() - t0:.0f} s:")
