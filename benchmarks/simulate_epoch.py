@@ -1,6 +1,7 @@
 """Benchmark: the simulator's speed, per policy, against a bare event-jumping heap loop.
 
-    python benchmarks/simulate_epoch.py [--policies sync,rollpacker] [--skip-cli] [--big] [--markdown | --readme]
+    python benchmarks/simulate_epoch.py [--policies sync,rollpacker] [--skip-cli] [--big] [--before REV]
+                                        [--markdown | --readme]
 
 For each policy (default: every policy `rlsim compare` runs), one epoch of the bundled trace
 (286,672 requests at R0 = 16, 64 H100s as 16 TP 4 instances) is simulated in a fresh process,
@@ -18,6 +19,12 @@ iteration-by-iteration `--exact` reference on a slice both finish, the wall time
 With `--markdown` it prints, and with `--readme` also writes into README.md, two tables: the
 synchronous baseline's figures (`sync_baseline`) and the simulator's speed (`simulator_speed`),
 each with the machine and its load during the run.
+
+`--before REV` measures a git revision of this repository side by side with the working tree, in
+the same run: its code is checked out into a temporary worktree, and every figure (each policy's
+epoch and its heap loop, `rlsim compare`, `rlsim plan`, the 10x trace) is taken by a fresh process
+running that revision's own benchmark (`--one`, `--big-child`) or CLI (with it first on
+`PYTHONPATH`), right before the same figure of the working tree. The tables then give both.
 """
 
 from __future__ import annotations
@@ -207,22 +214,58 @@ def big(path: str) -> dict:
     }  # fmt: skip
 
 
-def _child(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True)
+def _env(root: str | None) -> dict | None:
+    """The environment of a child running the code under `root` (None: this working tree)."""
+    if root is None:
+        return None
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
+def _child(args: list[str], root: str | None = None) -> dict:
+    """A fresh process of this benchmark (of the revision checked out under `root`, if given)."""
+    script = __file__ if root is None else os.path.join(root, "benchmarks", "simulate_epoch.py")
+    out = subprocess.run([sys.executable, script, *args], check=True, capture_output=True, text=True, env=_env(root))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _wall(cmd: list[str]) -> float:
+def _wall(cmd: list[str], root: str | None = None) -> float:
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True)
+    subprocess.run(cmd, check=True, capture_output=True, env=_env(root), cwd=root)
     return time.perf_counter() - t0
 
 
-def main() -> None:
+class _Worktree:
+    """A temporary git worktree of revision `rev` of this repository (None: no worktree)."""
+
+    def __init__(self, rev: str | None) -> None:
+        self.rev, self.path, self._tmp = rev, None, None
+
+    def __enter__(self) -> str | None:
+        if self.rev is None:
+            return None
+        self._tmp = tempfile.mkdtemp(prefix="rlsim-before-")
+        self.path = os.path.join(self._tmp, "tree")
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        subprocess.run(["git", "-C", repo, "worktree", "add", "-q", "--detach", self.path, self.rev], check=True)
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        if self.path is not None:
+            repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", self.path], check=False)
+            os.rmdir(self._tmp)
+
+
+def _fmt_pair(before: float | None, after: float, spec: str = ".2f") -> str:
+    return f"{after:{spec}}" if before is None else f"{before:{spec}} | {after:{spec}}"
+
+
+def main() -> None:  # noqa: C901, PLR0915 - one report, figure by figure
     ap = argparse.ArgumentParser()
     ap.add_argument("--policies", default=",".join(COMPARE_DEFAULT))
     ap.add_argument("--skip-cli", action="store_true", help="leave out rlsim compare and rlsim plan")
     ap.add_argument("--big", action="store_true", help="also one epoch of the 10x trace")
+    ap.add_argument("--before", metavar="REV", help="also measure this git revision, side by side")
     ap.add_argument("--markdown", action="store_true", help="print the README tables")
     ap.add_argument("--readme", action="store_true", help="print the README tables and write them into README.md")
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -238,24 +281,56 @@ def main() -> None:
     if a.big_child:
         print(json.dumps(big(a.big_child)))
         return
+    with _Worktree(a.before) as before:
+        report(a, before)
 
+
+def report(a: argparse.Namespace, before: str | None) -> None:  # noqa: C901, PLR0915
+    """Every figure, the revision under `before` (if any) measured right before this tree's."""
     meter = LoadMeter()
     loadavg = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cores, load average {loadavg:.2f} at start; one policy-epoch per fresh process")
-    print(f"{'policy':26s} {'epoch (s)':>9s} {'heap loop (s)':>13s} {'ratio':>6s} {'peak MiB':>8s}")
-    rows = []
-    speed = ["| policy | one epoch (s) | heap loop (s) | ratio | peak MiB |", "|---|---|---|---|---|"]
+    if before:
+        git = subprocess.run(["git", "-C", before, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        print(f"before: {a.before} ({git.stdout.strip()}), measured right before each figure of this tree")
+    b = before is not None
+    print(f"{'policy':26s} {'before (s)' if b else '':>10s} {'epoch (s)':>9s} {'heap loop (s)':>13s} "
+          f"{'ratio':>6s} {'peak MiB':>8s}")  # fmt: skip
+    rows, prior = [], []
+    if b:
+        speed = [
+            "| policy | one epoch before (s) | after (s) | speed-up | heap loop (s) | ratio before | ratio after | "
+            "peak MiB before | after |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+    else:
+        speed = ["| policy | one epoch (s) | heap loop (s) | ratio | peak MiB |", "|---|---|---|---|---|"]
     for name in a.policies.split(","):
+        p = _child(["--one", name], before) if b else None
         r = _child(["--one", name])
         rows.append(r)
-        line = f"{name:26s} {r['wall_s']:9.2f} {r['heap_loop_s']:13.2f} {r['ratio']:5.1f}x {r['peak_mib']:8.0f}"
+        prior.append(p)
+        was = f"{p['wall_s']:10.2f}" if p else " " * 10
+        line = f"{name:26s} {was} {r['wall_s']:9.2f} {r['heap_loop_s']:13.2f} {r['ratio']:5.1f}x {r['peak_mib']:8.0f}"
         print(line, flush=True)
-        speed.append(f"| {name} | {r['wall_s']:.2f} | {r['heap_loop_s']:.2f} | {r['ratio']:.1f}x | "
-                     f"{r['peak_mib']:.0f} |")  # fmt: skip
+        if p:
+            speed.append(f"| {name} | {p['wall_s']:.2f} | {r['wall_s']:.2f} | {p['wall_s'] / r['wall_s']:.2f}x | "
+                         f"{r['heap_loop_s']:.2f} | {p['ratio']:.1f}x | {r['ratio']:.1f}x | {p['peak_mib']:.0f} | "
+                         f"{r['peak_mib']:.0f} |")  # fmt: skip
+        else:
+            speed.append(f"| {name} | {r['wall_s']:.2f} | {r['heap_loop_s']:.2f} | {r['ratio']:.1f}x | "
+                         f"{r['peak_mib']:.0f} |")  # fmt: skip
     ratios = [r["ratio"] for r in rows]
     print(f"ratio to the heap loop: median {np.median(ratios):.1f}x, worst {max(ratios):.1f}x (target 3.0x)")
-    speed.append(f"| all {len(rows)}, summed | {sum(r['wall_s'] for r in rows):.1f} | "
-                 f"{sum(r['heap_loop_s'] for r in rows):.2f} | median {np.median(ratios):.1f}x | |")  # fmt: skip
+    total = sum(r["wall_s"] for r in rows)
+    heap = sum(r["heap_loop_s"] for r in rows)
+    if b:
+        was = sum(p["wall_s"] for p in prior)
+        was_ratio = np.median([p["ratio"] for p in prior])
+        speed.append(f"| all {len(rows)}, summed | {was:.1f} | {total:.1f} | {was / total:.2f}x | {heap:.2f} | "
+                     f"median {was_ratio:.1f}x | median {np.median(ratios):.1f}x | | |")  # fmt: skip
+    else:
+        speed.append(f"| all {len(rows)}, summed | {total:.1f} | {heap:.2f} | median {np.median(ratios):.1f}x | |")
     baseline = ["| figure | rlsim | published |", "|---|---|---|"]
     sync = next((r for r in rows if r["policy"] == "sync"), None)
     if sync:
@@ -277,8 +352,14 @@ def main() -> None:
             f"| bubble ratio (idle instance-time / instances x rollout time) | {sync['bubble_ratio']:.1%} | |",
             f"| simulated epoch time ({sync['requests']:,} requests) | {sync['epoch_h']:.2f} h | |",
         ]  # fmt: skip
-        speed.append(f"| sync's driver, policy and records over `_HeapEngine` (the floor) | {sync['floor_s']:.2f} | "
-                     f"{sync['heap_loop_s']:.2f} | {sync['floor_s'] / sync['heap_loop_s']:.1f}x | |")  # fmt: skip
+        floor = f"{sync['floor_s']:.2f} | {sync['heap_loop_s']:.2f} | {sync['floor_s'] / sync['heap_loop_s']:.1f}x"
+        p = prior[rows.index(sync)]
+        if p:
+            f0, f1, h0, h1 = p["floor_s"], sync["floor_s"], p["heap_loop_s"], sync["heap_loop_s"]
+            speed.append(f"| sync's driver, policy and records over `_HeapEngine` (the floor) | {f0:.2f} | {f1:.2f} | "
+                         f"{f0 / f1:.2f}x | {h1:.2f} | {f0 / h0:.1f}x | {f1 / h1:.1f}x | | |")  # fmt: skip
+        else:
+            speed.append(f"| sync's driver, policy and records over `_HeapEngine` (the floor) | {floor} | |")
 
     trace = load(default_trace(), columns=[])
     sl, cl = RLConfig(max_steps=2), ClusterConfig(num_gpus=8)
@@ -294,31 +375,50 @@ def main() -> None:
         f"makespan difference {diff:.1e} (target < 0.5%)"
     )
     baseline.append(f"| fast path vs `--exact` (2 steps, 8 GPUs) | makespan difference {diff:.0e} | |")
-    other = ["| command | wall (s) | target (s) |", "|---|---|---|"]
+    if b:
+        other = ["| command | before (s) | after (s) | speed-up | target (s) |", "|---|---|---|---|---|"]
+    else:
+        other = ["| command | wall (s) | target (s) |", "|---|---|---|"]
+
+    def row(label: str, was: float | None, now: float, target: str) -> str:
+        if was is None:
+            return f"| {label} | {now:.1f} | {target} |"
+        return f"| {label} | {was:.1f} | {now:.1f} | {was / now:.2f}x | {target} |"
+
     if not a.skip_cli:
         cli = [sys.executable, "-m", "rlsim.cli"]
-        t = _wall([*cli, "compare"])
-        print(f"rlsim compare (defaults: {len(COMPARE_DEFAULT)} policies, 2 epochs): {t:.1f} s (target 15 s)")
-        other.append(f"| `rlsim compare` (defaults: {len(COMPARE_DEFAULT)} policies, 2 epochs) | {t:.1f} | 15 |")
-        t = _wall([*cli, "plan", "--target-epoch-hours", "3.4", "--no-cache"])
-        print(f"rlsim plan --target-epoch-hours 3.4 (other options default): {t:.1f} s (target 10 s)")
-        other.append(f"| `rlsim plan --target-epoch-hours 3.4 --no-cache` | {t:.1f} | 10 |")
+        for label, args, target in (
+            (f"`rlsim compare` (defaults: {len(COMPARE_DEFAULT)} policies, 2 epochs)", ["compare"], "15"),
+            ("`rlsim plan --target-epoch-hours 3.4 --no-cache`", ["plan", "--target-epoch-hours", "3.4", "--no-cache"],
+             "10"),
+        ):  # fmt: skip
+            was = _wall([*cli, *args], before) if b else None
+            t = _wall([*cli, *args])
+            was_s = "" if was is None else f"before {was:.1f} s, "
+            print(f"rlsim {' '.join(args)}: {was_s}{t:.1f} s (target {target} s)")
+            other.append(row(label, was, t, target))
     if a.big:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "math17k_x10.parquet")
             subprocess.run([sys.executable, __file__, "--write-big", path], check=True)
+            p = _child(["--big-child", path], before) if b else None
             r = _child(["--big-child", path])
         rate = r["requests"] / r["wall_s"]
         print(
             f"10x trace, one sync epoch: {r['requests']:,} requests in {r['wall_s']:.1f} s ({rate:,.0f} requests/s), "
-            f"peak {r['peak_mib']:.0f} MiB (targets 15 s, 2 GiB)"
+            f"peak {r['peak_mib']:.0f} MiB{'' if p is None else ' (before ' + str(round(p['wall_s'], 1)) + ' s)'}"
+            " (targets 15 s, 2 GiB)"
         )
-        other.append(f"| one sync epoch of the 10x trace ({r['requests']:,} requests, peak {r['peak_mib']:,.0f} MiB) "
-                     f"| {r['wall_s']:.1f} | 15 (and 2,048 MiB) |")  # fmt: skip
+        peak = f"peak {r['peak_mib']:,.0f} MiB"
+        if p is not None:
+            peak = f"peak {p['peak_mib']:,.0f} then {r['peak_mib']:,.0f} MiB"
+        other.append(row(f"one sync epoch of the 10x trace ({r['requests']:,} requests, {peak})",
+                         None if p is None else p["wall_s"], r["wall_s"], "15 (and 2,048 MiB)"))  # fmt: skip
         if sync:
             print(f"bundled trace, one sync epoch: {sync['requests'] / sync['wall_s']:,.0f} requests/s")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
-    note = machine_note(meter, "simulate_epoch.py" + (" --big" if a.big else ""))
+    script = "simulate_epoch.py" + (" --big" if a.big else "") + (f" --before {a.before}" if b else "")
+    note = machine_note(meter, script)
     if sync:
         emit("sync_baseline", "\n".join(baseline) + "\n\n" + note, sys.argv)
     if len(other) > 2:
