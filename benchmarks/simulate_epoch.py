@@ -51,7 +51,7 @@ from rlsim.driver.loop import run_loop
 from rlsim.hostload import LoadMeter
 from rlsim.paths import default_trace
 from rlsim.profile import load_profile
-from rlsim.protocol import Finished, Timer
+from rlsim.protocol import EventBatch
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace, load, save
 
@@ -104,7 +104,8 @@ def heap_loop_epoch(trace, cluster, rl) -> float:  # noqa: ANN001
 class _HeapEngine:
     """The `Engine` protocol at the heap loop's cost: each request finishes on its own, `dt` seconds
     a token after its submission (no batching, scheduler, KV cache or pausing), off one heap of
-    finish and timer events. Under it, a run times what the driver, the policy and the records cost
+    finish and timer events (with `until_idle`, all finishes up to the next timer in one batch).
+    Under it, a run times what the driver, the policy and the records cost
     per request: the floor of any engine the same policy objects are driven through."""
 
     def __init__(self, num_instances: int, dt: float) -> None:
@@ -133,15 +134,21 @@ class _HeapEngine:
     def resume(self) -> None:
         pass
 
-    def step(self) -> list:
-        if not self._heap:
-            return []
-        when, _, item = heapq.heappop(self._heap)
-        self._now = when
-        if isinstance(item, str):
-            return [Timer(item, when)]
-        n = min(item.target_tokens, item.max_tokens)
-        return [Finished(item.request_id, when, item.instance, n, "length" if n >= item.max_tokens else "stop")]
+    def step(self, until_idle: bool = False) -> EventBatch:
+        """The next finish or timer; `until_idle`: every finish up to the last or the next timer."""
+        out = EventBatch()
+        heap = self._heap
+        while heap:
+            when, _, item = heapq.heappop(heap)
+            self._now = when
+            if isinstance(item, str):
+                out.timer(item, when)
+                break
+            n = min(item.target_tokens, item.max_tokens)
+            out.finished(item.request_id, when, item.instance, n, "length" if n >= item.max_tokens else "stop")
+            if not until_idle:
+                break
+        return out
 
     def busy_time(self, instance: int) -> float:
         return 0.0

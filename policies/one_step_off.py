@@ -11,13 +11,14 @@ with staleness 1 (which is what veRL's recipe would give on a shared pool).
 
 from __future__ import annotations
 
-from rlsim.protocol import Action, Event, Finished, Launch, PolicyView, Train
+from rlsim.protocol import FINISHED, Action, EventBatch, Launch, PolicyView, Train
 
 
 class OneStepOffPolicy:
     """Launch the next batch when the current one is done, then train the current one."""
 
     name = "one_step_off"
+    quiet = True  # acts only once nothing of the batch it trains is in flight
     on_policy = False
 
     def __init__(self) -> None:
@@ -41,15 +42,17 @@ class OneStepOffPolicy:
         self.trained = False
         return actions + self._maybe_train(view)
 
-    def on_event(self, event: Event, view: PolicyView) -> list[Action]:
-        if not isinstance(event, Finished):
-            return []
-        prompt = view.request(event.request_id).prompt_id
-        if prompt in self.current and not self.trained:
-            self.done.append(event.request_id)
-            return self._maybe_train(view)
-        self.carry.append(event.request_id)  # a sample of the next batch
-        return []
+    def on_events(self, batch: EventBatch, view: PolicyView) -> list[Action]:
+        actions: list[Action] = []
+        for kind, rid in zip(batch.kind, batch.request_id, strict=True):
+            if kind != FINISHED:
+                continue
+            if not self.trained and view.request(rid).prompt_id in self.current:
+                self.done.append(rid)
+                actions += self._maybe_train(view)
+            else:
+                self.carry.append(rid)  # a sample of the next batch
+        return actions
 
     def _maybe_train(self, view: PolicyView) -> list[Action]:
         if self.trained or not self.expected or len(self.done) < self.expected:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from rlsim.protocol import Action, Event, Finished, Launch, PolicyView, Train
+from rlsim.protocol import FINISHED, Action, EventBatch, Launch, PolicyView, Train
 
 
 @dataclass
@@ -51,6 +51,7 @@ class OraclePolicy:
     """Synchronous steps with perfect length knowledge and LPT placement."""
 
     name = "oracle"
+    quiet = True  # acts only once nothing of the batch it trains is in flight
     on_policy = True
     oracle = True
 
@@ -80,9 +81,9 @@ class OraclePolicy:
         ]
         return actions
 
-    def on_event(self, event: Event, view: PolicyView) -> list[Action]:
-        if isinstance(event, Finished):
-            self.done.append(event.request_id)
-            if len(self.done) == self.expected:
-                return [Train(tuple(self.done))]
+    def on_events(self, batch: EventBatch, view: PolicyView) -> list[Action]:
+        before = len(self.done)
+        self.done.extend(r for k, r in zip(batch.kind, batch.request_id, strict=True) if k == FINISHED)
+        if before < self.expected == len(self.done):
+            return [Train(tuple(self.done))]
         return []

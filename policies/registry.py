@@ -29,8 +29,6 @@ from policies.sync import SyncPolicy
 from rlsim.config import DynamicSamplingConfig, SpecConfig
 from rlsim.errors import RlsimError
 
-POLICY_METHODS = ("on_step_start", "on_event")  # rlsim.protocol.Policy
-
 REGISTRY: dict[str, Callable[..., object]] = {
     "sync": SyncPolicy,
     "rollpacker": RollPackerPolicy,
@@ -134,9 +132,11 @@ def policy_class(name: str) -> type:
             found = getattr(importlib.import_module(module), cls)
         except (ImportError, AttributeError) as exc:
             raise RlsimError(f"cannot load policy {name!r}: {exc}") from None
-        if not isinstance(found, type) or not all(callable(getattr(found, m, None)) for m in POLICY_METHODS):
+        told = callable(getattr(found, "on_event", None)) or callable(getattr(found, "on_events", None))
+        if not isinstance(found, type) or not callable(getattr(found, "on_step_start", None)) or not told:
             raise RlsimError(
-                f"{name!r} is not a policy class (a class with {', '.join(POLICY_METHODS)}; see rlsim/protocol.py)"
+                f"{name!r} is not a policy class (a class with on_step_start and on_event or on_events; "
+                "see rlsim/protocol.py)"
             )
         return found
     raise RlsimError(f"unknown policy {name!r}; registered: {', '.join(REGISTRY)} (or module:Class)")

@@ -7,11 +7,14 @@ instance by default, as veRL's agent loop sends it), waits for all
 P0 x R0 to finish (EOS or `max_response_len`), then trains on all of them. Nothing is aborted,
 nothing is stale: its rollout bubble is the reference every other policy is measured against.
 The last step of an epoch takes whatever prompts remain, so every prompt trains once per epoch.
+
+It acts on nothing before its last sample finishes (`quiet`), so the engine runs a step's
+rollout to its end in one `step(until_idle=True)` and the policy counts the batch's finishes.
 """
 
 from __future__ import annotations
 
-from rlsim.protocol import Action, Event, Finished, Launch, PolicyView, Train
+from rlsim.protocol import FINISHED, Action, EventBatch, Launch, PolicyView, Train
 
 
 class SyncPolicy:
@@ -19,6 +22,7 @@ class SyncPolicy:
 
     name = "sync"
     on_policy = True
+    quiet = True  # acts only once nothing it launched is in flight
 
     def __init__(self) -> None:
         self._pending: set[int] = set()
@@ -31,9 +35,10 @@ class SyncPolicy:
         self._expected = len(prompts) * view.samples_per_prompt
         return [Launch(p, view.samples_per_prompt) for p in prompts]
 
-    def on_event(self, event: Event, view: PolicyView) -> list[Action]:
-        if isinstance(event, Finished):
-            self._done.append(event.request_id)
-            if len(self._done) == self._expected:
-                return [Train(tuple(self._done))]
+    def on_events(self, batch: EventBatch, view: PolicyView) -> list[Action]:
+        before = len(self._done)
+        self._done.extend(r for k, r in zip(batch.kind, batch.request_id, strict=True) if k == FINISHED)
+        if before < self._expected == len(self._done):
+            return [Train(tuple(self._done))]
         return []
+

@@ -3,8 +3,11 @@
 Requests and events are `NamedTuple`s (one is made per sample, so they must be cheap to create);
 actions are frozen dataclasses.
 
-An `Engine` (simulated or real vLLM) accepts `Request`s and returns `Event`s; a `Policy` reads a
-`PolicyView` and answers `Action`s. Nothing here imports simpy or vllm, so policies stay plain
+An `Engine` (simulated or real vLLM) accepts `Request`s and answers each `step()` with an
+`EventBatch`: what ended at one instant (an iteration or a jump of the simulator, an
+`LLMEngine.step()` of vLLM), in the order it happened, as columns; a `Policy` reads a
+`PolicyView` and answers `Action`s, for a whole batch (`on_events`) or event by event
+(`on_event`, through the driver's adapter). Nothing here imports simpy or vllm, so policies stay plain
 Python and the same policy object drives both engines (docs/architecture.md maps every policy
 onto these calls).
 """
@@ -82,6 +85,106 @@ class Timer(NamedTuple):
 
 Event = Finished | Aborted | Preempted | Timer
 
+FINISHED, ABORTED, PREEMPTED, TIMER = 0, 1, 2, 3  # `EventBatch.kind` codes, in `Event`'s order
+_KINDS = (Finished, Aborted, Preempted)
+
+
+class EventBatch:
+    """Events in the order they happened, as columns (one list per field).
+
+    `kind` holds `FINISHED`, `ABORTED`, `PREEMPTED` or `TIMER`; `finish_reason` is "stop" or
+    "length" for a finish and "" otherwise; a timer's row has request id and instance -1 and its
+    tag in `tag` (None on other rows). Iterating gives the per-event tuples (`Finished`, ...) in
+    order: what a per-event policy is told. Engines append with `finished`, `aborted`,
+    `preempted` and `timer`.
+    """
+
+    __slots__ = ("kind", "request_id", "time", "instance", "num_output_tokens", "finish_reason", "tag")
+
+    def __init__(self) -> None:
+        self.kind: list[int] = []
+        self.request_id: list[int] = []
+        self.time: list[float] = []
+        self.instance: list[int] = []
+        self.num_output_tokens: list[int] = []
+        self.finish_reason: list[str] = []
+        self.tag: list[str | None] = []
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> EventBatch:
+        """A batch of per-event tuples (an engine that builds them one by one)."""
+        if isinstance(events, EventBatch):
+            return events
+        batch = cls()
+        for ev in events:
+            kind = type(ev)
+            if kind is Timer:
+                batch.timer(ev.tag, ev.time)
+            elif kind is Finished:
+                batch.finished(*ev)
+            elif kind is Aborted:
+                batch.aborted(*ev)
+            else:
+                batch.preempted(*ev)
+        return batch
+
+    def _add(self, kind: int, rid: int, t: float, inst: int, n: int, reason: str, tag: str | None) -> None:
+        self.kind.append(kind)
+        self.request_id.append(rid)
+        self.time.append(t)
+        self.instance.append(inst)
+        self.num_output_tokens.append(n)
+        self.finish_reason.append(reason)
+        self.tag.append(tag)
+
+    def finished(self, request_id: int, time: float, instance: int, num_output_tokens: int, reason: str) -> None:
+        self._add(FINISHED, request_id, time, instance, num_output_tokens, reason, None)
+
+    def aborted(self, request_id: int, time: float, instance: int, num_output_tokens: int) -> None:
+        self._add(ABORTED, request_id, time, instance, num_output_tokens, "", None)
+
+    def preempted(self, request_id: int, time: float, instance: int, num_output_tokens: int) -> None:
+        self._add(PREEMPTED, request_id, time, instance, num_output_tokens, "", None)
+
+    def timer(self, tag: str, time: float) -> None:
+        self._add(TIMER, -1, time, -1, 0, "", tag)
+
+    def extend(self, other: EventBatch) -> None:
+        for name in self.__slots__:
+            getattr(self, name).extend(getattr(other, name))
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def __bool__(self) -> bool:
+        return bool(self.kind)
+
+    def event(self, i: int) -> Event:
+        """Row `i` as its per-event tuple."""
+        kind = self.kind[i]
+        if kind == TIMER:
+            return Timer(self.tag[i], self.time[i])
+        if kind == FINISHED:
+            return Finished(
+                self.request_id[i], self.time[i], self.instance[i], self.num_output_tokens[i], self.finish_reason[i]
+            )
+        return _KINDS[kind](self.request_id[i], self.time[i], self.instance[i], self.num_output_tokens[i])
+
+    def __iter__(self):  # noqa: ANN204 - Iterator[Event]
+        return (self.event(i) for i in range(len(self.kind)))
+
+    def select(self, rows: Iterable[int]) -> EventBatch:
+        """A batch of these rows, in the order given."""
+        out = EventBatch()
+        for name in self.__slots__:
+            col = getattr(self, name)
+            getattr(out, name).extend(col[i] for i in rows)
+        return out
+
+    def timers(self) -> list[str]:
+        """The tags of the batch's timers, in order."""
+        return [t for k, t in zip(self.kind, self.tag, strict=True) if k == TIMER]
+
 
 # ---- actions (policy -> driver) -----------------------------------------------------------
 
@@ -136,8 +239,11 @@ class Engine(Protocol):
 
     def resume(self) -> None: ...
 
-    def step(self) -> list[Event]:
-        """Advance to the next event(s) and return them (empty: nothing can happen)."""
+    def step(self, until_idle: bool = False) -> EventBatch:
+        """Advance to the next instant at which something ends and return what did (empty:
+        nothing can happen). `until_idle`: go on, instant after instant, until no request is
+        left in the engine or a timer fired, and return all of it as one batch (for a policy
+        that acts on nothing before then: `Policy.quiet`)."""
 
     def busy_time(self, instance: int) -> float:
         """Seconds this instance has spent running at least one request so far."""
@@ -178,7 +284,16 @@ class PolicyView(Protocol):
 
 
 class Policy(Protocol):
-    """A rollout scheduling policy: told when a step starts and every event, answers actions."""
+    """A rollout scheduling policy: told when a step starts and every event, answers actions.
+
+    A policy implements `on_events(batch, view)`, told each `EventBatch` whole (its actions are
+    applied after the batch), or `on_event(event, view)`: then the driver's adapter tells it the
+    batch's events one by one and applies the actions each answers before handling the next,
+    so a policy reacting to one finish (aborting its siblings) acts before the next is handled.
+    A class attribute `quiet = True` (with `on_events`) says the policy acts on no event while
+    a request is still in the engine, except on a timer: the engine may then run to that point
+    in one step (`Engine.step(until_idle=True)`) and the driver books the batch in bulk.
+    """
 
     name: str
 

@@ -12,7 +12,7 @@ import heapq
 import math
 from collections.abc import Iterable, Sequence
 
-from rlsim.protocol import Aborted, Event, Finished, Request, Timer
+from rlsim.protocol import Aborted, Event, EventBatch, Finished, Request, Timer
 
 
 class FakeEngine:
@@ -86,7 +86,11 @@ class FakeEngine:
         )
         return self._now + max(start + self._todo(req) * self.dt - self._work, 0.0), rid
 
-    def step(self) -> list[Event]:
+    def step(self, until_idle: bool = False) -> EventBatch:
+        """The next instant's events (`until_idle` is not taken up: one instant at a time)."""
+        return EventBatch.of(self._step())
+
+    def _step(self) -> list[Event]:
         if self._outbox:
             out, self._outbox = self._outbox, []
             return out

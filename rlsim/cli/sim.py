@@ -42,7 +42,9 @@ def register(app: typer.Typer) -> None:
         table.add_row("+histospec", knobs(SpecConfig), "engine feature: RhymeRL HistoSpec, drafts from the last visit")
         table.add_row("+grouped_spec", knobs(SpecConfig), "engine feature: Seer, drafts from sibling responses")
         table.add_row("+dynamic_sampling", knobs(DynamicSamplingConfig), "DAPO: drops zero-variance groups")
-        table.caption = "your own policy: module:Class, a class with on_step_start and on_event (rlsim/protocol.py)"
+        table.caption = (
+            "your own policy: module:Class, a class with on_step_start and on_event or on_events (rlsim/protocol.py)"
+        )
         make_console().print(table)
 
     @app.command()

@@ -28,20 +28,35 @@ from rlsim.driver.view import View
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import (
+    ABORTED,
+    FINISHED,
+    PREEMPTED,
+    TIMER,
     Abort,
     Aborted,
     Engine,
+    EventBatch,
     Finished,
     Launch,
     Policy,
     Preempted,
     Request,
-    Timer,
     Train,
 )
 from rlsim.records import Records, StepWindow
 from rlsim.step_costs import step_cost
 from rlsim.trace.format import Trace
+
+
+def told_batches(policy: Policy) -> bool:
+    """Whether the policy is told whole batches: the most derived class defining `on_events` or
+    `on_event` defines `on_events` (a subclass overriding `on_event` of a batch policy is told events)."""
+    for cls in type(policy).__mro__:
+        if "on_events" in vars(cls):
+            return True
+        if "on_event" in vars(cls):
+            return False
+    return callable(getattr(policy, "on_events", None))  # (an instance attribute)
 
 
 @dataclass
@@ -107,10 +122,13 @@ class Driver(Launcher):
         self.reward_free = [0.0] * rl.reward_workers
         self.reward_done: dict[int, float] = {}
         self.view = View(self, self.policy)
+        self.batched = told_batches(self.policy)
+        self.quiet = self.batched and getattr(self.policy, "quiet", False) is True
 
     # ---- checkpoints (real runs resume from the last finished step) ------------------------
     _NOT_STATE = (
-        "engine", "trace", "index", "view", "profile", "cluster", "rl", "dynamic_sampling", "first_token",
+        "engine", "trace", "index", "view", "profile", "cluster", "rl", "dynamic_sampling", "first_token", "batched",
+        "quiet",
     )  # fmt: skip
 
     def snapshot(self) -> dict:
@@ -202,31 +220,64 @@ class Driver(Launcher):
         """Book an engine event; a response that ended exactly at a chunk's end is told as "stop"."""
         kind = type(ev)
         if kind is Finished:
-            rid = ev.request_id
-            req = self.requests[rid]
-            self.assigned[req.instance] -= 1
-            self.in_flight[req.prompt_id].discard(rid)
-            if req.max_tokens < self.rl.max_response_len and ev.finish_reason == "length":
-                if req.target_tokens > ev.num_output_tokens:
-                    # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
-                    first = self.first_token.pop(rid, None)
-                    self.records.finish(rid, ev.time, ev.num_output_tokens, "length", first, "chunk")
-                    return ev
-                ev = ev._replace(finish_reason="stop")  # it ended exactly at the chunk's end
-            self.finished.setdefault((req.epoch, req.prompt_id), []).append(ev.num_output_tokens)
-            self.records.finish(
-                rid, ev.time, ev.num_output_tokens, ev.finish_reason, self.first_token.pop(rid, None), "finished"
-            )
-            self._reward(rid, ev.time)
-        elif kind is Aborted:
-            rid = ev.request_id
-            req = self.requests[rid]
-            self.assigned[req.instance] -= 1
-            self.in_flight[req.prompt_id].discard(rid)
-            self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.pop(rid, None), "aborted")
-        elif isinstance(ev, Preempted):
+            reason = self._book_finish(ev.request_id, ev.time, ev.num_output_tokens, ev.finish_reason)
+            return ev if reason == ev.finish_reason else ev._replace(finish_reason=reason)
+        if kind is Aborted:
+            self._book_abort(ev.request_id, ev.time, ev.num_output_tokens)
+        elif kind is Preempted:
             self.records.preempted(ev.request_id)
         return ev
+
+    def handle_batch(self, batch: EventBatch) -> None:
+        """`handle` for a whole batch (a policy told batches), its finish reasons rewritten in place."""
+        reasons, book = batch.finish_reason, self._book_finish
+        rows = zip(batch.kind, batch.request_id, batch.time, batch.num_output_tokens, strict=True)
+        for i, (kind, rid, t, n) in enumerate(rows):
+            if kind == FINISHED:
+                reasons[i] = book(rid, t, n, reasons[i])
+            elif kind == ABORTED:
+                self._book_abort(rid, t, n)
+            elif kind == PREEMPTED:
+                self.records.preempted(rid)
+
+    def _book_finish(self, rid: int, t: float, n: int, reason: str) -> str:
+        """Book a finish; return the reason the policy is told."""
+        req = self.requests[rid]
+        self.assigned[req.instance] -= 1
+        self.in_flight[req.prompt_id].discard(rid)
+        if reason == "length" and req.max_tokens < self.rl.max_response_len:
+            if req.target_tokens > n:
+                # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
+                self.records.finish(rid, t, n, "length", self.first_token.pop(rid, None), "chunk")
+                return reason
+            reason = "stop"  # it ended exactly at the chunk's end
+        self.finished.setdefault((req.epoch, req.prompt_id), []).append(n)
+        self.records.finish(rid, t, n, reason, self.first_token.pop(rid, None), "finished")
+        self._reward(rid, t)
+        return reason
+
+    def _book_abort(self, rid: int, t: float, n: int) -> None:
+        req = self.requests[rid]
+        self.assigned[req.instance] -= 1
+        self.in_flight[req.prompt_id].discard(rid)
+        self.records.finish(rid, t, n, "abort", self.first_token.pop(rid, None), "aborted")
+
+    def react(self, batch: EventBatch) -> Train | None:
+        """Book a batch and tell the policy: whole (`on_events`, its actions applied after the
+        batch) or, through the adapter, event by event (`on_event`, each event's actions applied
+        before the next is handled). Returns the Train asked for, if any."""
+        train = None
+        view = self.view
+        if self.batched:
+            self.handle_batch(batch)
+            acts = self.policy.on_events(batch, view)
+            return self.apply(acts) if acts else None
+        on_event, handle = self.policy.on_event, self.handle
+        for ev in batch:
+            acts = on_event(handle(ev), view)
+            if acts:
+                train = self.apply(acts) or train
+        return train
 
     def filter_groups(self, act: Train, window: StepWindow) -> Train | None:
         """Dynamic sampling: keep the batch's groups whose rewards differ; the Train of P0 valid
@@ -279,24 +330,24 @@ class Driver(Launcher):
         else:
             self.engine.call_at(start, "train_start")
         metrics: dict = {}
-        while True:
-            events = self.engine.step()
-            if not events:
+        done = False
+        while not done:
+            batch = EventBatch.of(self.engine.step(until_idle=self.quiet))
+            if not batch:
                 raise RuntimeError("engine stalled while training")
-            done = False
             self.view.now = self.engine.now
-            for ev in events:
-                if isinstance(ev, Timer) and ev.tag == "train_done":
+            if TIMER not in batch.kind:
+                self.react(batch)
+                continue
+            for i, kind in enumerate(batch.kind):  # the step's own timers, in order among the events
+                tag = batch.tag[i]
+                if kind == TIMER and tag == "train_done":
                     done = True
-                elif isinstance(ev, Timer) and ev.tag == "train_start":
+                elif kind == TIMER and tag == "train_start":
                     cost, metrics = learner([self.requests[r] for r in ids], self.version)
                     self.engine.call_at(self.engine.now, "train_done")
                 else:
-                    acts = self.policy.on_event(self.handle(ev), self.view)
-                    if acts:
-                        self.apply(acts)
-            if done:
-                break
+                    self.react(batch.select([i]))
         self.engine.resume()
         window.close(reward_end, cost, self.engine.now)
         self.records.step_done(

@@ -12,7 +12,7 @@ from rlsim.config import ClusterConfig, DynamicSamplingConfig, RLConfig
 from rlsim.driver.driver import Driver
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
-from rlsim.protocol import Engine, Policy, Train
+from rlsim.protocol import Engine, EventBatch, Policy, Train
 from rlsim.records import Records, StepWindow
 from rlsim.trace.format import Trace
 
@@ -59,16 +59,13 @@ def run_loop(
 def _until_train(drv: Driver, train: Train | None) -> Train:
     """Feed events to the policy until it asks to train. A dynamic-sampling batch whose prompts
     ran out with nothing in flight trains on what it has (an empty Train)."""
-    engine, policy, view = drv.engine, drv.policy, drv.view
+    engine, policy, view, quiet = drv.engine, drv.policy, drv.view, drv.quiet
     while train is None:
-        events = engine.step()
-        if not events:
+        batch = EventBatch.of(engine.step(until_idle=quiet))
+        if not batch:
             if drv.groups is not None and not any(drv.in_flight.values()):
                 return Train(())
             raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
         view.now = engine.now
-        for ev in events:
-            acts = policy.on_event(drv.handle(ev), view)
-            if acts:
-                train = drv.apply(acts) or train
+        train = drv.react(batch)
     return train

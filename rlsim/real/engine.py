@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlsim.errors import RlsimError
-from rlsim.protocol import Aborted, Event, Finished, Preempted, Request, Timer
+from rlsim.protocol import TIMER, Aborted, Event, EventBatch, Finished, Preempted, Request, Timer
 from rlsim.real.backends import LocalBackend, PromptSource, RayBackend
 from rlsim.real.vllm_instance import DETAILS
 
@@ -168,7 +168,17 @@ class RealEngine:
         for i in range(self.num_instances):
             self._mark(i)
 
-    def step(self) -> list[Event]:
+    def step(self, until_idle: bool = False) -> EventBatch:
+        out = EventBatch.of(self._step())
+        while until_idle and out and TIMER not in out.kind and any(self._count):  # a quiet policy waits
+            more = self._step()
+            if not more:
+                break
+            out.extend(EventBatch.of(more))
+        return out
+
+    def _step(self) -> list[Event]:
+        """The events of the next engine step (or due timers)."""
         while True:
             if self._outbox:
                 out, self._outbox = self._outbox, []

@@ -55,7 +55,7 @@ import simpy
 
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
-from rlsim.protocol import Aborted, Event, Finished, Preempted, Request, Timer
+from rlsim.protocol import EventBatch, Request
 from rlsim.sim.jump import iters_done, jump_cost
 from rlsim.sim.replay import Replay
 from rlsim.sim.scheduler import InstanceScheduler
@@ -110,7 +110,8 @@ class SimEngine:
         self._draft_s = spec.draft_s if spec is not None else 0.0
         self.block_size = engine.block_size
         self.env = simpy.Environment()
-        self._outbox: list[Event] = []
+        self._outbox = EventBatch()
+        self._timed = False  # a timer fired into the outbox
         self._paused = False
         self._sleep = False
         self.wake_reprefill_tokens = 0  # tokens recomputed because a sleep freed their KV
@@ -201,7 +202,7 @@ class SimEngine:
             seq = gone.get(rid)
             if seq is not None:
                 del self._where[rid]
-                self._outbox.append(Aborted(rid, self.env.now, i, seq.generated))
+                self._outbox.aborted(rid, self.env.now, i, seq.generated)
                 continue
             inst = self.instances[i]
             inst.aborts.add(rid)
@@ -212,7 +213,8 @@ class SimEngine:
 
     def call_at(self, when: float, tag: str) -> None:
         def fire(_: simpy.Event) -> None:
-            self._outbox.append(Timer(tag, self.env.now))
+            self._outbox.timer(tag, self.env.now)
+            self._timed = True
 
         self.env.timeout(max(0.0, when - self.env.now)).callbacks.append(fire)
 
@@ -235,22 +237,28 @@ class SimEngine:
             self._resume.succeed()
         self._resume = self.env.event()
 
-    def step(self) -> list[Event]:
+    def step(self, until_idle: bool = False) -> EventBatch:
         env = self.env
         if self._held:  # lockstep: the driver has seen the outputs; the instances go on
             held, self._held = self._held, []
             for hold in held:
                 hold.succeed()
-        outbox, peek, advance = self._outbox, env.peek, env.step
+        outbox, peek, advance = self._outbox.kind, env.peek, env.step
         while not outbox:
             if peek() == math.inf:
-                return []
+                return self._outbox
             advance()
-            outbox = self._outbox
         now = env.now
         while peek() <= now:  # everything else happening at this instant
             advance()
-        out, self._outbox = self._outbox, []
+        if until_idle and not self.lockstep:  # on, instant by instant, while requests run and no timer fired
+            where = self._where
+            while where and not self._timed and peek() < math.inf:
+                advance()
+                now = env.now
+                while peek() <= now:
+                    advance()
+        out, self._outbox, self._timed = self._outbox, EventBatch(), False
         if self.lockstep:  # the driver sees these events now: an instance that has not yet held need not
             for inst in self.instances:
                 inst.emitted = False
@@ -331,7 +339,7 @@ class SimEngine:
             seq = sched.running.get(rid)
             if seq is not None and not seq.reported:  # (a reported one has finished already)
                 gen = sched.abort(seq)
-                self._outbox.append(Aborted(rid, self.env.now, inst.idx, gen))
+                self._outbox.aborted(rid, self.env.now, inst.idx, gen)
                 self._where.pop(rid, None)
         inst.aborts.clear()
 
@@ -343,7 +351,7 @@ class SimEngine:
             rid = seq.req.request_id
             gen = inst.sched.generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
             reason = "length" if gen >= seq.req.max_tokens else "stop"
-            self._outbox.append(Finished(rid, now, inst.idx, gen, reason))
+            self._outbox.finished(rid, now, inst.idx, gen, reason)
             self._where.pop(rid, None)
 
     def _free_kv(self, inst: _Instance) -> None:
@@ -383,7 +391,7 @@ class SimEngine:
                 out = sched.schedule()
                 for seq in out.preempted:
                     if not seq.reported:  # (async: a finished request's slot, dropped)
-                        self._outbox.append(Preempted(seq.req.request_id, env.now, inst.idx, seq.generated))
+                        self._outbox.preempted(seq.req.request_id, env.now, inst.idx, seq.generated)
                         inst.emitted = True
                 batch = out.num_decodes + len(out.chunks)
                 if batch == 0 and not out.preempted and sched.finishing:  # async: only finished ones held slots
