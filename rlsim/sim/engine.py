@@ -344,9 +344,10 @@ class SimEngine:
         inst.aborts.clear()
 
     def _finished(self, inst: _Instance, done: list[Seq]) -> None:
+        if not done:
+            return
         now = self.env.now
-        if done:
-            inst.emitted = True
+        inst.emitted = True
         for seq in done:
             rid = seq.req.request_id
             gen = inst.sched.generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)

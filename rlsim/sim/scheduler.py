@@ -302,7 +302,10 @@ class InstanceScheduler:
 
     def finish_due(self) -> list[Seq]:
         """Finish the decoding requests whose last token the iterations so far sampled."""
-        heap, due, it, running = self.heap, [], self.iters, self.running
+        heap, it = self.heap, self.iters
+        if not heap or heap[0][0] > it:
+            return []
+        due, running = [], self.running
         while heap and heap[0][0] <= it:
             rid = heapq.heappop(heap)[1]
             seq = running.get(rid)
