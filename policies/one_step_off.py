@@ -11,7 +11,7 @@ with staleness 1 (which is what veRL's recipe would give on a shared pool).
 
 from __future__ import annotations
 
-from rlsim.protocol import FINISHED, Action, EventBatch, Launch, PolicyView, Train
+from rlsim.protocol import Action, EventBatch, Finished, Launch, PolicyView, Train
 
 
 class OneStepOffPolicy:
@@ -44,9 +44,10 @@ class OneStepOffPolicy:
 
     def on_events(self, batch: EventBatch, view: PolicyView) -> list[Action]:
         actions: list[Action] = []
-        for kind, rid in zip(batch.kind, batch.request_id, strict=True):
-            if kind != FINISHED:
+        for ev in batch:
+            if type(ev) is not Finished:
                 continue
+            rid = ev.request_id
             if not self.trained and view.request(rid).prompt_id in self.current:
                 self.done.append(rid)
                 actions += self._maybe_train(view)

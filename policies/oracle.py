@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from rlsim.protocol import FINISHED, Action, EventBatch, Launch, PolicyView, Train
+from rlsim.protocol import Action, EventBatch, Finished, Launch, PolicyView, Train
 
 
 @dataclass
@@ -83,7 +83,7 @@ class OraclePolicy:
 
     def on_events(self, batch: EventBatch, view: PolicyView) -> list[Action]:
         before = len(self.done)
-        self.done.extend(r for k, r in zip(batch.kind, batch.request_id, strict=True) if k == FINISHED)
+        self.done.extend(ev.request_id for ev in batch if type(ev) is Finished)
         if before < self.expected == len(self.done):
             return [Train(tuple(self.done))]
         return []

@@ -14,7 +14,7 @@ rollout to its end in one `step(until_idle=True)` and the policy counts the batc
 
 from __future__ import annotations
 
-from rlsim.protocol import FINISHED, Action, EventBatch, Launch, PolicyView, Train
+from rlsim.protocol import Action, EventBatch, Finished, Launch, PolicyView, Train
 
 
 class SyncPolicy:
@@ -37,7 +37,7 @@ class SyncPolicy:
 
     def on_events(self, batch: EventBatch, view: PolicyView) -> list[Action]:
         before = len(self._done)
-        self._done.extend(r for k, r in zip(batch.kind, batch.request_id, strict=True) if k == FINISHED)
+        self._done.extend(ev.request_id for ev in batch if type(ev) is Finished)
         if before < self._expected == len(self._done):
             return [Train(tuple(self._done))]
         return []

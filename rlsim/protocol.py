@@ -86,104 +86,119 @@ class Timer(NamedTuple):
 Event = Finished | Aborted | Preempted | Timer
 
 FINISHED, ABORTED, PREEMPTED, TIMER = 0, 1, 2, 3  # `EventBatch.kind` codes, in `Event`'s order
-_KINDS = (Finished, Aborted, Preempted)
+_CODE = {Finished: FINISHED, Aborted: ABORTED, Preempted: PREEMPTED, Timer: TIMER}
 
 
 class EventBatch:
-    """Events in the order they happened, as columns (one list per field).
+    """What an engine step reports: events in the order they happened, readable as columns.
 
-    `kind` holds `FINISHED`, `ABORTED`, `PREEMPTED` or `TIMER`; `finish_reason` is "stop" or
-    "length" for a finish and "" otherwise; a timer's row has request id and instance -1 and its
-    tag in `tag` (None on other rows). Iterating gives the per-event tuples (`Finished`, ...) in
-    order: what a per-event policy is told. Engines append with `finished`, `aborted`,
-    `preempted` and `timer`.
+    `rows` holds the per-event tuples (`Finished`, `Aborted`, `Preempted`, `Timer`), which is
+    what iterating the batch gives and what a per-event policy is told, at no cost; the columns
+    (`kind`, `request_id`, `time`, `instance`, `num_output_tokens`, `finish_reason`, `tag`) are
+    built from them once, when first read. `kind` holds `FINISHED`, `ABORTED`, `PREEMPTED` or
+    `TIMER`; `finish_reason` is "stop" or "length" on a finish and "" otherwise; a timer's row has
+    request id and instance -1, 0 tokens and its tag in `tag` (None on other rows). Engines append
+    with `finished`, `aborted`, `preempted` and `timer` (or to `rows` directly).
     """
 
-    __slots__ = ("kind", "request_id", "time", "instance", "num_output_tokens", "finish_reason", "tag")
+    __slots__ = ("rows", "_cols")
 
-    def __init__(self) -> None:
-        self.kind: list[int] = []
-        self.request_id: list[int] = []
-        self.time: list[float] = []
-        self.instance: list[int] = []
-        self.num_output_tokens: list[int] = []
-        self.finish_reason: list[str] = []
-        self.tag: list[str | None] = []
+    def __init__(self, rows: list[Event] | None = None) -> None:
+        self.rows: list[Event] = [] if rows is None else rows
+        self._cols: tuple | None = None
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> EventBatch:
-        """A batch of per-event tuples (an engine that builds them one by one)."""
-        if isinstance(events, EventBatch):
-            return events
-        batch = cls()
-        for ev in events:
-            kind = type(ev)
-            if kind is Timer:
-                batch.timer(ev.tag, ev.time)
-            elif kind is Finished:
-                batch.finished(*ev)
-            elif kind is Aborted:
-                batch.aborted(*ev)
-            else:
-                batch.preempted(*ev)
-        return batch
-
-    def _add(self, kind: int, rid: int, t: float, inst: int, n: int, reason: str, tag: str | None) -> None:
-        self.kind.append(kind)
-        self.request_id.append(rid)
-        self.time.append(t)
-        self.instance.append(inst)
-        self.num_output_tokens.append(n)
-        self.finish_reason.append(reason)
-        self.tag.append(tag)
+        """A batch of these events (a batch stays itself)."""
+        return events if isinstance(events, EventBatch) else cls(list(events))
 
     def finished(self, request_id: int, time: float, instance: int, num_output_tokens: int, reason: str) -> None:
-        self._add(FINISHED, request_id, time, instance, num_output_tokens, reason, None)
+        self.rows.append(Finished(request_id, time, instance, num_output_tokens, reason))
 
     def aborted(self, request_id: int, time: float, instance: int, num_output_tokens: int) -> None:
-        self._add(ABORTED, request_id, time, instance, num_output_tokens, "", None)
+        self.rows.append(Aborted(request_id, time, instance, num_output_tokens))
 
     def preempted(self, request_id: int, time: float, instance: int, num_output_tokens: int) -> None:
-        self._add(PREEMPTED, request_id, time, instance, num_output_tokens, "", None)
+        self.rows.append(Preempted(request_id, time, instance, num_output_tokens))
 
     def timer(self, tag: str, time: float) -> None:
-        self._add(TIMER, -1, time, -1, 0, "", tag)
+        self.rows.append(Timer(tag, time))
 
     def extend(self, other: EventBatch) -> None:
-        for name in self.__slots__:
-            getattr(self, name).extend(getattr(other, name))
+        self.rows.extend(other.rows)
+        self._cols = None
+
+    def set_reason(self, i: int, reason: str) -> None:
+        """Tell row `i` (a finish) with another finish reason."""
+        self.rows[i] = self.rows[i]._replace(finish_reason=reason)
+        if self._cols is not None:
+            self._cols[5][i] = reason
+
+    def _columns(self) -> tuple:
+        cols = self._cols
+        if cols is None or len(cols[0]) != len(self.rows):
+            rows = self.rows
+            kind = [_CODE[type(e)] for e in rows]
+            timer = [k == TIMER for k in kind]
+            cols = self._cols = (
+                kind,
+                [-1 if t else e[0] for t, e in zip(timer, rows, strict=True)],
+                [e[1] for e in rows],  # (a timer's time is its second field too)
+                [-1 if t else e[2] for t, e in zip(timer, rows, strict=True)],
+                [0 if t else e[3] for t, e in zip(timer, rows, strict=True)],
+                [e[4] if k == FINISHED else "" for k, e in zip(kind, rows, strict=True)],
+                [e[0] if t else None for t, e in zip(timer, rows, strict=True)],
+            )
+        return cols
+
+    @property
+    def kind(self) -> list[int]:
+        return self._columns()[0]
+
+    @property
+    def request_id(self) -> list[int]:
+        return self._columns()[1]
+
+    @property
+    def time(self) -> list[float]:
+        return self._columns()[2]
+
+    @property
+    def instance(self) -> list[int]:
+        return self._columns()[3]
+
+    @property
+    def num_output_tokens(self) -> list[int]:
+        return self._columns()[4]
+
+    @property
+    def finish_reason(self) -> list[str]:
+        return self._columns()[5]
+
+    @property
+    def tag(self) -> list[str | None]:
+        return self._columns()[6]
 
     def __len__(self) -> int:
-        return len(self.kind)
+        return len(self.rows)
 
     def __bool__(self) -> bool:
-        return bool(self.kind)
+        return bool(self.rows)
+
+    def __iter__(self):  # noqa: ANN204 - Iterator[Event]
+        return iter(self.rows)
 
     def event(self, i: int) -> Event:
         """Row `i` as its per-event tuple."""
-        kind = self.kind[i]
-        if kind == TIMER:
-            return Timer(self.tag[i], self.time[i])
-        if kind == FINISHED:
-            return Finished(
-                self.request_id[i], self.time[i], self.instance[i], self.num_output_tokens[i], self.finish_reason[i]
-            )
-        return _KINDS[kind](self.request_id[i], self.time[i], self.instance[i], self.num_output_tokens[i])
-
-    def __iter__(self):  # noqa: ANN204 - Iterator[Event]
-        return (self.event(i) for i in range(len(self.kind)))
+        return self.rows[i]
 
     def select(self, rows: Iterable[int]) -> EventBatch:
         """A batch of these rows, in the order given."""
-        out = EventBatch()
-        for name in self.__slots__:
-            col = getattr(self, name)
-            getattr(out, name).extend(col[i] for i in rows)
-        return out
+        return EventBatch([self.rows[i] for i in rows])
 
     def timers(self) -> list[str]:
         """The tags of the batch's timers, in order."""
-        return [t for k, t in zip(self.kind, self.tag, strict=True) if k == TIMER]
+        return [e.tag for e in self.rows if type(e) is Timer]
 
 
 # ---- actions (policy -> driver) -----------------------------------------------------------

@@ -28,10 +28,6 @@ from rlsim.driver.view import View
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import (
-    ABORTED,
-    FINISHED,
-    PREEMPTED,
-    TIMER,
     Abort,
     Aborted,
     Engine,
@@ -41,6 +37,7 @@ from rlsim.protocol import (
     Policy,
     Preempted,
     Request,
+    Timer,
     Train,
 )
 from rlsim.records import Records, StepWindow
@@ -220,47 +217,39 @@ class Driver(Launcher):
         """Book an engine event; a response that ended exactly at a chunk's end is told as "stop"."""
         kind = type(ev)
         if kind is Finished:
-            reason = self._book_finish(ev.request_id, ev.time, ev.num_output_tokens, ev.finish_reason)
-            return ev if reason == ev.finish_reason else ev._replace(finish_reason=reason)
-        if kind is Aborted:
-            self._book_abort(ev.request_id, ev.time, ev.num_output_tokens)
-        elif kind is Preempted:
+            rid = ev.request_id
+            req = self.requests[rid]
+            self.assigned[req.instance] -= 1
+            self.in_flight[req.prompt_id].discard(rid)
+            if req.max_tokens < self.rl.max_response_len and ev.finish_reason == "length":
+                if req.target_tokens > ev.num_output_tokens:
+                    # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
+                    first = self.first_token.pop(rid, None)
+                    self.records.finish(rid, ev.time, ev.num_output_tokens, "length", first, "chunk")
+                    return ev
+                ev = ev._replace(finish_reason="stop")  # it ended exactly at the chunk's end
+            self.finished.setdefault((req.epoch, req.prompt_id), []).append(ev.num_output_tokens)
+            self.records.finish(
+                rid, ev.time, ev.num_output_tokens, ev.finish_reason, self.first_token.pop(rid, None), "finished"
+            )
+            self._reward(rid, ev.time)
+        elif kind is Aborted:
+            rid = ev.request_id
+            req = self.requests[rid]
+            self.assigned[req.instance] -= 1
+            self.in_flight[req.prompt_id].discard(rid)
+            self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.pop(rid, None), "aborted")
+        elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
         return ev
 
     def handle_batch(self, batch: EventBatch) -> None:
-        """`handle` for a whole batch (a policy told batches), its finish reasons rewritten in place."""
-        reasons, book = batch.finish_reason, self._book_finish
-        rows = zip(batch.kind, batch.request_id, batch.time, batch.num_output_tokens, strict=True)
-        for i, (kind, rid, t, n) in enumerate(rows):
-            if kind == FINISHED:
-                reasons[i] = book(rid, t, n, reasons[i])
-            elif kind == ABORTED:
-                self._book_abort(rid, t, n)
-            elif kind == PREEMPTED:
-                self.records.preempted(rid)
-
-    def _book_finish(self, rid: int, t: float, n: int, reason: str) -> str:
-        """Book a finish; return the reason the policy is told."""
-        req = self.requests[rid]
-        self.assigned[req.instance] -= 1
-        self.in_flight[req.prompt_id].discard(rid)
-        if reason == "length" and req.max_tokens < self.rl.max_response_len:
-            if req.target_tokens > n:
-                # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
-                self.records.finish(rid, t, n, "length", self.first_token.pop(rid, None), "chunk")
-                return reason
-            reason = "stop"  # it ended exactly at the chunk's end
-        self.finished.setdefault((req.epoch, req.prompt_id), []).append(n)
-        self.records.finish(rid, t, n, reason, self.first_token.pop(rid, None), "finished")
-        self._reward(rid, t)
-        return reason
-
-    def _book_abort(self, rid: int, t: float, n: int) -> None:
-        req = self.requests[rid]
-        self.assigned[req.instance] -= 1
-        self.in_flight[req.prompt_id].discard(rid)
-        self.records.finish(rid, t, n, "abort", self.first_token.pop(rid, None), "aborted")
+        """`handle` for a whole batch (a policy told batches), finish reasons rewritten in place."""
+        handle = self.handle
+        for i, ev in enumerate(batch.rows):
+            told = handle(ev)
+            if told is not ev:
+                batch.set_reason(i, told.finish_reason)
 
     def react(self, batch: EventBatch) -> Train | None:
         """Book a batch and tell the policy: whole (`on_events`, its actions applied after the
@@ -273,7 +262,7 @@ class Driver(Launcher):
             acts = self.policy.on_events(batch, view)
             return self.apply(acts) if acts else None
         on_event, handle = self.policy.on_event, self.handle
-        for ev in batch:
+        for ev in batch.rows:
             acts = on_event(handle(ev), view)
             if acts:
                 train = self.apply(acts) or train
@@ -336,14 +325,14 @@ class Driver(Launcher):
             if not batch:
                 raise RuntimeError("engine stalled while training")
             self.view.now = self.engine.now
-            if TIMER not in batch.kind:
+            rows = batch.rows
+            if not any(type(ev) is Timer for ev in rows):
                 self.react(batch)
                 continue
-            for i, kind in enumerate(batch.kind):  # the step's own timers, in order among the events
-                tag = batch.tag[i]
-                if kind == TIMER and tag == "train_done":
+            for i, ev in enumerate(rows):  # the step's own timers, in order among the events
+                if type(ev) is Timer and ev.tag == "train_done":
                     done = True
-                elif kind == TIMER and tag == "train_start":
+                elif type(ev) is Timer and ev.tag == "train_start":
                     cost, metrics = learner([self.requests[r] for r in ids], self.version)
                     self.engine.call_at(self.engine.now, "train_done")
                 else:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlsim.errors import RlsimError
-from rlsim.protocol import TIMER, Aborted, Event, EventBatch, Finished, Preempted, Request, Timer
+from rlsim.protocol import Aborted, Event, EventBatch, Finished, Preempted, Request, Timer
 from rlsim.real.backends import LocalBackend, PromptSource, RayBackend
 from rlsim.real.vllm_instance import DETAILS
 
@@ -170,7 +170,7 @@ class RealEngine:
 
     def step(self, until_idle: bool = False) -> EventBatch:
         out = EventBatch.of(self._step())
-        while until_idle and out and TIMER not in out.kind and any(self._count):  # a quiet policy waits
+        while until_idle and out and not out.timers() and any(self._count):  # a quiet policy waits
             more = self._step()
             if not more:
                 break

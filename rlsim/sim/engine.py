@@ -55,7 +55,7 @@ import simpy
 
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
-from rlsim.protocol import EventBatch, Request
+from rlsim.protocol import EventBatch, Finished, Request
 from rlsim.sim.jump import iters_done, jump_cost
 from rlsim.sim.replay import Replay
 from rlsim.sim.scheduler import InstanceScheduler
@@ -243,7 +243,7 @@ class SimEngine:
             held, self._held = self._held, []
             for hold in held:
                 hold.succeed()
-        outbox, peek, advance = self._outbox.kind, env.peek, env.step
+        outbox, peek, advance = self._outbox.rows, env.peek, env.step
         while not outbox:
             if peek() == math.inf:
                 return self._outbox
@@ -348,12 +348,12 @@ class SimEngine:
             return
         now = self.env.now
         inst.emitted = True
+        append, where, generated = self._outbox.rows.append, self._where, inst.sched.generated
         for seq in done:
             rid = seq.req.request_id
-            gen = inst.sched.generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
-            reason = "length" if gen >= seq.req.max_tokens else "stop"
-            self._outbox.finished(rid, now, inst.idx, gen, reason)
-            self._where.pop(rid, None)
+            gen = generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
+            append(Finished(rid, now, inst.idx, gen, "length" if gen >= seq.req.max_tokens else "stop"))
+            where.pop(rid, None)
 
     def _free_kv(self, inst: _Instance) -> None:
         """Sleep: drop every running request's KV and the prefix cache; running requests wait,
