@@ -89,65 +89,62 @@ FINISHED, ABORTED, PREEMPTED, TIMER = 0, 1, 2, 3  # `EventBatch.kind` codes, in 
 _CODE = {Finished: FINISHED, Aborted: ABORTED, Preempted: PREEMPTED, Timer: TIMER}
 
 
-class EventBatch:
-    """What an engine step reports: events in the order they happened, readable as columns.
+class EventBatch(list):
+    """What an engine step reports: the events in the order they happened, readable as columns.
 
-    `rows` holds the per-event tuples (`Finished`, `Aborted`, `Preempted`, `Timer`), which is
-    what iterating the batch gives and what a per-event policy is told, at no cost; the columns
-    (`kind`, `request_id`, `time`, `instance`, `num_output_tokens`, `finish_reason`, `tag`) are
-    built from them once, when first read. `kind` holds `FINISHED`, `ABORTED`, `PREEMPTED` or
-    `TIMER`; `finish_reason` is "stop" or "length" on a finish and "" otherwise; a timer's row has
-    request id and instance -1, 0 tokens and its tag in `tag` (None on other rows). Engines append
-    with `finished`, `aborted`, `preempted` and `timer` (or to `rows` directly).
+    The batch is the list of its per-event tuples (`Finished`, `Aborted`, `Preempted`, `Timer`):
+    iterating it gives them, and a per-event policy is told them, at no cost. Its columns (`kind`,
+    `request_id`, `time`, `instance`, `num_output_tokens`, `finish_reason`, `tag`) are built from
+    them once, when first read. `kind` holds `FINISHED`, `ABORTED`, `PREEMPTED` or `TIMER`;
+    `finish_reason` is "stop" or "length" on a finish and "" otherwise; a timer's row has request
+    id and instance -1, 0 tokens and its tag in `tag` (None on other rows). Engines append the
+    tuples, or call `finished`, `aborted`, `preempted` and `timer`.
     """
 
-    __slots__ = ("rows", "_cols")
-
-    def __init__(self, rows: list[Event] | None = None) -> None:
-        self.rows: list[Event] = [] if rows is None else rows
-        self._cols: tuple | None = None
+    __slots__ = ("_cols",)
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> EventBatch:
         """A batch of these events (a batch stays itself)."""
-        return events if isinstance(events, EventBatch) else cls(list(events))
+        return events if isinstance(events, EventBatch) else cls(events)
+
+    @property
+    def rows(self) -> EventBatch:
+        """The per-event tuples (the batch itself)."""
+        return self
 
     def finished(self, request_id: int, time: float, instance: int, num_output_tokens: int, reason: str) -> None:
-        self.rows.append(Finished(request_id, time, instance, num_output_tokens, reason))
+        self.append(Finished(request_id, time, instance, num_output_tokens, reason))
 
     def aborted(self, request_id: int, time: float, instance: int, num_output_tokens: int) -> None:
-        self.rows.append(Aborted(request_id, time, instance, num_output_tokens))
+        self.append(Aborted(request_id, time, instance, num_output_tokens))
 
     def preempted(self, request_id: int, time: float, instance: int, num_output_tokens: int) -> None:
-        self.rows.append(Preempted(request_id, time, instance, num_output_tokens))
+        self.append(Preempted(request_id, time, instance, num_output_tokens))
 
     def timer(self, tag: str, time: float) -> None:
-        self.rows.append(Timer(tag, time))
-
-    def extend(self, other: EventBatch) -> None:
-        self.rows.extend(other.rows)
-        self._cols = None
+        self.append(Timer(tag, time))
 
     def set_reason(self, i: int, reason: str) -> None:
         """Tell row `i` (a finish) with another finish reason."""
-        self.rows[i] = self.rows[i]._replace(finish_reason=reason)
-        if self._cols is not None:
-            self._cols[5][i] = reason
+        self[i] = self[i]._replace(finish_reason=reason)
+        cols = getattr(self, "_cols", None)
+        if cols is not None and len(cols[0]) == len(self):
+            cols[5][i] = reason
 
     def _columns(self) -> tuple:
-        cols = self._cols
-        if cols is None or len(cols[0]) != len(self.rows):
-            rows = self.rows
-            kind = [_CODE[type(e)] for e in rows]
+        cols = getattr(self, "_cols", None)
+        if cols is None or len(cols[0]) != len(self):  # (rows appended since: built again)
+            kind = [_CODE[type(e)] for e in self]
             timer = [k == TIMER for k in kind]
             cols = self._cols = (
                 kind,
-                [-1 if t else e[0] for t, e in zip(timer, rows, strict=True)],
-                [e[1] for e in rows],  # (a timer's time is its second field too)
-                [-1 if t else e[2] for t, e in zip(timer, rows, strict=True)],
-                [0 if t else e[3] for t, e in zip(timer, rows, strict=True)],
-                [e[4] if k == FINISHED else "" for k, e in zip(kind, rows, strict=True)],
-                [e[0] if t else None for t, e in zip(timer, rows, strict=True)],
+                [-1 if t else e[0] for t, e in zip(timer, self, strict=True)],
+                [e[1] for e in self],  # (a timer's time is its second field too)
+                [-1 if t else e[2] for t, e in zip(timer, self, strict=True)],
+                [0 if t else e[3] for t, e in zip(timer, self, strict=True)],
+                [e[4] if k == FINISHED else "" for k, e in zip(kind, self, strict=True)],
+                [e[0] if t else None for t, e in zip(timer, self, strict=True)],
             )
         return cols
 
@@ -179,26 +176,13 @@ class EventBatch:
     def tag(self) -> list[str | None]:
         return self._columns()[6]
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __bool__(self) -> bool:
-        return bool(self.rows)
-
-    def __iter__(self):  # noqa: ANN204 - Iterator[Event]
-        return iter(self.rows)
-
-    def event(self, i: int) -> Event:
-        """Row `i` as its per-event tuple."""
-        return self.rows[i]
-
     def select(self, rows: Iterable[int]) -> EventBatch:
         """A batch of these rows, in the order given."""
-        return EventBatch([self.rows[i] for i in rows])
+        return EventBatch(self[i] for i in rows)
 
     def timers(self) -> list[str]:
         """The tags of the batch's timers, in order."""
-        return [e.tag for e in self.rows if type(e) is Timer]
+        return [e.tag for e in self if type(e) is Timer]
 
 
 # ---- actions (policy -> driver) -----------------------------------------------------------

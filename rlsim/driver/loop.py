@@ -60,12 +60,20 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
     """Feed events to the policy until it asks to train. A dynamic-sampling batch whose prompts
     ran out with nothing in flight trains on what it has (an empty Train)."""
     engine, policy, view, quiet = drv.engine, drv.policy, drv.view, drv.quiet
+    step = engine.step
+    on_event, handle, apply = (None if drv.batched else policy.on_event), drv.handle, drv.apply
     while train is None:
-        batch = EventBatch.of(engine.step(until_idle=quiet))
+        batch = step(until_idle=True) if quiet else step()
         if not batch:
             if drv.groups is not None and not any(drv.in_flight.values()):
                 return Train(())
             raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
         view.now = engine.now
-        train = drv.react(batch)
+        if on_event is None:
+            train = drv.react(EventBatch.of(batch))
+            continue
+        for ev in batch:  # the adapter (`Driver.react`), inlined: the hot loop of a per-event policy
+            acts = on_event(handle(ev), view)
+            if acts:
+                train = apply(acts) or train
     return train

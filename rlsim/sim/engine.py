@@ -243,7 +243,7 @@ class SimEngine:
             held, self._held = self._held, []
             for hold in held:
                 hold.succeed()
-        outbox, peek, advance = self._outbox.rows, env.peek, env.step
+        outbox, peek, advance = self._outbox, env.peek, env.step
         while not outbox:
             if peek() == math.inf:
                 return self._outbox
@@ -348,7 +348,7 @@ class SimEngine:
             return
         now = self.env.now
         inst.emitted = True
-        append, where, generated = self._outbox.rows.append, self._where, inst.sched.generated
+        append, where, generated = self._outbox.append, self._where, inst.sched.generated
         for seq in done:
             rid = seq.req.request_id
             gen = generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
