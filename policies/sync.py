@@ -41,4 +41,3 @@ class SyncPolicy:
         if before < self._expected == len(self._done):
             return [Train(tuple(self._done))]
         return []
-

@@ -5,7 +5,7 @@ actions are frozen dataclasses.
 
 An `Engine` (simulated or real vLLM) accepts `Request`s and answers each `step()` with an
 `EventBatch`: what ended at one instant (an iteration or a jump of the simulator, an
-`LLMEngine.step()` of vLLM), in the order it happened, as columns; a `Policy` reads a
+`LLMEngine.step()` of vLLM), in the order it happened, readable as columns; a `Policy` reads a
 `PolicyView` and answers `Action`s, for a whole batch (`on_events`) or event by event
 (`on_event`, through the driver's adapter). Nothing here imports simpy or vllm, so policies stay plain
 Python and the same policy object drives both engines (docs/architecture.md maps every policy
@@ -107,11 +107,6 @@ class EventBatch(list):
     def of(cls, events: Iterable[Event]) -> EventBatch:
         """A batch of these events (a batch stays itself)."""
         return events if isinstance(events, EventBatch) else cls(events)
-
-    @property
-    def rows(self) -> EventBatch:
-        """The per-event tuples (the batch itself)."""
-        return self
 
     def finished(self, request_id: int, time: float, instance: int, num_output_tokens: int, reason: str) -> None:
         self.append(Finished(request_id, time, instance, num_output_tokens, reason))

@@ -246,7 +246,7 @@ class Driver(Launcher):
     def handle_batch(self, batch: EventBatch) -> None:
         """`handle` for a whole batch (a policy told batches), finish reasons rewritten in place."""
         handle = self.handle
-        for i, ev in enumerate(batch.rows):
+        for i, ev in enumerate(batch):
             told = handle(ev)
             if told is not ev:
                 batch.set_reason(i, told.finish_reason)
@@ -262,7 +262,7 @@ class Driver(Launcher):
             acts = self.policy.on_events(batch, view)
             return self.apply(acts) if acts else None
         on_event, handle = self.policy.on_event, self.handle
-        for ev in batch.rows:
+        for ev in batch:
             acts = on_event(handle(ev), view)
             if acts:
                 train = self.apply(acts) or train
@@ -325,11 +325,10 @@ class Driver(Launcher):
             if not batch:
                 raise RuntimeError("engine stalled while training")
             self.view.now = self.engine.now
-            rows = batch.rows
-            if not any(type(ev) is Timer for ev in rows):
+            if not any(type(ev) is Timer for ev in batch):
                 self.react(batch)
                 continue
-            for i, ev in enumerate(rows):  # the step's own timers, in order among the events
+            for i, ev in enumerate(batch):  # the step's own timers, in order among the events
                 if type(ev) is Timer and ev.tag == "train_done":
                     done = True
                 elif type(ev) is Timer and ev.tag == "train_start":

@@ -246,7 +246,7 @@ class SimEngine:
         outbox, peek, advance = self._outbox, env.peek, env.step
         while not outbox:
             if peek() == math.inf:
-                return self._outbox
+                return EventBatch()
             advance()
         now = env.now
         while peek() <= now:  # everything else happening at this instant
