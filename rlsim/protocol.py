@@ -201,11 +201,30 @@ class Abort:
     request_ids: tuple[int, ...]
 
 
+SYNC_MODES = ("step", "none", "drain", "interrupt")
+
+
 @dataclass(frozen=True, slots=True)
 class Train:
-    """Train on these finished samples; this ends the step (weights advance one version)."""
+    """Train on these finished samples; this ends the step (the trainer's weights advance one
+    version). `sync` says how the new weights reach the rollout:
+
+    - "step": the weight sync is a phase of the step and launches after it use the new weights;
+      under `disaggregated` placement the engines run on through it (every built-in step policy);
+    - "none": no sync after this update (a local update of veRL's fully-async trainer): the
+      rollout keeps generating with the weights it has, so staleness grows by one version;
+    - "drain": after the update, new launches are held, the requests in flight finish, then the
+      engines stop while the weights transfer (veRL's fully-async sync without partial rollout);
+    - "interrupt": after the update, the engines stop at once and free their KV cache while the
+      weights transfer; the requests in flight keep their tokens and continue under the new
+      weights, prompt and kept tokens prefilled again (veRL's partial rollout).
+
+    Launches a policy asks for while the rollout stops for a "drain" or "interrupt" sync are held
+    and submitted when it resumes.
+    """
 
     request_ids: tuple[int, ...]
+    sync: str = "step"
 
 
 Action = Launch | Abort | Train

@@ -14,7 +14,11 @@ does not count them),
 mean length of the same visits' first R0 samples in the trace: which samples of a prompt
 train), `length_order_bias` (mean trained length / mean over every prompt of the epoch: which
 prompts train when, e.g. SortedRL's short-first micro-curriculum) and
-`rollout/first_done_idle_ratio` (share of the gen phase the first instance to go idle stays idle).
+`rollout/first_done_idle_ratio` (share of the gen phase the first instance to go idle stays idle),
+and over the whole step, with veRL fully-async's names, `trainer/idle_ratio` (step start to the
+update's start, over the step) and `rollouter/idle_ratio` (instance time running no request),
+beside the marks `time/train_start`, `time/sync_start` and `time/sync_begin` (a sync that stops
+the rollout: the update done; the rollout stopped and the weights moving).
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ class StepWindow:
     cost: object = None  # rlsim.step_costs.StepCost
     end: float = 0.0
     extra: dict = field(default_factory=dict)  # further step metrics (dynamic sampling)
+    train_start: float = float("nan")  # the trainer starts the update (samples and rewards in)
+    sync_start: float | None = None  # the update done, a sync that stops the rollout begins
+    sync_begin: float | None = None  # the rollout stopped (drained or interrupted): weights move
+    busy_end: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = self.engine.num_instances
@@ -86,6 +94,7 @@ class StepWindow:
 
     def close(self, reward_end: float, cost, end: float) -> None:  # noqa: ANN001 - a StepCost
         self.reward_end, self.cost, self.end = reward_end, cost, end
+        self.busy_end = [self.engine.busy_time(i) for i in range(self.engine.num_instances)]
 
 
 def _seq_time(engine) -> float:  # noqa: ANN001
@@ -158,6 +167,7 @@ class Records:
         gen = w.gen_end - w.start
         n = len(w.busy_start)
         busy = sum(b1 - b0 for b0, b1 in zip(w.busy_start, w.busy_gen, strict=True))
+        busy_step = sum(b1 - b0 for b0, b1 in zip(w.busy_start, w.busy_end, strict=True))
         idle_first = (w.gen_end - min(w.last_busy)) / gen if gen > 0 and w.last_busy else 0.0
         step_time = w.end - w.start
         slots = getattr(w.engine, "max_num_seqs", 0)
@@ -173,6 +183,14 @@ class Records:
                 "timing_s/reward": max(0.0, w.reward_end - w.gen_end - w.cost.rollout_sleep),
                 **w.cost.columns(),
                 "timing_s/step": step_time,
+                "time/train_start": w.train_start,
+                "time/sync_start": np.nan if w.sync_start is None else w.sync_start,
+                "time/sync_begin": np.nan if w.sync_begin is None else w.sync_begin,
+                # veRL fully-async's names, over the whole step: the trainer idles until the
+                # update can start (samples and rewards in); the rollout idles where an
+                # instance runs no request
+                "trainer/idle_ratio": (w.train_start - w.start) / step_time if step_time > 0 else 0.0,
+                "rollouter/idle_ratio": max(0.0, 1.0 - busy_step / (n * step_time)) if step_time > 0 and n else 0.0,
                 "response_length/mean": float(lengths.mean()) if len(lengths) else np.nan,
                 "response_length/max": float(lengths.max()) if len(lengths) else np.nan,
                 "response_length/clip_ratio": float(np.mean([x == "length" for x in reasons])) if reasons else 0.0,

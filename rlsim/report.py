@@ -3,7 +3,8 @@
 A run directory holds `config.json`, `steps.parquet`, `requests.parquet`, `summary.json`,
 `timeline.png` (busy intervals of every rollout instance, step boundaries dashed) and
 `trace.json` (Chrome trace-event format: open it in ui.perfetto.dev or chrome://tracing; one
-track per instance, one slice per busy interval, steps on their own track). Files are written
+track per instance, one slice per busy interval, steps on their own track, and the trainer's
+`update` and `sync` slices on its own). Files are written
 to a temporary name and renamed, so an interrupted write never leaves a half file.
 """
 
@@ -55,6 +56,16 @@ def perfetto_trace(result: Result) -> dict[str, Any]:
                 "args": {k: row[k] for k in ("timing_s/gen", "bubble_ratio", "num_samples")},
             }
         )
+    trainer = len(result.segments) + 1  # the trainer's track: its update, then a sync that stops the rollout
+    events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": trainer, "args": {"name": "trainer"}})
+    for _, row in result.steps.iterrows():
+        start, end = row.get("time/train_start", np.nan), row["time/end"]
+        sync = row.get("time/sync_start", np.nan)
+        if not np.isfinite(start):
+            continue
+        for name, a, b in (("update", start, sync if np.isfinite(sync) else end), ("sync", sync, end)):
+            if np.isfinite(a) and b > a:
+                events.append({"name": name, "ph": "X", "pid": 0, "tid": trainer, "ts": a * 1e6, "dur": (b - a) * 1e6})
     for i, segs in enumerate(result.segments):
         events.append(
             {

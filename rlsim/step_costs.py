@@ -129,12 +129,16 @@ def link_bytes_per_s(profile: Profile, gpus: int) -> float:
     return float(gf["scale_out_bytes_per_s"])
 
 
-def weight_sync_s(profile: Profile, gpus: int | None = None) -> float:
-    """`update_weights` on a cluster of `gpus` GPUs (default: one instance's TP group)."""
+def weight_sync_s(profile: Profile, gpus: int | None = None, bucket_bytes: float | None = None) -> float:
+    """`update_weights` on a cluster of `gpus` GPUs (default: one instance's TP group).
+    `bucket_bytes`: the weights move in buckets of this size (a checkpoint engine, as veRL's
+    fully-async `checkpoint_engine` with its `device_buffer_size_M`), so the per-tensor cost is
+    paid once a bucket rather than once a tensor."""
     gf, mf = profile.gpu_facts, profile.model_facts
     if not mf:
         return profile.weight_sync_s
-    per_tensor = mf["num_tensors"] * gf.get("weight_sync_per_tensor_s", 0.0)
+    pieces = mf["num_tensors"] if bucket_bytes is None else max(1, math.ceil(weight_bytes(profile) / bucket_bytes))
+    per_tensor = min(pieces, mf["num_tensors"]) * gf.get("weight_sync_per_tensor_s", 0.0)
     if "weight_sync_bytes_per_s" in gf:  # an older profile's one effective bandwidth
         return weight_bytes(profile) / gf["weight_sync_bytes_per_s"] + per_tensor
     if "nvlink_bytes_per_s" in gf:

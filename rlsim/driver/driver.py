@@ -15,6 +15,7 @@ that calls all this is `rlsim.driver.loop.run_loop`.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ from rlsim.driver.view import View
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import (
+    SYNC_MODES,
     Abort,
     Aborted,
     Engine,
@@ -41,7 +43,7 @@ from rlsim.protocol import (
     Train,
 )
 from rlsim.records import Records, StepWindow
-from rlsim.step_costs import step_cost
+from rlsim.step_costs import step_cost, weight_sync_s
 from rlsim.trace.format import Trace
 
 
@@ -121,12 +123,21 @@ class Driver(Launcher):
         self.view = View(self, self.policy)
         self.batched = told_batches(self.policy)
         self.quiet = self.batched and getattr(self.policy, "quiet", False) is True
+        need = getattr(self.policy, "placement", None)
+        if need is not None and self.cluster.placement != need:
+            raise RlsimError(
+                f"policy {self.policy.name} runs on a {need} cluster: add --placement {need}"
+                + (" --train-gpus N" if need == "disaggregated" else "")
+            )
+        self.rollout_version = 0  # the weights the rollout generates with (behind `version` between syncs)
+        self.syncing = False  # the rollout is stopped for a weight sync; launches wait in `held`
+        self.held: list[Launch] = []
 
     # ---- checkpoints (real runs resume from the last finished step) ------------------------
     _NOT_STATE = (
         "engine", "trace", "index", "view", "profile", "cluster", "rl", "dynamic_sampling", "first_token", "batched",
         "quiet",
-    )  # fmt: skip
+    )  # fmt: skip (a checkpoint is taken between steps, never during a sync)
 
     def snapshot(self) -> dict:
         """Everything the run has decided so far (data order position, visits, requests,
@@ -146,6 +157,8 @@ class Driver(Launcher):
         drv = cls(engine, state.pop("policy"), trace, profile, cluster, rl, ds)
         step, version, now = state.pop("view")
         vars(drv).update(state)
+        if "rollout_version" not in state:  # a checkpoint from before syncs could skip a step
+            drv.rollout_version = drv.version
         if isinstance(drv.requests, dict):  # a checkpoint written when requests were a dict by id
             drv.requests = [drv.requests[i] for i in range(len(drv.requests))]
         drv.view = View(drv, drv.policy)
@@ -186,6 +199,9 @@ class Driver(Launcher):
         launched: list[Request] = []
         for act in actions:
             if isinstance(act, Launch):
+                if self.syncing:  # the rollout is stopped for a weight sync: launched when it resumes
+                    self.held.append(act)
+                    continue
                 batch.extend(self._launch(act))
             elif isinstance(act, Abort):
                 if batch:
@@ -268,6 +284,21 @@ class Driver(Launcher):
                 train = self.apply(acts) or train
         return train
 
+    def _priced_sync(self, cost, sync: str):  # noqa: ANN001, ANN202 - a StepCost in and out
+        """The step's cost as the policy runs it: no old log-prob pass where it trains on the
+        engine's log-probs (`use_rollout_log_probs`), no weight sync after a local update, and the
+        weights moved in buckets where it uses a checkpoint engine (`sync_bucket_bytes`)."""
+        policy = self.policy
+        if getattr(policy, "use_rollout_log_probs", False):  # the engine's log-probs: no recompute
+            cost = dataclasses.replace(cost, old_log_prob=0.0)
+        if sync == "none":
+            return dataclasses.replace(cost, update_weights=0.0)
+        bucket = getattr(policy, "sync_bucket_bytes", None)
+        if bucket is not None:
+            gpus = self.cluster.num_gpus
+            cost = dataclasses.replace(cost, update_weights=weight_sync_s(self.profile, gpus, bucket))
+        return cost
+
     def filter_groups(self, act: Train, window: StepWindow) -> Train | None:
         """Dynamic sampling: keep the batch's groups whose rewards differ; the Train of P0 valid
         groups once there are enough (or the generation batches ran out), else None."""
@@ -308,18 +339,28 @@ class Driver(Launcher):
         sleep = colocated and self.profile.engine.free_cache_engine
         cluster = self.cluster
         cost = step_cost(self.profile, lens, cluster.training_gpus, self.rl.use_kl_loss, sleep, cluster.num_gpus)
+        sync = act.sync
+        if sync not in SYNC_MODES:
+            modes = ", ".join(SYNC_MODES)
+            raise RlsimError(f"policy {self.policy.name} asked for weight sync {sync!r}; one of {modes}")
+        cost = self._priced_sync(cost, sync)
         start = max(gen_end + cost.rollout_sleep, reward_end)
+        window.train_start = start
         if colocated:
             self.engine.pause(sleep=sleep)
         # A real engine with a learner trains for real once the rewards are in: the phases take
         # the time they take, and the measured StepCost replaces the profile's.
         learner = getattr(self.engine, "learner", None)
-        if learner is None:
-            self.engine.call_at(start + cost.training + cost.rollout_wake_up + cost.update_weights, "train_done")
-        else:
+        if learner is not None and sync != "step":
+            raise RlsimError(f"a real run pushes the weights every step; sync={sync!r} runs in simulation")
+        if learner is not None:
             self.engine.call_at(start, "train_start")
+        elif sync in ("drain", "interrupt"):  # the update, then a sync that stops the rollout
+            self.engine.call_at(start + cost.training, "sync_start")
+        else:
+            self.engine.call_at(start + cost.training + cost.rollout_wake_up + cost.update_weights, "train_done")
         metrics: dict = {}
-        done = False
+        done = draining = False
         while not done:
             batch = EventBatch.of(self.engine.step(until_idle=self.quiet))
             if not batch:
@@ -327,24 +368,45 @@ class Driver(Launcher):
             self.view.now = self.engine.now
             if not any(type(ev) is Timer for ev in batch):
                 self.react(batch)
-                continue
-            for i, ev in enumerate(batch):  # the step's own timers, in order among the events
-                if type(ev) is Timer and ev.tag == "train_done":
-                    done = True
-                elif type(ev) is Timer and ev.tag == "train_start":
-                    cost, metrics = learner([self.requests[r] for r in ids], self.version)
-                    self.engine.call_at(self.engine.now, "train_done")
-                else:
-                    self.react(batch.select([i]))
+            else:
+                for i, ev in enumerate(batch):  # the step's own timers, in order among the events
+                    tag = ev.tag if type(ev) is Timer else None
+                    if tag == "train_done":
+                        done = True
+                    elif tag == "train_start":
+                        cost, metrics = learner([self.requests[r] for r in ids], self.version)
+                        self.engine.call_at(self.engine.now, "train_done")
+                    elif tag == "sync_start":
+                        self.syncing, draining = True, sync == "drain"
+                        window.sync_start = self.engine.now
+                    else:
+                        self.react(batch.select([i]))
+            if draining and not any(self.in_flight.values()):
+                draining = False
+            if self.syncing and not draining and window.sync_begin is None:
+                # the rollout stops (its KV freed: veRL clears the cache for the new weights)
+                window.sync_begin = self.engine.now
+                self.engine.pause(sleep=True)
+                self.engine.call_at(self.engine.now + cost.update_weights, "train_done")
         self.engine.resume()
+        if sync != "none":
+            self.rollout_version = self.version + 1
         window.close(reward_end, cost, self.engine.now)
         self.records.step_done(
             window, ids, self.requests, self.version, self.index, self.rl.samples_per_prompt, self.cluster.num_gpus
         )
         if metrics:  # the trainer's own (veRL's names: actor/pg_loss, critic/score/mean, ...)
             self.records.steps[-1].update(metrics)
+        step_metrics = getattr(self.policy, "step_metrics", None)
+        if step_metrics is not None:  # the policy's own (fully_async: veRL's fully_async/* names)
+            self.records.steps[-1].update(step_metrics(self.view, ids))
         self.version += 1
         self.view.version = self.version
+        if self.syncing:  # the rollout resumes under the new weights: the held launches go out
+            self.syncing = False
+            held, self.held = self.held, []
+            if held:
+                self.apply(held)
         # A visit closes once R0 of its samples trained (a policy may train them over several
         # updates, as SortedRL does trajectory by trajectory).
         counts = self.trained_count

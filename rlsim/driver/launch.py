@@ -77,7 +77,7 @@ class Launcher:
             draws = list(range(first, first + act.num_samples))
         flight = self.in_flight.setdefault(act.prompt_id, set())
         per_sample = isinstance(inst, tuple)
-        index, requests, pid, version = self.index, self.requests, act.prompt_id, self.version
+        index, requests, pid, version = self.index, self.requests, act.prompt_id, self.rollout_version
         base, samples = index.start[visit], index.samples
         out_tokens, prompt_tokens = index.out, index.prompt_tokens
         out = []
