@@ -5,7 +5,9 @@
 Runs `rlsim compare --markdown` twice on the bundled trace (64 H100s, `h100-qwen2.5-32b-tp4`,
 veRL's engine limits, P0 512 x R0 16): with its defaults (every default policy, the trace's two
 epochs; about two minutes on a 2-core machine), the table `compare_default`; and sync against
-three policies with dynamic sampling over 8 steps (half a minute), `compare_dynamic_sampling`.
+three policies with dynamic sampling over 8 steps (half a minute), `compare_dynamic_sampling`;
+and the asynchronous policies with their knobs on a disaggregated cluster (48 rollout GPUs, 16
+training), against sync on the same cluster (three minutes), `compare_async`.
 `--readme` also writes them into README.md. The simulation is deterministic, so
 `tests/test_readme_tables.py` re-runs it in CI and holds the README's tables equal to it.
 """
@@ -18,10 +20,15 @@ from pathlib import Path
 
 from readme_tables import emit
 
+ASYNC = (
+    "sync,one_step_off,k_step_off(k=2),async_partial,fully_async,fully_async(staleness_threshold=0.1),"
+    "fully_async(partial_rollout=false),fully_async(staleness_threshold=1,trigger_parameter_sync_step=1)"
+)
 TABLES = {
     "compare_default": [],
     "compare_dynamic_sampling": ["--policies", "sync,sync+dynamic_sampling,rollpacker+dynamic_sampling,"
                                  "async_partial+dynamic_sampling", "--max-steps", "8"],
+    "compare_async": ["--placement", "disaggregated", "--train-gpus", "16", "--policies", ASYNC],
 }  # fmt: skip
 
 

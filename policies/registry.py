@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.async_partial import AsyncPartialPolicy
+from policies.fully_async import FullyAsyncPolicy
 from policies.histopipe import HistoPipePolicy
-from policies.one_step_off import OneStepOffPolicy
+from policies.one_step_off import KStepOffPolicy, OneStepOffPolicy
 from policies.oracle import OraclePolicy
 from policies.rollpacker import RollPackerPolicy
 from policies.seer import SeerPolicy
@@ -36,6 +37,8 @@ REGISTRY: dict[str, Callable[..., object]] = {
     "histopipe": HistoPipePolicy,
     "async_partial": AsyncPartialPolicy,
     "one_step_off": OneStepOffPolicy,
+    "k_step_off": KStepOffPolicy,
+    "fully_async": FullyAsyncPolicy,
     "seer": SeerPolicy,
     "oracle": OraclePolicy,
 }

@@ -163,7 +163,7 @@ class _PerEventOneStepOff(OneStepOffPolicy):
         if prompt in self.current and not self.trained:
             self.done.append(event.request_id)
             return self._maybe_train(view)
-        self.carry.append(event.request_id)
+        self.carry.append((prompt, event.request_id))
         return []
 
 

@@ -20,6 +20,15 @@ from tests.fake_engine import FakeEngine
 PROFILE = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), weight_sync_s=0.0)
 
 
+def cluster_for(name: str, num_gpus: int, **kw) -> ClusterConfig:  # noqa: ANN003
+    """`num_gpus` rollout GPUs for a policy: a policy that runs only disaggregated (fully_async)
+    gets one more GPU to train on, so that its rollout has the same instances as the others'."""
+    need = getattr(make_policy(name.split("+")[0]), "placement", None)
+    if need == "disaggregated":
+        return ClusterConfig(num_gpus=num_gpus + 1, placement="disaggregated", train_gpus=1, **kw)
+    return ClusterConfig(num_gpus=num_gpus, **kw)
+
+
 def make_trace(lengths: np.ndarray, max_len: int = 10_000) -> Trace:
     """A trace from an array of lengths shaped (epochs, prompts, samples)."""
     e, p, s = lengths.shape

@@ -21,7 +21,7 @@ DETERMINISTIC = {
     "profile_table": ["profile_table"],
     "derive_table": ["derived_profiles", "derive_checks"],
     "paper_checks": ["paper_checks"],
-    "compare_table": ["compare_default", "compare_dynamic_sampling"],
+    "compare_table": ["compare_default", "compare_dynamic_sampling", "compare_async"],
     "plan_table": ["plan_example"],
     "fit_workload": ["fit_coder_metrics", "fit_coder_speedups"],
     "recorded_runs": ["recorded_runs"],

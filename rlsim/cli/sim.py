@@ -38,7 +38,9 @@ def register(app: typer.Typer) -> None:
             table.add_column(col)
         for name, cls in REGISTRY.items():
             doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip().splitlines()
-            table.add_row(name, knobs(getattr(cls, "Config", None)), doc[0] if doc else "")
+            same = getattr(cls, "same_as", None)  # a parameterisation of another policy, not a second one
+            what = (f"= {same}: " if same else "") + (doc[0] if doc else "")
+            table.add_row(name, knobs(getattr(cls, "Config", None)), what)
         table.add_row("+histospec", knobs(SpecConfig), "engine feature: RhymeRL HistoSpec, drafts from the last visit")
         table.add_row("+grouped_spec", knobs(SpecConfig), "engine feature: Seer, drafts from sibling responses")
         table.add_row("+dynamic_sampling", knobs(DynamicSamplingConfig), "DAPO: drops zero-variance groups")
