@@ -22,7 +22,7 @@ from readme_tables import emit
 
 ASYNC = (
     "sync,one_step_off,k_step_off(k=2),async_partial,fully_async,fully_async(staleness_threshold=0.1),"
-    "fully_async(partial_rollout=false),fully_async(staleness_threshold=1,trigger_parameter_sync_step=1)"
+    "fully_async(partial_rollout=false),fully_async(staleness_threshold=1,trigger_parameter_sync_step=1),areal"
 )
 TABLES = {
     "compare_default": [],

@@ -107,6 +107,13 @@ class FullyAsyncPolicy:
         cap = c.max_concurrent_samples or SAMPLES_PER_SERVER * view.num_instances
         self.max_concurrent = min(cap, self.max_required)
 
+    def updates_per_step(self, prompts_per_step: int) -> float:
+        """Local updates (rlsim steps of this policy) per P0 prompts: the planner's epoch has
+        this many times the steps of a policy that trains P0 prompts a step."""
+        c = self.config
+        mini = c.ppo_mini_batch_size or -(-prompts_per_step // (c.require_batches * c.trigger_parameter_sync_step))
+        return prompts_per_step / (mini * c.require_batches)
+
     def on_step_start(self, view: PolicyView) -> list[Action]:
         if not self.required:
             self._setup(view)
@@ -188,3 +195,46 @@ class FullyAsyncPolicy:
             "fully_async/partial/partial_ratio": partial / len(ids) if ids else 0.0,
             "fully_async/partial/max_partial_span": max(spans, default=0),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class AReaLConfig:
+    max_head_offpolicyness: int = 4  # AReaL's examples (its default 0 is synchronous)
+    max_concurrent_rollouts: int | None = None  # None: 16 per rollout instance
+
+    def __post_init__(self) -> None:
+        if self.max_head_offpolicyness < 0:
+            raise RlsimError("areal max_head_offpolicyness must be >= 0")
+        if self.max_concurrent_rollouts is not None and self.max_concurrent_rollouts < 1:
+            raise RlsimError("areal max_concurrent_rollouts must be >= 1")
+
+
+class AReaLPolicy(FullyAsyncPolicy):
+    """AReaL's staleness-bounded asynchrony (arXiv 2505.24298): `fully_async` with one update per
+    sync and a threshold of eta, not a second implementation.
+
+    AReaL admits a new rollout only while the groups produced stay under (i + eta + 1) x B at
+    trainer version i (B the consumer batch, P0 here), and interrupts generations in flight at
+    each weight update, which continue under the new weights. That is veRL's bound with
+    `trigger_parameter_sync_step=1` (its counter resets at every sync to what is still owed, so
+    it owes at most (1 + eta) x B beyond what was consumed) and `partial_rollout=true`; AReaL's
+    decoupled PPO recomputes the proximal log-probs with the trainer (`use_rollout_log_probs=false`)
+    and moves the weights tensor by tensor (`checkpoint_engine=false`).
+    """
+
+    name = "areal"
+    Config = AReaLConfig
+
+    def __init__(self, **knobs: object) -> None:
+        c = AReaLConfig(**knobs)
+        self.same_as = (
+            f"fully_async(staleness_threshold={c.max_head_offpolicyness},trigger_parameter_sync_step=1,"
+            "require_batches=1,partial_rollout=true,use_rollout_log_probs=false,checkpoint_engine=false"
+            + (f",max_concurrent_samples={c.max_concurrent_rollouts})" if c.max_concurrent_rollouts else ")")
+        )
+        super().__init__(
+            staleness_threshold=float(c.max_head_offpolicyness), trigger_parameter_sync_step=1, require_batches=1,
+            partial_rollout=True, use_rollout_log_probs=False, checkpoint_engine=False,
+            max_concurrent_samples=c.max_concurrent_rollouts,
+        )  # fmt: skip
+        self.areal = c

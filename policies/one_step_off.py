@@ -98,7 +98,7 @@ class KStepOffPolicy:
 
 
 class OneStepOffPolicy(KStepOffPolicy):
-    """`k_step_off(k=1)` under its veRL name."""
+    """veRL's one_step_off_policy recipe: the next batch generates while this one trains."""
 
     name = "one_step_off"
     quiet = True  # k = 1

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.async_partial import AsyncPartialPolicy
-from policies.fully_async import FullyAsyncPolicy
+from policies.fully_async import AReaLPolicy, FullyAsyncPolicy
 from policies.histopipe import HistoPipePolicy
 from policies.one_step_off import KStepOffPolicy, OneStepOffPolicy
 from policies.oracle import OraclePolicy
@@ -39,6 +39,7 @@ REGISTRY: dict[str, Callable[..., object]] = {
     "one_step_off": OneStepOffPolicy,
     "k_step_off": KStepOffPolicy,
     "fully_async": FullyAsyncPolicy,
+    "areal": AReaLPolicy,
     "seer": SeerPolicy,
     "oracle": OraclePolicy,
 }

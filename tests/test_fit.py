@@ -22,8 +22,8 @@ from rlsim.trace.synth import SynthConfig, synthesize
 
 from .conftest import CODER_LOG_DIR, POLYTRACE_DIR
 
-# colocated here: fully_async runs disaggregated, and k_step_off at its default k is one_step_off
-FITTED = [n for n in REGISTRY if n not in ("fully_async", "k_step_off")]
+# colocated here: fully_async and areal run disaggregated, and k_step_off at its default k is one_step_off
+FITTED = [n for n in REGISTRY if not hasattr(REGISTRY[n], "placement") and n != "k_step_off"]
 
 
 @pytest.fixture(scope="module")

@@ -161,3 +161,12 @@ def test_the_checkpoint_engine_shortens_the_sync() -> None:
     sync_off = off.loc[off["timing_s/update_weights"] > 0, "timing_s/update_weights"]
     assert sync_on.max() < sync_off.min()
     assert (on.loc[on["time/sync_start"].isna(), "timing_s/update_weights"] == 0).all()  # local updates
+
+
+def test_areal_is_fully_async_with_one_update_per_sync() -> None:
+    """AReaL's bound is a parameterisation of fully_async: the same run to the byte."""
+    areal = make_policy("areal(max_head_offpolicyness=2)")
+    a = simulate(_slice(), "areal(max_head_offpolicyness=2)", DISAGG, RL)
+    b = simulate(_slice(), areal.same_as, DISAGG, RL)
+    assert a.steps.equals(b.steps) and a.requests.equals(b.requests)
+    assert a.summary["wake_reprefill_tokens"] > 0  # generations interrupted at updates continued

@@ -175,3 +175,36 @@ def test_plan_command_bad_inputs(tmp_path: Path, small_trace_path: Path) -> None
         ["plan", "--gpu-budget", "8", "--trace", str(small_trace_path), "--max-response-len", "99999", "--gpus", "8"]
     )
     assert "is a directory" in _err(["plan", "--gpu-budget", "8", "--cache", str(tmp_path)])
+
+
+def test_staleness_is_searched_for_the_policies_that_bound_it() -> None:
+    """--staleness sets fully_async's staleness_threshold and areal's max_head_offpolicyness
+    (integers); other policies are searched once; disaggregated-only policies only disaggregated."""
+    space = SearchSpace(("sync", "fully_async", "areal(max_concurrent_rollouts=8)"), (32,),
+                        ("colocated", "disaggregated"), (0.25,), staleness=(0.5, 1.0, 2.0))  # fmt: skip
+    cands = candidates(space, "h100-qwen2.5-32b-tp4")
+    pols = {(c.policy, c.placement) for c in cands}
+    assert {p for p, _ in pols if p.startswith("fully_async")} == {
+        f"fully_async(staleness_threshold={v})" for v in ("0.5", "1", "2")
+    }
+    assert {p for p, _ in pols if p.startswith("areal")} == {
+        f"areal(max_concurrent_rollouts=8,max_head_offpolicyness={v})" for v in (1, 2)
+    }
+    assert {pl for p, pl in pols if not p.startswith("sync")} == {"disaggregated"}
+    assert {pl for p, pl in pols if p == "sync"} == {"colocated", "disaggregated"}
+    with pytest.raises(RlsimError, match="fully_async runs only disaggregated"):
+        candidates(SearchSpace(("fully_async",), (32,)), "h100-qwen2.5-32b-tp4")
+
+
+def test_a_local_update_policy_is_planned_over_its_whole_epoch(small_trace_path: Path) -> None:
+    """fully_async trains P0 / 4 prompts a step: the plan simulates four times the steps and
+    counts four times as many in the epoch as for a policy that trains P0 a step."""
+    rl = RLConfig(prompts_per_step=16, samples_per_prompt=4, epochs=1)
+    space = SearchSpace(("one_step_off", "fully_async"), (16,), ("disaggregated",), (0.5,), staleness=(0.5,))
+    res = plan(small_trace_path, space, "h100-qwen2.5-7b-tp1", rl, PlanConfig(gpu_budget=16, steps=2, min_steps=2,
+                                                                               seeds=1))  # fmt: skip
+    rows = {r["policy"]: r for r in res["rows"]}
+    sync_like, local = rows["one_step_off"], rows["fully_async(staleness_threshold=0.5)"]
+    assert local["steps_per_epoch"] == 4 * sync_like["steps_per_epoch"]
+    assert len(local["step_s"]) == 4 * len(sync_like["step_s"]) == 8
+    assert local["steps_simulated"] == sync_like["steps_simulated"] == 2  # the rung, as the halving counts it

@@ -82,8 +82,8 @@ def _check_run(out: Path, trace: Path, steps: int, whole_groups: bool = True) ->
     return st, rq
 
 
-@pytest.mark.parametrize("policy", [p for p in REGISTRY if p not in ("seer", "fully_async")])
-# seer: simulated only (test_real_cli); fully_async: its syncs skip steps, which a real run cannot yet
+@pytest.mark.parametrize("policy", [p for p in REGISTRY if p not in ("seer", "fully_async", "areal")])
+# seer: simulated only (test_real_cli); fully_async, areal: their syncs skip steps, which a real run cannot yet
 def test_every_registered_policy_runs_on_vllm(policy: str, calibrated: dict, tmp_path: Path) -> None:
     """The simulator's driver and policy objects drive a real engine for three steps."""
     trace = _trace(calibrated["root"], 0.05)

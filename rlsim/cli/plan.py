@@ -102,6 +102,10 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: str = typer.Option("", help="vLLM max_num_seqs values to try, e.g. 256,1024."),
         gpu_memory_utilization: str = typer.Option("", help="vLLM gpu_memory_utilization values to try, e.g. 0.5,0.8."),
         max_response_len: str = typer.Option("20480", help="Response caps to try, e.g. 16384,20480."),
+        staleness: str = typer.Option(
+            "", help="Staleness bounds to try for the policies that have one (fully_async's staleness_threshold, "
+            "areal's max_head_offpolicyness), e.g. 0.1,0.5,1."
+        ),
         policies: str = typer.Option("", help="Comma-separated policies (default: every registered one but oracle)."),
         prompts_per_step: int = typer.Option(512, help="P0: prompts per step."),
         samples_per_prompt: int = typer.Option(16, help="R0: samples per prompt."),
@@ -127,7 +131,7 @@ def register(app: typer.Typer) -> None:
         from rlsim.plan.planner import PlanConfig
         from rlsim.plan.planner import plan as run_plan
         from rlsim.plan.report import answer_rows, objective_text, pareto_rows, plot_plan
-        from rlsim.plan.space import SearchSpace, candidates, parse_gpus, parse_list
+        from rlsim.plan.space import SearchSpace, candidates, disaggregated_only, parse_gpus, parse_list
         from rlsim.plan.sweep import make_executor
         from rlsim.trace.format import load
 
@@ -142,13 +146,20 @@ def register(app: typer.Typer) -> None:
             profile, tps = derive_opts.derive_family(model, gpu, tps, dtype, trainer, terms)
         # HistoSpec variants are left out by default: a plan estimates an epoch from its first
         # steps, where no prompt has a previous visit to draft from yet.
-        names = split_policies(policies) or [p for p in REGISTRY if p != "oracle"]
+        # By default every registered policy but the oracle and k_step_off (at its default k it is
+        # one_step_off); those that run only disaggregated, where that placement is searched.
+        places = parse_list(placement, str, "--placement")
+        names = split_policies(policies) or [
+            p for p in REGISTRY
+            if p not in ("oracle", "k_step_off") and ("disaggregated" in places or not disaggregated_only(p))
+        ]  # fmt: skip
         space = SearchSpace(
             policies=tuple(names), gpus=parse_gpus(gpus), placements=parse_list(placement, str, "--placement"),
             train_shares=parse_list(train_share, float, "--train-share"), tps=tps,
             max_num_seqs=parse_list(max_num_seqs, int, "--max-num-seqs") or (None,),
             gpu_memory_utilization=parse_list(gpu_memory_utilization, float, "--gpu-memory-utilization") or (None,),
             max_response_len=parse_list(max_response_len, int, "--max-response-len"),
+            staleness=parse_list(staleness, float, "--staleness"),
         )  # fmt: skip
         rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, epochs=1)
         path = trace or default_trace()

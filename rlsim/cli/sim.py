@@ -35,11 +35,14 @@ def register(app: typer.Typer) -> None:
 
         table = Table(title="Policies (rlsim simulate --policy 'NAME(knob=value,...)+FEATURE')", title_justify="left")
         for col in ("name", "knobs (defaults)", "what and where from"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for name, cls in REGISTRY.items():
             doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip().splitlines()
-            same = getattr(cls, "same_as", None)  # a parameterisation of another policy, not a second one
-            what = (f"= {same}: " if same else "") + (doc[0] if doc else "")
+            # a parameterisation of another policy, not a second one (at its default knobs)
+            same = getattr(cls(), "same_as", None)
+            if same:
+                doc = [f"= {same}: {(cls.__doc__ or '').strip().splitlines()[0]}"]
+            what = doc[0] if doc else ""
             table.add_row(name, knobs(getattr(cls, "Config", None)), what)
         table.add_row("+histospec", knobs(SpecConfig), "engine feature: RhymeRL HistoSpec, drafts from the last visit")
         table.add_row("+grouped_spec", knobs(SpecConfig), "engine feature: Seer, drafts from sibling responses")

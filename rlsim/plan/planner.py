@@ -16,6 +16,10 @@ between seeds is a tie, not a winner.
 Epoch estimate from k simulated steps of durations d_0..d_{k-1} and n steps per epoch: the
 first and last steps stand for themselves (the pipeline fills in the first, an async policy drains
 in the last) and the mean of the others for the n - 2 between (k = 1: n d_0; k = 2: d_0 + (n-1) d_1).
+A policy whose step is a local update on part of P0 (`fully_async`, `updates_per_step`) is
+simulated for that many times the steps and its epoch has that many times the steps. For the
+policies with a staleness bound, the search also tries each `staleness` value (`rlsim.plan.space`),
+and a policy's candidates at every bound compete as that policy's.
 
 Every estimate is cached by its configuration (candidate, RL step, steps, seed, and digests of the
 trace file, the profile and rlsim's own source) in a JSON-lines file, so a second question over an
@@ -35,11 +39,11 @@ from typing import Any
 
 import numpy as np
 
-from policies.registry import parse_policy
+from policies.registry import make_policy, parse_policy
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.errors import RlsimError
 from rlsim.plan.cache import PlanCache, code_digest, digest
-from rlsim.plan.space import Candidate, SearchSpace, candidates, clip_ratio
+from rlsim.plan.space import Candidate, SearchSpace, candidates, clip_ratio, with_staleness
 from rlsim.plan.sweep import _trace_for
 from rlsim.profile import _resolve
 from rlsim.sim.simulate import simulate
@@ -118,7 +122,14 @@ def estimate(trace_path: str, cand: dict[str, Any], rl: dict[str, Any], steps: i
     c = Candidate(**cand)
     trace = _trace_for(json.dumps({"trace": trace_path}))
     n_steps = steps_per_epoch(trace, rl["prompts_per_step"])
-    run_rl = RLConfig(**{**rl, "max_response_len": c.max_response_len, "epochs": 1, "max_steps": steps, "seed": seed})
+    # a policy whose step is a local update on part of P0 (fully_async) runs as many more steps
+    per_step = getattr(make_policy(c.policy), "updates_per_step", None)
+    k = per_step(rl["prompts_per_step"]) if per_step is not None else 1.0
+    run_steps = math.ceil(steps * k) if k != 1.0 else steps
+    n_steps = max(1, round(n_steps * k)) if k != 1.0 else n_steps
+    run_rl = RLConfig(
+        **{**rl, "max_response_len": c.max_response_len, "epochs": 1, "max_steps": run_steps, "seed": seed}
+    )
     cluster = ClusterConfig(num_gpus=c.num_gpus, profile=c.profile, placement=c.placement, train_gpus=c.train_gpus)
     engine = c.engine_config()
     row: dict[str, Any] = {**cand, "steps_simulated": steps, "seed": seed, "steps_per_epoch": n_steps}
@@ -167,6 +178,8 @@ def plan(
     for p in space.policies:
         parse_policy(p)
     cands = candidates(space, profile, config.gpu_budget, engine)
+    # a policy's candidates at every staleness bound compete as one policy's
+    group = {v: p for p in space.policies for v in with_staleness(p, space.staleness)}
     trace_path = str(trace_path)
     trace = _trace_for(json.dumps({"trace": trace_path}))
     for cap in space.max_response_len:
@@ -178,7 +191,7 @@ def plan(
     n_steps = steps_per_epoch(trace, rl.prompts_per_step)
     steps_at = rungs(config, n_steps)
     if on_start:
-        per_policy = [sum(c.policy == p for c in cands) for p in space.policies]
+        per_policy = [sum(group[c.policy] == p for c in cands) for p in space.policies]
         planned = 0
         for _ in steps_at:  # every candidate, then the best 1/eta per policy each round
             planned += sum(per_policy)
@@ -218,7 +231,7 @@ def plan(
                 on_done(row)
         return [r for r in out if r is not None]
 
-    alive: dict[str, list[Candidate]] = {p: [c for c in cands if c.policy == p] for p in space.policies}
+    alive: dict[str, list[Candidate]] = {p: [c for c in cands if group[c.policy] == p] for p in space.policies}
     latest: dict[str, dict[str, Any]] = {}
     for k, steps in enumerate(steps_at):
         jobs = [(c, steps, rl.seed) for p in space.policies for c in alive[p]]
@@ -242,7 +255,7 @@ def plan(
         promoted += len(early)
         for c, row in zip(early, run([(c, steps_at[-1], rl.seed) for c in early]), strict=True):
             latest[c.key()] = row
-            alive[c.policy].append(c)
+            alive[group[c.policy]].append(c)
     finalists: dict[str, Candidate] = {}
     for p in space.policies:
         ok = [c for c in alive[p] if not latest[c.key()].get("error")]

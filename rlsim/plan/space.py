@@ -14,6 +14,10 @@ cap) a user asks about, checked and expanded into candidates before anything is 
   engine's other settings are held fixed, as given (`Candidate.engine`).
 - **Response cap**: `max_response_len`, each with the clip ratio it implies on the user's trace
   (the share of the trace's samples longer than the cap, which are then cut).
+- **Staleness**: for the policies with a staleness knob (`fully_async`'s `staleness_threshold`,
+  `areal`'s `max_head_offpolicyness`, integers only), each value of `staleness` set in the
+  policy string (`fully_async(staleness_threshold=0.5)`); other policies are searched once.
+  A policy that runs only disaggregated (`fully_async`, `areal`) is searched only there.
 
 Every impossible question is one sentence (an `RlsimError`): an empty space, a split that leaves
 no training GPU or no rollout instance, a TP that does not divide a colocated GPU count, a GPU
@@ -91,6 +95,7 @@ class SearchSpace:
     max_num_seqs: tuple[int | None, ...] = (None,)
     gpu_memory_utilization: tuple[float | None, ...] = (None,)
     max_response_len: tuple[int, ...] = (20480,)
+    staleness: tuple[float, ...] = ()  # empty: each policy's own
 
     def __post_init__(self) -> None:
         for name in ("policies", "gpus", "placements", "max_num_seqs", "gpu_memory_utilization", "max_response_len"):
@@ -119,6 +124,9 @@ class SearchSpace:
         for c in self.max_response_len:
             if c < 1:
                 raise RlsimError(f"--max-response-len must be positive, got {c}")
+        for v in self.staleness:
+            if v < 0:
+                raise RlsimError(f"--staleness must be >= 0, got {v:g}")
 
 
 def parse_list(text: str, kind: type, what: str) -> tuple:
@@ -177,6 +185,40 @@ def tp_family(profile: str) -> dict[int, str]:
     return dict(sorted(family.items()))
 
 
+STALENESS_KNOBS = {"fully_async": "staleness_threshold", "areal": "max_head_offpolicyness"}
+
+
+def with_staleness(policy: str, values: Sequence[float]) -> list[str]:
+    """The policy string once per staleness value, for a policy with a staleness knob
+    (`fully_async(partial_rollout=false)` -> `fully_async(partial_rollout=false,staleness_threshold=0.5)`);
+    the string alone otherwise, or when it sets the knob itself."""
+    from policies.registry import _split_plus
+
+    base, *features = _split_plus(policy)
+    name = base.split("(")[0].strip()
+    knob = STALENESS_KNOBS.get(name)
+    if knob is None or not values or f"{knob}=" in base:
+        return [policy]
+    out = []
+    for v in values:
+        if knob == "max_head_offpolicyness":
+            if v != int(v):
+                continue
+            v = int(v)
+        value = f"{knob}={v:g}"
+        head = base.strip()
+        head = f"{head[:-1]},{value})" if head.endswith(")") and not head.endswith("()") else f"{name}({value})"
+        out.append("+".join([head, *features]))
+    return out or [policy]
+
+
+def disaggregated_only(policy: str) -> bool:
+    """Whether the policy runs only on a disaggregated cluster (its class says `placement`)."""
+    from policies.registry import parse_policy, policy_class
+
+    return getattr(policy_class(parse_policy(policy).name), "placement", None) == "disaggregated"
+
+
 def candidates(
     space: SearchSpace, profile: str, gpu_budget: int | None = None, engine: EngineConfig | None = None
 ) -> list[Candidate]:
@@ -199,6 +241,10 @@ def candidates(
             raise RlsimError(f"--gpu-budget {gpu_budget} is below one rollout instance (TP {t}: {t} GPUs)")
         if not gpus:
             raise RlsimError(f"the search space is empty: every GPU count in --gpus is above --gpu-budget {gpu_budget}")
+    for pol in space.policies:
+        if "disaggregated" not in space.placements and disaggregated_only(pol):
+            raise RlsimError(f"{pol} runs only disaggregated: add --placement disaggregated")
+    policies = [v for pol in space.policies for v in with_staleness(pol, space.staleness)]
     out = []
     for g in gpus:
         for tp in tps:
@@ -224,9 +270,11 @@ def candidates(
                     if ("disaggregated", g - rollout) not in places:
                         places.append(("disaggregated", g - rollout))
             knobs = itertools.product(
-                places, space.max_num_seqs, space.gpu_memory_utilization, space.max_response_len, space.policies
+                places, space.max_num_seqs, space.gpu_memory_utilization, space.max_response_len, policies
             )
             for (place, train), seqs, util, cap, pol in knobs:
+                if place == "colocated" and disaggregated_only(pol):
+                    continue
                 out.append(Candidate(pol, g, place, train, tp, family[tp], seqs, util, cap, dict(fixed)))
     if not out:
         raise RlsimError("the search space is empty")
