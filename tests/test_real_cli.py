@@ -121,7 +121,7 @@ def test_run_metrics_on_a_simulated_run(small_trace) -> None:  # noqa: ANN001
 
 def test_real_training_refuses_bad_input_in_one_sentence(tmp_path: Path, small_trace_path: Path) -> None:
     """`--train grpo`: a learning rate that is not positive, a negative KL coefficient, a save
-    frequency of 0, replayed lengths, a model directory
+    frequency of 0, replayed lengths, a disaggregated-only policy on a colocated run, a model directory
     without weights, and no torch (a `torch` that fails to import stands in) each get one
     sentence and exit 2, with nothing written."""
     out = tmp_path / "run"
@@ -133,7 +133,7 @@ def test_real_training_refuses_bad_input_in_one_sentence(tmp_path: Path, small_t
     assert "learning rate must be positive" in _err([*base, "--lr", "0"])
     assert "learning rate must be positive" in _err([*base, "--lr", "-1e-5"])
     assert "add --lengths free" in _err([*base[:-1], "replay"])
-    assert "--placement colocated" in _err([*base, "--placement", "disaggregated", "--gpus", "2", "--train-gpus", "1"])
+    assert "add --placement disaggregated" in _err([*base, "--policy", "fully_async"])
     assert "old_log_prob" in _err([*base, "--old-log-prob", "engine"])
     assert "KL loss coefficient must be >= 0" in _err([*base, "--use-kl-loss", "--kl-loss-coef", "-0.1"])
     assert "--save-freq must be a positive number of steps" in _err([*base, "--save-freq", "0"])

@@ -284,6 +284,54 @@ class Driver(Launcher):
                 train = self.apply(acts) or train
         return train
 
+    POLL_S = 0.02  # how often a real run looks whether the trainer process is done
+
+    def _train_beside(self, learner, ids, sync: str, start: float, cost, window):  # noqa: ANN001, ANN202
+        """A real disaggregated update: the trainer process updates while the engines go on
+        (events told to the policy as usual); then, unless this update skips the sync, the
+        engines stop and the weights are pushed (vLLM's reload: requests still running are
+        preempted and continue under the new weights). With "drain" the requests in flight
+        finish first, launches held meanwhile. Answers the measured cost and the trainer's metrics."""
+        engine = self.engine
+        engine.call_at(start, "train_start")
+        started = draining = False
+        result = None
+        while True:
+            batch = EventBatch.of(engine.step())
+            self.view.now = engine.now
+            keep = []
+            for i, ev in enumerate(batch):
+                tag = ev.tag if type(ev) is Timer else None
+                if tag == "train_start":
+                    learner.start([self.requests[r] for r in ids], self.version)
+                    started = True
+                    engine.call_at(engine.now + self.POLL_S, "trainer_poll")
+                elif tag == "trainer_poll":
+                    if result is None:
+                        engine.call_at(engine.now + self.POLL_S, "trainer_poll")
+                else:
+                    keep.append(i)
+            if keep:
+                self.react(batch if len(keep) == len(batch) else batch.select(keep))
+            if started and result is None and learner.done():
+                result = learner.finish()
+                if sync == "none":
+                    break
+                if sync in ("drain", "interrupt"):
+                    self.syncing, draining = True, sync == "drain"
+                window.sync_start = engine.now
+            if result is not None and draining and not any(self.in_flight.values()):
+                draining = False
+            if result is not None and not draining:
+                window.sync_begin = engine.now
+                engine.pause()
+                pushed = learner.push()
+                engine.resume()
+                result = (dataclasses.replace(result[0], update_weights=pushed), result[1])
+                break
+        engine.drop_timers("trainer_poll")
+        return result
+
     def _priced_sync(self, cost, sync: str):  # noqa: ANN001, ANN202 - a StepCost in and out
         """The step's cost as the policy runs it: no old log-prob pass where it trains on the
         engine's log-probs (`use_rollout_log_probs`), no weight sync after a local update, and the
@@ -351,15 +399,22 @@ class Driver(Launcher):
         # A real engine with a learner trains for real once the rewards are in: the phases take
         # the time they take, and the measured StepCost replaces the profile's.
         learner = getattr(self.engine, "learner", None)
+        beside = getattr(self.engine, "async_learner", None)  # a trainer process beside the rollout
         if learner is not None and sync != "step":
-            raise RlsimError(f"a real run pushes the weights every step; sync={sync!r} runs in simulation")
-        if learner is not None:
+            raise RlsimError(
+                f"sync={sync!r} needs the rollout to go on while the trainer updates: a real run trains beside "
+                "it with --placement disaggregated"
+            )
+        if beside is not None:
+            cost, metrics = self._train_beside(beside, ids, sync, start, cost, window)
+            self.engine.call_at(self.engine.now, "train_done")
+        elif learner is not None:
             self.engine.call_at(start, "train_start")
         elif sync in ("drain", "interrupt"):  # the update, then a sync that stops the rollout
             self.engine.call_at(start + cost.training, "sync_start")
         else:
             self.engine.call_at(start + cost.training + cost.rollout_wake_up + cost.update_weights, "train_done")
-        metrics: dict = {}
+        metrics = metrics if beside is not None else {}
         done = draining = False
         while not done:
             batch = EventBatch.of(self.engine.step(until_idle=self.quiet))
@@ -386,7 +441,7 @@ class Driver(Launcher):
             if self.syncing and not draining and window.sync_begin is None:
                 # the rollout stops (its KV freed: veRL clears the cache for the new weights)
                 window.sync_begin = self.engine.now
-                self.engine.pause(sleep=True)
+                self.engine.pause(sleep=getattr(self.engine, "sleeps_for_sync", True))
                 self.engine.call_at(self.engine.now + cost.update_weights, "train_done")
         self.engine.resume()
         if sync != "none":

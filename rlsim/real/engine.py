@@ -65,6 +65,9 @@ class RealEngine:
         # `rlsim run --real --train grpo`: the driver trains through `learner(requests, version)`
         # (-> StepCost, metrics), which reads the finished samples' tokens kept here until then
         self.learner: Callable[[list[Request], int], tuple[Any, dict]] | None = None
+        # `--placement disaggregated --train grpo`: a trainer process updates beside the rollout
+        # (`rlsim.real.learn.BesideLearner`: start, done, finish, push)
+        self.async_learner = None
         self.samples: dict[int, dict] = {}
         self._t0 = time.perf_counter() - clock_offset
         self._timers: list[tuple[float, int, str]] = []
@@ -149,9 +152,16 @@ class RealEngine:
                 self._outbox.append(Aborted(rid, now, i, int(done)))
             self._mark(i)
 
+    sleeps_for_sync = False  # a weight push preempts running requests itself (vLLM's reload)
+
     def call_at(self, when: float, tag: str) -> None:
         self._order += 1
         heapq.heappush(self._timers, (when, self._order, tag))
+
+    def drop_timers(self, tag: str) -> None:
+        """Forget the pending timers of this tag."""
+        self._timers = [t for t in self._timers if t[2] != tag]
+        heapq.heapify(self._timers)
 
     def pause(self, sleep: bool = False) -> None:
         if sleep:  # real runs record free_cache_engine=False (vLLM on a CPU has no sleep mode)
@@ -267,7 +277,7 @@ class RealEngine:
                 self.responses.setdefault(req.prompt_id, {}).setdefault(req.epoch, []).append(f["output_token_ids"])
                 if f.get("prompt_token_ids"):
                     self.prompt_ids[req.prompt_id] = f["prompt_token_ids"]
-            if self.learner is not None:
+            if self.learner is not None or self.async_learner is not None:
                 self.samples[rid] = {k: f.get(k) for k in ("prompt_token_ids", "output_token_ids", "logprobs")}
             if self.on_finish is not None:
                 self.on_finish(req, f)

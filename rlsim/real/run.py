@@ -15,7 +15,10 @@ their rows. At the end: `summary.json`, `timeline.png` and `trace.json` as a sim
 tokens go to a torch copy of the model, one GRPO/DAPO update runs, the weights go into every
 engine through vLLM's reload path (`VllmInstance.update_weights`), and the actor checkpoint of
 each weight version is kept under `actor/v<N>` until the step's records point past it; the
-measured phases replace the profile's in `steps.parquet`. `train=modeled` waits the profile's
+measured phases replace the profile's in `steps.parquet`. Colocated, the update runs in this
+process between rollouts; disaggregated, in a trainer process beside the engines, which go on
+generating while it updates (`rlsim.real.learn.BesideLearner`), so a policy's local updates
+(`fully_async`) and its syncs (`drain`, `interrupt`) run for real. `train=modeled` waits the profile's
 training and weight-sync time instead (so step timing is realistic without training), and
 `train=none` skips both: the weights then never change.
 """
@@ -117,6 +120,9 @@ class RealRun(Learning, RunCalibration, RunFiles):
                 f"{parsed.name} continues responses from their kept tokens (divided rollout), which "
                 "real engines do not do yet: simulate it"
             )
+        need = getattr(policy_class(parsed.name), "placement", None)
+        if need is not None and cluster.placement != need:
+            raise RlsimError(f"{parsed.name} runs on a {need} cluster: add --placement {need} --train-gpus N")
         if parsed.dynamic_sampling is not None and real.lengths == "free":
             raise RlsimError(
                 "dynamic sampling reads rewards from the trace, so it runs with --lengths replay only "
@@ -125,8 +131,6 @@ class RealRun(Learning, RunCalibration, RunFiles):
         if real.train == "grpo":
             if real.lengths != "free":
                 raise RlsimError("--train grpo learns from the model's own responses: add --lengths free")
-            if cluster.placement != "colocated":
-                raise RlsimError("--train grpo trains in the driver between rollouts: --placement colocated only")
             require_torch()
             check_weights(real.model)
         if (out / "config.json").exists():
@@ -251,6 +255,8 @@ class RealRun(Learning, RunCalibration, RunFiles):
             if gc_was:
                 gc.enable()
             backend.close()
+            if hasattr(self.trainer, "close"):  # a trainer process (disaggregated)
+                self.trainer.close()
             if self.trainer is not None:  # the pushed weights sit in memory (/dev/shm): not left behind
                 shutil.rmtree(self._weights_dir(), ignore_errors=True)
         return self._finish(records, engine, facts, stats)
