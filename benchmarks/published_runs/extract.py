@@ -130,7 +130,7 @@ def annotate(row: dict, repo: Path) -> dict:
     elif row["algorithm"] == "SWE":
         reason = "agentic multi-turn SWE rollouts: the agentic issue"
     elif off and int(off.group(1)) > 1:
-        reason = f"{off.group(1)}-step off-policy: the fully-async issue"
+        reason = f"{off.group(1)}-step off-policy: predicted apart as k_step_off (outside the fit and its halves)"
     elif gen_tp > SCALE_UP[gpu]:
         reason = f"generation TP {gen_tp} spans more GPUs than the {gpu}'s scale-up domain of {SCALE_UP[gpu]}"
     elif gen_pp > 1:
