@@ -26,6 +26,7 @@ DETERMINISTIC = {
     "fit_workload": ["fit_coder_metrics", "fit_coder_speedups"],
     "recorded_runs": ["recorded_runs"],
     "published_runs": ["published_runs", "published_async"],
+    "verl_fully_async": ["verl_fully_async"],
 }
 # timing benchmarks: they write their tables (`--readme`) with the machine and its load; not re-run
 TIMING = {
