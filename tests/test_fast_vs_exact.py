@@ -33,7 +33,7 @@ PLACEMENTS = {
 RL = RLConfig(prompts_per_step=64, samples_per_prompt=16, epochs=2)
 KV_TIGHT = EngineConfig(gpu_memory_utilization=0.45)
 CARRY = ("histopipe(cross_step=true)", "async_partial", "sortedrl(mode=partial)")  # run into training
-INTERRUPT = ("fully_async", "areal")  # its syncs stop the rollout and free the KV of requests in flight
+INTERRUPT = ("fully_async", "areal")  # their syncs stop the rollout and free the KV of requests in flight
 ABORT = ("rollpacker", "sortedrl")  # abort the tail of a step
 RTOL = 1e-9
 
@@ -61,13 +61,15 @@ def assert_tables_match(fast: pd.DataFrame, exact: pd.DataFrame, what: str) -> N
             assert (a == b).all(), f"{what}: {col} differs in {int((a != b).sum())} rows"
 
 
-@pytest.mark.parametrize("placement", list(PLACEMENTS))
-@pytest.mark.parametrize("policy", POLICIES)
+DISAGGREGATED_ONLY = ("fully_async", "areal")
+CASES = [(p, pl) for pl in PLACEMENTS for p in POLICIES
+         if pl == "disaggregated" or p.split("(")[0].split("+")[0] not in DISAGGREGATED_ONLY]  # fmt: skip
+
+
+@pytest.mark.parametrize(("policy", "placement"), CASES)
 def test_fast_path_matches_exact(policy: str, placement: str) -> None:
     """Every request's and every step's times within 1e-9 of --exact, every count equal."""
     cluster = PLACEMENTS[placement]
-    if placement == "colocated" and policy.split("(")[0].split("+")[0] in ("fully_async", "areal"):
-        pytest.skip("runs only disaggregated")
     fast = simulate(_slice(), policy, cluster, RL, engine_cfg=KV_TIGHT)
     exact = simulate(_slice(), policy, cluster, RL, exact=True, engine_cfg=KV_TIGHT)
     assert_tables_match(fast.requests, exact.requests, "requests")
