@@ -25,6 +25,7 @@ import pytest
 
 from policies.registry import make_policy
 from rlsim.config import ClusterConfig, RLConfig
+from rlsim.errors import RlsimError
 from rlsim.report import write_run_dir
 from rlsim.sim.simulate import simulate
 from tests.test_fast_vs_exact import _slice
@@ -151,7 +152,7 @@ def test_uniform_lengths_new_policies_match_one_step_off(name: str) -> None:
 
 
 def test_fully_async_needs_a_disaggregated_cluster() -> None:
-    with pytest.raises(Exception, match="--placement disaggregated"):
+    with pytest.raises(RlsimError, match="--placement disaggregated"):
         simulate(_slice(), "fully_async", ClusterConfig(num_gpus=16, profile="h100-qwen2.5-32b-tp2"), RL)
 
 

@@ -22,7 +22,7 @@ DETERMINISTIC = {
     "derive_table": ["derived_profiles", "derive_checks"],
     "paper_checks": ["paper_checks"],
     "compare_table": ["compare_default", "compare_dynamic_sampling", "compare_async"],
-    "plan_table": ["plan_example"],
+    "plan_table": ["plan_example", "plan_async"],
     "fit_workload": ["fit_coder_metrics", "fit_coder_speedups"],
     "recorded_runs": ["recorded_runs"],
     "published_runs": ["published_runs", "published_async"],

@@ -137,7 +137,7 @@ class Driver(Launcher):
     _NOT_STATE = (
         "engine", "trace", "index", "view", "profile", "cluster", "rl", "dynamic_sampling", "first_token", "batched",
         "quiet",
-    )  # fmt: skip (a checkpoint is taken between steps, never during a sync)
+    )  # fmt: skip
 
     def snapshot(self) -> dict:
         """Everything the run has decided so far (data order position, visits, requests,
@@ -286,7 +286,7 @@ class Driver(Launcher):
 
     POLL_S = 0.02  # how often a real run looks whether the trainer process is done
 
-    def _train_beside(self, learner, ids, sync: str, start: float, cost, window):  # noqa: ANN001, ANN202
+    def _train_beside(self, learner, ids, sync: str, start: float, window):  # noqa: ANN001, ANN202
         """A real disaggregated update: the trainer process updates while the engines go on
         (events told to the policy as usual); then, unless this update skips the sync, the
         engines stop and the weights are pushed (vLLM's reload: requests still running are
@@ -406,7 +406,7 @@ class Driver(Launcher):
                 "it with --placement disaggregated"
             )
         if beside is not None:
-            cost, metrics = self._train_beside(beside, ids, sync, start, cost, window)
+            cost, metrics = self._train_beside(beside, ids, sync, start, window)
             self.engine.call_at(self.engine.now, "train_done")
         elif learner is not None:
             self.engine.call_at(start, "train_start")
