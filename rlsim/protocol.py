@@ -35,6 +35,11 @@ class Request(NamedTuple):
     instance: int
     policy_version: int
     kept_tokens: int = 0
+    # a turn of a multi-turn trajectory (`rlsim.trace.turns`): its prompt is the context so far, of
+    # which the first `prompt_len` tokens are the prompt its siblings share (0: all of it); a turn
+    # with `more_turns` keeps its KV hittable when it ends, for the next turn's prefix-cache hit
+    prompt_len: int = 0
+    more_turns: bool = False
 
 
 class RequestInfo(NamedTuple):

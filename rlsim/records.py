@@ -115,6 +115,7 @@ class Records:
         self.num_output_tokens = self.cols["num_output_tokens"]
         self.steps: list[dict] = []
         self.reused_samples = 0  # samples launched past the trace's count, reusing its samples
+        self.multi_turn: dict | None = None  # a multi-turn trace's run metrics (rlsim.driver.turns)
 
     def launch(self, reqs, now: float, step: int) -> None:  # noqa: ANN001 - list[Request]
         """Record a batch of launched requests (one extend per column: the hot path of an epoch)."""

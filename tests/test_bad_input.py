@@ -256,7 +256,7 @@ def _rewrite(path: Path, table: pa.Table | None = None, meta: bytes | None = Non
     [("corrupt", "cannot be read"), ("meta_utf8", "not UTF-8"), ("meta_source", "source must be a string"),
      ("meta_nan_cap", "max_response_len must be an integer"), ("meta_float_cap", "max_response_len must be an integer"),
      ("meta_huge", "must fit in 64 bits"), ("sample_idx", "sample_idx must be below samples_per_prompt"),
-     ("utf8_data", "cannot be read"), ("meta_schema", "this rlsim reads trace schema 1 to 1")],
+     ("utf8_data", "cannot be read"), ("meta_schema", "this rlsim reads trace schema 1 to 2")],
 )  # fmt: skip
 def test_bad_trace_files(small_trace: Trace, tmp_path: Path, kind: str, message: str) -> None:
     path = save(small_trace, tmp_path / "t.parquet")

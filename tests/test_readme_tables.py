@@ -27,6 +27,7 @@ DETERMINISTIC = {
     "recorded_runs": ["recorded_runs"],
     "published_runs": ["published_runs", "published_async"],
     "verl_fully_async": ["verl_fully_async"],
+    "multi_turn": ["search_r1_fit", "search_r1_sim", "tool_latency_sweep", "search_r1_compare"],
 }
 # timing benchmarks: they write their tables (`--readme`) with the machine and its load; not re-run
 TIMING = {

@@ -30,7 +30,7 @@ def test_round_trip_keeps_rows_types_and_metadata(tmp_path: Path, small_trace: T
     assert list(back.table["finish_reason"].astype(str)) == list(small_trace.table["finish_reason"])
     schema = pq.ParquetFile(path).schema_arrow
     assert schema.field("num_output_tokens").type == pa.int32()
-    assert json.loads(schema.metadata[META_KEY])["schema_version"] == 1
+    assert json.loads(schema.metadata[META_KEY])["schema_version"] == 1  # single-turn: written as schema 1
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
 
 

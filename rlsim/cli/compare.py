@@ -12,7 +12,7 @@ from rich.table import Table
 from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.options import check_len, configs, from_trace, load_trace, split_policies
+from rlsim.cli.options import check_len, configs, from_trace, load_trace, split_policies, tool_config
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
 
@@ -48,6 +48,9 @@ def register_compare(app: typer.Typer) -> None:
         seed: int = options.SEED,
         reward_latency: float = options.REWARD_LATENCY,
         use_kl_loss: bool = options.USE_KL_LOSS,
+        tool_workers: int | None = options.TOOL_WORKERS,
+        tool_latency_scale: float = options.TOOL_LATENCY_SCALE,
+        tool_latency_s: float | None = options.TOOL_LATENCY_S,
         workers: int = typer.Option(0, min=0, help="Processes to simulate policies in parallel (0: one per core)."),
         seeds: int = typer.Option(
             1, min=1, help="Data-order seeds (--seed, --seed + 1, ...): every time with its spread, and a rank that "
@@ -69,7 +72,9 @@ def register_compare(app: typer.Typer) -> None:
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
         profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms)
-        cluster, rl = configs(from_trace(locals(), tr))
+        opts = from_trace(locals(), tr)
+        cluster, rl = configs(opts)
+        tools = tool_config(opts)
         check_len(tr, rl.max_response_len)
         prog = Progress(
             TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
@@ -82,9 +87,11 @@ def register_compare(app: typer.Typer) -> None:
 
         with prog:
             if seeds > 1:
-                rows = compare_seeds(tr, names, cluster, rl, seeds, workers or None, on_done=done, engine_cfg=engine)
+                rows = compare_seeds(
+                    tr, names, cluster, rl, seeds, workers or None, on_done=done, engine_cfg=engine, tools=tools
+                )
             else:
-                rows = run_all(tr, names, cluster, rl, workers or None, on_done=done, engine_cfg=engine)
+                rows = run_all(tr, names, cluster, rl, workers or None, on_done=done, engine_cfg=engine, tools=tools)
         if plot is not None:
             plot_compare(rows, plot)
         if as_json:
@@ -127,6 +134,9 @@ def _cells(rows) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
     reused = any(r.get("reused_samples") for r in rows)
     if reused:  # a policy launching more samples per prompt than the trace holds (RollPacker, async_partial)
         cols.append("reused")
+    turns = all(r.get("multi_turn") for r in rows)  # a multi-turn trace: tool waits and prefix reuse
+    if turns:
+        cols += ["tool wait", "idle in tools", "turn hits"]
     cells = []
 
     def pm(mean: float, lo_hi: tuple[float, float] | None, scale: float = 1.0) -> str:
@@ -151,6 +161,8 @@ def _cells(rows) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
             f"{r['trained_length_bias']:.2f}",
             "{:.2f}-{:.2f}".format(*r["length_order_bias_range"]),
             *([_compact(r.get("reused_samples") or 0)] if reused else []),
+            *([f"{r['multi_turn']['tool_wait_share']:.1%}", f"{r['multi_turn']['gpu_idle_during_tools_ratio']:.1%}",
+               f"{r['multi_turn']['turn_prefix_hit_rate']:.0%}"] if turns else []),
         ])  # fmt: skip
     return cols, cells
 
@@ -184,6 +196,12 @@ def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
     if any(r["policy"] == "oracle" for r in rows):  # the notes of the rows shown, no others
         table.caption += (
             "; oracle: knows every length in advance, a lower bound for synchronous steps, not a real system"
+        )
+    if "turn hits" in cols:
+        table.caption += (
+            "; tool wait: share of trajectory time waiting on tool calls; idle in tools: instance time running "
+            "nothing while one of its trajectories waits on a tool, over all instance time; turn hits: prefix-cache "
+            "hit share of later turns' contexts"
         )
     if reused:
         table.caption += (

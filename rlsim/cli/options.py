@@ -41,6 +41,20 @@ MAX_RESPONSE_LEN = typer.Option(None, help="Response cap in tokens (default: the
 EPOCHS = typer.Option(None, help="Epochs over the trace's prompts (default: every epoch the trace holds).")
 MAX_STEPS = typer.Option(None, help="Stop after this many steps.")
 SEED = typer.Option(0, help="Seed of the data order.")
+TOOL_WORKERS = typer.Option(
+    None, help="Multi-turn traces: CPU tool workers, the tool calls that run at once (default: no limit)."
+)
+TOOL_LATENCY_SCALE = typer.Option(1.0, help="Multi-turn traces: multiply every tool call's latency by this.")
+TOOL_LATENCY_S = typer.Option(
+    None, "--tool-latency-s", help="Multi-turn traces: every tool call takes this many seconds (a what-if sweep)."
+)
+
+
+def tool_config(opts: dict):  # noqa: ANN202
+    """The tool workers of a multi-turn run (`rlsim.driver.turns.ToolConfig`) from a command's options."""
+    from rlsim.driver.turns import ToolConfig
+
+    return ToolConfig(opts["tool_workers"], opts["tool_latency_scale"], opts["tool_latency_s"])
 
 
 def configs(opts: dict):  # noqa: ANN202

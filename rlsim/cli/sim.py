@@ -10,7 +10,7 @@ from rich.table import Table
 from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.options import check_len, configs, expected_steps, from_trace, load_trace, step_progress
+from rlsim.cli.options import check_len, configs, expected_steps, from_trace, load_trace, step_progress, tool_config
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
@@ -81,6 +81,9 @@ def register(app: typer.Typer) -> None:
         seed: int = options.SEED,
         reward_latency: float = options.REWARD_LATENCY,
         use_kl_loss: bool = options.USE_KL_LOSS,
+        tool_workers: int | None = options.TOOL_WORKERS,
+        tool_latency_scale: float = options.TOOL_LATENCY_SCALE,
+        tool_latency_s: float | None = options.TOOL_LATENCY_S,
         exact: bool = typer.Option(False, "--exact", help="Iteration-by-iteration reference mode."),
         force: bool = typer.Option(False, "--force", help="Write into an existing run directory."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
@@ -100,7 +103,7 @@ def register(app: typer.Typer) -> None:
         check_len(tr, rl.max_response_len)
         prog, cb = step_progress(expected_steps(tr, rl), f"simulating {policy}")
         with prog:
-            result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine)
+            result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine, tools=tool_config(opts))
         write_run_dir(result, out)
         if as_json:
             typer.echo(to_json(result.summary))
@@ -134,6 +137,15 @@ def _print_summary(s: dict, title: str) -> None:
         ("wake re-prefill tokens", f"{s['wake_reprefill_tokens']:,}"),
         ("simulation wall time", f"{s['sim_wall_s']:.2f} s"),
     ]
+    turns = s.get("multi_turn")
+    if turns:
+        rows += [
+            ("turns per trajectory", f"{turns['turns_per_trajectory']:.2f} ({turns['tool_calls']:,} tool calls)"),
+            ("tool wait share of trajectory time", f"{turns['tool_wait_share']:.1%}"),
+            ("GPU idle during tool calls", f"{turns['gpu_idle_during_tools_ratio']:.1%} of instance-time"),
+            ("later turns' prefix hit rate", f"{turns['turn_prefix_hit_rate']:.1%}"),
+            ("tokens prefilled again", f"{turns['reprefilled_tokens']:,}"),
+        ]
     if s.get("reused_samples"):
         rows.append(("reused samples (past the trace's)", f"{s['reused_samples']:,}"))
     table = Table(title=title, title_justify="left")

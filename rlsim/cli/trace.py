@@ -24,6 +24,7 @@ PRESET_NAMES = ("dapo-qwen2.5-32b", "reasoning-32k")
 class ImportFormat(str, Enum):
     auto = "auto"
     polytrace = "polytrace"
+    polytrace_multiturn = "polytrace_multiturn"
     verl = "verl"
     slime = "slime"
 
@@ -88,6 +89,19 @@ def _print_stats(trace, path: Path, console: Console) -> None:  # noqa: ANN001
         + (f"  output_token_ids={meta.output_token_ids}" if meta.output_token_ids else "")
     )
     console.print(_stats_table(stats, "Response length (tokens) per epoch"))
+    if "turn_output_tokens" in trace.table.columns:  # a multi-turn trace: its trajectories' shape
+        from rlsim.trace.turn_model import trajectory_stats
+
+        t = trajectory_stats(trace)
+        console.print(
+            f"multi-turn: {t['turns per trajectory']:.2f} turns per trajectory "
+            f"({t['share with a tool call']:.0%} call a tool), "
+            f"{t['appended tokens per call mean']:,.0f} tokens appended per call, tool latency p50 "
+            f"{t['tool latency p50 (s)']:.2f} s / p90 {t['tool latency p90 (s)']:.2f} s, final context "
+            f"{t['final context mean']:,.0f} tokens (max_model_len {trace.meta.max_model_len or 0:,}); length = "
+            "tokens generated over all turns",
+            highlight=False,
+        )
 
 
 @trace_app.command()
@@ -127,8 +141,20 @@ def synth(
     """Generate a seeded synthetic trace from a preset fitted to real data."""
     from rlsim.trace.format import save
     from rlsim.trace.synth import SynthConfig, load_prompts, synthesize
+    from rlsim.trace.turn_model import load_model
+    from rlsim.trace.turn_model import synthesize as synth_turns
 
     _refuse_overwrite(out, force)
+    turn_model = load_model(preset)
+    if turn_model is not None:  # a multi-turn preset: trajectories of turns and tool calls
+        if num_prompts is None:
+            raise RlsimError(f"--num-prompts is needed with the multi-turn preset {preset}")
+        console = make_console()
+        with console.status("generating trace"):
+            trace = synth_turns(turn_model, num_prompts, samples_per_prompt, epochs, seed)
+            save(trace, out)
+        _print_stats(trace, out, console)
+        return
     config = SynthConfig(
         preset=preset,
         num_prompts=num_prompts,
@@ -245,6 +271,10 @@ def fit(
         0, help="Check by K-fold cross-validation: each fold's prompts against a fit to the other folds (0: in-sample)."
     ),
     seed: int = typer.Option(0, help="Seed of the folds and of the check's synthetic draws."),
+    steps: str | None = typer.Option(None, help="Multi-turn traces: fit on these logged steps only (e.g. 0-2)."),
+    test_steps: str | None = typer.Option(
+        None, help="Multi-turn traces: check the fit against these held-out steps (e.g. 3-4; default: the fitting set)."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Fit the length generator to your own log: body quantiles, clip mass, prompt share, growth."""
@@ -269,6 +299,9 @@ def fit(
     else:
         trace = load(src)
     name = name or out.name.removesuffix(".json").removesuffix(".preset")
+    if "turn_output_tokens" in trace.table.columns:  # a multi-turn trace: the turn generator
+        _fit_turns(trace, name, out, steps, test_steps, seed, console)
+        return
     with console.status("fitting"):
         preset, notes = fit_preset(trace, name)
         rows = cross_validate(trace, name, folds, seed) if folds else check_fit(preset, trace, seed)
@@ -285,6 +318,52 @@ def fit(
         table.add_row(r["metric"], _fmt(r["a"], r["metric"]), _fmt(r["b"], r["metric"]), r["diff"])
     console.print(table)
     console.print(f"preset written to {out}; generate with: rlsim trace synth --preset {out} -o my.parquet ...")
+
+
+def _step_list(text: str) -> list[int]:
+    """'0-2' or '0,1,2' as a list of steps."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out += list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise RlsimError(f"steps must read like 0-2 or 0,1,2, got {text!r}") from None
+    return out
+
+
+def _fit_turns(trace, name: str, out: Path, steps: str | None, test_steps: str | None, seed: int, console) -> None:  # noqa: ANN001
+    """`trace fit` on a multi-turn trace: the turn generator, checked on held-out steps."""
+    from rlsim.trace.format import Trace
+    from rlsim.trace.turn_model import fit, save_model, synthesize, trajectory_stats
+
+    def part(text: str | None, what: str) -> Trace:
+        if text is None:
+            return trace
+        if "step" not in trace.table.columns:
+            raise RlsimError(f"{what} needs a trace with logged steps (a `step` column)")
+        want = _step_list(text)
+        rows = trace.table[trace.table["step"].isin(want)]
+        if rows.empty:
+            raise RlsimError(f"{what} {text}: the trace holds none of these steps")
+        return Trace(rows.reset_index(drop=True), trace.meta)
+
+    fit_set, test_set = part(steps, "--steps"), part(test_steps, "--test-steps")
+    model = fit(fit_set, name)
+    n_prompts = int(test_set.table["prompt_id"].nunique())
+    synth = synthesize(model, n_prompts, trace.meta.samples_per_prompt, 1, seed)
+    save_model(model, out)
+    a, b = trajectory_stats(test_set), trajectory_stats(synth)
+    where = f"held-out steps {test_steps}" if test_steps else "the trace it was fitted to"
+    table = Table(title=f"Multi-turn generator (fitted on {model.fitted_on}) vs {where}", title_justify="left")
+    for col in ("metric", "log", "fitted", "diff"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for k, v in a.items():
+        table.add_row(k, f"{v:,.2f}", f"{b[k]:,.2f}", f"{100 * (b[k] / v - 1):+.1f}%" if v else "-")
+    console.print(table)
+    console.print(
+        f"preset written to {out}; generate with: rlsim trace synth --preset {out} --num-prompts N -o my.parquet"
+    )
 
 
 @trace_app.command()

@@ -25,6 +25,7 @@ from rlsim.config import ClusterConfig, DynamicSamplingConfig, RLConfig
 from rlsim.driver.dynamic_sampling import GroupFilter, check_rewards
 from rlsim.driver.launch import Launcher
 from rlsim.driver.trace_index import TraceIndex
+from rlsim.driver.turns import ABORT_TAG, TOOL_TAG, ToolConfig, Trajectories
 from rlsim.driver.view import View
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
@@ -45,6 +46,7 @@ from rlsim.protocol import (
 from rlsim.records import Records, StepWindow
 from rlsim.step_costs import step_cost, weight_sync_s
 from rlsim.trace.format import Trace
+from rlsim.trace.turns import TurnTable, has_turns
 
 
 def told_batches(policy: Policy) -> bool:
@@ -69,6 +71,7 @@ class Driver(Launcher):
     cluster: ClusterConfig
     rl: RLConfig
     dynamic_sampling: DynamicSamplingConfig | None = None
+    tools: ToolConfig | None = None  # tool workers of a multi-turn trace (default ToolConfig())
     index: TraceIndex = field(init=False)
     records: Records = field(init=False)
 
@@ -129,6 +132,12 @@ class Driver(Launcher):
                 f"policy {self.policy.name} runs on a {need} cluster: add --placement {need}"
                 + (" --train-gpus N" if need == "disaggregated" else "")
             )
+        self.turns = (  # a multi-turn trace's trajectories in flight (rlsim.driver.turns)
+            Trajectories(TurnTable(self.trace.table), self.engine, self.tools or ToolConfig())
+            if has_turns(self.trace.table) else None
+        )
+        if self.turns is not None:  # a turn's end calls a tool at once: the engine may not run on to idle
+            self.quiet = False
         self.rollout_version = 0  # the weights the rollout generates with (behind `version` between syncs)
         self.syncing = False  # the rollout is stopped for a weight sync; launches wait in `held`
         self.held: list[Launch] = []
@@ -136,7 +145,7 @@ class Driver(Launcher):
     # ---- checkpoints (real runs resume from the last finished step) ------------------------
     _NOT_STATE = (
         "engine", "trace", "index", "view", "profile", "cluster", "rl", "dynamic_sampling", "first_token", "batched",
-        "quiet",
+        "quiet", "tools",
     )  # fmt: skip
 
     def snapshot(self) -> dict:
@@ -208,7 +217,10 @@ class Driver(Launcher):
                     self.engine.submit(self._dispatch(batch))
                     launched += batch
                     batch = []
-                self.engine.abort(act.request_ids)
+                ids = act.request_ids
+                if self.turns is not None:  # trajectories waiting on a tool leave its queue
+                    ids = self.turns.abort_waiting(ids, self.requests)
+                self.engine.abort(ids)
             elif isinstance(act, Train):
                 train = act
         if batch:
@@ -230,11 +242,16 @@ class Driver(Launcher):
         self.reward_done[rid] = done
 
     def handle(self, ev):  # noqa: ANN001, ANN201 - an Event in, the event the policy is told out
-        """Book an engine event; a response that ended exactly at a chunk's end is told as "stop"."""
+        """Book an engine event; a response that ended exactly at a chunk's end is told as "stop".
+        A multi-turn trajectory's turns and tool calls are the driver's: None (nothing to tell)."""
         kind = type(ev)
         if kind is Finished:
             rid = ev.request_id
             req = self.requests[rid]
+            if self.turns is not None:
+                ev = self.turns.finished(ev, req)
+                if ev is None:  # a turn ended in a tool call: the trajectory goes on
+                    return None
             self.assigned[req.instance] -= 1
             self.in_flight[req.prompt_id].discard(rid)
             if req.max_tokens < self.rl.max_response_len and ev.finish_reason == "length":
@@ -252,20 +269,34 @@ class Driver(Launcher):
         elif kind is Aborted:
             rid = ev.request_id
             req = self.requests[rid]
+            if self.turns is not None:
+                ev = self.turns.aborted(ev)
             self.assigned[req.instance] -= 1
             self.in_flight[req.prompt_id].discard(rid)
             self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.pop(rid, None), "aborted")
         elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
+        elif kind is Timer and self.turns is not None and ev.tag in (TOOL_TAG, ABORT_TAG):
+            if ev.tag == ABORT_TAG:  # a trajectory taken off the tool queue: told as aborted now
+                return self.handle(self.turns.aborts.pop(0))
+            nxt = self.turns.answered(ev.time, self.requests, self.rollout_version)
+            if nxt:
+                self.engine.submit(nxt)
+            return None
         return ev
 
-    def handle_batch(self, batch: EventBatch) -> None:
-        """`handle` for a whole batch (a policy told batches), finish reasons rewritten in place."""
+    def handle_batch(self, batch: EventBatch) -> EventBatch:
+        """`handle` for a whole batch (a policy told batches): the batch the policy is told (itself,
+        unless an event is told otherwise or not at all)."""
         handle = self.handle
+        told_all = None
         for i, ev in enumerate(batch):
             told = handle(ev)
-            if told is not ev:
-                batch.set_reason(i, told.finish_reason)
+            if told is not ev and told_all is None:
+                told_all = list(batch[:i])
+            if told_all is not None and told is not None:
+                told_all.append(told)
+        return batch if told_all is None else EventBatch(told_all)
 
     def react(self, batch: EventBatch) -> Train | None:
         """Book a batch and tell the policy: whole (`on_events`, its actions applied after the
@@ -274,12 +305,15 @@ class Driver(Launcher):
         train = None
         view = self.view
         if self.batched:
-            self.handle_batch(batch)
-            acts = self.policy.on_events(batch, view)
+            batch = self.handle_batch(batch)
+            acts = self.policy.on_events(batch, view) if batch else None
             return self.apply(acts) if acts else None
         on_event, handle = self.policy.on_event, self.handle
         for ev in batch:
-            acts = on_event(handle(ev), view)
+            told = handle(ev)
+            if told is None:
+                continue
+            acts = on_event(told, view)
             if acts:
                 train = self.apply(acts) or train
         return train

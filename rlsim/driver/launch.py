@@ -46,7 +46,7 @@ class Launcher:
             requests = self.requests
             for j, i in zip(todo, where, strict=True):
                 q = batch[j]
-                q = batch[j] = Request(*q[:7], i, q[8], q[9])  # q._replace(instance=i), at a third of its cost
+                q = batch[j] = Request(*q[:7], i, *q[8:])  # q._replace(instance=i), at a third of its cost
                 requests[q[0]] = q
         if len(todo) < len(batch):
             placed = set(todo)
@@ -77,6 +77,12 @@ class Launcher:
             draws = list(range(first, first + act.num_samples))
         flight = self.in_flight.setdefault(act.prompt_id, set())
         per_sample = isinstance(inst, tuple)
+        turns = self.turns
+        if turns is not None and max_tokens < self.rl.max_response_len:
+            raise RlsimError(
+                f"policy {self.policy.name} cuts responses into chunks (max_tokens {max_tokens}), which multi-turn "
+                "trajectories do not support yet: choose a policy that generates whole responses"
+            )
         index, requests, pid, version = self.index, self.requests, act.prompt_id, self.rollout_version
         base, samples = index.start[visit], index.samples
         out_tokens, prompt_tokens = index.out, index.prompt_tokens
@@ -89,6 +95,8 @@ class Launcher:
             where = inst[j] if per_sample else (-1 if inst is None else inst)
             row = base + s  # index.length(epoch, pid, s), inlined: the hot path of an epoch
             req = Request(rid, pid, s, epoch, int(prompt_tokens[row]), max_tokens, int(out_tokens[row]), where, version)
+            if turns is not None:  # a multi-turn sample starts with its first turn
+                req = turns.first_turn(req, row)
             requests.append(req)
             flight.add(rid)
             out.append(req)

@@ -28,12 +28,13 @@ def run_loop(
     driver: Driver | None = None,
     on_step=None,  # noqa: ANN001 - optional callable(driver) after every step
     dynamic_sampling: DynamicSamplingConfig | None = None,
+    tools=None,  # noqa: ANN001 - rlsim.driver.turns.ToolConfig (a multi-turn trace's tool workers)
 ) -> Records:
     """Run the RL loop until every epoch is trained (or `max_steps`); return the records.
     `driver` continues a restored run (`Driver.restore`); `on_step` sees the driver after each
     step (a real run checkpoints there). `profile` is the one under the run's engine
     (`rlsim.step_costs.with_engine`), whose `engine` the driver follows."""
-    drv = driver or Driver(engine, policy, trace, profile, cluster, rl, dynamic_sampling)
+    drv = driver or Driver(engine, policy, trace, profile, cluster, rl, dynamic_sampling, tools)
     policy, view = drv.policy, drv.view
     while rl.max_steps is None or view.step < rl.max_steps:
         view.now = engine.now
@@ -51,6 +52,8 @@ def run_loop(
             on_step(drv)
         if progress is not None:
             progress(view.step, engine.now)
+    if drv.turns is not None:
+        drv.records.multi_turn = drv.turns.summary(engine, engine.now)
     drv.records.finalize()
     drv.records.reused_samples = drv.reused_samples
     return drv.records
@@ -73,7 +76,10 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
             train = drv.react(EventBatch.of(batch))
             continue
         for ev in batch:  # the adapter (`Driver.react`), inlined: the hot loop of a per-event policy
-            acts = on_event(handle(ev), view)
+            told = handle(ev)
+            if told is None:  # a multi-turn trajectory's turn or tool call: the driver's own
+                continue
+            acts = on_event(told, view)
             if acts:
                 train = apply(acts) or train
     return train

@@ -29,8 +29,10 @@ from rlsim.trace.format import Trace
 _COST_HINT = {"sortedrl": 2.5, "rollpacker": 1.7, "seer": 1.5, "oracle": 1.4, "histopipe": 1.4, "async_partial": 1.4}
 
 
-def _row(trace: Trace, name: str, cluster: ClusterConfig, rl: RLConfig, engine: EngineConfig) -> dict[str, Any]:
-    return {"policy": name, **simulate(trace, name, cluster, rl, tables=False, engine_cfg=engine).summary}
+def _row(  # noqa: ANN202
+    trace: Trace, name: str, cluster: ClusterConfig, rl: RLConfig, engine: EngineConfig, tools=None  # noqa: ANN001
+):
+    return {"policy": name, **simulate(trace, name, cluster, rl, tables=False, engine_cfg=engine, tools=tools).summary}
 
 
 def compare(
@@ -42,6 +44,7 @@ def compare(
     executor: Executor | None = None,
     on_done: Callable[[str], None] | None = None,
     engine_cfg: EngineConfig | None = None,
+    tools=None,  # noqa: ANN001 - rlsim.driver.turns.ToolConfig (a multi-turn trace's tool workers)
 ) -> list[dict[str, Any]]:
     """One summary row per policy, in the order given. `workers=1` runs in this process."""
     engine_cfg = engine_cfg or EngineConfig()
@@ -52,14 +55,14 @@ def compare(
     rows: dict[str, dict[str, Any]] = {}
     if executor is None and workers <= 1:
         for name in names:
-            rows[name] = _row(trace, name, cluster, rl, engine_cfg)
+            rows[name] = _row(trace, name, cluster, rl, engine_cfg, tools)
             if on_done:
                 on_done(name)
     else:
         pool = executor or ProcessPoolExecutor(max_workers=workers)
         try:
             order = sorted(names, key=lambda n: -_COST_HINT.get(n.split("+")[0].split("(")[0], 1.0))
-            futures = {pool.submit(_row, trace, name, cluster, rl, engine_cfg): name for name in order}
+            futures = {pool.submit(_row, trace, name, cluster, rl, engine_cfg, tools): name for name in order}
             for fut in as_completed(futures):
                 rows[futures[fut]] = fut.result()
                 if on_done:
@@ -83,11 +86,12 @@ def compare_seeds(
     workers: int | None = None,
     on_done: Callable[[str], None] | None = None,
     engine_cfg: EngineConfig | None = None,
+    tools=None,  # noqa: ANN001
 ) -> list[dict[str, Any]]:
     """`compare` over `seeds` data orders (seeds rl.seed, rl.seed + 1, ...), aggregated by `aggregate`."""
     runs = [
         compare(trace, names, cluster, dataclasses.replace(rl, seed=rl.seed + k), workers, on_done=on_done,
-                engine_cfg=engine_cfg)  # fmt: skip
+                engine_cfg=engine_cfg, tools=tools)  # fmt: skip
         for k in range(seeds)
     ]
     return aggregate(runs, [rl.seed + k for k in range(seeds)])

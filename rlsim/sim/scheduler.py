@@ -91,12 +91,13 @@ class InstanceScheduler:
         self.rate_sum = 0.0
         self.verify_sum = 0.0
         self.prefix_hit_tokens = 0
+        self.turn_tokens = self.turn_hit_tokens = 0  # later turns of trajectories: context, prefix hits
         self.async_scheduling = async_scheduling
         self.finishing: list[Seq] = []  # async: reported finished, freed after the next schedule
 
     # ---- queue changes ---------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
-        seq.prompt_blocks = seq.req.num_prompt_tokens // self.block_size
+        seq.prompt_blocks = (seq.req.prompt_len or seq.req.num_prompt_tokens) // self.block_size
         self.waiting.append(seq)
 
     def remove_waiting(self, rids: set[int]) -> list[Seq]:
@@ -276,6 +277,9 @@ class InstanceScheduler:
             seq.computed = num_hit_blocks * self.block_size
             self.ctx += seq.computed
             self.prefix_hit_tokens += seq.computed
+            if seq.req.prompt_len:  # a later turn of a trajectory: its context, and how much of it hit
+                self.turn_tokens += seq.req.num_prompt_tokens + seq.generated
+                self.turn_hit_tokens += seq.computed
             if seq.transfer:  # its KV was moved here: all but the last token are in place
                 last = seq.req.num_prompt_tokens + seq.generated - 1
                 pool.take(self._blocks(last) - self._blocks(seq.computed))
@@ -410,6 +414,8 @@ class InstanceScheduler:
         `how`: "preempt" keeps its full blocks hittable, "finish"/"abort" do not. Under async
         scheduling a request that decoded since its prefill has its newest token still a
         placeholder, so vLLM has hashed its blocks only up to the token before it."""
+        if how == "finish" and seq.req.more_turns:  # the trajectory's next turn hits its KV while cached
+            how = "turn"
         lag = self.async_scheduling and seq.decoding and self.iters > seq.start_iter
         if seq.decoding:
             self._stop_decoding(seq)
@@ -423,7 +429,7 @@ class InstanceScheduler:
             if lag:
                 full = (c - 1) // b
             pool.give(-(-(c + la) // b) - full)  # the partial tail block (and any unhashed one) and the lookahead
-            if how == "preempt":  # its own full blocks stay hittable, for its readmission
+            if how in ("preempt", "turn"):  # its own full blocks stay hittable: its readmission, its next turn
                 pool.release([s for s in [pool.new(("own", seq.req.request_id), seq.num_hashed_blocks, full)] if s])
                 pool.release(reversed(hashed))
             else:

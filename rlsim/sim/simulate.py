@@ -54,6 +54,7 @@ def simulate(
     engine_cfg: EngineConfig | None = None,
     iteration_times=None,  # noqa: ANN001 - per instance [(seconds, decode requests, prefill tokens)]
     lockstep: bool = False,
+    tools=None,  # noqa: ANN001 - rlsim.driver.turns.ToolConfig of a multi-turn trace
 ) -> Result:
     """Simulate `policy` on `trace`; see `rlsim.config` for the knobs and their defaults.
     `tables=False` skips building the per-request table (a summary-only run, as in compare).
@@ -78,7 +79,7 @@ def simulate(
     gc.disable()
     try:
         records = run_loop(
-            engine, pol, trace, prof, cluster, rl, progress, dynamic_sampling=parsed.dynamic_sampling,
+            engine, pol, trace, prof, cluster, rl, progress, dynamic_sampling=parsed.dynamic_sampling, tools=tools,
         )  # fmt: skip
     finally:
         if gc_enabled:
@@ -92,6 +93,8 @@ def simulate(
     summary["prefix_hit_tokens"] = engine.prefix_hit_tokens
     summary["wake_reprefill_tokens"] = engine.wake_reprefill_tokens
     summary["pause_interrupts"] = engine.pause_interrupts
+    if records.multi_turn is not None:
+        summary["multi_turn"] = records.multi_turn
     if iteration_times is not None:
         summary["replay"] = dict(engine.replay)
     if spec is not None:

@@ -12,6 +12,7 @@ bytes for a given pyarrow version).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,8 +26,9 @@ import pyarrow.parquet as pq
 
 from rlsim.errors import TraceError
 from rlsim.files import atomic_save
+from rlsim.trace import turns
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a sample may have turns (multi-turn, tool-calling rollouts); 1 migrates unchanged
 META_KEY = b"rlsim.trace"
 FINISH_REASONS = ("stop", "length")
 
@@ -46,6 +48,12 @@ OPTIONAL_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "output_token_ids": (pa.list_(pa.int32()), "list<integer>"),
     "prompt_text": (pa.string(), "string"),
     "target_len": (pa.int32(), "integer"),  # a built-in task's stated length (rlsim.trace.tasks), scored by length
+    # schema 2, multi-turn (rlsim.trace.turns): per turn, its output tokens and how it ended ("tool", then
+    # "stop"/"length" last); per tool call (one after each "tool" turn), its seconds and the tokens it appends
+    "turn_output_tokens": (pa.list_(pa.int32()), "list<integer>"),
+    "turn_finish_reason": (pa.list_(pa.string()), "list<string>"),
+    "tool_latency_s": (pa.list_(pa.float32()), "list<float>"),
+    "tool_append_tokens": (pa.list_(pa.int32()), "list<integer>"),
 }
 KEY_COLUMNS = ["epoch", "prompt_id", "sample_idx"]
 
@@ -61,6 +69,7 @@ class TraceMeta:
     source_params: dict[str, Any] = field(default_factory=dict)
     output_token_ids: str | None = None  # None, "synthetic" or "real"
     schema_version: int = SCHEMA_VERSION
+    max_model_len: int | None = None  # the context cap a multi-turn trajectory's prompt, turns and tool tokens fit
 
     def __post_init__(self) -> None:
         for name in ("max_response_len", "samples_per_prompt"):
@@ -84,11 +93,18 @@ class TraceMeta:
             raise TraceError(f"max_response_len must be positive, got {self.max_response_len}")
         if self.samples_per_prompt <= 0:
             raise TraceError(f"samples_per_prompt must be positive, got {self.samples_per_prompt}")
+        if self.max_model_len is not None and (
+            isinstance(self.max_model_len, bool) or not isinstance(self.max_model_len, int) or self.max_model_len <= 0
+        ):
+            raise TraceError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
         if not (self.source.startswith("synthetic:") or self.source.startswith("real:")):
             raise TraceError(f"source must start with 'synthetic:' or 'real:', got {self.source!r}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        raw = asdict(self)
+        if raw["max_model_len"] is None:  # single-turn traces keep the metadata (and bytes) they had
+            del raw["max_model_len"]
+        return json.dumps(raw, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> TraceMeta:
@@ -97,7 +113,10 @@ class TraceMeta:
             if not isinstance(raw, dict):
                 raise TypeError("not a JSON object")
             known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
-            return cls(**known)
+            meta = cls(**known)
+            if meta.schema_version < SCHEMA_VERSION:  # 1 -> 2: single-turn rows are schema-2 rows as they are
+                meta = dataclasses.replace(meta, schema_version=SCHEMA_VERSION)
+            return meta
         except TraceError as exc:
             raise TraceError(f"{where}: metadata invalid: {exc}") from None
         except (TypeError, ValueError) as exc:
@@ -133,8 +152,8 @@ def _kind_ok(kind: str, dtype: pa.DataType) -> bool:
         if pa.types.is_dictionary(dtype):
             dtype = dtype.value_type
         return pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
-    if kind == "list<integer>":
-        return (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) and pa.types.is_integer(dtype.value_type)
+    if kind.startswith("list<"):
+        return (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) and _kind_ok(kind[5:-1], dtype.value_type)
     raise AssertionError(kind)
 
 
@@ -168,7 +187,8 @@ def _read_table(path: Path, columns: list[str] | None) -> tuple[pa.Table, TraceM
             raise TraceError(f"{where}: column '{name}' has type {schema.field(name).type}, expected {kind}")
     wanted = None
     if columns is not None:
-        wanted = list(dict.fromkeys([*REQUIRED_COLUMNS, *columns]))
+        turn_cols = [c for c in turns.TURN_COLUMNS if c in schema.names]  # a trajectory is its turns: always read
+        wanted = list(dict.fromkeys([*REQUIRED_COLUMNS, *columns, *turn_cols]))
         missing = [c for c in wanted if c not in schema.names]
         if missing:
             raise TraceError(f"{where} is missing requested column '{missing[0]}'")
@@ -214,13 +234,13 @@ def validate_table(df: pd.DataFrame, meta: TraceMeta, where: str = "trace") -> N
             f"{where}: sample_idx must be below samples_per_prompt={meta.samples_per_prompt}, "
             f"got {int(df['sample_idx'].iloc[row])} (row {row})"
         )
-    over = df["num_output_tokens"].to_numpy() > meta.max_response_len
+    longest = turns.longest_turn(df)  # a multi-turn trajectory's cap is per turn (its max_new_tokens)
+    over = longest > meta.max_response_len
     if over.any():
         row = _first_bad(over)
         raise TraceError(
-            f"{where}: {int(over.sum())} responses are longer than max_response_len="
-            f"{meta.max_response_len} (first at row {row}: "
-            f"{int(df['num_output_tokens'].iloc[row])} tokens)"
+            f"{where}: {int(over.sum())} {'turns' if turns.has_turns(df) else 'responses'} are longer than "
+            f"max_response_len={meta.max_response_len} (first at row {row}: {int(longest[row])} tokens)"
         )
     reasons = df["finish_reason"].astype(str)
     bad = ~reasons.isin(FINISH_REASONS).to_numpy()
@@ -250,6 +270,7 @@ def validate_table(df: pd.DataFrame, meta: TraceMeta, where: str = "trace") -> N
         raise TraceError(
             f"{where}: metadata says samples_per_prompt={meta.samples_per_prompt} but the rows hold {fewest} per prompt"
         )
+    turns.validate(df, meta, where)
 
 
 def _validate_token_ids(table: pa.Table, where: str) -> None:
@@ -296,7 +317,9 @@ def to_arrow(trace: Trace) -> pa.Table:
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
             raise TraceError(f"column '{name}' cannot be stored as {typ}: {exc}") from None
         fields.append(pa.field(name, typ))
-    schema = pa.schema(fields, metadata={META_KEY: trace.meta.to_json().encode()})
+    # written at the lowest version that holds it: a single-turn trace stays schema 1, byte for byte
+    meta = dataclasses.replace(trace.meta, schema_version=SCHEMA_VERSION if turns.has_turns(df) else 1)
+    schema = pa.schema(fields, metadata={META_KEY: meta.to_json().encode()})
     return pa.Table.from_arrays(arrays, schema=schema)
 
 

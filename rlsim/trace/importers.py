@@ -5,6 +5,8 @@ log folder, detects the format and turns the raw table into a trace with what th
 say inferred from what they do, every inference stated in `Imported.notes`:
 
 - **polytrace** (`rlsim.trace.import_polytrace`): PolyTrace's veRL/rLLM packed-length logs.
+- **polytrace_multiturn** (`rlsim.trace.import_polytrace_turns`): PolyTrace's multi-turn (tool-calling)
+  workload logs, read into a schema-2 trace with turns (its own cap and model length, from the log).
 - **verl** (`rlsim.trace.import_verl`): veRL `trainer.rollout_data_dir` dumps, `{global_step}.jsonl`.
 - **slime** (`rlsim.trace.import_slime`): slime `--save-debug-rollout-data` dumps, `{rollout_id}.pt`.
 
@@ -28,11 +30,12 @@ import numpy as np
 from rlsim.errors import RlsimError
 from rlsim.trace.format import Trace, TraceMeta
 from rlsim.trace.import_polytrace import read_polytrace
+from rlsim.trace.import_polytrace_turns import read_turns
 from rlsim.trace.import_slime import read_slime
 from rlsim.trace.import_verl import read_verl
 from rlsim.trace.rawlog import RawLog
 
-FORMATS = ("polytrace", "verl", "slime")
+FORMATS = ("polytrace", "polytrace_multiturn", "verl", "slime")
 COMMON_CAPS = (1024, 2048, 3072, 4096, 8192, 16384, 20480, 24576, 32768, 40960, 65536, 131072)
 MODEL_PATTERN = re.compile(
     r"(qwen[\d.]*(?:[-_](?:math|coder))?[-_]?\d+(?:\.\d+)?b|llama[-_]?[\d.]+[-_]?\d+b|deepseek[-\w.]*?\d+b"
@@ -53,6 +56,10 @@ def _has_polytrace(d: Path) -> bool:
     return any(d.glob("packed_lengths_step_*.jsonl"))
 
 
+def _has_polytrace_turns(d: Path) -> bool:
+    return any(d.glob("multiturn_workload_step_*.jsonl"))
+
+
 def _has_verl(d: Path) -> bool:
     return any(p.stem.isdigit() for p in d.glob("*.jsonl"))
 
@@ -61,9 +68,12 @@ def _has_slime(d: Path) -> bool:
     return any(re.search(r"\d+$", p.stem) and not p.stem.startswith("eval_") for p in d.glob("*.pt"))
 
 
-DETECTORS = {"polytrace": _has_polytrace, "verl": _has_verl, "slime": _has_slime}
+DETECTORS = {
+    "polytrace": _has_polytrace, "polytrace_multiturn": _has_polytrace_turns, "verl": _has_verl, "slime": _has_slime,
+}
 DESCRIPTIONS = {
     "polytrace": "PolyTrace packed_lengths_step_*.jsonl logs",
+    "polytrace_multiturn": "PolyTrace multi-turn multiturn_workload_step_*.jsonl logs",
     "verl": "veRL rollout dumps ({step}.jsonl)",
     "slime": "slime rollout dumps ({rollout_id}.pt)",
 }
@@ -98,8 +108,8 @@ def find_log_dir(src: Path, fmt: str = "auto") -> tuple[Path, str, list[str]]:
         runs = wanted
     if not runs:
         raise RlsimError(
-            f"{src} holds neither PolyTrace packed_lengths_step_*.jsonl, veRL {{step}}.jsonl nor slime "
-            "{rollout_id}.pt files, nor does any folder inside it"
+            f"{src} holds neither PolyTrace packed_lengths_step_*.jsonl or multiturn_workload_step_*.jsonl, "
+            "veRL {step}.jsonl nor slime {rollout_id}.pt files, nor does any folder inside it"
         )
     if len(runs) > 1:
         names = ", ".join(d.name for d in runs)
@@ -223,6 +233,14 @@ def import_logs(
     if max_response_len is not None and max_response_len <= 0:
         raise RlsimError(f"--max-response-len must be positive, got {max_response_len}")
     folder, kind, notes = find_log_dir(Path(src), fmt)
+    if kind == "polytrace_multiturn":
+        trace, turn_notes = read_turns(folder, model)
+        if max_response_len is not None and max_response_len != trace.meta.max_response_len:
+            raise RlsimError(
+                f"--max-response-len {max_response_len:,} differs from the log's own cap "
+                f"{trace.meta.max_response_len:,}: leave it out"
+            )
+        return Imported(trace, (*notes, *turn_notes))
     if kind == "polytrace":
         raw = read_polytrace(folder)
     elif kind == "verl":
