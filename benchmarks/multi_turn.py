@@ -57,10 +57,11 @@ def fitted() -> tuple[Trace, Trace, Trace, object]:
 
 def fit_table(fit_set: Trace, test_set: Trace, generated: Trace) -> str:
     a, b, c = (trajectory_stats(t) for t in (fit_set, test_set, generated))
-    lines = ["| metric | fitting set (steps 0-2) | held out (steps 3-4) | generated | generated vs held out |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| metric | fitting set (steps 0-2) | held out (steps 3-4) | generated | error vs fitting set (fit) "
+             "| error vs held out (test) |", "|---|---|---|---|---|---|"]  # fmt: skip
     for k in a:
-        lines.append(f"| {k} | {a[k]:,.2f} | {b[k]:,.2f} | {c[k]:,.2f} | {100 * (c[k] / b[k] - 1):+.1f}% |")
+        lines.append(f"| {k} | {a[k]:,.2f} | {b[k]:,.2f} | {c[k]:,.2f} | {100 * (c[k] / a[k] - 1):+.1f}% "
+                     f"| {100 * (c[k] / b[k] - 1):+.1f}% |")
     return "\n".join(lines)
 
 

@@ -300,17 +300,31 @@ def test_every_policy_runs_on_trajectories(name: str) -> None:
     assert len(trained) and (trained["num_output_tokens"].to_numpy() == want).all()
 
 
-def test_trajectory_staleness_under_carrying_policies() -> None:
-    """sync trains every trajectory under the weights it started with; the policies that carry
-    trajectories across an update train some one or more versions stale, and their later turns
-    run under newer weights than their first (the turn version span)."""
-    sync = _policy_run("sync").summary
-    assert sync["staleness_max"] == 0 and sync["multi_turn"]["turn_version_span_max"] == 0
-    for name in ("async_partial", "areal"):
-        s = _policy_run(name).summary
-        assert s["staleness_max"] >= 1, name
-        assert s["multi_turn"]["turn_version_span_max"] >= 1, name
-    assert _policy_run("one_step_off").summary["staleness_max"] == 1
+CARRYING = [  # (policy, a fixed tool latency, whether a trajectory's turns can span an update)
+    ("async_partial", None, True), ("one_step_off", None, True), ("k_step_off(k=2)", None, True),
+    ("areal", None, True), ("sortedrl(mode=partial)", None, True), ("histopipe(cross_step=true)", None, True),
+    # fully_async's syncs: an interrupting one carries trajectories waiting on a tool into the new
+    # weights (5 s tools, so that some wait at a sync); a draining one waits for whole trajectories
+    ("fully_async(trigger_parameter_sync_step=1)", 5.0, True),
+    ("fully_async(trigger_parameter_sync_step=1,partial_rollout=false)", 5.0, False),
+]
+
+
+def test_sync_trains_every_trajectory_under_the_weights_it_started_with() -> None:
+    s = _policy_run("sync").summary
+    assert s["staleness_max"] == 0 and s["multi_turn"]["turn_version_span_max"] == 0
+
+
+@pytest.mark.parametrize(("name", "latency", "spans"), CARRYING)
+def test_trajectory_staleness_under_carrying_policies(name: str, latency: float | None, spans: bool) -> None:
+    """A policy that carries samples across an update trains some trajectories one or more
+    versions stale (the version its step sees minus its first turn's); where a trajectory waits
+    on a tool or runs a turn across an update, its later turns launch under newer weights than
+    its first (the turn version span)."""
+    cl = _cluster(name.split("(")[0])
+    s = simulate(search_r1_slice(), name, cl, RL, tables=False, tools=ToolConfig(tool_latency_s=latency)).summary
+    assert s["staleness_max"] >= (2 if name.startswith("k_step_off(k=2)") else 1), name
+    assert (s["multi_turn"]["turn_version_span_max"] >= 1) == spans, s["multi_turn"]
 
 
 @pytest.mark.parametrize("name", ["sync", "rollpacker", "async_partial", "areal"])
@@ -371,3 +385,24 @@ def test_synth_and_fit_commands_on_multi_turn(tmp_path: Path) -> None:
     assert "held-out steps 3-4" in r.output and json.loads(preset.read_text())["kind"] == "multi_turn"
     r = runner.invoke(app, ["trace", "fit", str(SEARCH_R1), "--steps", "9", "-o", str(tmp_path / "q.json")])
     assert r.exit_code == 2 and "holds none of these steps" in r.stderr
+
+
+# ---- the built-in multi-turn task -----------------------------------------------------------
+
+
+def test_tool_lookup_task_and_its_reward() -> None:
+    from rlsim.trace.tasks import CALL_WORD, agent_task, lookup, task_trace, tool_reward
+
+    tr = task_trace("tool-lookup", num_prompts=4, samples_per_prompt=2, epochs=3, max_response_len=48)
+    agent = agent_task(tr)
+    assert agent is not None and agent.call_id == CALL_WORD + 2 and agent.max_turns == 2
+    assert agent_task(task_trace("stop-within", 4, 2, 1, 48)) is None
+    text = tr.table["prompt_text"].iloc[0]
+    key = int(text.split()[0][1:])
+    assert agent.answer_ids(text) == [lookup(key) + 2]
+    answer = agent.answer_ids(text)
+    assert tool_reward([[7, 8, 9]], answer) == 0.0  # no call
+    assert tool_reward([[7, agent.call_id], [9, 9]], answer) == 0.5  # called, answer not used
+    assert tool_reward([[7, agent.call_id], [9, answer[0]]], answer) == 1.0  # called and used
+    with pytest.raises(Exception, match="tiny_model's words"):
+        task_trace("tool-lookup", 4, 2, 1, 48, style="text")

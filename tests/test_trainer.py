@@ -51,3 +51,23 @@ def test_the_reference_pass_is_timed_apart_and_its_kl_starts_at_zero(model: Path
     second = trainer.update(_samples(trainer, 0, 0.0))
     assert first["timing_s/ref"] > 0 and first["actor/kl_loss"] == pytest.approx(0.0, abs=1e-7)
     assert second["actor/kl_loss"] > 0  # the actor moved away from the frozen reference
+
+
+def test_tool_tokens_masked_off_the_loss_move_nothing(model: Path) -> None:
+    """A multi-turn sample's tool tokens are in its context but not in its loss: a batch whose
+    every response token is masked leaves the weights as they were, and the same batch unmasked
+    moves them (the update reached the model)."""
+
+    def batch(mask: bool) -> list[Sample]:
+        return [Sample(group=i // 2, prompt_token_ids=(5, 6, 7, 8), response_token_ids=tuple(range(10 + i, 20 + i)),
+                       reward=float(i % 2), loss_mask=(0,) * 10 if mask else None) for i in range(4)]  # fmt: skip
+
+    moved = {}
+    for mask in (True, False):
+        trainer = Trainer(str(model), TrainerConfig(lr=1e-2, weight_decay=0.0))  # (decay moves every weight)
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        trainer.update(batch(mask))
+        moved[mask] = max(float((p.detach() - b).abs().max()) for p, b in zip(trainer.model.parameters(), before,
+                                                                              strict=True))  # fmt: skip
+    assert moved[True] == 0.0 and moved[False] > 1e-4, moved
+    assert batch(True)[0].trained() == 0 and batch(False)[0].trained() == 10

@@ -73,6 +73,12 @@ def register(app: typer.Typer) -> None:
         seed: int = SEED,
         temperature: float = typer.Option(1.0, help="Sampling temperature."),
         max_model_len: int | None = typer.Option(None, help="vLLM max_model_len (default: the model's)."),
+        tool_latency_s: float = typer.Option(
+            0.5, "--tool-latency-s", help="A multi-turn task's tool: seconds each call takes (tool-lookup's lookup)."
+        ),
+        tool_workers: int | None = typer.Option(
+            None, help="A multi-turn task's tool workers: calls that run at once (default: no limit)."
+        ),
         ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
         calibrate: str | None = typer.Option(
             None, help="Measure rlsim calibrate decode's grid (small or default) on the run's own engines before its "
@@ -121,7 +127,8 @@ def register(app: typer.Typer) -> None:
                 max_model_len=max_model_len, ray_address=ray_address, calibrate=calibrate,
                 lr=lr, old_log_prob=old_log_prob, ppo_mini_batch_size=ppo_mini_batch_size,
                 ppo_max_token_len_per_gpu=ppo_max_token_len_per_gpu, device=device, kl_loss_coef=kl_loss_coef,
-                save_freq=save_freq, shuffle_rewards=shuffle_rewards,
+                save_freq=save_freq, shuffle_rewards=shuffle_rewards, tool_latency_s=tool_latency_s,
+                tool_workers=tool_workers,
             )  # fmt: skip
             run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)
         total = run_.total_steps()

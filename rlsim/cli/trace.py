@@ -184,7 +184,10 @@ def synth(
 @trace_app.command()
 def task(
     out: Path = typer.Option(..., "--out", "-o", help="Output Parquet trace."),
-    name: str = typer.Option("stop-within", "--task", help="The task (rlsim.trace.tasks): stop-within."),
+    name: str = typer.Option(
+        "stop-within", "--task",
+        help="The task (rlsim.trace.tasks): stop-within, or tool-lookup (multi-turn, a local lookup tool).",
+    ),
     num_prompts: int = typer.Option(16, help="Prompts."),
     samples_per_prompt: int = typer.Option(8, help="Samples per prompt per visit (R0)."),
     epochs: int = typer.Option(8, help="Visits of every prompt."),
@@ -201,10 +204,15 @@ def task(
     trace = task_trace(name, num_prompts, samples_per_prompt, epochs, max_response_len, style, seed)
     save(trace, out)
     t = trace.table  # its lengths are the cap (a free run generates its own), so no length table
+    what = (
+        f"targets {t['target_len'].min()}-{t['target_len'].max()} tokens" if "target_len" in t
+        else f"a lookup tool called by the word {trace.meta.source_params['call_word']}, up to "
+        f"{trace.meta.source_params['max_turns']} turns"
+    )
     make_console().print(
-        f"{out}: task {name}, {num_prompts} prompts x {samples_per_prompt} samples x {epochs} epochs, targets "
-        f"{t['target_len'].min()}-{t['target_len'].max()} tokens, cap {max_response_len}; train on it with "
-        f"rlsim run --real --train grpo --lengths free --trace {out}"
+        f"{out}: task {name}, {num_prompts} prompts x {samples_per_prompt} samples x {epochs} epochs, {what}, cap "
+        f"{max_response_len} a turn; train on it with rlsim run --real --train grpo --lengths free --trace {out}",
+        highlight=False,
     )
 
 

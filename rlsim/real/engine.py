@@ -12,6 +12,14 @@ Length modes: `replay` forces each sample to the trace's length (`min_tokens = m
 own (up to the request's `max_tokens`) and keeps every response's token ids for the recorded
 trace. Prompts are the trace's text in free mode when it has `prompt_text`, otherwise seeded
 token ids of the trace's prompt length.
+
+Multi-turn (`agent`, a task's `rlsim.trace.tasks.AgentTask`, free mode): the engine runs the agent
+loop, as veRL's agent loop runs in its rollout workers. A turn that ends in the task's tool-call
+token waits on the tool (its latency, on the first of `tool_workers` free; no limit by default),
+then the next turn runs on the same instance with the tool's answer appended to the context
+(vLLM's prefix cache holds the earlier turns' KV while it can). The driver is told the
+trajectory's end only: its length is the tokens the model generated over all its turns; its
+training sample is the whole context after the prompt, tool tokens masked off the loss.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ class RealEngine:
         clock_offset: float = 0.0,
         histospec: bool = False,
         on_finish: Callable[[Request, dict], None] | None = None,
+        agent=None,  # noqa: ANN001 - rlsim.trace.tasks.AgentTask: run its turns and tool calls
+        tool_latency_s: float = 0.5,
+        tool_workers: int | None = None,
     ) -> None:
         self.backend = backend
         self.num_instances = num_instances
@@ -89,6 +100,17 @@ class RealEngine:
         self.responses: dict[int, dict[int, list[list[int]]]] = {}
         self.prompt_ids: dict[int, list[int]] = {}
         self._published: set[tuple[int, int, int]] = set()  # (instance, prompt, epoch)
+        # multi-turn: the trajectories in flight (rid -> prompt ids, each turn's tokens and log-probs,
+        # each tool call's answer and latency), those waiting on a tool, and the tool calls under way
+        self.agent = agent
+        if agent is not None and lengths != "free":
+            raise RlsimError("a multi-turn task runs with --lengths free: the model decides when to call its tool")
+        self.tool_latency_s = tool_latency_s
+        self._tool_free = [0.0] * (tool_workers or 0)
+        self._tools: list[tuple[float, int]] = []
+        self.trajectories: dict[int, dict] = {}
+        self.waiting: set[int] = set()
+        self.tool_wait_s = 0.0
 
     # ---- protocol -------------------------------------------------------------------------
     @property
@@ -138,18 +160,26 @@ class RealEngine:
 
     def abort(self, request_ids: Iterable[int]) -> None:
         per: dict[int, list[int]] = {}
+        now = self.now
         for rid in request_ids:
             req = self.live.pop(rid, None)
-            if req is not None:
-                per.setdefault(req.instance, []).append(rid)
-        now = self.now
+            if req is None:
+                continue
+            if rid in self.waiting:  # a trajectory waiting on its tool: dropped from the queue
+                self.waiting.discard(rid)
+                tr = self.trajectories.pop(rid)
+                self._outbox.append(Aborted(rid, now, req.instance, sum(len(t) for t in tr["turns"])))
+                continue
+            per.setdefault(req.instance, []).append(rid)
         for i, rids in per.items():
             answered = self.backend.call(i, "abort", [str(r) for r in rids])
             for rid in rids:
-                done = answered.get(str(rid), self._progress.get(rid, 0))
+                done = int(answered.get(str(rid), self._progress.get(rid, 0)))
+                tr = self.trajectories.pop(rid, None)  # a trajectory's earlier turns count too
+                done += sum(len(t) for t in tr["turns"]) if tr else 0
                 self._progress.pop(rid, None)
                 self._count[i] -= 1
-                self._outbox.append(Aborted(rid, now, i, int(done)))
+                self._outbox.append(Aborted(rid, now, i, done))
             self._mark(i)
 
     sleeps_for_sync = False  # a weight push preempts running requests itself (vLLM's reload)
@@ -194,6 +224,10 @@ class RealEngine:
                 out, self._outbox = self._outbox, []
                 return out
             now = self.now
+            if self._tools and self._tools[0][0] <= now:  # tools answered: their trajectories' next turns
+                while self._tools and self._tools[0][0] <= now:
+                    self._next_turn(heapq.heappop(self._tools)[1])
+                continue
             if self._timers and self._timers[0][0] <= now:
                 due = []
                 while self._timers and self._timers[0][0] <= now:
@@ -201,13 +235,14 @@ class RealEngine:
                     due.append(Timer(tag, when))
                 return due
             runnable = [] if self._paused else [i for i in range(self.num_instances) if self._count[i]]
+            due = min([t[0] for t in self._timers[:1]] + [t[0] for t in self._tools[:1]], default=None)
             if runnable:
-                timeout = max(0.0, self._timers[0][0] - now) if self._timers else None
+                timeout = max(0.0, due - now) if due is not None else None
                 for i, res in self.backend.next_step(runnable, timeout):
                     self._absorb(i, res)
                 continue
-            if self._timers:
-                time.sleep(max(0.0, self._timers[0][0] - now))
+            if due is not None:
+                time.sleep(max(0.0, due - now))
                 continue
             return []
 
@@ -227,7 +262,80 @@ class RealEngine:
             out["prompt"] = text
         else:
             out["prompt_token_ids"] = self.prompts.token_ids(req.prompt_id, req.num_prompt_tokens)
+        if self.agent is not None:  # its first turn: a tool call ends it; its context goes on
+            out["keep_prompt"] = True
+            if self.agent.max_turns > 1:
+                out["stop_token_ids"] = [self.agent.call_id]
         return out
+
+    # ---- multi-turn (the agent loop) --------------------------------------------------------------
+    def _turn_ended(self, req: Request, f: dict, now: float) -> dict | None:
+        """A turn ended: None if it called the tool (the trajectory waits on it), else the
+        trajectory's finish: the model's tokens over all turns, and for training the whole
+        response (tool tokens in, masked off the loss)."""
+        agent, rid = self.agent, req.request_id
+        tr = self.trajectories.setdefault(rid, {
+            "prompt": list(f.get("prompt_token_ids") or ()), "turns": [], "lps": [], "answers": [], "latency": [],
+            "preemptions": 0,
+        })  # fmt: skip
+        out, lps = list(f["output_token_ids"]), list(f.get("logprobs") or ())
+        tr["turns"].append(out)
+        tr["lps"].append(lps)
+        tr["preemptions"] += int(f.get("vllm/num_preemptions") or 0)
+        called = bool(out) and (out[-1] == agent.call_id or f.get("stop_reason") == agent.call_id)
+        if called and len(tr["turns"]) < agent.max_turns:
+            latency = self.tool_latency_s
+            if self._tool_free:  # a limited pool of tool workers: the first free takes the call
+                done = max(self._tool_free[0], now) + latency
+                heapq.heapreplace(self._tool_free, done)
+            else:
+                done = now + latency
+            self.tool_wait_s += done - now
+            tr["answers"].append(agent.answer_ids(self.prompts.texts.get(req.prompt_id, "t0")))
+            tr["latency"].append(latency)
+            heapq.heappush(self._tools, (done, rid))
+            self.waiting.add(rid)
+            self.live[rid] = req
+            return None
+        del self.trajectories[rid]
+        resp, mask, logp = [], [], []
+        for k, turn in enumerate(tr["turns"]):
+            resp += turn
+            mask += [1] * len(turn)
+            logp += tr["lps"][k]
+            if k < len(tr["answers"]):
+                resp += tr["answers"][k]
+                mask += [0] * len(tr["answers"][k])
+                logp += [0.0] * len(tr["answers"][k])  # (masked off: never a ratio)
+        model_tokens = [t for turn in tr["turns"] for t in turn]
+        keep_lp = len(logp) == len(resp) and f.get("logprobs") is not None
+        return {**f, "prompt_token_ids": tr["prompt"], "output_token_ids": model_tokens, "response_token_ids": resp,
+                "loss_mask": mask, "logprobs": logp if keep_lp else None,
+                "turn_tokens": tr["turns"], "turn_output_tokens": [len(t) for t in tr["turns"]],
+                "tool_latency_s": tr["latency"], "tool_append_tokens": [len(a) for a in tr["answers"]],
+                "tool_answers": tr["answers"], "vllm/num_preemptions": tr["preemptions"]}  # fmt: skip
+
+    def _next_turn(self, rid: int) -> None:
+        """A tool answered: the trajectory's next turn, its context the prompt, every turn and answer."""
+        req = self.live.get(rid)
+        if req is None or rid not in self.waiting:  # aborted while its tool ran
+            return
+        self.waiting.discard(rid)
+        tr = self.trajectories[rid]
+        context = list(tr["prompt"])
+        for k, turn in enumerate(tr["turns"]):
+            context += turn + (tr["answers"][k] if k < len(tr["answers"]) else [])
+        k = len(tr["turns"])
+        seed = int(np.random.default_rng([self.seed, req.prompt_id, req.sample_idx, k]).integers(2**31))
+        d: dict[str, Any] = {"request_id": str(rid), "temperature": self.temperature, "seed": seed,
+                             "max_tokens": req.max_tokens, "min_tokens": 0, "ignore_eos": False,
+                             "prompt_token_ids": context, "keep_prompt": True}  # fmt: skip
+        if k + 1 < self.agent.max_turns:
+            d["stop_token_ids"] = [self.agent.call_id]
+        self._progress[rid] = 0
+        self._count[req.instance] += 1
+        self.backend.call(req.instance, "add", [d])
+        self._mark(req.instance)
 
     def _publish(self, i: int, reqs: list[Request]) -> None:
         """Give instance i the earlier visits' responses of these prompts (HistoSpec's history)."""
@@ -268,6 +376,10 @@ class RealEngine:
                 continue  # aborted while this iteration ran
             self._count[i] -= 1
             self._progress.pop(rid, None)
+            if self.agent is not None:
+                f = self._turn_ended(req, f, now)
+                if f is None:  # it called the tool: the trajectory goes on after the answer
+                    continue
             n = len(f["output_token_ids"])
             if self.lengths == "replay":
                 reason = "length" if req.target_tokens >= req.max_tokens else "stop"
@@ -279,6 +391,8 @@ class RealEngine:
                     self.prompt_ids[req.prompt_id] = f["prompt_token_ids"]
             if self.learner is not None or self.async_learner is not None:
                 self.samples[rid] = {k: f.get(k) for k in ("prompt_token_ids", "output_token_ids", "logprobs")}
+                if "response_token_ids" in f:  # a trajectory: the whole response, tool tokens masked
+                    self.samples[rid] |= {"output_token_ids": f["response_token_ids"], "loss_mask": f["loss_mask"]}
             if self.on_finish is not None:
                 self.on_finish(req, f)
             self._outbox.extend(Preempted(rid, now, i, n) for _ in range(int(f["vllm/num_preemptions"])))

@@ -40,7 +40,7 @@ class Learning:
     def _start_trainer(self, engine: RealEngine, backend, version: int) -> None:  # noqa: ANN001
         """The trainer on the run's model; a resumed run loads the actor checkpoint of the
         driver's weight version and pushes it into the fresh engines."""
-        if not self.targets and not self.answers:
+        if not self.targets and not self.answers and self.agent is None:
             raise RlsimError(
                 "--train grpo needs rewards: a task trace (rlsim trace task) or DAPO-Math-17k prompts with answers"
             )
@@ -87,6 +87,7 @@ class Learning:
                 response_token_ids=tuple(d["output_token_ids"]), reward=float(row.get("reward", 0.0)),
                 rollout_log_probs=tuple(d["logprobs"]) if d.get("logprobs") else None,
                 staleness=version - q.policy_version,
+                loss_mask=tuple(d["loss_mask"]) if d.get("loss_mask") is not None else None,
             ))  # fmt: skip
         if self.real.shuffle_rewards and len(samples) > 1:  # the control: rewards permuted within the batch
             rng = np.random.default_rng((self.rl.seed, version))

@@ -67,7 +67,7 @@ from rlsim.real.vllm_engine import check_model, is_cpu_build, require_vllm
 from rlsim.real.vllm_instance import InstanceConfig
 from rlsim.report import to_json
 from rlsim.trace.format import load
-from rlsim.trace.tasks import length_reward
+from rlsim.trace.tasks import agent_task, length_reward, tool_reward
 
 
 class RealRun(Learning, RunCalibration, RunFiles):
@@ -96,6 +96,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
         self.meter = None
         self.answers: dict[int, str] = {}
         self.targets: dict[int, int] = {}
+        self.agent = None  # a multi-turn task's rules (rlsim.trace.tasks.AgentTask): the engines run its turns
         self.trainer = None
         self.sleeps = False  # train=grpo on GPU engines: vLLM's sleep mode around every update
         self._last_step = 0  # the run's last step (total_steps), which always checkpoints
@@ -204,11 +205,13 @@ class RealRun(Learning, RunCalibration, RunFiles):
         if "target_len" in trace.table:  # a built-in task (rlsim.trace.tasks): the reward for the stated length
             first = trace.table.drop_duplicates("prompt_id")
             self.targets = dict(zip(first["prompt_id"].astype(int), first["target_len"].astype(int), strict=True))
+        self.agent = agent_task(trace)
         prompts = PromptSource(min(f["vocab_size"] for f in facts), self.rl.seed, texts)
         engine = RealEngine(
             backend, self.n, prompts, self.real.lengths, self.rl.seed, self.real.temperature,
             clock_offset=state.clock if state else 0.0, histospec=parsed.histospec is not None,
-            on_finish=self._on_finish,
+            on_finish=self._on_finish, agent=self.agent, tool_latency_s=self.real.tool_latency_s,
+            tool_workers=self.real.tool_workers,
         )  # fmt: skip
         driver = None
         if state is not None:
@@ -294,7 +297,10 @@ class RealRun(Learning, RunCalibration, RunFiles):
             row["output_token_ids"] = f["output_token_ids"]
             truth = self.answers.get(req.prompt_id)
             target = self.targets.get(req.prompt_id)
-            if target is not None:
+            if "turn_tokens" in f:  # a multi-turn task's trajectory: its turns and tool calls, and its reward
+                row |= {k: f[k] for k in ("turn_output_tokens", "tool_latency_s", "tool_append_tokens")}
+                row["reward"] = tool_reward(f["turn_tokens"], [t for a in f["tool_answers"] for t in a])
+            elif target is not None:
                 row["reward"] = length_reward(len(f["output_token_ids"]), target, self.rl.max_response_len)
             elif truth is not None:  # an empty response has no answer line: scored wrong
                 row["reward"] = score(f.get("text") or "", truth)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ class RealConfig:
     # train=grpo, a control: each batch's rewards permuted among its samples before the update, so
     # that nothing but noise is learned (a run that gains anyway learns from something else)
     shuffle_rewards: bool = False
+    # a multi-turn task (rlsim.trace.tasks.AgentTask): its tool's latency and how many calls run at once
+    tool_latency_s: float = 0.5
+    tool_workers: int | None = None
 
     def __post_init__(self) -> None:
         if self.lengths not in LENGTH_MODES:
@@ -59,6 +63,10 @@ class RealConfig:
             self.trainer_config()  # one sentence for a learning rate that is not positive, and the like
         if isinstance(self.save_freq, bool) or not isinstance(self.save_freq, int) or self.save_freq <= 0:
             raise RlsimError(f"--save-freq must be a positive number of steps, got {self.save_freq!r}")
+        if not (math.isfinite(self.tool_latency_s) and self.tool_latency_s >= 0):
+            raise RlsimError(f"--tool-latency-s must be a finite number >= 0, got {self.tool_latency_s}")
+        if self.tool_workers is not None and self.tool_workers <= 0:
+            raise RlsimError(f"--tool-workers must be positive, got {self.tool_workers}")
         if self.calibrate is not None and self.calibrate not in ("small", "default"):
             raise RlsimError(f"--calibrate must be small or default (the decode grids), got {self.calibrate!r}")
 

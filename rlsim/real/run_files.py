@@ -41,7 +41,7 @@ class RunFiles:
         df = records.requests_frame()
         for col in ENGINE_COLUMNS:
             df[col] = [self.engine_rows.get(r, {}).get(col, np.nan) for r in df["request_id"]]
-        if self.answers or self.targets:  # a free run scores its own samples
+        if self.answers or self.targets or self.agent is not None:  # a free run scores its own samples
             df["reward"] = [self.engine_rows.get(r, {}).get("reward", np.nan) for r in df["request_id"]]
         return df
 
@@ -92,8 +92,17 @@ class RunFiles:
         if free:
             rows = [self.engine_rows.get(int(r), {}) for r in done["request_id"]]
             table["output_token_ids"] = [list(r.get("output_token_ids", [])) for r in rows]
-            if self.answers or self.targets:
+            if self.answers or self.targets or self.agent is not None:
                 table["reward"] = [r.get("reward", np.nan) for r in rows]
+            if self.agent is not None:  # a multi-turn task: the turns and tool calls it ran (trace schema 2)
+                table["turn_output_tokens"] = [list(r.get("turn_output_tokens") or [n])
+                                               for r, n in zip(rows, table["num_output_tokens"], strict=True)]
+                table["turn_finish_reason"] = [
+                    ["tool"] * (len(t) - 1) + [why]
+                    for t, why in zip(table["turn_output_tokens"], table["finish_reason"], strict=True)
+                ]
+                table["tool_latency_s"] = [list(r.get("tool_latency_s") or []) for r in rows]
+                table["tool_append_tokens"] = [list(r.get("tool_append_tokens") or []) for r in rows]
         meta = TraceMeta(
             model=self.real.model,
             max_response_len=self.rl.max_response_len,

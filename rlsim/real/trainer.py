@@ -98,6 +98,11 @@ class Sample:
     reward: float
     rollout_log_probs: tuple[float, ...] | None = None  # the engine's log-prob of each sampled token
     staleness: int = 0  # weight versions between the sample's generation and this update
+    loss_mask: tuple[int, ...] | None = None  # 1 where the model sampled the token, 0 for a tool's (multi-turn)
+
+    def trained(self) -> int:
+        """Tokens the loss sees (the model's own)."""
+        return len(self.response_token_ids) if self.loss_mask is None else int(sum(self.loss_mask))
 
 
 def require_torch() -> Any:
@@ -179,7 +184,7 @@ class Trainer:
             p, r = len(s.prompt_token_ids), len(s.response_token_ids)
             idx[i, :r] = torch.arange(p - 1, p - 1 + r)
             labels[i, :r] = torch.tensor(s.response_token_ids)
-            mask[i, :r] = 1.0
+            mask[i, :r] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=mask.dtype)
         picked = torch.gather(logits, 1, idx.to(logits.device).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         logp = logprobs_from_logits(picked, labels.to(logits.device))
         ent = entropy_from_logits(picked) if entropy else None
@@ -210,7 +215,8 @@ class Trainer:
         old = self.log_probs(samples)
         t_old = time.perf_counter() - t0
         metrics: dict[str, float] = {"timing_s/old_log_prob": t_old}
-        diffs = [np.abs(np.exp(o) - np.exp(s.rollout_log_probs)) for o, s in zip(old, samples, strict=True)
+        diffs = [np.abs(np.exp(o) - np.exp(s.rollout_log_probs))[np.asarray(s.loss_mask or [1] * len(o), bool)]
+                 for o, s in zip(old, samples, strict=True)
                  if s.rollout_log_probs is not None and len(s.rollout_log_probs) == len(o)]  # fmt: skip
         if diffs:
             flat = np.concatenate(diffs)
@@ -244,7 +250,7 @@ class Trainer:
         acc: dict[str, list[float]] = {}
         for start in range(0, len(samples), size):
             mini = list(range(start, min(start + size, len(samples))))
-            total_tokens = sum(len(samples[i].response_token_ids) for i in mini)
+            total_tokens = sum(samples[i].trained() for i in mini)
             self.optimizer.zero_grad(set_to_none=True)
             mini_loss = 0.0
             for mb in self.micro_batches([samples[i] for i in mini]):

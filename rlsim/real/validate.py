@@ -48,6 +48,7 @@ from rlsim.real.run_config import read_run_config, run_profile
 from rlsim.real.validate_parts import ITERATION_NEEDS, decompose, load_part
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace, load
+from rlsim.trace.turns import TURN_COLUMNS
 
 METRICS = (
     ("step_time_s", "step time (s, mean)"),
@@ -239,6 +240,16 @@ def with_recorded_lengths(trace, recorded):  # noqa: ANN001, ANN201 - rlsim.trac
     table.loc[known, "num_prompt_tokens"] = (
         table.loc[known, "prompt_id"].map(prompt_len).astype(table["num_prompt_tokens"].dtype)
     )
+    if "turn_output_tokens" in rec.columns:  # a multi-turn run: the turns and tool calls it ran
+        cols = ["finish_reason", *TURN_COLUMNS]
+        merged = table[key].merge(rec[[*key, *cols]], on=key, how="left")
+        ended = merged["finish_reason"].astype(object)
+        table["finish_reason"] = np.where(has, ended, table["finish_reason"].astype(object))
+        n, why = table["num_output_tokens"].tolist(), table["finish_reason"].tolist()
+        single = {"turn_output_tokens": [[x] for x in n], "turn_finish_reason": [[w] for w in why],
+                  "tool_latency_s": [[] for _ in n], "tool_append_tokens": [[] for _ in n]}  # fmt: skip
+        for c in TURN_COLUMNS:
+            table[c] = [list(v) if h else d for v, h, d in zip(merged[c], has, single[c], strict=True)]
     return Trace(table, trace.meta)
 
 

@@ -79,6 +79,7 @@ class VllmInstance:
         self.per_request_seed = not self.facts["hardware"].startswith("CPU")
         self.tokens: dict[str, list[int]] = {}
         self.logprobs: dict[str, list[float]] | None = {} if cfg.logprobs else None
+        self.keep_prompt: set[str] = set()  # requests whose prompt ids their finish answers
         self.prompt_len: dict[str, int] = {}
         self.iterations = 0
 
@@ -132,7 +133,7 @@ class VllmInstance:
 
     def add(self, requests: list[dict]) -> None:
         """Requests as dicts: request_id, prompt_token_ids or prompt (text), max_tokens, min_tokens,
-        ignore_eos, temperature, seed."""
+        ignore_eos, temperature, seed, and stop_token_ids (an agent's tool call ends a turn)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -145,9 +146,12 @@ class VllmInstance:
                 seed=r.get("seed") if self.per_request_seed else None,
                 output_kind=RequestOutputKind.DELTA,
                 logprobs=0 if self.logprobs is not None else None,  # 0: the sampled token's only
+                stop_token_ids=list(r.get("stop_token_ids") or ()) or None,
             )
             prompt = {"prompt_token_ids": list(r["prompt_token_ids"])} if "prompt_token_ids" in r else r["prompt"]
             self.engine.add_request(r["request_id"], prompt, sp)
+            if r.get("keep_prompt"):  # an agent's turn: its context goes on in the next turn
+                self.keep_prompt.add(r["request_id"])
             self.tokens[r["request_id"]] = []
             if self.logprobs is not None:
                 self.logprobs[r["request_id"]] = []
@@ -161,6 +165,7 @@ class VllmInstance:
             self.engine.abort_request(live)
         for r in live:
             self.prompt_len.pop(r, None)
+            self.keep_prompt.discard(r)
             if self.logprobs is not None:
                 self.logprobs.pop(r, None)
         return {r: len(self.tokens.pop(r)) for r in live}
@@ -202,7 +207,8 @@ class VllmInstance:
                 m = o.metrics
                 del self.tokens[o.request_id]
                 self.prompt_len.pop(o.request_id, None)
-                keep_prompt = self.history_path or self.logprobs is not None
+                keep_prompt = self.history_path or self.logprobs is not None or o.request_id in self.keep_prompt
+                self.keep_prompt.discard(o.request_id)
                 finished.append(
                     {
                         "request_id": o.request_id,
@@ -211,6 +217,7 @@ class VllmInstance:
                         "logprobs": None if self.logprobs is None else self.logprobs.pop(o.request_id, []),
                         "output_token_ids": toks,
                         "finish_reason": o.outputs[0].finish_reason,
+                        "stop_reason": o.outputs[0].stop_reason if isinstance(o.outputs[0].stop_reason, int) else None,
                         "text": o.outputs[0].text or "",
                         "vllm/queued_ts": getattr(m, "queued_ts", None),
                         "vllm/scheduled_ts": getattr(m, "scheduled_ts", None),
