@@ -406,3 +406,13 @@ def test_tool_lookup_task_and_its_reward() -> None:
     assert tool_reward([[7, agent.call_id], [9, answer[0]]], answer) == 1.0  # called and used
     with pytest.raises(Exception, match="tiny_model's words"):
         task_trace("tool-lookup", 4, 2, 1, 48, style="text")
+
+
+def test_a_real_run_refuses_a_multi_turn_trace_in_one_sentence(tmp_path: Path) -> None:
+    """A logged trajectory's turns cannot be forced on a real model: the real engines run a task
+    whose model decides its turns (tool-lookup), and nothing is written."""
+    out = tmp_path / "r"
+    r = runner.invoke(app, ["run", "--real", "--trace", str(SEARCH_R1), "--model", str(tmp_path / "m"), "--train",
+                            "none", "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 2 and "is a multi-turn trace" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()

@@ -129,6 +129,11 @@ class RealRun(Learning, RunCalibration, RunFiles):
                 "dynamic sampling reads rewards from the trace, so it runs with --lengths replay only "
                 "(a free run scores its own samples)"
             )
+        if has_column(trace_path, "turn_output_tokens"):
+            raise RlsimError(
+                f"{trace_path} is a multi-turn trace: its turns replay in the simulator only; a real multi-turn run "
+                "lets the model decide its turns (rlsim trace task --task tool-lookup)"
+            )
         if real.train == "grpo":
             if real.lengths != "free":
                 raise RlsimError("--train grpo learns from the model's own responses: add --lengths free")
