@@ -287,7 +287,7 @@ def _policy_run(name: str):  # noqa: ANN202
     return simulate(search_r1_slice(), name, _cluster(name), RL, tables=True)
 
 
-@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("name", [*REGISTRY, "seer(chunk_tokens=64)"])
 def test_every_policy_runs_on_trajectories(name: str) -> None:
     """Each policy trains whole trajectories: a trained sample's length is its turns' tokens."""
     res = _policy_run(name)
@@ -327,7 +327,7 @@ def test_trajectory_staleness_under_carrying_policies(name: str, latency: float 
     assert (s["multi_turn"]["turn_version_span_max"] >= 1) == spans, s["multi_turn"]
 
 
-@pytest.mark.parametrize("name", ["sync", "rollpacker", "async_partial", "areal"])
+@pytest.mark.parametrize("name", ["sync", "rollpacker", "async_partial", "areal", "seer(chunk_tokens=64)"])
 def test_fast_equals_exact_on_a_multi_turn_trace(name: str) -> None:
     """The event-jumping fast path and --exact agree on every request and step of a multi-turn
     run, whose turns hit the prefix cache and whose tool calls leave instances idle."""
@@ -342,11 +342,15 @@ def test_fast_equals_exact_on_a_multi_turn_trace(name: str) -> None:
     assert_tables_match(fast.steps, exact.steps, f"{name} steps")
 
 
-def test_chunked_rollout_on_trajectories_is_refused_in_one_sentence() -> None:
-    """Seer's divided rollout (chunks below the cap) does not cut multi-turn trajectories yet."""
-    r = runner.invoke(app, ["simulate", "--trace", str(SEARCH_R1), "--policy", "seer(chunk_tokens=500)", "--gpus", "8",
-                            "--profile", "h100-qwen2.5-7b-tp1", "--max-steps", "1", "--out", "/nonexistent/never"])
-    assert r.exit_code == 2 and "multi-turn trajectories do not support yet" in r.stderr, r.output
+def test_divided_rollout_cuts_turns_into_chunks() -> None:
+    """Seer with chunks shorter than many turns: a turn cut at a chunk is resumed from its kept
+    tokens (its KV moved) until the trajectory ends; every trajectory trains whole, and the turns
+    and prefix hits are the undivided run's."""
+    divided = _policy_run("seer(chunk_tokens=64)")
+    whole = _policy_run("seer")
+    assert (divided.requests["outcome"] == "continued").sum() > 100
+    for key in ("turns", "tool_calls", "turn_prefix_hit_rate"):
+        assert divided.summary["multi_turn"][key] == whole.summary["multi_turn"][key], key
 
 
 # ---- the fitted generator -------------------------------------------------------------------

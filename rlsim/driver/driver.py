@@ -133,7 +133,7 @@ class Driver(Launcher):
                 + (" --train-gpus N" if need == "disaggregated" else "")
             )
         self.turns = (  # a multi-turn trace's trajectories in flight (rlsim.driver.turns)
-            Trajectories(TurnTable(self.trace.table), self.engine, self.tools or ToolConfig())
+            Trajectories(TurnTable(self.trace.table), self.engine, self.tools or ToolConfig(), rl.max_response_len)
             if has_turns(self.trace.table) else None
         )
         if self.turns is not None:  # a turn's end calls a tool at once: the engine may not run on to idle
@@ -248,14 +248,18 @@ class Driver(Launcher):
         if kind is Finished:
             rid = ev.request_id
             req = self.requests[rid]
+            chunk = None
             if self.turns is not None:
                 ev = self.turns.finished(ev, req)
                 if ev is None:  # a turn ended in a tool call: the trajectory goes on
                     return None
+                chunk = self.turns.suspended(rid)  # (None: a one-turn sample)
             self.assigned[req.instance] -= 1
             self.in_flight[req.prompt_id].discard(rid)
-            if req.max_tokens < self.rl.max_response_len and ev.finish_reason == "length":
-                if req.target_tokens > ev.num_output_tokens:
+            if chunk is False:  # a trajectory that ended: its reason is its last turn's
+                pass
+            elif chunk or (req.max_tokens < self.rl.max_response_len and ev.finish_reason == "length"):
+                if chunk or req.target_tokens > ev.num_output_tokens:
                     # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
                     first = self.first_token.pop(rid, None)
                     self.records.finish(rid, ev.time, ev.num_output_tokens, "length", first, "chunk")

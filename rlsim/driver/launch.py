@@ -78,11 +78,6 @@ class Launcher:
         flight = self.in_flight.setdefault(act.prompt_id, set())
         per_sample = isinstance(inst, tuple)
         turns = self.turns
-        if turns is not None and max_tokens < self.rl.max_response_len:
-            raise RlsimError(
-                f"policy {self.policy.name} cuts responses into chunks (max_tokens {max_tokens}), which multi-turn "
-                "trajectories do not support yet: choose a policy that generates whole responses"
-            )
         index, requests, pid, version = self.index, self.requests, act.prompt_id, self.rollout_version
         base, samples = index.start[visit], index.samples
         out_tokens, prompt_tokens = index.out, index.prompt_tokens
@@ -121,5 +116,7 @@ class Launcher:
         req = old._replace(request_id=rid, max_tokens=max_tokens, instance=where, kept_tokens=kept)
         self.requests.append(req)
         self.in_flight.setdefault(act.prompt_id, set()).add(rid)
+        if self.turns is not None and self.turns.suspended(act.resume):  # a trajectory: its turn goes on
+            req = self.turns.resume(act.resume, req)
         return req
 

@@ -277,7 +277,7 @@ class InstanceScheduler:
             seq.computed = num_hit_blocks * self.block_size
             self.ctx += seq.computed
             self.prefix_hit_tokens += seq.computed
-            if seq.req.prompt_len:  # a later turn of a trajectory: its context, and how much of it hit
+            if seq.req.prompt_len and not seq.transfer:  # a later turn starting: its context, and how much hit
                 self.turn_tokens += seq.req.num_prompt_tokens + seq.generated
                 self.turn_hit_tokens += seq.computed
             if seq.transfer:  # its KV was moved here: all but the last token are in place
