@@ -19,6 +19,7 @@ from policies.registry import REGISTRY
 from rlsim.cli.app import app
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.driver.turns import ToolConfig
+from rlsim.errors import RlsimError
 from rlsim.paths import default_trace
 from rlsim.profile import load_profile
 from rlsim.protocol import Request
@@ -408,7 +409,7 @@ def test_tool_lookup_task_and_its_reward() -> None:
     assert tool_reward([[7, 8, 9]], answer) == 0.0  # no call
     assert tool_reward([[7, agent.call_id], [9, 9]], answer) == 0.5  # called, answer not used
     assert tool_reward([[7, agent.call_id], [9, answer[0]]], answer) == 1.0  # called and used
-    with pytest.raises(Exception, match="tiny_model's words"):
+    with pytest.raises(RlsimError, match="tiny_model's words"):
         task_trace("tool-lookup", 4, 2, 1, 48, style="text")
 
 

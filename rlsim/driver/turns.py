@@ -59,6 +59,7 @@ class Trajectory:
     turn_start: float = 0.0  # its current turn submitted at
     waiting: bool = False  # between a tool call and the next turn
     wait_start: float = 0.0
+    waited: float = 0.0  # seconds its tool calls took, queue included
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ class Trajectories:
         self.aborts: list[Aborted] = []  # abort events for trajectories taken off the tool queue
         self.turns = self.calls = self.trajectories = 0  # turns run (aborted ones too), tool calls, trajectories done
         self.finished_turns = 0  # turns of the trajectories done
-        self.tool_wait_s = self.trajectory_s = 0.0
+        self.tool_wait_s = self.trajectory_s = 0.0  # all tool calls' waits; finished trajectories' time
+        self.finished_wait_s = 0.0  # the finished trajectories' tool waits (the share's numerator)
         self.reusable_tokens = 0  # later turns: context an earlier turn computed
         self.waits: dict[int, list[tuple[float, float]]] = {}  # instance -> tool-wait intervals
         self.latency: list[tuple[int, float]] = []  # (turn index, submit to finish) of multi-turn turns
@@ -165,6 +167,7 @@ class Trajectories:
             self.trajectories += 1
             self.finished_turns += tr.turn + 1
             self.trajectory_s += ev.time - tr.start
+            self.finished_wait_s += tr.waited
             self.staleness_span = max(self.staleness_span, tr.versions[-1] - tr.versions[0])
             if tr.first_token is not None:  # the trajectory's first token, for the records
                 self.first_token[ev.request_id] = tr.first_token
@@ -179,6 +182,7 @@ class Trajectories:
         heapq.heappush(self.due, (done, ev.request_id))
         self.calls += 1
         self.tool_wait_s += done - ev.time
+        tr.waited += done - ev.time
         tr.waiting, tr.wait_start = True, ev.time
         self.engine.call_at(done, TOOL_TAG)
         return None
@@ -252,7 +256,7 @@ class Trajectories:
             "tool_calls": self.calls,
             "turns_per_trajectory": self.finished_turns / self.trajectories if self.trajectories else float("nan"),
             "tool_wait_s": self.tool_wait_s,
-            "tool_wait_share": self.tool_wait_s / self.trajectory_s if self.trajectory_s else float("nan"),
+            "tool_wait_share": self.finished_wait_s / self.trajectory_s if self.trajectory_s else float("nan"),
             "turn_version_span_max": self.staleness_span,
             "gpu_idle_during_tools_s": idle,
             "gpu_idle_during_tools_ratio": idle / (n * end) if end > 0 else float("nan"),

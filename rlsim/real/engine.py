@@ -110,7 +110,6 @@ class RealEngine:
         self._tools: list[tuple[float, int]] = []
         self.trajectories: dict[int, dict] = {}
         self.waiting: set[int] = set()
-        self.tool_wait_s = 0.0
 
     # ---- protocol -------------------------------------------------------------------------
     @property
@@ -290,8 +289,7 @@ class RealEngine:
                 heapq.heapreplace(self._tool_free, done)
             else:
                 done = now + latency
-            self.tool_wait_s += done - now
-            tr["answers"].append(agent.answer_ids(self.prompts.texts.get(req.prompt_id, "t0")))
+            tr["answers"].append(agent.answer_ids(self.prompts.texts[req.prompt_id]))  # (a task trace has its text)
             tr["latency"].append(latency)
             heapq.heappush(self._tools, (done, rid))
             self.waiting.add(rid)
