@@ -1,4 +1,4 @@
-"""The README's `rlsim compare` tables, as Markdown: the defaults, and DAPO's dynamic sampling.
+"""The `rlsim compare` tables of the README and docs/simulate.md: the defaults, and DAPO's dynamic sampling.
 
     python benchmarks/compare_table.py [--markdown | --readme]
 

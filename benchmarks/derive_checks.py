@@ -1,6 +1,6 @@
 """`rlsim profile derive` against what was measured or published, each figure's role stated.
 
-`rows()` gives the README's `derive_checks` table (written by `benchmarks/derive_table.py`): for
+`rows()` gives docs/calibrate.md's `derive_checks` table (written by `benchmarks/derive_table.py`): for
 each check the data, whether it was fitted to or is a test, the figure and rlsim's, and the error
 as found. Only the linear-layer roofline's fitting set (Vidur's H100 tables) was fitted to; every
 other figure is a test, reported as it came out. `h100_linear_errors()` is what

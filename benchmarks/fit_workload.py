@@ -10,7 +10,7 @@ For each real log under tests/data/ (the rLLM DeepCoder-14B log: 5 steps x 16 pr
    `dapo-qwen2.5-32b` preset at the same shape and cap (what a user got before fitting).
 
 Usage: python benchmarks/fit_workload.py [DRAWS] [--markdown | --readme]   (default 40, as tests/test_fit.py;
-about 2 minutes on 2 cores). `--markdown` prints the coder log's two tables as the README shows them,
+about 2 minutes on 2 cores). `--markdown` prints the coder log's two tables as docs/simulate.md shows them,
 `--readme` also writes them there (`tests/test_readme_tables.py` holds them equal in CI).
 """
 
@@ -61,7 +61,7 @@ def drawn(preset_or_name, like, rl, cluster, draws: int) -> dict[str, np.ndarray
 
 
 def main(draws: int = 40, markdown: bool = False) -> None:
-    """The report on stdout; with `markdown`, on stderr, and the README's tables on stdout."""
+    """The report on stdout; with `markdown`, on stderr, and docs/simulate.md's tables on stdout."""
     with contextlib.redirect_stdout(sys.stderr if markdown else sys.stdout):
         tables = report(draws)
     if markdown:
@@ -109,7 +109,7 @@ def report(draws: int) -> tuple:
 
 
 def readme_tables(trace, ins, cv, real, fitted, shipped, gpus: int, per_step: int) -> None:  # noqa: ANN001
-    """The coder log's statistics and speedups as the README's two tables."""
+    """The coder log's statistics and speedups as docs/simulate.md's two tables."""
     n_resp = trace.num_prompts * trace.meta.samples_per_prompt
     rows = [f"| rLLM 14B coder log, {n_resp:,} responses | log | fitted | in sample | 5-fold CV |", "|---" * 5 + "|"]
     for m, r in ins.items():

@@ -1,11 +1,11 @@
-"""Reproduction report: each policy against its paper's published numbers (POLICIES.md).
+"""Reproduction report: each policy against its paper's published numbers (docs/policies.md).
 
     python benchmarks/paper_checks.py [--markdown | --readme]
 
 Each check runs rlsim on a trace and profile configured like the paper's setup as far as
-POLICIES.md gives it, and prints: check, paper figure, rlsim figure, pass/fail within the stated
+the paper publishes it, and prints: check, paper figure, rlsim figure, pass/fail within the stated
 tolerance. Setups:
-- RollPacker, APRIL and Seer: in their setups of record (POLICIES.md section 7b), as
+- RollPacker, APRIL and Seer: in their setups of record (docs/policies.md, setups of record), as
   `benchmarks/paper_setups.py` states them: derived profiles of each paper's model on its GPUs at
   its rollout TP, with the framework terms fitted on NeMo RL's runs. RollPacker's trace is the
   `dapo-qwen2.5-32b` preset shaped like the paper's workload (`rollpacker_trace`): lengths of step
@@ -15,12 +15,12 @@ tolerance. Setups:
   in every step.
 - SortedRL (8k cap, group 512 x 8, updates of 1,024 trajectories; LLaMA-3.1-8B on H100): the
   7B TP 1 H100 profile on 8 GPUs, the bundled trace capped at 8k, 32 updates; both bubble
-  definitions reported, the paper's figure held against the closer one (POLICIES.md section 7).
+  definitions reported, the paper's figure held against the closer one (docs/policies.md, bands of record).
 - HistoSpec (Qwen3-14B base, DAPO, 8k, 32 H100, batch 256, n = 16): the `dapo-qwen2.5-32b`
   preset at an 8k cap, Qwen2.5-14B TP2 profile, 32 GPUs, 256 prompts x 16, two epochs.
 - HistoPipe: the `reasoning-32k` preset (whose prompts keep their lengths across epochs, as
   RhymeRL observes), 32k, 64 GPUs, 128 prompts x 16, two epochs. Tier 1 against the per-sample
-  least-loaded baseline has no published figure (POLICIES.md section 7): it is reported, not
+  least-loaded baseline has no published figure (docs/policies.md, bands of record): it is reported, not
   judged, as is tier 2 (a reconstruction). The paper's 1.43x is held against the RhymeRL
   configuration: one-step off-policy overlap on separate rollout and training GPUs (32 + 32:
   the paper's split is not published) against `sync` on the same placement.
@@ -28,7 +28,7 @@ tolerance. Setups:
   epoch (HistoPipe's second tier trains an epoch's held-back tail in one extra short step).
 
 Checks are counted by kind. A **reproduction** holds a published figure to its band of record
-(POLICIES.md section 7); an **invariant** is a property any correct implementation has whatever the
+(docs/policies.md, bands of record); an **invariant** is a property any correct implementation has whatever the
 paper measured (RollPacker's round pattern, a short round's length bias below 0.95, SortedRL's
 on-policy staleness 0 and partial-mode staleness at most 4, HistoSpec's 1.00x on a first visit);
 a **reported** figure has no band. The two counts are printed apart, and the exit code is the number
@@ -78,7 +78,7 @@ def rollpacker_trace(periods: int) -> Trace:
 
 
 def rollpacker_checks() -> None:
-    """RollPacker in its setup of record (POLICIES.md 7b, `paper_setups`): Figure 11's bars, the
+    """RollPacker in its setup of record (docs/policies.md, setups of record; `paper_setups`): Figure 11's bars, the
     both-factors gain over eta = 1.0, each factor alone, and tail batching end to end over veRL."""
     periods = 6
     tr = rollpacker_trace(periods)
@@ -272,7 +272,7 @@ def _tail_s(result) -> float:  # noqa: ANN001
 
 
 def seer_checks() -> None:
-    """Seer in its Table 3 setups (POLICIES.md 7b, `paper_setups`): per model, throughput over
+    """Seer in its Table 3 setups (docs/policies.md, setups of record; `paper_setups`): per model, throughput over
     veRL's round-robin group-level baseline (and over the per-sample least-loaded one), the
     baseline's rollout seconds, and the tail."""
     for model, gpus, tp, prompts, samples, cap, mean, (paper_verl, paper_seer) in SEER:
@@ -304,7 +304,7 @@ def seer_checks() -> None:
 
 
 def april_checks() -> None:
-    """APRIL in its setup of record (POLICIES.md 7b, `paper_setups`), per model; the per-setting
+    """APRIL in its setup of record (docs/policies.md, setups of record; `paper_setups`), per model; the per-setting
     figures of its Table 1 and README against the one band of record."""
     for model, paper in (("qwen3-4b", "GRPO +31.3%, DAPO +10.8%, README DAPO-Math-17k +17%"),
                          ("qwen3-8b", "GRPO +36.9%, DAPO +9.1%")):  # fmt: skip
@@ -355,7 +355,7 @@ def main() -> int:
     if "--markdown" in sys.argv or "--readme" in sys.argv:
         emit("paper_checks", markdown(), sys.argv)  # --readme also writes README.md's table
     else:
-        table = Table(title="rlsim against the papers (POLICIES.md)", title_justify="left")
+        table = Table(title="rlsim against the papers (docs/policies.md)", title_justify="left")
         for c in ("check", "kind", "paper", "rlsim", "result"):
             table.add_column(c)
         colour = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "reported"}

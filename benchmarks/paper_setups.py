@@ -1,4 +1,4 @@
-"""Paper checks in their setups of record (POLICIES.md section 7b): RollPacker, APRIL and Seer.
+"""Paper checks in their setups of record (docs/policies.md, setups of record): RollPacker, APRIL and Seer.
 
 Used by `benchmarks/paper_checks.py`. Every setup's profile is `rlsim profile derive` of the
 paper's model on its GPU at its rollout TP, trained by Megatron at the paper's layout where it is

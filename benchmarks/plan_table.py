@@ -1,15 +1,15 @@
-"""The README's `rlsim plan` example, as Markdown: its answer and its Pareto front.
+"""Docs/planning.md's `rlsim plan` example, as Markdown: its answer and its Pareto front.
 
     python benchmarks/plan_table.py [--markdown | --readme]
 
-Runs the README's first `rlsim plan` command (the bundled trace, DAPO's batch, the Qwen2.5-32B
+Runs docs/planning.md's first `rlsim plan` command (the bundled trace, DAPO's batch, the Qwen2.5-32B
 H100 family at TP 4 and 8, 16-64 GPUs colocated or disaggregated, four policies; about two
 minutes on a 2-core machine) with `--json --no-cache`, and prints its answer table and its
-Pareto front (`rlsim.plan.report`, the rows the command prints) as the README table
+Pareto front (`rlsim.plan.report`, the rows the command prints) as the table of docs/planning.md
 `plan_example`; `--readme` also writes it into README.md. The search is deterministic (seeded),
-so `tests/test_readme_tables.py` re-runs it in CI and holds the README's table equal to it.
+so `tests/test_readme_tables.py` re-runs it in CI and holds docs/planning.md's table equal to it.
 
-Then the README's asynchronous example (`plan_async`: one_step_off, fully_async and areal on
+Then docs/planning.md's asynchronous example (`plan_async`: one_step_off, fully_async and areal on
 disaggregated splits of 32 or 64 GPUs, four staleness bounds; about two and a half minutes), with
 the best answer's whole epoch simulated under the plan's first seed beside the plan's estimate.
 """

@@ -11,7 +11,7 @@ calibrated before them, so the error is a prediction's. Every policy runs `--rep
 rounds (each round runs every policy once, so a slow minute of the machine falls on all of them);
 the table gives each run's rollout and step time Diff%, its parts (the driver's time between
 iterations, the iteration model) and the machine's load, and per policy the median of its runs,
-the figure the issue's 10% band holds.
+the figure the 10% band holds.
 
 `--record DIR` copies the whole batch (records, trace, profile and every run) into
 DIR/<date-time>/ with a manifest saying `"calibrate": "before"`; `tests/test_recorded_runs.py`
@@ -44,8 +44,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--record", type=Path, default=None, help="copy the batch into this folder for the CI test")
-    ap.add_argument("--markdown", action="store_true", help="print the README table")
-    ap.add_argument("--readme", action="store_true", help="print the README table and write it into README.md")
+    ap.add_argument("--markdown", action="store_true", help="print the table it writes")
+    ap.add_argument("--readme", action="store_true", help="print the table and write it into its page")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

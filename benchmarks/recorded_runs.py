@@ -1,12 +1,12 @@
-"""The recorded real runs of tests/data/recorded_runs, validated: the README's table of them.
+"""The recorded real runs of tests/data/recorded_runs, validated: docs/real.md's table of them.
 
     python benchmarks/recorded_runs.py [--markdown | --readme]
 
 Validates every run of every recorded batch (`python benchmarks/validate_real.py --record
 tests/data/recorded_runs` records one) with `rlsim validate`'s API and prints, per run, the rollout
 and step time Diff%, the replay's batch identity and the in-run fit's held-out MAPE. Validation
-only simulates, so the figures are deterministic: `tests/test_readme_tables.py` holds the README's
-table equal to them, and `tests/test_recorded_runs.py` holds them to the README's bands.
+only simulates, so the figures are deterministic: `tests/test_readme_tables.py` holds docs/real.md's
+table equal to them, and `tests/test_recorded_runs.py` holds them to docs/real.md's bands.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ which first times the reference: a bare heap loop that does the least an event-j
 of the same step must (every request's finish popped from a per-instance heap, the batch's
 closed-form iteration cost advanced to it, the step ending at the slowest instance), with no
 scheduler, KV cache, policy or records. The ratio of the two, measured seconds apart in one
-process, is the figure that holds on a noisy shared machine (target: 3x; the issue's 1.5 s is
+process, is the figure that holds on a noisy shared machine (target: 3x; a 1.5 s target is
 about that on an idle core). For sync it also times the floor: the same driver, policy and records
 over `_HeapEngine` (the heap loop's cost behind the `Engine` protocol), which no faster scheduler
 can go below. Also printed: each policy's peak memory, the fast path against the
@@ -273,8 +273,8 @@ def main() -> None:  # noqa: C901, PLR0915 - one report, figure by figure
     ap.add_argument("--skip-cli", action="store_true", help="leave out rlsim compare and rlsim plan")
     ap.add_argument("--big", action="store_true", help="also one epoch of the 10x trace")
     ap.add_argument("--before", metavar="REV", help="also measure this git revision, side by side")
-    ap.add_argument("--markdown", action="store_true", help="print the README tables")
-    ap.add_argument("--readme", action="store_true", help="print the README tables and write them into README.md")
+    ap.add_argument("--markdown", action="store_true", help="print the tables it writes")
+    ap.add_argument("--readme", action="store_true", help="print the tables and write them into their pages")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--big-child", help=argparse.SUPPRESS)
     ap.add_argument("--write-big", help=argparse.SUPPRESS)

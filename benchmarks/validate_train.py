@@ -1,4 +1,4 @@
-"""Real GRPO on the tiny model, then its validation phase by phase: the README's "Train for real" commands.
+"""Real GRPO on the tiny model, then its validation phase by phase: docs/real.md's "Train for real" commands.
 
     python benchmarks/validate_train.py [--out DIR] [--steps 32] [--markdown | --readme]
 
@@ -7,7 +7,7 @@ random Llama, the `stop-within` task, the decode grid and the trainer's costs
 (`rlsim calibrate decode --grid small`, `rlsim calibrate train`), `rlsim calibrate fit`, then the trained run
 (`--train grpo --lr 1e-3`, calibrating between its steps), the same run with `--train none` as the
 control, and `rlsim validate --json` on the trained run. Prints, and with `--markdown` /
-`--readme` writes as the README tables `train_tiny` and `validate_train`: the reward, response
+`--readme` writes as the tables `train_tiny` and `validate_train` of docs/real.md: the reward, response
 length and target-length correlation early and late, trained against control, and every
 training phase's mean seconds per step, real against simulated, with the machine's load.
 """
@@ -45,8 +45,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("out/validate-train"))
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--markdown", action="store_true", help="print the README tables")
-    ap.add_argument("--readme", action="store_true", help="print the README tables and write them into README.md")
+    ap.add_argument("--markdown", action="store_true", help="print the tables it writes")
+    ap.add_argument("--readme", action="store_true", help="print the tables and write them into their pages")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

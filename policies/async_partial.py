@@ -1,6 +1,6 @@
 """Over-provisioned partial rollout (APRIL arXiv 2509.18521; slime, AReaL, veRL fully-async style).
 
-POLICIES.md section 5. Keep `over_sample_rate` x P0 prompts in flight; as soon as P0 groups have
+docs/policies.md. Keep `over_sample_rate` x P0 prompts in flight; as soon as P0 groups have
 finished (R0 samples each), train on them in completion order and let every unfinished sample
 keep running into the next step (partial rollout: its tokens are kept and it finishes under newer
 weights). A sample whose staleness would exceed `max_staleness` is dropped and regenerated.

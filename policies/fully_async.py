@@ -1,4 +1,4 @@
-"""veRL's fully-async policy: a streaming rollouter and a trainer of local updates (POLICIES.md section 5).
+"""veRL's fully-async policy: a streaming rollouter and a trainer of local updates (docs/policies.md).
 
 veRL `recipe/fully_async_policy` (https://github.com/volcengine/verl/tree/main/recipe/fully_async_policy,
 after AReaL arXiv 2505.24298, StreamRL arXiv 2504.15930, AsyncFlow arXiv 2507.01663), with its knob

@@ -1,4 +1,4 @@
-"""RhymeRL HistoPipe (arXiv 2508.18588, ASPLOS'26): history-guided placement, POLICIES.md section 4.
+"""RhymeRL HistoPipe (arXiv 2508.18588, ASPLOS'26): history-guided placement (docs/policies.md).
 
 A prompt's responses look alike from one epoch to the next, so its previous visit predicts how
 long this visit will run. Tier 1 (confirmed in outline) balances instances within a step and is

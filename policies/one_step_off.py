@@ -1,5 +1,5 @@
 """k-step off-policy pipelining (NeMo RL async GRPO's `max_trajectory_age_steps`; veRL's
-`one_step_off_policy` recipe at k = 1): POLICIES.md section 5.
+`one_step_off_policy` recipe at k = 1; docs/policies.md).
 
 Batches of P0 prompts are trained in order, batch j at step j. Batch j is launched as soon as
 batch j - k has finished generating (at the start for j < k), with the weights of that moment, so

@@ -1,4 +1,4 @@
-"""Oracle packing: a lower bound for a synchronous step, NOT a real policy (POLICIES.md section 5).
+"""Oracle packing: a lower bound for a synchronous step, NOT a real policy (docs/policies.md).
 
 The only policy allowed to read response lengths before they are generated (`oracle = True`
 unlocks `view.oracle_lengths`). Each step it takes the same P0 prompts as `sync`, launches the

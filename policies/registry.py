@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -179,3 +180,29 @@ def make_policy(text: str) -> object:
         return cls(**spec.knobs)
     except TypeError as exc:
         raise RlsimError(f"cannot build policy {spec.name!r}: {exc}") from None
+
+
+def _knobs(cfg: type | None) -> str:
+    if cfg is None:
+        return "none"
+    return ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cfg) if f.name != "source")
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """Every registered policy and engine feature as (name, knobs with defaults, what and where
+    from): what `rlsim policies` prints and the knobs table of docs/policies.md is written from."""
+    def first_paragraph(doc: str | None) -> str:
+        return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+    rows = []
+    for name, cls in REGISTRY.items():
+        what = first_paragraph(sys.modules[cls.__module__].__doc__ or cls.__doc__)
+        # a parameterisation of another policy, not a second one (at its default knobs)
+        same = getattr(cls(), "same_as", None)
+        if same:
+            what = f"= {same}: {first_paragraph(cls.__doc__)}"
+        rows.append((name, _knobs(getattr(cls, "Config", None)), what))
+    rows.append(("+histospec", _knobs(SpecConfig), "engine feature: RhymeRL HistoSpec, drafts from the last visit"))
+    rows.append(("+grouped_spec", _knobs(SpecConfig), "engine feature: Seer, drafts from sibling responses"))
+    rows.append(("+dynamic_sampling", _knobs(DynamicSamplingConfig), "DAPO: drops zero-variance groups"))
+    return rows

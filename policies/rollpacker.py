@@ -1,6 +1,6 @@
 """RollPacker tail batching (arXiv 2509.21009, NSDI'26; github.com/Farrrrland/RollPacker).
 
-POLICIES.md section 2. Short rounds speculate on prompts and responses and keep only the fastest;
+docs/policies.md. Short rounds speculate on prompts and responses and keep only the fastest;
 prompts that lose the race queue up and run together in a long round.
 
     long_queue = insertion-ordered set of prompts that lost a race

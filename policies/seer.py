@@ -1,6 +1,6 @@
 """Seer (arXiv 2511.14617, Moonshot AI): divided rollout and context-aware scheduling.
 
-POLICIES.md section 5. Seer is synchronous (on-policy): each step generates P0 x R0 samples and
+docs/policies.md. Seer is synchronous (on-policy): each step generates P0 x R0 samples and
 trains on all of them, as `sync` does, but decides itself what runs where and when:
 
     each step:

@@ -1,4 +1,4 @@
-"""SortedRL online length-aware scheduling (arXiv 2603.23414): POLICIES.md section 3.
+"""SortedRL online length-aware scheduling (arXiv 2603.23414; docs/policies.md).
 
 Written from a digest of the full text and its ICLR 2026 reviews (secondhand; the PDF itself was
 not readable). A rollout *group* of G prompts is loaded whole and submitted at once, more

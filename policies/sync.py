@@ -1,4 +1,4 @@
-"""Synchronous baseline (veRL-style, on-policy): POLICIES.md section 1.
+"""Synchronous baseline (veRL-style, on-policy; docs/policies.md).
 
 Each step takes the next `prompts_per_step` (P0) prompts of the epoch order (shuffled once per
 epoch, seeded by the driver), launches `samples_per_prompt` (R0) samples of each, spreads them

@@ -6,7 +6,7 @@ draft-verification) tokens and N_pre prefill tokens costs
     t = t_w_s + alpha_s * B + beta_s * C + gamma_s * N_dec + prefill_s_per_token * N_pre
         + prefill_request_s * R_pre
 
-(DESIGN.md, "The model of time"), R_pre the requests the iteration prefills (vLLM's
+(docs/architecture.md, "The model of time"), R_pre the requests the iteration prefills (vLLM's
 `num_ctx_requests`): `prefill_request_s` is the per-request term, each request's scheduling, input
 preparation and submission beyond its tokens (0 where not measured or fitted). The rest of the RL
 step (old log-probs, reference, update, weight sync, sleep and wake) is costed by `rlsim.step_costs`
@@ -222,7 +222,7 @@ class Profile:
         return y1 if x1 == x0 else y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
     def decode_throughput(self, batch: int, context_per_seq: int) -> float:
-        """Output tokens per second of a steady decode batch (the README's sanity line)."""
+        """Output tokens per second of a steady decode batch (docs/calibrate.md's sanity line)."""
         return batch / self.iteration_s(batch, batch * context_per_seq, batch)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """What a run records: one row per request and one row per RL step, with veRL's metric names.
 
-Per step (DESIGN.md, "metrics"): `timing_s/gen` (step start to the rollout decision),
+Per step (docs/simulate.md, the run directory): `timing_s/gen` (step start to the rollout decision),
 `timing_s/reward` (reward time not hidden behind rollout), `timing_s/old_log_prob`,
 `timing_s/ref`, `timing_s/update_actor`, `timing_s/update_weights`, `timing_s/rollout_sleep`,
 `timing_s/rollout_wake_up` (`rlsim.step_costs`), `timing_s/step`, `response_length/mean|max|clip_ratio` of trained

@@ -79,7 +79,7 @@ def cell(profile: Profile, batch: int, context: int) -> Cell:
 
 
 def grid(profile: Profile, batches=BATCHES, contexts=CONTEXTS) -> list[Cell]:  # noqa: ANN001
-    """Cells over batch x context (the README's grid by default)."""
+    """Cells over batch x context (docs/calibrate.md's grid by default)."""
     return [cell(profile, b, c) for b in batches for c in contexts]
 
 

@@ -102,7 +102,7 @@ def test_an_moe_profile_charges_its_concave_decode_cost() -> None:
         assert charged == pytest.approx(iteration_s(s, b, b * 4096, b), rel=tol)
 
 
-@pytest.mark.skipif(not VIDUR.exists(), reason="../shared/data/vidur_profiling is not beside the checkout")
+@pytest.mark.skipif(not VIDUR.exists(), reason="Vidur's profiling data (microsoft/vidur) is not beside the checkout")
 def test_attention_term_against_measured_a100_decode_kernels() -> None:
     """The KV read at 72.6% of HBM bandwidth (fitted to slime's whole-engine SGLang decode on an
     H200) against Vidur's measured A100 FlashAttention decode kernels of Llama-2-7B at 32K or more

@@ -1,6 +1,6 @@
 """`rlsim profile derive` held against measurements it was not fitted to: Vidur's A100 layers and
 layers, a GPU copy and GEMM, and a trainer's forward and backward measured on one H100 SXM
-(`benchmarks/measured/`). The tolerances are stated bands around the errors as found (the README's
+(`benchmarks/measured/`). The tolerances are stated bands around the errors as found (docs/calibrate.md's
 `derive_checks` table), so that a change to the derivation that moves them is seen."""
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def test_fully_async_needs_a_disaggregated_cluster() -> None:
 
 def test_the_checkpoint_engine_shortens_the_sync() -> None:
     """Weights in 4 GiB buckets pay the per-tensor cost once a bucket (veRL reports more than 60%
-    less sync time than per-tensor sync: reported by the README, not tuned to)."""
+    less sync time than per-tensor sync: reported by docs/simulate.md, not tuned to)."""
     on = simulate(_slice(), "fully_async", DISAGG, RL).steps
     off = simulate(_slice(), "fully_async(checkpoint_engine=false)", DISAGG, RL).steps
     sync_on = on.loc[on["timing_s/update_weights"] > 0, "timing_s/update_weights"]

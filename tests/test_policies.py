@@ -97,7 +97,7 @@ def test_rollpacker_eta_r_alone_never_queues() -> None:
 
 
 def test_sortedrl_loads_a_group_whole_and_updates_every_u_trajectories() -> None:
-    """On-policy SortedRL (POLICIES.md section 3): a group of 4 x P0 prompts is loaded at once and
+    """On-policy SortedRL (docs/policies.md): a group of 4 x P0 prompts is loaded at once and
     drained before the next is loaded; every U = P0 x R0 finished trajectories train, sorted by
     length (short first); what is in flight at an update is aborted and drawn again (the same
     trace sample by default, a new one with redraw=fresh); nothing trained is stale."""

@@ -1,4 +1,5 @@
-"""POLICIES.md section 6 as properties, for every registered policy and HistoSpec combination."""
+"""The properties every policy holds (docs/policies.md), for every registered policy and HistoSpec
+combination."""
 
 from __future__ import annotations
 

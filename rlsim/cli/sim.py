@@ -22,31 +22,13 @@ def register(app: typer.Typer) -> None:
     @app.command("policies")
     def policies_() -> None:
         """Every registered policy and engine feature: its knobs with defaults, and its paper."""
-        import dataclasses
-        import sys
-
-        from policies.registry import REGISTRY
-        from rlsim.config import DynamicSamplingConfig, SpecConfig
-
-        def knobs(cfg) -> str:  # noqa: ANN001
-            if cfg is None:
-                return "none"
-            return ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cfg) if f.name != "source")
+        from policies.registry import describe
 
         table = Table(title="Policies (rlsim simulate --policy 'NAME(knob=value,...)+FEATURE')", title_justify="left")
         for col in ("name", "knobs (defaults)", "what and where from"):
             table.add_column(col, overflow="fold")
-        for name, cls in REGISTRY.items():
-            doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip().splitlines()
-            # a parameterisation of another policy, not a second one (at its default knobs)
-            same = getattr(cls(), "same_as", None)
-            if same:
-                doc = [f"= {same}: {(cls.__doc__ or '').strip().splitlines()[0]}"]
-            what = doc[0] if doc else ""
-            table.add_row(name, knobs(getattr(cls, "Config", None)), what)
-        table.add_row("+histospec", knobs(SpecConfig), "engine feature: RhymeRL HistoSpec, drafts from the last visit")
-        table.add_row("+grouped_spec", knobs(SpecConfig), "engine feature: Seer, drafts from sibling responses")
-        table.add_row("+dynamic_sampling", knobs(DynamicSamplingConfig), "DAPO: drops zero-variance groups")
+        for row in describe():
+            table.add_row(*row)
         table.caption = (
             "your own policy: module:Class, a class with on_step_start and on_event or on_events (rlsim/protocol.py)"
         )

@@ -38,7 +38,7 @@ class View:
     def __getattr__(self, name: str):  # noqa: ANN204 - only reached for names the view lacks
         raise RlsimError(
             f"policy {self._policy} asked the view for {name!r}: a policy sees prompts, finished "
-            "samples and earlier visits only (POLICIES.md)"
+            "samples and earlier visits only (docs/architecture.md)"
         )
 
     def take_prompts(self, n: int) -> list[int]:

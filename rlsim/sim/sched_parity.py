@@ -392,7 +392,7 @@ def verl_grid() -> list[ParityConfig]:
 
 
 def markdown_row(c: ParityConfig, d: Diff) -> str:
-    """One configuration's row of the README table (`benchmarks/scheduler_parity.py --readme`)."""
+    """One configuration's row of the parity table of docs/accuracy.md (`benchmarks/scheduler_parity.py --readme`)."""
     return (
         f"| {c.name} | {c.max_num_seqs} | {c.max_num_batched_tokens} | {c.kv_tokens:,} | {c.block_size} | "
         f"{'on' if c.enable_chunked_prefill else 'off'} | {'on' if c.enable_prefix_caching else 'off'} | "

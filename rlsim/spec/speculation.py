@@ -3,7 +3,7 @@
 Speculation is orthogonal to scheduling (`--policy rollpacker+histospec`). A request of a
 prompt's first visit gets no drafts. Later visits decode in verify steps that each yield
 `rate` tokens on average and put `verify` tokens per sequence under verification, so the
-iteration model charges `gamma * N` with N the verified tokens (DESIGN.md, model of time).
+iteration model charges `gamma * N` with N the verified tokens (docs/architecture.md, the model of time).
 
 What speculation costs (RhymeRL drafts on CPU and verifies on the GPU):
 - **lookahead KV slots**: a speculating request holds `lookahead` extra KV slots (vLLM's
