@@ -3,6 +3,10 @@ stated setup, with the error; the rows it cannot express, with the reason.
 
     python benchmarks/published_runs.py [--rows N] [--fit] [--markdown | --readme]
 
+Three tables: every row (`published_runs`), the k-step off-policy rows predicted apart
+(`published_async`), and the summary the README shows (`accuracy_summary`: which rows the terms
+were fitted on and which they predict).
+
 How each row is set up, and which terms are fitted on which half, is `benchmarks/nemo_rl.py`.
 `--fit` re-fits the terms on the fit half and rewrites `rlsim/derive/terms_nemo-rl.json`.
 """
@@ -75,6 +79,7 @@ def main() -> None:
     # k-step off-policy rows (k > 1): NeMo RL's async GRPO as k_step_off(k), predicted with the
     # shipped terms and never fitted to (they came in after the fit, outside both halves)
     apart = d[d.reason.str.contains("predicted apart", na=False)] if not a.rows else d.iloc[:0]
+    got = None
     if len(apart):
         got = apart.join(run(apart, Terms(), say=True).add_prefix("derived_")).join(run(apart, terms, say=True))
         rows = ["| release | system | model | policy | rlsim policy | GPUs (gen + train) | published (s) | derived (s) "
@@ -90,6 +95,27 @@ def main() -> None:
         emit("published_async", "\n".join(rows) + "\n", sys.argv)
         if not (a.markdown or a.readme):
             print("\n".join(rows))
+    summary = accuracy_summary(res, got)
+    emit("accuracy_summary", summary, sys.argv)
+    if not (a.markdown or a.readme):
+        print(summary)
+
+
+def accuracy_summary(res: pd.DataFrame, apart: pd.DataFrame | None) -> str:
+    """Mean step time against NeMo RL's published runs, by role: the half the four terms were
+    fitted on, the half they predict, and the rows that came in after the fit."""
+    lines = ["| NeMo RL published rows | role | rows | median abs error, fitted terms | worst | median abs error, "
+             "derived (no term fitted) | worst |", "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    parts = [("fit half", "fitted on", res[(res.half == "fit") & res.error.notna()]),
+             ("test half", "predicted", res[(res.half == "test") & res.error.notna()])]  # fmt: skip
+    if apart is not None and len(apart):
+        parts.append(("k-step off-policy, after the fit", "predicted", apart))
+    for name, role, part in parts:
+        lines.append(
+            f"| {name} | {role} | {len(part)} | {part.error.abs().median():.0%} | {part.error.abs().max():.0%} | "
+            f"{part.derived_error.abs().median():.0%} | {part.derived_error.abs().max():.0%} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

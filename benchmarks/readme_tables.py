@@ -1,15 +1,16 @@
-"""README tables written by the benchmarks that produce them, never by hand.
+"""README and docs tables written by the benchmarks that produce them, never by hand.
 
-A table in README.md sits between two markers naming it:
+A table in README.md or in a page of docs/ sits between two markers naming it (a table the README
+shows is also on its page of docs/, the same between both pairs of markers):
 
     <!-- table: scheduler_parity -->
     | ... |
     <!-- end table: scheduler_parity -->
 
 A benchmark run with `--markdown` prints each of its tables between the same markers; with
-`--readme` it also writes each between its markers in README.md. `tests/test_readme_tables.py`
-re-runs the deterministic benchmarks that finish in a minute or two and holds each README table
-equal to their output, so the prose around a table can quote it but the table itself cannot
+`--readme` it also writes each between its markers, in whichever of those files holds them.
+`tests/test_readme_tables.py` re-runs the deterministic benchmarks that finish in a minute or two
+and holds each table equal to their output, so the prose around a table can quote it but the table itself cannot
 drift from the code.
 """
 
@@ -22,31 +23,48 @@ from pathlib import Path
 
 from rlsim.hostload import LoadMeter, describe
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+
+
+def documents() -> list[Path]:
+    """The files that hold tables: the README and every page of docs/."""
+    return [README, *sorted((REPO / "docs").glob("*.md"))]
+
+
+def holders(name: str) -> list[Path]:
+    """The files whose markers name the table."""
+    found = [path for path in documents() if f"<!-- table: {name} -->" in path.read_text()]
+    if not found:
+        raise KeyError(f"neither README.md nor docs/ has a table named {name!r} (markers <!-- table: {name} -->)")
+    return found
 
 
 def _pattern(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- table: {re.escape(name)} -->\n)(.*?)(<!-- end table: {re.escape(name)} -->)", re.S)
 
 
-def read_table(name: str, readme: Path = README) -> str:
-    """The text between the table's markers (without them)."""
+def read_table(name: str, readme: Path | None = None) -> str:
+    """The text between the table's markers (without them), in `readme` or wherever they are."""
+    readme = readme or holders(name)[0]
     m = _pattern(name).search(readme.read_text())
     if m is None:
-        raise KeyError(f"README.md has no table named {name!r} (markers <!-- table: {name} -->)")
+        raise KeyError(f"{readme.name} has no table named {name!r} (markers <!-- table: {name} -->)")
     return m.group(2)
 
 
-def write_table(name: str, body: str, readme: Path = README) -> None:
-    """Replace the text between the table's markers with `body`."""
-    text = readme.read_text()
-    read_table(name, readme)  # the markers must be there
+def write_table(name: str, body: str, readme: Path | None = None) -> None:
+    """Replace the text between the table's markers with `body` (in `readme`, or in every file
+    that holds them)."""
     body = body.rstrip("\n") + "\n"
-    readme.write_text(_pattern(name).sub(lambda m: m.group(1) + body + m.group(3), text, count=1))
+    for path in [readme] if readme else holders(name):
+        text = path.read_text()
+        read_table(name, path)  # the markers must be there
+        path.write_text(_pattern(name).sub(lambda m: m.group(1) + body + m.group(3), text, count=1))
 
 
 def emit(name: str, body: str, argv: list[str]) -> None:
-    """Print the table between its markers (`--markdown`) and write it into the README (`--readme`)."""
+    """Print the table between its markers (`--markdown`) and write it into its file (`--readme`)."""
     body = body.rstrip("\n")
     if "--markdown" in argv or "--readme" in argv:
         print(f"<!-- table: {name} -->\n{body}\n<!-- end table: {name} -->")

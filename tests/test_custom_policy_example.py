@@ -1,4 +1,4 @@
-"""The README's custom-policy example, run as a user runs it: the block between its markers is
+"""The custom-policy example of docs/policies.md, run as a user runs it: the block between its markers is
 written to `my_policies.py` and loaded by `rlsim simulate --policy my_policies:DropSlowest`, so a
 change to the policy protocol cannot break the example unseen."""
 
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "policies.md"
 
 
-def test_the_readme_custom_policy_runs_and_trains_r0_minus_one_samples(tmp_path: Path) -> None:
+def test_the_documented_custom_policy_runs_and_trains_r0_minus_one_samples(tmp_path: Path) -> None:
     pattern = r"<!-- example: custom_policy -->\n```python\n(.*?)```\n<!-- end example"
-    block = re.search(pattern, README.read_text(), re.S)
-    assert block, "README.md has no custom_policy example"
+    block = re.search(pattern, PAGE.read_text(), re.S)
+    assert block, "docs/policies.md has no custom_policy example"
     (tmp_path / "my_policies.py").write_text(block.group(1))
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     out = tmp_path / "run"

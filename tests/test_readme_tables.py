@@ -1,8 +1,9 @@
-"""The README's tables are the benchmarks' output: CI re-runs the deterministic benchmarks that
-finish in a minute or two and holds each table between its README markers equal to what the
-benchmark prints now (`--markdown`), so a table cannot drift from the code that produces it. A
-benchmark writes its own table with `--readme`. The parity table's rows are checked in
-`tests/test_scheduler_parity.py` (the subset CI runs); timing tables are not deterministic."""
+"""The tables of the README and of docs/ are the benchmarks' output: CI re-runs the deterministic
+benchmarks that finish in a minute or two and holds each table between its markers equal to what
+the benchmark prints now (`--markdown`), so a table cannot drift from the code that produces it. A
+benchmark writes its own table with `--readme`, into whichever file holds its markers. The
+parity table's rows are checked in `tests/test_scheduler_parity.py` (the subset CI runs); timing
+tables are not deterministic."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from readme_tables import read_table, tables_in, write_table  # noqa: E402
+from readme_tables import documents, holders, read_table, tables_in, write_table  # noqa: E402
 
 # benchmark script -> the README tables it writes
 DETERMINISTIC = {
@@ -25,9 +26,10 @@ DETERMINISTIC = {
     "plan_table": ["plan_example", "plan_async"],
     "fit_workload": ["fit_coder_metrics", "fit_coder_speedups"],
     "recorded_runs": ["recorded_runs"],
-    "published_runs": ["published_runs", "published_async"],
+    "published_runs": ["published_runs", "published_async", "accuracy_summary"],
     "verl_fully_async": ["verl_fully_async"],
     "multi_turn": ["search_r1_fit", "search_r1_sim", "tool_latency_sweep", "search_r1_compare"],
+    "policy_table": ["policy_knobs"],
 }
 # timing benchmarks: they write their tables (`--readme`) with the machine and its load; not re-run
 TIMING = {
@@ -37,8 +39,10 @@ TIMING = {
     "validate_train": ["train_tiny", "validate_train"],
 }
 OTHER = {"scheduler_parity": ["scheduler_parity"]}  # checked row by row in tests/test_scheduler_parity.py
-# tables written by hand: reference, not measurement (their header lines)
-REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it does |", "| column | type | meaning |")
+# tables written by hand: reference, not measurement (their header lines; the last is the README's
+# statement of what was fitted on what)
+REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it does |", "| column | type | meaning |",
+             "| figure | fitted on | role |", "| column | holds |")
 
 
 def _markdown(script: str) -> dict[str, str]:
@@ -54,26 +58,34 @@ def test_readme_tables_are_the_benchmarks_output(script: str) -> None:
     tables = _markdown(script)
     assert sorted(tables) == sorted(DETERMINISTIC[script])
     for name, body in tables.items():
-        assert read_table(name).strip() == body.strip(), f"{name}: re-run python benchmarks/{script}.py --readme"
+        for path in holders(name):
+            assert read_table(name, path).strip() == body.strip(), (
+                f"{name} in {path.name}: re-run python benchmarks/{script}.py --readme"
+            )
 
 
 def test_every_readme_table_is_a_benchmarks_or_reference() -> None:
-    """Every Markdown table in the README sits between the markers of the benchmark that writes it,
-    or is one of the hand-written reference tables; each timing table says which command wrote it."""
+    """Every Markdown table in the README and in docs/ sits between the markers of the benchmark
+    that writes it, or is one of the hand-written reference tables; each timing table says which
+    command wrote it."""
     import re
 
-    text = (REPO / "README.md").read_text()
-    named = re.findall(r"<!-- table: (\S+) -->", text)
+    texts = [path.read_text() for path in documents()]
+    named = [name for text in texts for name in re.findall(r"<!-- table: (\S+) -->", text)]
     claimed = [t for group in (DETERMINISTIC, TIMING, OTHER) for tables in group.values() for t in tables]
-    assert sorted(named) == sorted(claimed)
+    assert sorted(set(named)) == sorted(claimed)
+    # a table is on one page of docs/, and the README may show it too
+    docs = re.findall(r"<!-- table: (\S+) -->", "".join(texts[1:]))
+    assert sorted(docs) == sorted(set(docs)) and set(named) == set(docs), "each table on exactly one docs page"
     for script, tables in TIMING.items():
         for name in tables:
             body = read_table(name)
             assert body.count("\n|") >= 2, f"{name} is empty: run python benchmarks/{script}.py --readme"
             assert f"Written by `python benchmarks/{script}.py" in body, name
-    loose = re.sub(r"<!-- table: (\S+) -->\n.*?<!-- end table: \1 -->", "", text, flags=re.S).split("\n")
-    headers = [ln for i, ln in enumerate(loose) if ln.startswith("|") and not loose[i - 1].startswith("|")]
-    assert [h for h in headers if h not in REFERENCE] == [], "a README table not written by a benchmark"
+    for text in texts:
+        loose = re.sub(r"<!-- table: (\S+) -->\n.*?<!-- end table: \1 -->", "", text, flags=re.S).split("\n")
+        headers = [ln for i, ln in enumerate(loose) if ln.startswith("|") and not loose[i - 1].startswith("|")]
+        assert [h for h in headers if h not in REFERENCE] == [], "a table not written by a benchmark"
 
 
 def test_a_table_is_replaced_between_its_markers_only(tmp_path: Path) -> None:
