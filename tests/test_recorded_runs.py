@@ -24,6 +24,7 @@ recorded ones never skip.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,3 +95,15 @@ def test_predicted_runs_hold_the_median_band(batch: Path, tmp_path: Path) -> Non
     medians = {p: statistics.median(v) for p, v in by_policy.items()}
     print(f"\n{batch.name}: median rollout time error {medians}")
     assert all(abs(m) <= PREDICTION_BAND_PCT for m in medians.values()), medians
+
+
+def test_a_profile_of_another_tp_is_refused_in_one_line(tmp_path: Path) -> None:
+    """`rlsim validate RUN --profile P` with a profile whose TP does not fit the run's instances
+    (here a TP-4 GPU profile against one TP-1 CPU engine): one line saying what to pass, exit 2."""
+    batch, run = RUNS[0]
+    validated_copy = shutil.copytree(batch / run, tmp_path / run)
+    r = subprocess.run([sys.executable, "-m", "rlsim.cli", "validate", str(validated_copy), "--profile",
+                        "h100-qwen2.5-32b-tp4"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pass --profile with a profile calibrated for the run's model at TP 1" in lines[0], lines

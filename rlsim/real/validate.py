@@ -143,11 +143,15 @@ def validate(run_dir: Path, profile: str | None = None, engine_changes: dict[str
         prof = dataclasses.replace(prof, train=dataclasses.replace(prof.train, padded_micro_batch_tokens=budget))
     cluster, rl = run.cluster, dataclasses.replace(run.rl, max_steps=len(steps))
     n_real = run.n
-    n_sim = cluster.num_instances(prof.tensor_parallel_size)
+    try:
+        n_sim = cluster.num_instances(prof.tensor_parallel_size)
+    except RlsimError:  # the run's GPUs do not divide into the profile's TP groups
+        n_sim = None
     if n_real != n_sim:
         raise RlsimError(
-            f"the run had {n_real} instances of TP {run.real.rollout_tp} but profile {prof.name} has TP "
-            f"{prof.tensor_parallel_size} ({n_sim} instances); pass a profile calibrated at that TP"
+            f"the run had {n_real} instance(s) of TP {run.real.rollout_tp} but profile {prof.name} ({source}) has "
+            f"TP {prof.tensor_parallel_size}; pass --profile with a profile calibrated for the run's model at TP "
+            f"{run.real.rollout_tp} (rlsim calibrate fit), or run with --calibrate"
         )
     trace_path = run.trace_path
     if not trace_path.exists():
