@@ -4,9 +4,11 @@
     python benchmarks/doc_commands.py --run [--skip-slow] [--only TEXT] [--timeout S]
 
 A command is a line (with its `\\` continuations) of a ```bash block. `--run` clones this
-checkout's committed state into a scratch directory and runs the commands there, file by file in
-the order they are written (a command may use what an earlier one of its page wrote: the tiny
-model, a trace, a run directory), and prints a table of exit codes and seconds. Commands that
+checkout's committed state into a scratch directory per page, as a reader following that page
+starts from a fresh clone, and runs the page's commands there in the order they are written (a
+command may use what an earlier one of its page wrote: the tiny model, a trace, a run directory;
+the custom-policy example is saved as the `my_policies.py` its first line names). It prints a
+table of exit codes and seconds. Commands that
 need what this machine lacks (a GPU, model weights, a user's own files) are listed with the reason
 and not run; `--skip-slow` also leaves out those written to take ten minutes or more.
 `tests/test_docs.py` parses every `rlsim` command here with `--help` appended (an unknown option
@@ -42,6 +44,7 @@ NEEDS = (
     ("pip install", "a package index (the install lines are what .ci/run itself runs)"),
     ("--ray-address", "a Ray cluster"),
     ("RUN_DIR", "a placeholder run directory"),
+    ("runs/real-rollpacker", "the GPU run above it"),
     ("GRID.yaml", "a placeholder grid"),
     ("X.parquet", "a placeholder trace"),
     ("DIR ", "a placeholder directory"),
@@ -71,8 +74,7 @@ class Command:
         return any(s in self.text for s in SLOW)
 
     def rlsim_argv(self) -> list[str] | None:
-        """The arguments after `rlsim` (optional `[...]` brackets dropped), or None if the command
-        runs no rlsim."""
+        """The arguments after `rlsim`, or None if the command runs no rlsim."""
         words = [w for w in shlex.split(self.text, comments=True)]
         for i, w in enumerate(words):
             if w == "rlsim":
@@ -80,8 +82,8 @@ class Command:
                 for a in words[i + 1 :]:
                     if a in ("&&", ";", "|"):
                         break
-                    rest.append(a.lstrip("[").rstrip("]"))
-                return [a for a in rest if a]
+                    rest.append(a)
+                return rest
         return None
 
 
@@ -112,15 +114,21 @@ def commands(paths: list[Path] | None = None) -> list[Command]:
     return found
 
 
+def _example(page: Path, name: str) -> str:
+    """The code between a page's `<!-- example: NAME -->` markers."""
+    m = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```\n<!-- end example", page.read_text(), re.S)
+    return m.group(1) if m else ""
+
+
 def run(cmds: list[Command], timeout: float, skip_slow: bool) -> int:
-    """Run the commands in a scratch clone; print one row each; return how many failed."""
+    """Run the commands, each page's in its own scratch clone; print one row each; return how many
+    failed."""
     failed = 0
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    print("| page | line | command | result | seconds |\n|---|---:|---|---|---:|")
     with tempfile.TemporaryDirectory(prefix="rlsim-docs-") as tmp:
-        work = Path(tmp) / "rlsim"
-        subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
-        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-        print("| page | line | command | result | seconds |\n|---|---:|---|---|---:|")
+        clones: dict[str, Path] = {}
         for c in cmds:
             short = c.text if len(c.text) <= 90 else c.text[:87] + "..."
             if c.needs:
@@ -129,10 +137,16 @@ def run(cmds: list[Command], timeout: float, skip_slow: bool) -> int:
             if skip_slow and c.slow:
                 print(f"| {c.file} | {c.line} | `{short}` | not run: slow (--skip-slow) | |", flush=True)
                 continue
+            if c.file not in clones:
+                work = clones[c.file] = Path(tmp) / c.file.replace("/", "_")
+                subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
+                example = _example(REPO / c.file, "custom_policy")
+                if example:
+                    (work / "my_policies.py").write_text(example)
             t0 = time.monotonic()
             try:
-                r = subprocess.run(["bash", "-c", c.text], cwd=work, env=env, capture_output=True, text=True,
-                                   timeout=timeout)  # fmt: skip
+                r = subprocess.run(["bash", "-c", c.text], cwd=clones[c.file], env=env, capture_output=True,
+                                   text=True, timeout=timeout)  # fmt: skip
                 rc, tail = r.returncode, (r.stderr.strip().splitlines() or [""])[-1]
             except subprocess.TimeoutExpired:
                 rc, tail = 124, f"timed out after {timeout:.0f} s"
