@@ -10,8 +10,8 @@ shows is also on its page of docs/, the same between both pairs of markers):
 A benchmark run with `--markdown` prints each of its tables between the same markers; with
 `--readme` it also writes each between its markers, in whichever of those files holds them.
 `tests/test_readme_tables.py` re-runs the deterministic benchmarks that finish in a minute or two
-and holds each table equal to their output, so the prose around a table can quote it but the table itself cannot
-drift from the code.
+and holds each table equal to their output, so the prose around a table can quote it but the
+table itself cannot drift from the code.
 """
 
 from __future__ import annotations

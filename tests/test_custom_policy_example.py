@@ -18,13 +18,14 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "policies.md"
+sys.path.insert(0, str(REPO / "benchmarks"))
+from doc_commands import example  # noqa: E402
 
 
 def _example(tmp_path: Path) -> None:
-    pattern = r"<!-- example: custom_policy -->\n```python\n(.*?)```\n<!-- end example"
-    block = re.search(pattern, PAGE.read_text(), re.S)
-    assert block, "docs/policies.md has no custom_policy example"
-    (tmp_path / "my_policies.py").write_text(block.group(1))
+    code = example(PAGE, "custom_policy")
+    assert code, "docs/policies.md has no custom_policy example"
+    (tmp_path / "my_policies.py").write_text(code)
 
 
 def test_the_pages_command_runs_as_written(tmp_path: Path) -> None:

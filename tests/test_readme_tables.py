@@ -39,8 +39,8 @@ TIMING = {
     "validate_train": ["train_tiny", "validate_train"],
 }
 OTHER = {"scheduler_parity": ["scheduler_parity"]}  # checked row by row in tests/test_scheduler_parity.py
-# tables written by hand: reference, not measurement (their header lines; the last is the README's
-# statement of what was fitted on what)
+# tables written by hand: reference, not measurement (their header lines; among them the README's
+# statement of what was fitted on what, and the records' columns in docs/architecture.md)
 REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it does |", "| column | type | meaning |",
              "| figure | fitted on | role |", "| column | holds |")
 
