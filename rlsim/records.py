@@ -89,7 +89,14 @@ class StepWindow:
         segs = getattr(engine, "segments", None)
         self.last_busy = []
         for i in range(n):
-            ends = [min(e, self.gen_end) for s, e in (segs(i) if segs else []) if s < self.gen_end and e > self.start]
+            # segments run in time order: scan back from the newest, stopping at the first that
+            # ended by the step's start (an epoch's history is not rescanned every step)
+            ends = []
+            for s, e in reversed(segs(i) if segs else []):
+                if e <= self.start:
+                    break
+                if s < self.gen_end:
+                    ends.append(min(e, self.gen_end))
             self.last_busy.append(max(ends) if ends else self.start)
 
     def close(self, reward_end: float, cost, end: float) -> None:  # noqa: ANN001 - a StepCost

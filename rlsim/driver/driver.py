@@ -115,7 +115,7 @@ class Driver(Launcher):
         self.next_sample: dict[tuple[int, int], int] = {}
         self.finished: dict[tuple[int, int], list[int]] = {}  # visit -> finished lengths
         self.history: dict[int, list[int]] = {}  # prompt -> finished lengths of its previous visit
-        self.in_flight: dict[int, set[int]] = {}
+        self.in_flight: dict[int, set[int]] = {}  # prompt -> its requests in flight (none: absent)
         self.requests: list[Request] = []  # by request id (ids are handed out in order)
         self.version = 0
         self.rr = 0
@@ -184,7 +184,7 @@ class Driver(Launcher):
         prompt never has two visits open at once."""
         order = self.order
         while self.epoch_ptr < len(order) and self.pos >= len(order[self.epoch_ptr]):
-            epoch = self.trace.epochs[self.epoch_ptr]
+            epoch = self.index.epochs[self.epoch_ptr]
             if any(e == epoch for e, _ in self.pending):
                 return []
             self.epoch_ptr, self.pos = self.epoch_ptr + 1, 0
@@ -192,7 +192,7 @@ class Driver(Launcher):
             return []
         chunk = [int(p) for p in order[self.epoch_ptr][self.pos : self.pos + n]]
         self.pos += len(chunk)
-        epoch = self.trace.epochs[self.epoch_ptr]
+        epoch = self.index.epochs[self.epoch_ptr]
         for p in chunk:
             prev = self.taken_epoch.get(p)
             if prev is not None:
@@ -241,6 +241,14 @@ class Driver(Launcher):
         heapq.heapreplace(self.reward_free, done)
         self.reward_done[rid] = done
 
+    def _landed(self, prompt_id: int, rid: int) -> None:
+        """A request is no longer in flight; a prompt with none left leaves `in_flight`, so
+        asking whether anything flies costs the prompts in flight, not every prompt so far."""
+        flight = self.in_flight[prompt_id]
+        flight.discard(rid)
+        if not flight:
+            del self.in_flight[prompt_id]
+
     def handle(self, ev):  # noqa: ANN001, ANN201 - an Event in, the event the policy is told out
         """Book an engine event; a response that ended exactly at a chunk's end is told as "stop".
         A multi-turn trajectory's turns and tool calls are the driver's: None (nothing to tell)."""
@@ -255,7 +263,7 @@ class Driver(Launcher):
                     return None
                 chunk = self.turns.suspended(rid)  # (None: a one-turn sample)
             self.assigned[req.instance] -= 1
-            self.in_flight[req.prompt_id].discard(rid)
+            self._landed(req.prompt_id, rid)
             if chunk is False:  # a trajectory that ended: its reason is its last turn's
                 pass
             elif chunk or (req.max_tokens < self.rl.max_response_len and ev.finish_reason == "length"):
@@ -276,7 +284,7 @@ class Driver(Launcher):
             if self.turns is not None:
                 ev = self.turns.aborted(ev)
             self.assigned[req.instance] -= 1
-            self.in_flight[req.prompt_id].discard(rid)
+            self._landed(req.prompt_id, rid)
             self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.pop(rid, None), "aborted")
         elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)

@@ -134,6 +134,7 @@ class RealEngine:
         return self._busy[i] + extra
 
     def segments(self, i: int) -> list[tuple[float, float]]:
+        """Busy intervals in time order, the one in progress counted up to now."""
         segs = list(self._segments[i])
         if i in self._busy_since:
             segs.append((self._busy_since[i], self.now))

@@ -281,7 +281,7 @@ class SimEngine:
         return self.profile.engine.max_num_seqs
 
     def segments(self, instance: int) -> list[tuple[float, float]]:
-        """Merged busy intervals, the iteration or jump in progress counted up to now (as
+        """Merged busy intervals in time order, the iteration or jump in progress counted up to now (as
         `busy_time` counts it), so an instance mid-jump and one mid-iteration read the same."""
         inst = self.instances[instance]
         segs = list(inst.segments)
