@@ -213,8 +213,14 @@ class InstanceScheduler:
         them all: only the requests whose next token opens a block allocate, in running order,
         preempting from the back when the pool is empty, as the loop over all of them would."""
         b = self.block_size
-        needers = sorted(self.phase[(b - 1 - self.iters) % b].values(), key=_ORDER)
         pool, running = self.pool, self.running
+        due = self.phase[(b - 1 - self.iters) % b]
+        if len(due) <= pool.free:  # they all fit: in any order, nothing is preempted
+            pool.take(len(due))
+            out.decode_tokens = out.num_decodes = self.num_decoding
+            self.ctx += self.rate_sum
+            return
+        needers = sorted(due.values(), key=_ORDER)
         i, n = 0, len(needers)
         while i < n:
             seq = needers[i]
@@ -434,8 +440,12 @@ class InstanceScheduler:
                 pool.release(reversed(hashed))
             else:
                 pool.give(full - seq.num_hashed_blocks, cached=True)  # its own full blocks: nothing hits them again
-                pool.release(reversed([s for s in hashed if type(s.key) is tuple]), dead=True)
-                pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
+                own = [s for s in hashed if type(s.key) is tuple]
+                if own:  # blocks of its own chain (a preempted request's): dead, freed first
+                    pool.release(reversed(own), dead=True)
+                    pool.release(reversed([s for s in hashed if type(s.key) is not tuple]))
+                else:
+                    pool.release(reversed(hashed))
         else:
             self.pool.give(-(-(c + la) // b))
         seq.hashed = []
