@@ -167,10 +167,12 @@ class Records:
         c = self.cols
         lengths = np.array([c["num_output_tokens"][r] for r in ids], dtype=float)
         reasons = [c["finish_reason"][r] for r in ids]
-        stale = np.array([version - requests[r].policy_version for r in ids], dtype=float)
+        # `requests`: the driver's RequestTable, read by column
+        q_version, q_epoch, q_prompt = requests.policy_version, requests.epoch, requests.prompt_id
+        stale = np.array([version - q_version[r] for r in ids], dtype=float)
         for r, s in zip(ids, stale, strict=True):
             c["trained_step"][r], c["staleness"][r] = w.step, int(s)
-        visits = {(requests[r].epoch, requests[r].prompt_id) for r in ids}
+        visits = {(q_epoch[r], q_prompt[r]) for r in ids}
         unbiased = np.mean([index.unbiased_mean(e, p, r0) for e, p in visits]) if visits else np.nan
         gen = w.gen_end - w.start
         n = len(w.busy_start)
@@ -179,8 +181,9 @@ class Records:
         idle_first = (w.gen_end - min(w.last_busy)) / gen if gen > 0 and w.last_busy else 0.0
         step_time = w.end - w.start
         slots = getattr(w.engine, "max_num_seqs", 0)
-        tokens = float(lengths.sum() + sum(requests[r].num_prompt_tokens for r in ids))
-        epochs = [requests[r].epoch for r in ids]
+        q_prompt_tokens = requests.num_prompt_tokens
+        tokens = float(lengths.sum() + sum(q_prompt_tokens[r] for r in ids))
+        epochs = [q_epoch[r] for r in ids]
         self.steps.append(
             {
                 "step": w.step,
@@ -202,7 +205,7 @@ class Records:
                 "response_length/mean": float(lengths.mean()) if len(lengths) else np.nan,
                 "response_length/max": float(lengths.max()) if len(lengths) else np.nan,
                 "response_length/clip_ratio": float(np.mean([x == "length" for x in reasons])) if reasons else 0.0,
-                "num_prompts": len({requests[r].prompt_id for r in ids}),
+                "num_prompts": len({q_prompt[r] for r in ids}),
                 "num_samples": len(ids),
                 "perf/throughput": tokens / step_time / num_gpus if step_time else 0.0,
                 "bubble_ratio": 1.0 - busy / (n * gen) if gen > 0 else 0.0,

@@ -24,6 +24,7 @@ import numpy as np
 from rlsim.config import ClusterConfig, DynamicSamplingConfig, RLConfig
 from rlsim.driver.dynamic_sampling import GroupFilter, check_rewards
 from rlsim.driver.launch import Launcher
+from rlsim.driver.requests import RequestTable
 from rlsim.driver.trace_index import TraceIndex
 from rlsim.driver.turns import ABORT_TAG, TOOL_TAG, ToolConfig, Trajectories
 from rlsim.driver.view import View
@@ -116,7 +117,7 @@ class Driver(Launcher):
         self.finished: dict[tuple[int, int], list[int]] = {}  # visit -> finished lengths
         self.history: dict[int, list[int]] = {}  # prompt -> finished lengths of its previous visit
         self.in_flight: dict[int, set[int]] = {}  # prompt -> its requests in flight (none: absent)
-        self.requests: list[Request] = []  # by request id (ids are handed out in order)
+        self.requests = RequestTable()  # every request launched, by id (ids are handed out in order)
         self.version = 0
         self.rr = 0
         self.assigned = [0] * self.engine.num_instances  # requests assigned and not yet ended
@@ -170,6 +171,8 @@ class Driver(Launcher):
             drv.rollout_version = drv.version
         if isinstance(drv.requests, dict):  # a checkpoint written when requests were a dict by id
             drv.requests = [drv.requests[i] for i in range(len(drv.requests))]
+        if isinstance(drv.requests, list):  # ... or a list of Request tuples
+            drv.requests = RequestTable(drv.requests)
         drv.view = View(drv, drv.policy)
         drv.view.step, drv.view.version, drv.view.now = step, version, now
         flying = sorted(r for ids in drv.in_flight.values() for r in ids)
@@ -235,8 +238,8 @@ class Driver(Launcher):
         if index.reward_time is None:
             took = self.rl.reward_latency_s
         else:
-            q = self.requests[rid]
-            took = index.reward_time_s(q.epoch, q.prompt_id, q.sample_idx, self.rl.reward_latency_s)
+            q = self.requests
+            took = index.reward_time_s(q.epoch[rid], q.prompt_id[rid], q.sample_idx[rid], self.rl.reward_latency_s)
         done = max(free, t) + took
         heapq.heapreplace(self.reward_free, done)
         self.reward_done[rid] = done
@@ -255,36 +258,37 @@ class Driver(Launcher):
         kind = type(ev)
         if kind is Finished:
             rid = ev.request_id
-            req = self.requests[rid]
+            reqs = self.requests  # (columns: a Request is built only for a trajectory's turn)
             chunk = None
             if self.turns is not None:
-                ev = self.turns.finished(ev, req)
+                ev = self.turns.finished(ev, reqs[rid])
                 if ev is None:  # a turn ended in a tool call: the trajectory goes on
                     return None
                 chunk = self.turns.suspended(rid)  # (None: a one-turn sample)
-            self.assigned[req.instance] -= 1
-            self._landed(req.prompt_id, rid)
+            self.assigned[reqs.instance[rid]] -= 1
+            pid = reqs.prompt_id[rid]
+            self._landed(pid, rid)
             if chunk is False:  # a trajectory that ended: its reason is its last turn's
                 pass
-            elif chunk or (req.max_tokens < self.rl.max_response_len and ev.finish_reason == "length"):
-                if chunk or req.target_tokens > ev.num_output_tokens:
+            elif chunk or (reqs.max_tokens[rid] < self.rl.max_response_len and ev.finish_reason == "length"):
+                if chunk or reqs.target_tokens[rid] > ev.num_output_tokens:
                     # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
                     first = self.first_token.pop(rid, None)
                     self.records.finish(rid, ev.time, ev.num_output_tokens, "length", first, "chunk")
                     return ev
                 ev = ev._replace(finish_reason="stop")  # it ended exactly at the chunk's end
-            self.finished.setdefault((req.epoch, req.prompt_id), []).append(ev.num_output_tokens)
+            self.finished.setdefault((reqs.epoch[rid], pid), []).append(ev.num_output_tokens)
             self.records.finish(
                 rid, ev.time, ev.num_output_tokens, ev.finish_reason, self.first_token.pop(rid, None), "finished"
             )
             self._reward(rid, ev.time)
         elif kind is Aborted:
             rid = ev.request_id
-            req = self.requests[rid]
+            reqs = self.requests
             if self.turns is not None:
                 ev = self.turns.aborted(ev)
-            self.assigned[req.instance] -= 1
-            self._landed(req.prompt_id, rid)
+            self.assigned[reqs.instance[rid]] -= 1
+            self._landed(reqs.prompt_id[rid], rid)
             self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.pop(rid, None), "aborted")
         elif isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
@@ -428,7 +432,8 @@ class Driver(Launcher):
         ids = act.request_ids
         reward_end = max((self.reward_done.pop(r) for r in ids), default=gen_end)  # popped: a run's memory stays flat
         out = self.records.num_output_tokens
-        lens = np.array([out[r] + self.requests[r].num_prompt_tokens for r in ids], dtype=float)
+        prompt_tokens = self.requests.num_prompt_tokens
+        lens = np.array([out[r] + prompt_tokens[r] for r in ids], dtype=float)
         colocated = self.cluster.placement == "colocated"
         sleep = colocated and self.profile.engine.free_cache_engine
         cluster = self.cluster
@@ -511,9 +516,9 @@ class Driver(Launcher):
         # A visit closes once R0 of its samples trained (a policy may train them over several
         # updates, as SortedRL does trajectory by trajectory).
         counts = self.trained_count
+        epochs, prompts = self.requests.epoch, self.requests.prompt_id
         for r in ids:
-            q = self.requests[r]
-            visit = (q.epoch, q.prompt_id)
+            visit = (epochs[r], prompts[r])
             counts[visit] = counts.get(visit, 0) + 1
             if counts[visit] >= self.rl.samples_per_prompt:
                 self.pending.discard(visit)

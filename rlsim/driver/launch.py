@@ -43,11 +43,11 @@ class Launcher:
         todo = [j for j, q in enumerate(batch) if q.instance < 0]
         if todo:
             where = least_loaded(self.assigned, len(todo))
-            requests = self.requests
+            placed_at = self.requests.instance
             for j, i in zip(todo, where, strict=True):
                 q = batch[j]
                 q = batch[j] = Request(*q[:7], i, *q[8:])  # q._replace(instance=i), at a third of its cost
-                requests[q[0]] = q
+                placed_at[q[0]] = i
         if len(todo) < len(batch):
             placed = set(todo)
             for j, q in enumerate(batch):
@@ -82,19 +82,20 @@ class Launcher:
         base, samples = index.start[visit], index.samples
         out_tokens, prompt_tokens = index.out, index.prompt_tokens
         out = []
+        first_id = len(requests)
         for j, k in enumerate(draws):
             # Past the trace's samples, reuse them cyclically (counted in the summary).
             s = k % samples
             self.reused_samples += k >= samples
-            rid = len(requests)
+            rid = first_id + j
             where = inst[j] if per_sample else (-1 if inst is None else inst)
             row = base + s  # index.length(epoch, pid, s), inlined: the hot path of an epoch
             req = Request(rid, pid, s, epoch, int(prompt_tokens[row]), max_tokens, int(out_tokens[row]), where, version)
             if turns is not None:  # a multi-turn sample starts with its first turn
                 req = turns.first_turn(req, row)
-            requests.append(req)
             flight.add(rid)
             out.append(req)
+        requests.extend(out)
         return out
 
     def _resume(self, act: Launch, max_tokens: int, inst) -> Request:  # noqa: ANN001

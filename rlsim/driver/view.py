@@ -64,10 +64,10 @@ class View:
         requests = self._drv.requests
         if not 0 <= request_id < len(requests):
             raise RlsimError(f"policy {self._policy} asked for request {request_id}, which was never launched")
-        q = requests[request_id]
+        r, q = request_id, requests  # (columns)
         return RequestInfo(
-            q.request_id, q.prompt_id, q.sample_idx, q.epoch, q.num_prompt_tokens, q.instance, q.policy_version,
-            q.kept_tokens,
+            r, q.prompt_id[r], q.sample_idx[r], q.epoch[r], q.num_prompt_tokens[r], q.instance[r], q.policy_version[r],
+            q.kept_tokens[r],
         )
 
     def oracle_lengths(self, prompt_id: int) -> list[int]:
