@@ -213,11 +213,15 @@ def write_big(path: str) -> None:
 
 
 def big(path: str) -> dict:
-    """In this (fresh) process, as a user would: load the 10x trace, simulate one sync epoch."""
+    """In this (fresh) process, as a user would: load the 10x trace, simulate one sync epoch.
+    `wall_s` counts both; `sim_s` the simulation alone, as `one` times the bundled trace's epoch."""
     t0 = time.perf_counter()
-    res = simulate(load(path, columns=[]), "sync", rl=RLConfig(epochs=1), tables=False)
+    trace = load(path, columns=[])
+    t1 = time.perf_counter()
+    res = simulate(trace, "sync", rl=RLConfig(epochs=1), tables=False)
+    t2 = time.perf_counter()
     return {
-        "wall_s": time.perf_counter() - t0, "requests": res.summary["num_requests"], "peak_mib": _peak_mib(),
+        "wall_s": t2 - t0, "sim_s": t2 - t1, "requests": res.summary["num_requests"], "peak_mib": _peak_mib(),
     }  # fmt: skip
 
 
@@ -387,10 +391,12 @@ def report(a: argparse.Namespace, before: str | None) -> None:  # noqa: C901, PL
     else:
         other = ["| command | wall (s) | target (s) |", "|---|---|---|"]
 
-    def row(label: str, was: float | None, now: float, target: str) -> str:
-        if was is None:
-            return f"| {label} | {now:.1f} | {target} |"
-        return f"| {label} | {was:.1f} | {now:.1f} | {was / now:.2f}x | {target} |"
+    def row(label: str, was: float | None, now: float, target: str, digits: int = 1) -> str:
+        if not b:
+            return f"| {label} | {now:.{digits}f} | {target} |"
+        if was is None:  # a figure the revision before does not give
+            return f"| {label} | | {now:.{digits}f} | | {target} |"
+        return f"| {label} | {was:.{digits}f} | {now:.{digits}f} | {was / now:.2f}x | {target} |"
 
     if not a.skip_cli:
         cli = [sys.executable, "-m", "rlsim.cli"]
@@ -423,6 +429,20 @@ def report(a: argparse.Namespace, before: str | None) -> None:  # noqa: C901, PL
                          None if p is None else p["wall_s"], r["wall_s"], "15 (and 2,048 MiB)"))  # fmt: skip
         if sync:
             print(f"bundled trace, one sync epoch: {sync['requests'] / sync['wall_s']:,.0f} requests/s")
+            # linear: the 10x epoch's simulation within 10x the bundled epoch's, both timed alike
+            # (the simulation alone, each in a fresh process); a revision that did not time it alone
+            # gives no figure
+            scale = r["requests"] / sync["requests"]
+
+            def linear(big_run: dict | None, one_run: dict | None) -> float | None:
+                if not big_run or not one_run or "sim_s" not in big_run:
+                    return None
+                return big_run["sim_s"] / (scale * one_run["wall_s"])
+
+            lin, was_lin = linear(r, sync), linear(p, prior[rows.index(sync)])
+            print(f"10x trace against {scale:.0f}x the bundled epoch (simulation alone): {lin:.2f} (target <= 1)")
+            other.append(row(f"the 10x epoch's simulation over {scale:.0f}x the bundled one's (a ratio; linear: <= 1)",
+                             was_lin, lin, "1.00", digits=2))  # fmt: skip
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     script = "simulate_epoch.py" + (" --big" if a.big else "") + (f" --before {a.before}" if b else "")
     note = machine_note(meter, script)
