@@ -89,15 +89,17 @@ class StepWindow:
         segs = getattr(engine, "segments", None)
         self.last_busy = []
         for i in range(n):
-            # segments run in time order: scan back from the newest, stopping at the first that
-            # ended by the step's start (an epoch's history is not rescanned every step)
-            ends = []
+            # segments run in time order: the newest one inside the step's rollout ends last, so
+            # scan back from the newest, not past the step's start (an epoch's history is not
+            # rescanned every step)
+            last = self.start
             for s, e in reversed(segs(i) if segs else []):
                 if e <= self.start:
                     break
                 if s < self.gen_end:
-                    ends.append(min(e, self.gen_end))
-            self.last_busy.append(max(ends) if ends else self.start)
+                    last = min(e, self.gen_end)
+                    break
+            self.last_busy.append(last)
 
     def close(self, reward_end: float, cost, end: float) -> None:  # noqa: ANN001 - a StepCost
         self.reward_end, self.cost, self.end = reward_end, cost, end

@@ -1,5 +1,5 @@
 """The driver's requests as columns (`rlsim.driver.requests.RequestTable`): a `Request` stored is
-the `Request` read back, by id, through pickling (a real run's checkpoint) and placement."""
+the `Request` read back, by id, through placement and pickling (a real run's checkpoint)."""
 
 from __future__ import annotations
 
@@ -19,28 +19,28 @@ def _reqs() -> list[Request]:
     ]
 
 
+def _all(table: RequestTable) -> list[Request]:
+    return [table[i] for i in range(len(table))]
+
+
 def test_requests_read_back_as_stored() -> None:
     table = RequestTable()
     table.extend(_reqs()[:2])
     table.append(_reqs()[2])
     assert len(table) == 3
-    assert list(table) == _reqs()
-    assert table[-1] == _reqs()[2] and type(table[2].more_turns) is bool
+    assert _all(table) == _reqs()
+    assert type(table[2].more_turns) is bool
     assert table.prompt_id[1] == 2**40 and table.instance[0] == -1  # 64-bit prompt ids, signed instances
 
 
 def test_placement_and_pickle() -> None:
     table = RequestTable(_reqs())
     table.instance[0] = 6  # the dispatcher places an undecided sample
-    table[1] = _reqs()[1]._replace(policy_version=9)
     back = pickle.loads(pickle.dumps(table))
-    assert back[0] == _reqs()[0]._replace(instance=6)
-    assert back[1].policy_version == 9 and list(back)[2] == _reqs()[2]
+    assert _all(back) == [_reqs()[0]._replace(instance=6), *_reqs()[1:]]
 
 
 def test_ids_must_continue_the_table() -> None:
     table = RequestTable(_reqs()[:1])
     with pytest.raises(ValueError, match="out of order"):
         table.append(_reqs()[2])
-    with pytest.raises(ValueError, match="stored as request"):
-        table[0] = _reqs()[1]

@@ -10,7 +10,7 @@ directly on its hot paths (`table.instance[rid]`), and builds a `Request` back o
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from rlsim.protocol import Request
 
@@ -46,22 +46,11 @@ class RequestTable:
         return len(self.epoch)
 
     def __getitem__(self, rid: int) -> Request:
-        if rid < 0:
-            rid += len(self.epoch)
         return Request(
             rid, self.prompt_id[rid], self.sample_idx[rid], self.epoch[rid], self.num_prompt_tokens[rid],
             self.max_tokens[rid], self.target_tokens[rid], self.instance[rid], self.policy_version[rid],
             self.kept_tokens[rid], self.prompt_len[rid], bool(self.more_turns[rid]),
         )  # fmt: skip
-
-    def __setitem__(self, rid: int, req: Request) -> None:
-        if req.request_id != rid:
-            raise ValueError(f"request {req.request_id} stored as request {rid}")
-        for (name, _), value in zip(COLUMNS, req[1:], strict=True):
-            getattr(self, name)[rid] = value
-
-    def __iter__(self) -> Iterator[Request]:
-        return (self[i] for i in range(len(self)))
 
     def append(self, req: Request) -> None:
         self.extend((req,))

@@ -213,14 +213,19 @@ class InstanceScheduler:
         them all: only the requests whose next token opens a block allocate, in running order,
         preempting from the back when the pool is empty, as the loop over all of them would."""
         b = self.block_size
-        pool, running = self.pool, self.running
+        pool = self.pool
         due = self.phase[(b - 1 - self.iters) % b]
         if len(due) <= pool.free:  # they all fit: in any order, nothing is preempted
             pool.take(len(due))
-            out.decode_tokens = out.num_decodes = self.num_decoding
-            self.ctx += self.rate_sum
-            return
-        needers = sorted(due.values(), key=_ORDER)
+        else:
+            self._take_in_order(sorted(due.values(), key=_ORDER), out)
+        out.decode_tokens = out.num_decodes = self.num_decoding
+        self.ctx += self.rate_sum
+
+    def _take_in_order(self, needers: list[Seq], out: Scheduled) -> None:
+        """Blocks for these decoders, in running order, preempting from the back of the running
+        list whenever the pool is empty (the shortage case of `_schedule_decodes`)."""
+        pool, running = self.pool, self.running
         i, n = 0, len(needers)
         while i < n:
             seq = needers[i]
@@ -244,8 +249,6 @@ class InstanceScheduler:
                 n -= 1
             pool.take(1)
             i += 1
-        out.decode_tokens = out.num_decodes = self.num_decoding
-        self.ctx += self.rate_sum
 
     def _bulk_ok(self, budget: int) -> bool:
         """Every running request's next chunk fits the budget (then only blocks can bind)."""
