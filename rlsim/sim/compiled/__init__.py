@@ -1,0 +1,6 @@
+"""The simulator's compiled core: vLLM's scheduling state as arrays, compiled with numba.
+
+Written once in the subset of Python numba compiles (`jit`), so the same source also runs as plain
+Python (`RLSIM_PURE_PYTHON=1`, or numba missing) and gives the same bytes. So far: the KV block
+pool and prefix cache (`block_pool`), held equal to `rlsim.sim.kv_blocks.BlockPool`.
+"""

@@ -1,0 +1,78 @@
+"""One switch between compiled and pure-Python code, and mutable state records that work in both.
+
+The compiled core of the simulator is written once, in the subset of Python that numba compiles
+(ints, floats, numpy arrays, records of them): `njit` compiles a function with numba (cached on
+disk, never fast-math, so it computes the same IEEE doubles in the same order as the Python it
+came from) and leaves it as plain Python when numba is missing or `RLSIM_PURE_PYTHON=1` is set.
+The pure path runs the very same source, so it gives the same bytes; CI runs both.
+
+The state a compiled function works on is a record: a `Record` subclass whose numba type is a
+`StructType` subclass, tied by `define`. Compiled, it is a numba `StructRef` (its fields, arrays
+included, reassignable inside compiled code, so tables can grow there); on the pure path, a plain
+slotted class with the same fields. `int_dict()` is the matching int -> int mapping (a numba
+typed dict, or a dict).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+try:
+    import numba
+    from numba import types
+    from numba.experimental import structref
+    from numba.typed import Dict
+except ImportError:  # pragma: no cover - numba is a dependency; the pure path still runs without it
+    numba = None
+
+PURE = numba is None or os.environ.get("RLSIM_PURE_PYTHON", "") not in ("", "0")
+
+
+def njit(fn: Callable) -> Callable:
+    """Compile `fn` (cached, no fast-math), or leave it as Python on the pure path."""
+    if PURE:
+        return fn
+    return numba.njit(cache=True, fastmath=False, nogil=True)(fn)
+
+
+def int_dict() -> dict:
+    """An empty int -> int mapping the compiled code can take."""
+    if PURE:
+        return {}
+    return Dict.empty(key_type=types.int64, value_type=types.int64)
+
+
+if PURE:
+    StructType = object
+
+    class Record:
+        """The pure path's record: a plain class whose slots are filled positionally."""
+
+        __slots__ = ()
+
+        def __init__(self, *values: object) -> None:
+            for name, value in zip(self.__slots__, values, strict=True):
+                setattr(self, name, value)
+
+    def define(record_cls: type, type_cls: type, fields: tuple[str, ...]) -> None:
+        """Nothing to register on the pure path (the record class lists its slots)."""
+
+else:
+
+    class StructType(types.StructRef):
+        """Base of a record's numba type (subclass it at module level, so caches can name it)."""
+
+        def preprocess_fields(self, fs):  # noqa: ANN001, ANN202 - numba's hook
+            return tuple((n, types.unliteral(t)) for n, t in fs)
+
+    Record = structref.StructRefProxy
+
+    def define(record_cls: type, type_cls: type, fields: tuple[str, ...]) -> None:
+        """Register `type_cls`, make `record_cls(*values)` build one with these fields, and give
+        Python read access to each field (compiled code reads them directly)."""
+        structref.register(type_cls)
+        structref.define_proxy(record_cls, type_cls, list(fields))
+        for name in fields:
+            getter = numba.njit(eval(f"lambda r: r.{name}"))  # noqa: S307 - a field name of ours
+            setattr(record_cls, name, property(getter))
