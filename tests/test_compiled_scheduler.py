@@ -20,14 +20,14 @@ from rlsim.sim.seq import Seq
 
 
 class _Twin:
-    def __init__(self, rng: np.random.Generator, **kw: object) -> None:
+    def __init__(self, rng: np.random.Generator, spec: float, **kw: object) -> None:
         self.py, self.c = InstanceScheduler(**kw), cs.new_scheduler(**kw)
-        self.rng, self.b = rng, kw["block_size"]
+        self.rng, self.b, self.spec = rng, kw["block_size"], spec  # spec: the share of speculating requests
         self.slot: dict[int, int] = {}  # request id -> compiled slot
         self.seqs: dict[int, Seq] = {}
         self.next_rid = 0
         self.ops = dict.fromkeys(("iterations", "jumps", "preempted", "finished", "aborted", "prefix_hits",
-                                  "slept", "blocked"), 0)  # fmt: skip
+                                  "slept", "blocked", "speculating"), 0)  # fmt: skip
 
     def submit(self, n: int) -> None:
         for _ in range(n):
@@ -41,16 +41,22 @@ class _Twin:
             req = Request(rid, prompt, 0, 0, npt + kept, max_tokens, target, 0, 0, kept_tokens=kept,
                           prompt_len=npt // 2 if turn else 0, more_turns=turn)  # fmt: skip
             seq = Seq(req, target, generated=kept, transfer=kept > 0)
+            if self.rng.random() < self.spec:  # as SimEngine.submit under HistoSpec
+                seq.rate = float(self.rng.choice([1.0, 1.25, 1.7, 2.5]))
+                seq.verify = seq.rate + float(self.rng.choice([0.0, 0.5, 1.75]))
+                seq.lookahead = 3 if seq.rate != 1.0 else 0
             self.seqs[rid] = seq
             self.py.add(seq)
             self.slot[rid] = cs.add(self.c, rid, prompt, req.num_prompt_tokens, max_tokens, req.prompt_len,
-                                    turn, target, kept, kept > 0)  # fmt: skip
+                                    turn, target, kept, kept > 0, seq.rate, seq.verify, seq.lookahead)  # fmt: skip
 
     def rids(self, slots: np.ndarray) -> list[int]:
         return [int(self.c.t[cs.C_RID, k]) for k in slots]
 
     def check(self) -> None:
         py, c = self.py, self.c
+        self.ops["speculating"] += len(py.spec)
+        assert len(py.spec) == c.num_spec and py.rate_sum == c.rate_sum and py.verify_sum == c.verify_sum
         assert (py.iters, py.ctx, py.num_decoding, py.pool.free, py.prefix_hit_tokens, py.turn_tokens,
                 py.turn_hit_tokens, len(py.running), len(py.waiting)) == (
             c.iters, c.ctx, c.num_decoding, c.pool.free, c.prefix_hit_tokens, c.turn_tokens, c.turn_hit_tokens,
@@ -123,13 +129,17 @@ class _Twin:
         self.ops["prefix_hits"] = self.py.prefix_hit_tokens
 
 
-CONFIGS = [
-    {"num_blocks": 60, "block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 32},
-    {"num_blocks": 40, "block_size": 2, "max_num_seqs": 16, "max_num_batched_tokens": 64, "async_scheduling": True},
-    {"num_blocks": 36, "block_size": 4, "max_num_seqs": 6, "max_num_batched_tokens": 48,
-     "enable_chunked_prefill": False},
-    {"num_blocks": 50, "block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 40,
-     "enable_prefix_caching": False, "async_scheduling": True},
+CONFIGS = [  # (share of speculating requests, engine settings)
+    (0.0, {"num_blocks": 60, "block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 32}),
+    (0.0, {"num_blocks": 40, "block_size": 2, "max_num_seqs": 16, "max_num_batched_tokens": 64,
+           "async_scheduling": True}),
+    (0.0, {"num_blocks": 36, "block_size": 4, "max_num_seqs": 6, "max_num_batched_tokens": 48,
+           "enable_chunked_prefill": False}),
+    (0.0, {"num_blocks": 50, "block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 40,
+           "enable_prefix_caching": False, "async_scheduling": True}),
+    (0.6, {"num_blocks": 60, "block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 24}),
+    (0.6, {"num_blocks": 45, "block_size": 4, "max_num_seqs": 12, "max_num_batched_tokens": 40,
+           "async_scheduling": True}),
 ]  # fmt: skip
 
 
@@ -137,11 +147,13 @@ CONFIGS = [
 def test_same_iterations(config: int) -> None:
     ops: dict[str, int] = {}
     for seed in range(3):
-        twin = _Twin(np.random.default_rng(seed), **CONFIGS[config])
+        spec, kw = CONFIGS[config]
+        twin = _Twin(np.random.default_rng(seed), spec, **kw)
         twin.run(2500)
         for k, v in twin.ops.items():
             ops[k] = ops.get(k, 0) + v
-    claimed = [k for k in ops if k != "prefix_hits" or CONFIGS[config].get("enable_prefix_caching", True)]
+    claimed = [k for k in ops if (k != "prefix_hits" or kw.get("enable_prefix_caching", True))
+               and (k != "speculating" or spec)]  # fmt: skip
     assert all(ops[k] > 0 for k in claimed), ops  # the workload reached what it checks
 
 

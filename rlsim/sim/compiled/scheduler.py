@@ -1,11 +1,11 @@
-"""`rlsim.sim.scheduler.InstanceScheduler` as arrays the compiled core runs (one token per decode).
+"""`rlsim.sim.scheduler.InstanceScheduler` as arrays the compiled core runs.
 
 The same vLLM 0.32 rules, line for line, with each `Seq` a row (slot) of per-instance tables:
 the running list is a linked list of slots in admission order, the waiting queue a ring of slots,
-the finish heap a list of (finish_iter, request_id, slot), a request's cached slabs a row of
-slab ids, and an iteration's batch (`Scheduled`) lives in the state's `out_*` fields. Slots of
-requests that left are reused. Speculative decoding (a rate other than one token per iteration)
-is not ported yet: its sequences stay on `InstanceScheduler`.
+the finish heap a list of (finish_iter, request_id, slot), a request's cached slabs a row of slab
+ids, and an iteration's batch (`Scheduled`) lives in the state's `out_*` fields. Slots of
+requests that left are reused. Decoders at one token per iteration are counted by phase, as in
+`InstanceScheduler`; speculating ones (another rate) are a list of slots counted one by one.
 
 `tests/test_compiled_scheduler.py` runs this scheduler and `InstanceScheduler` on the same random
 workloads and holds every iteration's batch, preemptions, finishes and counters equal.
@@ -24,15 +24,17 @@ from rlsim.sim.compiled.jit import PURE, Record, StructType, define, njit
 _SLOT_INTS = (
     "rid", "prompt_id", "npt", "max_tokens", "prompt_len", "more_turns", "target", "generated", "computed",
     "start_iter", "finish_iter", "decoding", "num_hashed_blocks", "order", "prompt_blocks", "transfer",
-    "reported", "nhashed", "r_prev", "r_next", "running",
+    "reported", "nhashed", "r_prev", "r_next", "running", "lookahead", "held_lookahead", "spec_pos",
 )  # fmt: skip
+_SLOT_FLOATS = ("rate", "verify", "spec_computed", "spec_start_iter")
 FIELDS = (
     "num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "chunked", "caching", "async_sched",
-    "pool", "t", "hashed", "spare", "num_spare", "num_slots", "num_running",
+    "pool", "t", "tf", "hashed", "spare", "num_spare", "num_slots", "num_running",
     "w_buf", "w_head", "w_len", "heap", "iters", "ctx", "num_decoding", "rate_sum", "verify_sum",
     "order_ctr", "prefix_hit_tokens", "turn_tokens", "turn_hit_tokens", "finishing", "num_finishing",
     "out_decode_tokens", "out_prefill_tokens", "out_num_decodes", "out_chunk", "out_take", "out_num_chunks",
     "out_preempted", "out_num_preempted", "out_blocked", "due", "num_due", "phase_counts",
+    "num_unit_rate", "spec", "num_spec",
 )  # fmt: skip
 # rows of the slot table `t`, one per field of a `Seq` (and the running list's links)
 C_RID, C_PROMPT_ID, C_NPT, C_MAX_TOKENS, C_PROMPT_LEN, C_MORE_TURNS, C_TARGET = 0, 1, 2, 3, 4, 5, 6
@@ -40,6 +42,10 @@ C_GENERATED, C_COMPUTED, C_START_ITER, C_FINISH_ITER, C_DECODING, C_NUM_HASHED_B
 C_ORDER, C_PROMPT_BLOCKS, C_TRANSFER, C_REPORTED, C_NHASHED, C_R_PREV, C_R_NEXT, C_RUNNING = (
     13, 14, 15, 16, 17, 18, 19, 20,
 )
+C_LOOKAHEAD, C_HELD_LOOKAHEAD, C_SPEC_POS = 21, 22, 23
+# rows of the float table `tf`: a decoder's tokens per iteration and tokens verified per iteration
+# and, while it decodes at another rate than one, its computed tokens and start iteration
+F_RATE, F_VERIFY, F_SPEC_COMPUTED, F_SPEC_START_ITER = 0, 1, 2, 3
 
 
 class SchedStateType(StructType):
@@ -62,16 +68,18 @@ def new_scheduler(
     cap = 16
     t = np.zeros((len(_SLOT_INTS), cap), np.int64)
     t[C_R_PREV, 0] = t[C_R_NEXT, 0] = 0  # slot 0: the running list's sentinel
+    tf = np.zeros((len(_SLOT_FLOATS), cap))
     heap = [(0, 0, 0)][:0] if PURE else _empty_heap()
     return SchedState(
         num_blocks, block_size, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
         enable_prefix_caching, async_scheduling,
-        bp.new_pool(num_blocks, enable_prefix_caching), t, np.full((cap, 4), -1, np.int64),
+        bp.new_pool(num_blocks, enable_prefix_caching), t, tf, np.full((cap, 4), -1, np.int64),
         np.zeros(cap, np.int64), 0, 1, 0,
         np.zeros(cap, np.int64), 0, 0, heap, 0, 0.0, 0, 0.0, 0.0,
         0, 0, 0, 0, np.zeros(cap, np.int64), 0,
         0.0, 0, 0, np.zeros(cap, np.int64), np.zeros(cap, np.int64), 0,
         np.zeros(cap, np.int64), 0, False, np.zeros(cap, np.int64), 0, np.zeros(block_size, np.int64),
+        0, np.zeros(cap, np.int64), 0,
     )  # fmt: skip
 
 
@@ -94,22 +102,24 @@ def _grow(a: np.ndarray) -> np.ndarray:
 
 @njit
 def _grow_cols(t: np.ndarray) -> np.ndarray:
-    out = np.zeros((t.shape[0], 2 * t.shape[1]), np.int64)
+    out = np.zeros((t.shape[0], 2 * t.shape[1]), t.dtype)
     out[:, : t.shape[1]] = t
     return out
 
 
 @njit
 def add(s: SchedState, rid: int, prompt_id: int, npt: int, max_tokens: int, prompt_len: int, more_turns: bool,
-        target: int, generated: int, transfer: bool) -> int:  # fmt: skip
-    """A request joins the waiting queue; returns its slot."""
+        target: int, generated: int, transfer: bool, rate: float = 1.0, verify: float = 1.0,
+        lookahead: int = 0) -> int:  # fmt: skip
+    """A request joins the waiting queue; returns its slot. Under speculative decoding it decodes
+    `rate` tokens and verifies `verify` per iteration and holds `lookahead` slots past its tokens."""
     if s.num_spare > 0:
         s.num_spare -= 1
         k = s.spare[s.num_spare]
     else:
         k = s.num_slots
         if k == s.t.shape[1]:
-            s.t = _grow_cols(s.t)
+            s.t, s.tf = _grow_cols(s.t), _grow_cols(s.tf)
             h = np.full((2 * k, s.hashed.shape[1]), -1, np.int64)
             h[:k] = s.hashed
             s.hashed = h
@@ -119,7 +129,9 @@ def add(s: SchedState, rid: int, prompt_id: int, npt: int, max_tokens: int, prom
     t[:, k] = 0
     t[C_RID, k], t[C_PROMPT_ID, k], t[C_NPT, k], t[C_MAX_TOKENS, k] = rid, prompt_id, npt, max_tokens
     t[C_PROMPT_LEN, k], t[C_MORE_TURNS, k], t[C_TARGET, k] = prompt_len, more_turns, target
-    t[C_GENERATED, k], t[C_TRANSFER, k] = generated, transfer
+    t[C_GENERATED, k], t[C_TRANSFER, k], t[C_LOOKAHEAD, k] = generated, transfer, lookahead
+    s.tf[:, k] = 0.0
+    s.tf[F_RATE, k], s.tf[F_VERIFY, k] = rate, verify
     t[C_PROMPT_BLOCKS, k] = (prompt_len if prompt_len else npt) // s.block_size
     _w_push(s, k, False)
     return k
@@ -215,7 +227,7 @@ def computed(s: SchedState, k: int) -> float:
     t = s.t
     if not t[C_DECODING, k]:
         return t[C_COMPUTED, k]
-    return t[C_COMPUTED, k] + (s.iters - t[C_START_ITER, k]) * 1.0
+    return t[C_COMPUTED, k] + (s.iters - t[C_START_ITER, k]) * s.tf[F_RATE, k]
 
 
 @njit
@@ -223,7 +235,7 @@ def generated(s: SchedState, k: int) -> int:
     t = s.t
     if not t[C_DECODING, k]:
         return t[C_GENERATED, k]
-    done = int((s.iters - t[C_START_ITER, k]) * 1.0 + 1e-9)
+    done = int((s.iters - t[C_START_ITER, k]) * s.tf[F_RATE, k] + 1e-9)
     return t[C_GENERATED, k] + min(done, t[C_TARGET, k] - t[C_GENERATED, k])
 
 
@@ -234,16 +246,30 @@ def _blocks(s: SchedState, tokens: float) -> int:
 
 @njit
 def _stop_decoding(s: SchedState, k: int) -> None:
-    t = s.t
+    t, tf = s.t, s.tf
+    rate = tf[F_RATE, k]
+    if rate != 1.0:
+        gen = generated(s, k)
+        t[C_COMPUTED, k] = int(round(computed(s, k)))
+        t[C_GENERATED, k] = gen
     t[C_DECODING, k] = 0
     s.num_decoding -= 1
-    s.rate_sum -= 1.0
-    s.verify_sum -= 1.0
-    ran = s.iters - t[C_START_ITER, k]
-    t[C_GENERATED, k] += min(ran, t[C_TARGET, k] - t[C_GENERATED, k])
-    t[C_COMPUTED, k] += ran
-    ph = (t[C_COMPUTED, k] - 1 - s.iters) % s.block_size
-    s.phase_counts[ph] -= 1
+    s.rate_sum -= rate
+    s.verify_sum -= tf[F_VERIFY, k]
+    if rate == 1.0:
+        ran = s.iters - t[C_START_ITER, k]
+        t[C_GENERATED, k] += min(ran, t[C_TARGET, k] - t[C_GENERATED, k])
+        t[C_COMPUTED, k] += ran
+        s.num_unit_rate -= 1
+        ph = (t[C_COMPUTED, k] - 1 - s.iters) % s.block_size
+        s.phase_counts[ph] -= 1
+    else:  # out of the speculating list (the last one takes its place)
+        i = t[C_SPEC_POS, k]
+        last = s.spec[s.num_spec - 1]
+        s.spec[i] = last
+        t[C_SPEC_POS, last] = i
+        s.num_spec -= 1
+        t[C_SPEC_POS, k] = -1
     if s.num_decoding == 0:  # no float drift left behind
         s.rate_sum = s.verify_sum = 0.0
 
@@ -251,16 +277,27 @@ def _stop_decoding(s: SchedState, k: int) -> None:
 @njit
 def _start_decoding(s: SchedState, k: int, at: int) -> None:
     """Decode from iteration `at` (-1: the next one to run), one token a step."""
-    t = s.t
+    t, tf = s.t, s.tf
+    rate = tf[F_RATE, k]
     at = s.iters if at < 0 else at
     t[C_DECODING, k] = 1
     t[C_START_ITER, k] = at
-    t[C_FINISH_ITER, k] = at + math.ceil((t[C_TARGET, k] - t[C_GENERATED, k]) / 1.0 - 1e-9)
+    t[C_FINISH_ITER, k] = at + math.ceil((t[C_TARGET, k] - t[C_GENERATED, k]) / rate - 1e-9)
     s.num_decoding += 1
-    s.rate_sum += 1.0
-    s.verify_sum += 1.0
-    ph = (t[C_COMPUTED, k] - 1 - at) % s.block_size
-    s.phase_counts[ph] += 1
+    s.rate_sum += rate
+    s.verify_sum += tf[F_VERIFY, k]
+    if rate == 1.0:
+        s.num_unit_rate += 1
+        ph = (t[C_COMPUTED, k] - 1 - at) % s.block_size
+        s.phase_counts[ph] += 1
+    else:
+        if s.num_spec == s.spec.shape[0]:
+            s.spec = _grow(s.spec)
+        s.spec[s.num_spec] = k
+        t[C_SPEC_POS, k] = s.num_spec
+        s.num_spec += 1
+        tf[F_SPEC_COMPUTED, k] = t[C_COMPUTED, k] + t[C_HELD_LOOKAHEAD, k]
+        tf[F_SPEC_START_ITER, k] = at
     heapq.heappush(s.heap, (t[C_FINISH_ITER, k], t[C_RID, k], k))
 
 
@@ -271,11 +308,18 @@ def _phase(s: SchedState, k: int) -> int:
 
 # ---- one iteration -------------------------------------------------------------------------------
 @njit
-def _chunk_blocks(s: SchedState, k: int, take: int) -> int:
-    """Blocks a prefill chunk of `take` tokens allocates (no lookahead: no speculation here)."""
+def _chunk_blocks(s: SchedState, k: int, take: int) -> tuple[int, int]:
+    """(Blocks a prefill chunk of `take` tokens allocates, lookahead held after it)."""
     t, b = s.t, s.block_size
     end = t[C_COMPUTED, k] + take
-    return -(-end // b) + t[C_COMPUTED, k] // -b
+    la = t[C_LOOKAHEAD, k] if end >= t[C_NPT, k] + t[C_GENERATED, k] else 0
+    return -(-(end + la) // b) + (t[C_COMPUTED, k] + t[C_HELD_LOOKAHEAD, k]) // -b, la
+
+
+@njit
+def _decode_need(s: SchedState, k: int) -> int:
+    c = computed(s, k) + s.t[C_HELD_LOOKAHEAD, k]
+    return _blocks(s, c + s.tf[F_RATE, k]) - _blocks(s, c)
 
 
 @njit
@@ -295,7 +339,7 @@ def _admit_check(s: SchedState, k: int, budget: int) -> tuple:
     new = 1 if t[C_TRANSFER, k] else ntok - num_hit_blocks * b
     if not s.chunked and new > budget:
         return 2, 0, hit, 0
-    if -(-ntok // b) - num_hit_blocks + evict > s.pool.free:
+    if -(-(ntok + t[C_LOOKAHEAD, k]) // b) - num_hit_blocks + evict > s.pool.free:
         return 1, 0, hit, 0
     return 0, min(new, budget), hit, num_hit_blocks
 
@@ -321,7 +365,7 @@ def schedule(s: SchedState) -> None:
     _out_reset(s)
     t = s.t
     budget = s.max_num_batched_tokens
-    if s.num_decoding == s.num_running and s.num_decoding <= budget:
+    if s.num_decoding == s.num_running and s.num_spec == 0 and s.num_decoding <= budget:
         _schedule_decodes(s)
         if s.out_num_preempted:
             return
@@ -333,7 +377,7 @@ def schedule(s: SchedState) -> None:
         k = t[C_R_NEXT, 0]
         while k != 0:
             if not t[C_DECODING, k] and not t[C_REPORTED, k]:
-                need += _chunk_blocks(s, k, t[C_NPT, k] + t[C_GENERATED, k] - t[C_COMPUTED, k])
+                need += _chunk_blocks(s, k, t[C_NPT, k] + t[C_GENERATED, k] - t[C_COMPUTED, k])[0]
             k = t[C_R_NEXT, k]
         if need <= s.pool.free:  # nothing preempts and every running request fits the budget
             bp.take(s.pool, dec)
@@ -362,14 +406,13 @@ def schedule(s: SchedState) -> None:
             i += 1
             continue
         if t[C_DECODING, k]:
-            new = 1
+            new = math.ceil(s.tf[F_VERIFY, k] - 1e-9)
             if new > budget:
                 break
-            c = computed(s, k)
-            need = _blocks(s, c + 1.0) - _blocks(s, c)
+            need = _decode_need(s, k)
         else:
             new = min(t[C_NPT, k] + t[C_GENERATED, k] - t[C_COMPUTED, k], budget)
-            need = _chunk_blocks(s, k, new)
+            need = _chunk_blocks(s, k, new)[0]
         while need > s.pool.free:
             victim = running[n - 1]
             n -= 1
@@ -382,9 +425,9 @@ def schedule(s: SchedState) -> None:
         budget -= new
         if t[C_DECODING, k]:
             bp.take(s.pool, need)
-            s.out_decode_tokens += 1.0
+            s.out_decode_tokens += s.tf[F_VERIFY, k]
             s.out_num_decodes += 1
-            s.ctx += 1.0
+            s.ctx += s.tf[F_RATE, k]
         else:
             _prefill_chunk(s, k, new)
         i += 1
@@ -466,7 +509,8 @@ def _bulk_ok(s: SchedState, budget: int) -> bool:
 @njit
 def _prefill_chunk(s: SchedState, k: int, take: int) -> None:
     t = s.t
-    bp.take(s.pool, _chunk_blocks(s, k, take))
+    blocks, t[C_HELD_LOOKAHEAD, k] = _chunk_blocks(s, k, take)
+    bp.take(s.pool, blocks)
     if s.caching:  # hash the prompt's full blocks this chunk completes
         lo, hi = t[C_NUM_HASHED_BLOCKS, k], min(t[C_PROMPT_BLOCKS, k], (t[C_COMPUTED, k] + take) // s.block_size)
         if hi > lo:
@@ -590,13 +634,15 @@ def _free(s: SchedState, k: int, how: int) -> int:
     _r_remove(s, k)
     c = t[C_COMPUTED, k]
     s.ctx -= c
+    la = t[C_HELD_LOOKAHEAD, k]
+    t[C_HELD_LOOKAHEAD, k] = 0
     nh = t[C_NHASHED, k]
     hashed = s.hashed[k, :nh].copy()
     if s.caching:
         full = c // b
         if lag:
             full = (c - 1) // b
-        bp.give(pool, -(-c // b) - full, False)
+        bp.give(pool, -(-(c + la) // b) - full, False)
         if how == 0 or how == 3:  # its own full blocks stay hittable
             own = bp.new(pool, -1 - t[C_RID, k], t[C_NUM_HASHED_BLOCKS, k], full)
             if own >= 0:
@@ -623,7 +669,7 @@ def _free(s: SchedState, k: int, how: int) -> int:
             else:
                 bp.release(pool, hashed[::-1].copy(), False)
     else:
-        bp.give(pool, -(-c // b), False)
+        bp.give(pool, -(-(c + la) // b), False)
     t[C_NHASHED, k] = 0
     t[C_NUM_HASHED_BLOCKS, k] = t[C_COMPUTED, k] = 0
     return t[C_GENERATED, k]
@@ -656,7 +702,7 @@ def free_all(s: SchedState) -> np.ndarray:
         if t[C_DECODING, k]:
             _stop_decoding(s, k)
         t[C_NHASHED, k] = 0
-        t[C_NUM_HASHED_BLOCKS, k] = t[C_COMPUTED, k] = 0
+        t[C_NUM_HASHED_BLOCKS, k] = t[C_COMPUTED, k] = t[C_HELD_LOOKAHEAD, k] = 0
         carried[n] = k
         n += 1
         nxt = t[C_R_NEXT, k]
@@ -678,7 +724,7 @@ def decode_blocks(s: SchedState, k: int) -> int:
     """Blocks the decoding requests allocate over the next k iterations."""
     b = s.block_size
     q, r = divmod(k, b)
-    n = s.num_decoding * q
+    n = s.num_unit_rate * q
     if r:
         lo = (b - r - s.iters) % b
         hi = lo + r
@@ -687,6 +733,13 @@ def decode_blocks(s: SchedState, k: int) -> int:
             n += pc[lo:hi].sum()
         else:
             n += pc[lo:].sum() + pc[: hi - b].sum()
+    if s.num_spec:  # as computed(), for every speculating decoder
+        tf = s.tf
+        for i in range(s.num_spec):
+            j = s.spec[i]
+            rate = tf[F_RATE, j]
+            c = tf[F_SPEC_COMPUTED, j] + (s.iters - tf[F_SPEC_START_ITER, j]) * rate
+            n += int(math.ceil((c + k * rate) / b - 1e-9) - math.ceil(c / b - 1e-9))
     return n
 
 
