@@ -93,17 +93,17 @@ class _Twin:
             cs.complete(c)
         assert [s.req.request_id for s in done] == self.rids(c.due[: c.num_due])
         assert [py.generated(s) for s in done] == [cs.generated(c, k) for k in c.due[: c.num_due]]
-        for seq in done:
-            self.ops["finished"] += 1
-            if not py.async_scheduling:
-                cs.release_slot(c, self.slot.pop(seq.req.request_id))
+        self.ops["finished"] += len(done)
 
     def abort(self) -> None:
         py, c = self.py, self.c
         if self.rng.random() < 0.5 and py.waiting:
             rids = {seq.req.request_id for seq in py.waiting if self.rng.random() < 0.3}
             gone = py.remove_waiting(rids)
-            assert [s.req.request_id for s in gone] == self.rids(cs.remove_waiting(c, np.array(sorted(rids))))
+            slots = cs.remove_waiting(c, np.array(sorted(rids), np.int64))
+            assert [s.req.request_id for s in gone] == self.rids(slots)
+            for k in slots:
+                cs.release_slot(c, k)
         else:
             live = [seq for seq in py.running.values() if not seq.reported]
             if not live:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import time
 
 import pandas as pd
@@ -18,6 +19,7 @@ from rlsim.driver.loop import run_loop
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile, load_profile
 from rlsim.result import Result, summarize
+from rlsim.sim.compiled.sim_engine import CompiledEngine
 from rlsim.sim.engine import SimEngine
 from rlsim.spec.speculation import SpecModel
 from rlsim.step_costs import check_layout, with_engine
@@ -55,11 +57,14 @@ def simulate(
     iteration_times=None,  # noqa: ANN001 - per instance [(seconds, decode requests, prefill tokens)]
     lockstep: bool = False,
     tools=None,  # noqa: ANN001 - rlsim.driver.turns.ToolConfig of a multi-turn trace
+    engine: str | None = None,
 ) -> Result:
     """Simulate `policy` on `trace`; see `rlsim.config` for the knobs and their defaults.
     `tables=False` skips building the per-request table (a summary-only run, as in compare).
     `iteration_times` replays a real run's measured iteration times and `lockstep` drives the
-    instances as `rlsim run --real` drives its engines (`rlsim.sim.engine`)."""
+    instances as `rlsim run --real` drives its engines (`rlsim.sim.engine`). `engine` picks the
+    implementation, with the same results: "compiled" (`rlsim.sim.compiled`, the default) or
+    "simpy" (`SimEngine`, the reference; also what replay runs on), default from `RLSIM_ENGINE`."""
     cluster = cluster or ClusterConfig()
     rl = rl or RLConfig()
     prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
@@ -69,7 +74,13 @@ def simulate(
     spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
     check_engine_fits(prof, trace, rl)
     check_layout(prof, cluster.training_gpus)
-    engine = SimEngine(prof, n, exact=exact, spec=spec, iteration_times=iteration_times, lockstep=lockstep)
+    impl = engine or os.environ.get("RLSIM_ENGINE") or "compiled"
+    if impl not in ("compiled", "simpy"):
+        raise RlsimError(f"unknown engine {impl!r}: use compiled or simpy")
+    if impl == "compiled" and iteration_times is None:
+        engine = CompiledEngine(prof, n, exact=exact, spec=spec, lockstep=lockstep)
+    else:
+        engine = SimEngine(prof, n, exact=exact, spec=spec, iteration_times=iteration_times, lockstep=lockstep)
     pol = make_policy(policy)
     t0 = time.perf_counter()
     # The loop allocates millions of small objects that live until the run ends; the cyclic

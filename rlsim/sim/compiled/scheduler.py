@@ -31,7 +31,7 @@ FIELDS = (
     "num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "chunked", "caching", "async_sched",
     "pool", "t", "tf", "hashed", "spare", "num_spare", "num_slots", "num_running",
     "w_buf", "w_head", "w_len", "heap", "iters", "ctx", "num_decoding", "rate_sum", "verify_sum",
-    "order_ctr", "prefix_hit_tokens", "turn_tokens", "turn_hit_tokens", "finishing", "num_finishing",
+    "order_ctr", "prefix_hit_tokens", "turn_tokens", "turn_hit_tokens", "finishing", "finishing_rid", "num_finishing",
     "out_decode_tokens", "out_prefill_tokens", "out_num_decodes", "out_chunk", "out_take", "out_num_chunks",
     "out_preempted", "out_num_preempted", "out_blocked", "due", "num_due", "phase_counts",
     "num_unit_rate", "spec", "num_spec",
@@ -76,7 +76,7 @@ def new_scheduler(
         bp.new_pool(num_blocks, enable_prefix_caching), t, tf, np.full((cap, 4), -1, np.int64),
         np.zeros(cap, np.int64), 0, 1, 0,
         np.zeros(cap, np.int64), 0, 0, heap, 0, 0.0, 0, 0.0, 0.0,
-        0, 0, 0, 0, np.zeros(cap, np.int64), 0,
+        0, 0, 0, 0, np.zeros(cap, np.int64), np.zeros(cap, np.int64), 0,
         0.0, 0, 0, np.zeros(cap, np.int64), np.zeros(cap, np.int64), 0,
         np.zeros(cap, np.int64), 0, False, np.zeros(cap, np.int64), 0, np.zeros(block_size, np.int64),
         0, np.zeros(cap, np.int64), 0,
@@ -111,8 +111,27 @@ def _grow_cols(t: np.ndarray) -> np.ndarray:
 def add(s: SchedState, rid: int, prompt_id: int, npt: int, max_tokens: int, prompt_len: int, more_turns: bool,
         target: int, generated: int, transfer: bool, rate: float = 1.0, verify: float = 1.0,
         lookahead: int = 0) -> int:  # fmt: skip
-    """A request joins the waiting queue; returns its slot. Under speculative decoding it decodes
-    `rate` tokens and verifies `verify` per iteration and holds `lookahead` slots past its tokens."""
+    """A request joins the waiting queue; returns its slot."""
+    k = new_slot(s, rid, prompt_id, npt, max_tokens, prompt_len, more_turns, target, generated, transfer, rate,
+                 verify, lookahead)  # fmt: skip
+    enqueue(s, k)
+    return k
+
+
+@njit
+def enqueue(s: SchedState, k: int) -> None:
+    """The request in slot k joins the back of the waiting queue."""
+    _w_push(s, k, False)
+
+
+@njit
+def new_slot(s: SchedState, rid: int, prompt_id: int, npt: int, max_tokens: int, prompt_len: int,
+             more_turns: bool, target: int, generated: int, transfer: bool, rate: float, verify: float,
+             lookahead: int) -> int:  # fmt: skip
+    """A slot for a request, not yet queued. Under speculative decoding it decodes `rate` tokens and
+    verifies `verify` per iteration and holds `lookahead` slots past its tokens. A slot is reused
+    once its request has finished or been aborted (`_free`), or left the waiting queue aborted
+    (`release_slot`)."""
     if s.num_spare > 0:
         s.num_spare -= 1
         k = s.spare[s.num_spare]
@@ -133,13 +152,13 @@ def add(s: SchedState, rid: int, prompt_id: int, npt: int, max_tokens: int, prom
     s.tf[:, k] = 0.0
     s.tf[F_RATE, k], s.tf[F_VERIFY, k] = rate, verify
     t[C_PROMPT_BLOCKS, k] = (prompt_len if prompt_len else npt) // s.block_size
-    _w_push(s, k, False)
     return k
 
 
 @njit
 def release_slot(s: SchedState, k: int) -> None:
-    """The request in slot k left the engine (finished or aborted): its slot is reused."""
+    """The request in slot k left the engine: its slot is reused by a later request (its fields
+    stay readable until then)."""
     s.spare[s.num_spare] = k
     s.num_spare += 1
 
@@ -603,8 +622,8 @@ def finish_due(s: SchedState) -> None:
             if t[C_TARGET, k] >= t[C_MAX_TOKENS, k]:
                 _stop_decoding(s, k)
             if s.num_finishing == s.finishing.shape[0]:
-                s.finishing = _grow(s.finishing)
-            s.finishing[s.num_finishing] = k
+                s.finishing, s.finishing_rid = _grow(s.finishing), _grow(s.finishing_rid)
+            s.finishing[s.num_finishing], s.finishing_rid[s.num_finishing] = k, t[C_RID, k]
             s.num_finishing += 1
         return
     for i in range(s.num_due):
@@ -615,9 +634,10 @@ def finish_due(s: SchedState) -> None:
 def release_finishing(s: SchedState) -> None:
     if s.num_finishing:
         n, s.num_finishing = s.num_finishing, 0
-        done = s.finishing[:n].copy()
-        for k in done:
-            if s.t[C_RUNNING, k]:  # not preempted meanwhile
+        done, rids = s.finishing[:n].copy(), s.finishing_rid[:n].copy()
+        for i in range(n):
+            k = done[i]
+            if s.t[C_RUNNING, k] and s.t[C_RID, k] == rids[i]:  # not preempted meanwhile
                 _free(s, k, 1)
 
 
@@ -672,6 +692,8 @@ def _free(s: SchedState, k: int, how: int) -> int:
         bp.give(pool, -(-(c + la) // b), False)
     t[C_NHASHED, k] = 0
     t[C_NUM_HASHED_BLOCKS, k] = t[C_COMPUTED, k] = 0
+    if how != 0:  # it left the engine
+        release_slot(s, k)
     return t[C_GENERATED, k]
 
 

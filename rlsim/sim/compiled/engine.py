@@ -1,0 +1,803 @@
+"""`rlsim.sim.engine.SimEngine`'s instances and event loop as the compiled core runs them.
+
+`SimEngine` runs one SimPy process per instance. Here the processes are state machines over the
+compiled schedulers (`rlsim.sim.compiled.scheduler`), and SimPy's event queue is reproduced as
+SimPy keeps it: a heap of (time, priority, event number, event) where every scheduled event takes
+the next number, a process resumes in the callbacks of the event it waits on, and an interrupt is
+an urgent event that leaves the timeout it cut short in the queue, to fire later as a no-op. The
+same events are scheduled in the same order as `SimEngine` schedules them, so every tie between
+instances breaks the same way and every batch `step()` returns is the same, event for event.
+
+Where `SimEngine` iterates a Python set (the aborts an instance applies together), the order is
+CPython's set order, reproduced by `_set_order`. The states a process waits in:
+`R_INIT` (not started), `R_RESUME` (paused), `R_WAKE` (idle), `R_HOLD` (lockstep, outputs not yet
+taken), `R_ITER` (one iteration), `R_JUMP` (a jump), `R_JUMP_REST` (the iteration in progress
+when a jump was interrupted).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from rlsim.sim.compiled import scheduler as cs
+from rlsim.sim.compiled.jit import PURE, Record, StructType, define, int_dict, njit
+
+FIELDS = (
+    # settings and the profile's cost model
+    "n", "exact", "lockstep", "async_sched", "cap", "t_w", "alpha", "beta", "gamma", "pspt", "preq", "t0",
+    "resid_x", "resid_y", "draft_s",
+    # SimPy: the clock, the event counter, the queue and the events
+    "now", "eid", "heap", "ev_kind", "ev_inst", "ev_tag", "ev_triggered", "ev_spare", "num_ev_spare", "num_ev",
+    # the instances
+    "scheds", "wait_ev", "wait_seq", "wait_ctr", "state", "jumping", "busy", "seq_time", "cur_batch",
+    "run_start", "has_run", "emitted", "wake", "k", "start", "took", "batch", "done_k",
+    "seg_start", "seg_end", "num_seg", "ab_rid", "num_ab",
+    "q_kind", "q_val", "q_next", "in_head", "in_tail", "rd_head", "rd_tail", "q_spare", "num_q_spare", "num_q",
+    # the engine
+    "paused", "sleep", "resume_ev", "held", "num_held", "where", "slot_of", "first_token",
+    "wake_reprefill_tokens", "pause_interrupts", "timed",
+    "ob_kind", "ob_rid", "ob_time", "ob_inst", "ob_tokens", "ob_length", "ob_tag", "num_ob",
+    "error", "error_inst", "scratch",
+)  # fmt: skip
+
+
+class EngineStateType(StructType):
+    """numba's type of `EngineState`."""
+
+
+class EngineState(Record):
+    """The whole simulated cluster: its instances' schedulers, processes and SimPy's queue."""
+
+    __slots__ = FIELDS if PURE else ()
+
+
+define(EngineState, EngineStateType, FIELDS)
+
+# event kinds and the states a process waits in
+E_INIT, E_TIMEOUT, E_WAKE, E_HOLD, E_RESUME, E_TIMER, E_INTERRUPT = 0, 1, 2, 3, 4, 5, 6
+R_INIT, R_RESUME, R_WAKE, R_HOLD, R_ITER, R_JUMP, R_JUMP_REST = 0, 1, 2, 3, 4, 5, 6
+URGENT, NORMAL = 0, 1
+# outbox kinds, as `rlsim.protocol`'s `EventBatch.kind`
+O_FINISHED, O_ABORTED, O_PREEMPTED, O_TIMER = 0, 1, 2, 3
+# arrival kinds (async scheduling)
+A_SUBMIT, A_ABORT = 0, 1
+_NONE = -1
+
+
+def new_engine(profile, num_instances: int, exact: bool, lockstep: bool, draft_s: float) -> EngineState:  # noqa: ANN001
+    """The state of `num_instances` idle instances under `profile` (a `Profile` with its engine)."""
+    engine = profile.engine
+    num_blocks = profile.kv_capacity_tokens // engine.block_size
+    knots = profile.decode_residual_s or []
+    n, cap = num_instances, 16
+    zi, zf = (lambda m: np.zeros(m, np.int64)), (lambda m: np.zeros(m))
+    heap = [(0.0, 0, 0, 0)][:0] if PURE else _typed_list((0.0, 0, 0, 0))
+    scheds = [
+        cs.new_scheduler(
+            num_blocks, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
+            engine.enable_chunked_prefill, engine.enable_prefix_caching, engine.async_scheduling,
+        )
+        for _ in range(n)
+    ]  # fmt: skip
+    if not PURE:
+        scheds = _typed_list(scheds)
+    e = EngineState(
+        n, exact, lockstep, engine.async_scheduling, num_blocks * engine.block_size, profile.t_w_s, profile.alpha_s,
+        profile.beta_s, profile.gamma_s, profile.prefill_s_per_token, profile.prefill_request_s,
+        profile.t_w_s if profile.linear_t0_s is None else profile.linear_t0_s,
+        np.array([x for x, _ in knots], np.float64), np.array([y for _, y in knots], np.float64), draft_s,
+        0.0, 0, heap, zi(cap), zi(cap), zi(cap), zi(cap), zi(cap), 0, 0,
+        scheds, np.full(n, _NONE, np.int64), zi(n), 0, zi(n), zi(n), zf(n), zf(n), zi(n),
+        zf(n), zi(n), zi(n), np.full(n, _NONE, np.int64), zi(n), zf(n), zf(n), zi(n), zi(n),
+        np.zeros((n, cap)), np.zeros((n, cap)), zi(n), np.zeros((n, 4), np.int64), zi(n),
+        zi(cap), zi(cap), zi(cap), np.full(n, _NONE, np.int64), np.full(n, _NONE, np.int64),
+        np.full(n, _NONE, np.int64), np.full(n, _NONE, np.int64), zi(cap), 0, 0,
+        False, False, 0, zi(max(n, 1)), 0, int_dict(), int_dict(), _float_dict(),
+        0, 0, False,
+        zi(cap), zi(cap), zf(cap), zi(cap), zi(cap), zi(cap), zi(cap), 0,
+        0, 0, zi(cap),
+    )  # fmt: skip
+    _start(e)
+    return e
+
+
+def _typed_list(items):  # noqa: ANN001, ANN202 - a numba typed list of these items (or of this one's type, empty)
+    from numba.typed import List
+
+    if isinstance(items, list):
+        out = List()
+        for x in items:
+            out.append(x)
+        return out
+    out = List()
+    out.append(items)
+    out.pop()
+    return out
+
+
+def _float_dict():  # noqa: ANN202 - int -> float mapping
+    if PURE:
+        return {}
+    from numba import types
+    from numba.typed import Dict
+
+    return Dict.empty(key_type=types.int64, value_type=types.float64)
+
+
+@njit
+def _start(e: EngineState) -> None:
+    """SimPy's `env.process()` for each instance: an urgent initialize event each, then the shared
+    resume event `pause()` waits on."""
+    for i in range(e.n):
+        ev = _event(e, E_INIT, i)
+        _schedule(e, ev, 0.0, URGENT)
+        _wait(e, i, ev, R_INIT)
+    e.resume_ev = _event(e, E_RESUME, _NONE)
+
+
+# ---- SimPy: events and the queue ---------------------------------------------------------------
+@njit
+def _grow(a: np.ndarray) -> np.ndarray:
+    out = np.zeros((2 * a.shape[0],) + a.shape[1:], a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+@njit
+def _event(e: EngineState, kind: int, inst: int) -> int:
+    """A new, untriggered event (SimPy's `env.event()`; a timeout is scheduled at once)."""
+    if e.num_ev_spare:
+        e.num_ev_spare -= 1
+        ev = e.ev_spare[e.num_ev_spare]
+    else:
+        ev = e.num_ev
+        if ev == e.ev_kind.shape[0]:
+            e.ev_kind, e.ev_inst, e.ev_tag = _grow(e.ev_kind), _grow(e.ev_inst), _grow(e.ev_tag)
+            e.ev_triggered, e.ev_spare = _grow(e.ev_triggered), _grow(e.ev_spare)
+        e.num_ev += 1
+    e.ev_kind[ev], e.ev_inst[ev], e.ev_tag[ev], e.ev_triggered[ev] = kind, inst, 0, 0
+    return ev
+
+
+@njit
+def _schedule(e: EngineState, ev: int, delay: float, priority: int) -> None:
+    """SimPy's `env.schedule()`: the event is triggered and queued with the next number."""
+    e.ev_triggered[ev] = 1
+    heapq.heappush(e.heap, (e.now + delay, priority, e.eid, ev))
+    e.eid += 1
+
+
+@njit
+def _timeout(e: EngineState, i: int, delay: float, state: int) -> None:
+    """Instance i yields `env.timeout(delay)` and waits in `state`."""
+    ev = _event(e, E_TIMEOUT, i)
+    _schedule(e, ev, delay, NORMAL)
+    _wait(e, i, ev, state)
+
+
+@njit
+def _wait(e: EngineState, i: int, ev: int, state: int) -> None:
+    e.wait_ev[i], e.state[i] = ev, state
+    e.wait_seq[i] = e.wait_ctr  # (the shared resume event resumes its waiters in this order)
+    e.wait_ctr += 1
+
+
+@njit
+def peek(e: EngineState) -> float:
+    return e.heap[0][0] if e.heap else math.inf
+
+
+@njit
+def advance(e: EngineState) -> None:
+    """SimPy's `env.step()`: process the next event (its callbacks resume who waits on it)."""
+    t, _, _, ev = heapq.heappop(e.heap)
+    e.now = t
+    kind, i = e.ev_kind[ev], e.ev_inst[ev]
+    if kind == E_TIMER:
+        _out(e, O_TIMER, _NONE, _NONE, 0, 0, e.ev_tag[ev])
+        e.timed = True
+    elif kind == E_RESUME:
+        waiters = np.empty(e.n, np.int64)
+        m = 0
+        for j in range(e.n):
+            if e.wait_ev[j] == ev:
+                waiters[m] = j
+                m += 1
+        order = np.argsort(e.wait_seq[waiters[:m]], kind="mergesort")
+        for j in waiters[:m][order]:
+            if e.wait_ev[j] == ev:
+                _proceed(e, j, False)
+    elif kind == E_INTERRUPT:  # the timeout it waited on stays queued, with no one waiting
+        _proceed(e, i, True)
+    elif e.wait_ev[i] == ev:  # (a timeout cut short by an interrupt fires as a no-op)
+        _proceed(e, i, False)
+    e.ev_spare[e.num_ev_spare] = ev
+    e.num_ev_spare += 1
+
+
+# ---- the outbox -----------------------------------------------------------------------------------
+@njit
+def _out(e: EngineState, kind: int, rid: int, inst: int, tokens: int, length: int, tag: int) -> None:
+    j = e.num_ob
+    if j == e.ob_kind.shape[0]:
+        e.ob_kind, e.ob_rid, e.ob_time = _grow(e.ob_kind), _grow(e.ob_rid), _grow(e.ob_time)
+        e.ob_inst, e.ob_tokens = _grow(e.ob_inst), _grow(e.ob_tokens)
+        e.ob_length, e.ob_tag = _grow(e.ob_length), _grow(e.ob_tag)
+    e.ob_kind[j], e.ob_rid[j], e.ob_time[j], e.ob_inst[j] = kind, rid, e.now, inst
+    e.ob_tokens[j], e.ob_length[j], e.ob_tag[j] = tokens, length, tag
+    e.num_ob += 1
+
+
+# ---- the cost model (`Profile.iteration_s`, `compute_excess_s`; `rlsim.sim.jump`) ---------------
+@njit
+def _excess(e: EngineState, tokens: float) -> float:
+    v = (e.pspt - e.gamma) * tokens - e.t0
+    excess = v if v > 0.0 else 0.0  # (max(0.0, v))
+    if e.resid_x.shape[0] == 0:
+        return excess
+    return excess + _residual(e, tokens)
+
+
+@njit
+def _residual(e: EngineState, tokens: float) -> float:
+    xs, ys = e.resid_x, e.resid_y
+    if tokens <= 0:
+        return 0.0
+    i = np.searchsorted(xs, tokens, side="left")  # bisect_left on (x, y) pairs against (tokens, -inf)
+    if i >= xs.shape[0]:
+        return ys[-1]
+    x1, y1 = xs[i], ys[i]
+    x0, y0 = (xs[i - 1], ys[i - 1]) if i else (0.0, 0.0)
+    return y1 if x1 == x0 else y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+
+@njit
+def _jump_cost(e: EngineState, s: cs.SchedState, k: int) -> float:
+    a = e.t_w + e.alpha * s.num_decoding + e.gamma * s.verify_sum + e.beta * (s.ctx + s.rate_sum)
+    a += _excess(e, s.verify_sum) + e.draft_s * s.num_spec
+    q = e.beta * s.rate_sum
+    return a * k + q * k * (k - 1) / 2
+
+
+@njit
+def _iters_done(e: EngineState, s: cs.SchedState, elapsed: float, k: int) -> int:
+    a = _jump_cost(e, s, 1)
+    q = e.beta * s.rate_sum
+    if q == 0:
+        n = int(elapsed / a)
+    else:
+        bq = a - q / 2
+        n = int((-bq + math.sqrt(bq * bq + 2 * q * elapsed)) / q)
+    while n > 0 and _jump_cost(e, s, n) > elapsed + 1e-12:
+        n -= 1
+    while n + 1 <= k and _jump_cost(e, s, n + 1) <= elapsed:
+        n += 1
+    return min(n, k)
+
+
+# ---- CPython's set order ---------------------------------------------------------------------------
+@njit
+def _set_order(vals: np.ndarray) -> np.ndarray:
+    """The order CPython iterates a set of these non-negative ints, added in this order to an
+    empty set (setobject.c: linear probes of 9, then perturbed probing; the table grows to the
+    first power of two above four times the entries when three fifths full)."""
+    size = 8
+    table = np.full(size, -1, np.int64)
+    used = 0
+    for v in vals:
+        size, table, used = _set_add(table, size, used, v)
+    return table[table >= 0]
+
+
+@njit
+def _set_add(table: np.ndarray, size: int, used: int, v: int) -> tuple:
+    mask = size - 1
+    h = v % (2**61 - 1)
+    i = h & mask
+    perturb = h
+    while True:
+        probes = 9 if i + 9 <= mask else 0
+        j = i
+        for _ in range(probes + 1):
+            if table[j] == v:
+                return size, table, used
+            if table[j] < 0:
+                table[j] = v
+                used += 1
+                if used * 5 >= mask * 3:
+                    minused = used * 2 if used > 50000 else used * 4
+                    new = 8
+                    while new <= minused:
+                        new <<= 1
+                    fresh = np.full(new, -1, np.int64)
+                    for x in table:
+                        if x >= 0:
+                            _insert_clean(fresh, new - 1, x)
+                    return new, fresh, used
+                return size, table, used
+            j += 1
+        perturb >>= 5
+        i = (i * 5 + 1 + perturb) & mask
+
+
+@njit
+def _insert_clean(table: np.ndarray, mask: int, v: int) -> None:
+    h = v % (2**61 - 1)
+    i = h & mask
+    perturb = h
+    while True:
+        probes = 9 if i + 9 <= mask else 0
+        j = i
+        for _ in range(probes + 1):
+            if table[j] < 0:
+                table[j] = v
+                return
+            j += 1
+        perturb >>= 5
+        i = (i * 5 + 1 + perturb) & mask
+
+
+# ---- arrivals under async scheduling (linked lists per instance) ---------------------------------
+@njit
+def _q_push(e: EngineState, i: int, kind: int, val: int) -> None:
+    if e.num_q_spare:
+        e.num_q_spare -= 1
+        r = e.q_spare[e.num_q_spare]
+    else:
+        r = e.num_q
+        if r == e.q_kind.shape[0]:
+            e.q_kind, e.q_val, e.q_next, e.q_spare = _grow(e.q_kind), _grow(e.q_val), _grow(e.q_next), _grow(e.q_spare)
+        e.num_q += 1
+    e.q_kind[r], e.q_val[r], e.q_next[r] = kind, val, _NONE
+    if e.in_tail[i] == _NONE:
+        e.in_head[i] = r
+    else:
+        e.q_next[e.in_tail[i]] = r
+    e.in_tail[i] = r
+
+
+@njit
+def _defer(e: EngineState, i: int) -> bool:
+    return e.async_sched and (e.has_run[i] != 0 or e.rd_head[i] != _NONE or e.in_head[i] != _NONE)
+
+
+@njit
+def _take_arrivals(e: EngineState, i: int) -> None:
+    s = e.scheds[i]
+    if e.paused or (s.num_running == 0 and s.w_len == 0):  # all of it lands
+        if e.rd_head[i] == _NONE:
+            head = e.in_head[i]
+        else:
+            head = e.rd_head[i]
+            e.q_next[e.rd_tail[i]] = e.in_head[i]
+        e.rd_head[i] = e.rd_tail[i] = _NONE
+    else:
+        head = e.rd_head[i]
+        e.rd_head[i], e.rd_tail[i] = e.in_head[i], e.in_tail[i]
+    e.in_head[i] = e.in_tail[i] = _NONE
+    aborts = np.empty(8, np.int64)
+    na = 0
+    r = head
+    while r != _NONE:
+        if e.q_kind[r] == A_SUBMIT:
+            cs.enqueue(s, e.q_val[r])
+        else:
+            if na == aborts.shape[0]:
+                aborts = _grow(aborts)
+            aborts[na] = e.q_val[r]
+            na += 1
+        nxt = e.q_next[r]
+        e.q_spare[e.num_q_spare] = r
+        e.num_q_spare += 1
+        r = nxt
+    if na:
+        abort_now(e, aborts[:na])
+
+
+# ---- aborts ------------------------------------------------------------------------------------------
+@njit
+def abort_now(e: EngineState, rids: np.ndarray) -> None:
+    """Abort these requests before the next schedule (waiting ones at once), events in this order."""
+    firsts = np.empty(rids.shape[0], np.int64)  # instances in order of first appearance
+    nf = 0
+    for rid in rids:
+        if rid in e.where:
+            i = e.where[rid]
+            seen = False
+            for j in range(nf):
+                if firsts[j] == i:
+                    seen = True
+                    break
+            if not seen:
+                firsts[nf] = i
+                nf += 1
+    gone_rid = np.empty(rids.shape[0], np.int64)  # waiting requests taken out, by request id
+    gone_slot = np.empty(rids.shape[0], np.int64)
+    ng = 0
+    for j in range(nf):
+        i = firsts[j]
+        mine = np.empty(rids.shape[0], np.int64)
+        m = 0
+        for rid in rids:
+            if rid in e.where and e.where[rid] == i:
+                mine[m] = rid
+                m += 1
+        for k in cs.remove_waiting(e.scheds[i], mine[:m]):
+            gone_rid[ng], gone_slot[ng] = e.scheds[i].t[cs.C_RID, k], k
+            ng += 1
+    order = np.argsort(gone_rid[:ng])
+    gone_rid, gone_slot = gone_rid[:ng][order], gone_slot[:ng][order]
+    for rid in rids:
+        if rid not in e.where:
+            continue
+        i = e.where[rid]
+        g = np.searchsorted(gone_rid, rid)
+        if g < ng and gone_rid[g] == rid:
+            k = gone_slot[g]
+            s = e.scheds[i]
+            _gone(e, rid)
+            _out(e, O_ABORTED, rid, i, s.t[cs.C_GENERATED, k], 0, 0)
+            cs.release_slot(s, k)
+            continue
+        _abort_add(e, i, rid)
+        if not e.has_run[i]:  # between iterations (idle or paused): abort now
+            _apply_aborts(e, i)
+        else:
+            _poke(e, i)
+
+
+@njit
+def _gone(e: EngineState, rid: int) -> None:
+    """The request left the engine (finished or aborted)."""
+    if rid in e.where:
+        del e.where[rid]
+    if rid in e.slot_of:
+        del e.slot_of[rid]
+
+
+@njit
+def _abort_add(e: EngineState, i: int, rid: int) -> None:
+    for j in range(e.num_ab[i]):
+        if e.ab_rid[i, j] == rid:
+            return
+    if e.num_ab[i] == e.ab_rid.shape[1]:
+        a = np.zeros((e.n, 2 * e.ab_rid.shape[1]), np.int64)
+        a[:, : e.ab_rid.shape[1]] = e.ab_rid
+        e.ab_rid = a
+    e.ab_rid[i, e.num_ab[i]] = rid
+    e.num_ab[i] += 1
+
+
+@njit
+def _apply_aborts(e: EngineState, i: int) -> None:
+    s = e.scheds[i]
+    for rid in _set_order(e.ab_rid[i, : e.num_ab[i]].copy()):  # `list(inst.aborts)`
+        if rid in e.slot_of:
+            k = e.slot_of[rid]
+            if s.t[cs.C_RUNNING, k] and s.t[cs.C_RID, k] == rid and not s.t[cs.C_REPORTED, k]:
+                gen = cs.abort(s, k)
+                _out(e, O_ABORTED, rid, i, gen, 0, 0)
+                _gone(e, rid)
+    e.num_ab[i] = 0
+
+
+@njit
+def _poke(e: EngineState, i: int) -> None:
+    w = e.wake[i]
+    if w != _NONE and not e.ev_triggered[w]:
+        _schedule(e, w, 0.0, NORMAL)
+    elif e.jumping[i]:
+        e.jumping[i] = 0  # one interrupt per jump
+        _schedule(e, _event(e, E_INTERRUPT, i), 0.0, URGENT)
+
+
+# ---- an instance's process ---------------------------------------------------------------------------
+@njit
+def _busy(e: EngineState, i: int, start: float, end: float) -> None:
+    e.has_run[i] = 0
+    if end <= start:
+        return
+    e.busy[i] += end - start
+    m = e.num_seg[i]
+    if m and e.seg_end[i, m - 1] >= start - 1e-12:
+        e.seg_end[i, m - 1] = end
+        return
+    if m == e.seg_start.shape[1]:
+        a, b = np.zeros((e.n, 2 * m)), np.zeros((e.n, 2 * m))
+        a[:, :m], b[:, :m] = e.seg_start, e.seg_end
+        e.seg_start, e.seg_end = a, b
+    e.seg_start[i, m], e.seg_end[i, m] = start, end
+    e.num_seg[i] = m + 1
+
+
+@njit
+def _finished(e: EngineState, i: int, s: cs.SchedState) -> None:
+    if not s.num_due:
+        return
+    e.emitted[i] = 1
+    for j in range(s.num_due):
+        k = s.due[j]
+        rid = s.t[cs.C_RID, k]
+        gen = cs.generated(s, k)
+        _out(e, O_FINISHED, rid, i, gen, 1 if gen >= s.t[cs.C_MAX_TOKENS, k] else 0, 0)
+        _gone(e, rid)
+
+
+@njit
+def _free_kv(e: EngineState, i: int) -> None:
+    s = e.scheds[i]
+    for k in cs.free_all(s):
+        e.wake_reprefill_tokens += s.t[cs.C_NPT, k] + s.t[cs.C_GENERATED, k]
+
+
+@njit
+def _proceed(e: EngineState, i: int, interrupted: bool) -> None:
+    """Run instance i's process from where it waited to its next wait (`SimEngine._run`)."""
+    s = e.scheds[i]
+    state = e.state[i]
+    e.wait_ev[i] = _NONE
+    if state == R_WAKE:
+        e.wake[i] = _NONE
+    elif state == R_ITER:
+        _iteration_end(e, i, s, True)
+    elif state == R_JUMP:
+        if not interrupted:
+            _jump_end(e, i, s, e.k[i])
+        else:
+            done_k = _iters_done(e, s, e.now - e.start[i], e.k[i])
+            if done_k < e.k[i]:
+                done_k += 1  # the iteration in progress completes
+            end = e.start[i] + _jump_cost(e, s, done_k)
+            e.jumping[i] = 0
+            if end > e.now:
+                e.done_k[i] = done_k
+                _timeout(e, i, end - e.now, R_JUMP_REST)
+                return
+            _jump_end(e, i, s, done_k)
+    elif state == R_JUMP_REST:
+        _jump_end(e, i, s, e.done_k[i])
+    while True:
+        if e.rd_head[i] != _NONE or e.in_head[i] != _NONE:
+            _take_arrivals(e, i)
+        if e.num_ab[i]:
+            _apply_aborts(e, i)
+        if e.paused:
+            if e.sleep:
+                _free_kv(e, i)
+            _wait(e, i, e.resume_ev, R_RESUME)
+            return
+        if s.num_running == 0 and s.w_len == 0:
+            w = _event(e, E_WAKE, i)
+            e.wake[i] = w
+            _wait(e, i, w, R_WAKE)
+            return
+        if e.lockstep and e.emitted[i]:
+            e.emitted[i] = 0  # the previous iteration's outputs reach the driver before the next one starts
+            h = _event(e, E_HOLD, i)
+            if e.num_held == e.held.shape[0]:
+                e.held = _grow(e.held)
+            e.held[e.num_held] = h
+            e.num_held += 1
+            _wait(e, i, h, R_HOLD)
+            return
+        k = 0 if e.exact or e.rd_head[i] != _NONE else cs.jump_plan(s)
+        e.start[i], e.run_start[i], e.has_run[i] = e.now, e.now, 1
+        if k == 0:
+            cs.schedule(s)
+            for j in range(s.out_num_preempted):
+                v = s.out_preempted[j]
+                if not s.t[cs.C_REPORTED, v]:  # (async: a finished request's slot, dropped)
+                    _out(e, O_PREEMPTED, s.t[cs.C_RID, v], i, s.t[cs.C_GENERATED, v], 0, 0)
+                    e.emitted[i] = 1
+            batch = s.out_num_decodes + s.out_num_chunks
+            if batch == 0 and not s.out_num_preempted and s.num_finishing:  # async: only finished ones held slots
+                cs.release_finishing(s)
+                e.has_run[i] = 0
+                continue
+            if batch == 0 and not s.out_num_preempted:  # nothing running and the head cannot fit
+                e.error, e.error_inst = 1, i
+                return
+            if batch:
+                took = (e.t_w + e.alpha * batch + e.beta * s.ctx + e.gamma * s.out_decode_tokens
+                        + e.pspt * s.out_prefill_tokens + e.preq * s.out_num_chunks)  # fmt: skip
+                took += _excess(e, s.out_decode_tokens) + e.draft_s * s.num_spec
+                e.cur_batch[i], e.took[i], e.batch[i] = batch, took, batch
+                _timeout(e, i, took, R_ITER)
+                return
+            _iteration_end(e, i, s, False)
+        else:
+            e.k[i] = k
+            e.cur_batch[i] = s.num_decoding
+            e.jumping[i] = 1
+            _timeout(e, i, _jump_cost(e, s, k), R_JUMP)
+            return
+
+
+@njit
+def _iteration_end(e: EngineState, i: int, s: cs.SchedState, ran: bool) -> None:
+    if ran:
+        e.seq_time[i] += e.batch[i] * e.took[i]
+    n = s.out_num_chunks
+    chunks = s.out_chunk[:n].copy()
+    cs.complete(s)
+    for k in chunks:
+        if s.t[cs.C_GENERATED, k]:  # its prefill ended: the first token is out
+            rid = s.t[cs.C_RID, k]
+            if rid not in e.first_token:
+                e.first_token[rid] = e.now
+    _busy(e, i, e.start[i], e.now)
+    _finished(e, i, s)
+
+
+@njit
+def _jump_end(e: EngineState, i: int, s: cs.SchedState, done_k: int) -> None:
+    e.jumping[i] = 0
+    e.seq_time[i] += s.num_decoding * (e.now - e.start[i])
+    cs.advance(s, done_k)
+    _busy(e, i, e.start[i], e.now)
+    cs.finish_due(s)
+    _finished(e, i, s)
+
+
+# ---- the Engine protocol's calls ------------------------------------------------------------------
+@njit
+def submit(e: EngineState, rid: np.ndarray, prompt_id: np.ndarray, npt: np.ndarray, max_tokens: np.ndarray,
+           prompt_len: np.ndarray, more_turns: np.ndarray, target: np.ndarray, kept: np.ndarray,
+           inst: np.ndarray, rate: np.ndarray, verify: np.ndarray, lookahead: np.ndarray,
+           touched: np.ndarray) -> int:  # fmt: skip
+    """Queue these requests (deferred by one schedule on a busy instance under async scheduling),
+    then wake the instances `touched`, in that order. Returns the index of a request larger than
+    an instance's KV, or -1."""
+    for j in range(rid.shape[0]):
+        if npt[j] + target[j] > e.cap:
+            return j
+        i = inst[j]
+        s = e.scheds[i]
+        k = cs.new_slot(s, rid[j], prompt_id[j], npt[j], max_tokens[j], prompt_len[j], more_turns[j] != 0,
+                        target[j], kept[j], kept[j] > 0, rate[j], verify[j], lookahead[j])  # fmt: skip
+        if _defer(e, i):
+            _q_push(e, i, A_SUBMIT, k)
+        else:
+            cs.enqueue(s, k)
+        e.where[rid[j]] = i
+        e.slot_of[rid[j]] = k
+    for i in touched:
+        _poke(e, i)
+    return -1
+
+
+@njit
+def abort(e: EngineState, rids: np.ndarray) -> None:
+    if e.async_sched:
+        now = np.empty(rids.shape[0], np.int64)
+        m = 0
+        for rid in rids:
+            i = e.where[rid] if rid in e.where else _NONE
+            if i != _NONE and _defer(e, i):
+                _q_push(e, i, A_ABORT, rid)
+                _poke(e, i)
+            else:
+                now[m] = rid
+                m += 1
+        rids = now[:m]
+    abort_now(e, rids)
+
+
+@njit
+def call_at(e: EngineState, when: float, tag: int) -> None:
+    ev = _event(e, E_TIMER, _NONE)
+    e.ev_tag[ev] = tag
+    d = when - e.now
+    _schedule(e, ev, d if d > 0.0 else 0.0, NORMAL)
+
+
+@njit
+def pause(e: EngineState, sleep: bool) -> None:
+    e.paused, e.sleep = True, sleep
+    for i in range(e.n):
+        if not e.has_run[i]:
+            if sleep:
+                _free_kv(e, i)
+        elif e.jumping[i]:
+            e.jumping[i] = 0
+            _schedule(e, _event(e, E_INTERRUPT, i), 0.0, URGENT)
+            e.pause_interrupts += 1
+
+
+@njit
+def resume(e: EngineState) -> None:
+    e.paused = e.sleep = False
+    if not e.ev_triggered[e.resume_ev]:
+        _schedule(e, e.resume_ev, 0.0, NORMAL)
+    e.resume_ev = _event(e, E_RESUME, _NONE)
+
+
+@njit
+def step(e: EngineState, until_idle: bool) -> int:
+    """Run to the next instant with events, and through it (`SimEngine.step`); the events are the
+    outbox's first `num_ob` rows. Returns -1 when an instance cannot run its head (`error`)."""
+    for j in range(e.num_held):  # lockstep: the driver has seen the outputs; the instances go on
+        _schedule(e, e.held[j], 0.0, NORMAL)
+    e.num_held = 0
+    while e.num_ob == 0:  # (aborts the driver made since the last step may be in it already)
+        if not e.heap:
+            return 0
+        advance(e)
+        if e.error:
+            return -1
+    now = e.now
+    while e.heap and e.heap[0][0] <= now:
+        advance(e)
+        if e.error:
+            return -1
+    if until_idle and not e.lockstep:
+        while len(e.where) and not e.timed and e.heap:
+            advance(e)
+            if e.error:
+                return -1
+            now = e.now
+            while e.heap and e.heap[0][0] <= now:
+                advance(e)
+                if e.error:
+                    return -1
+    if e.lockstep:
+        e.emitted[:] = 0
+    return e.num_ob
+
+
+@njit
+def take_outbox(e: EngineState) -> tuple:
+    """The outbox's rows (kind, request id, time, instance, tokens, length?, timer tag), emptied."""
+    m = e.num_ob
+    out = (e.ob_kind[:m].copy(), e.ob_rid[:m].copy(), e.ob_time[:m].copy(), e.ob_inst[:m].copy(),
+           e.ob_tokens[:m].copy(), e.ob_length[:m].copy(), e.ob_tag[:m].copy())  # fmt: skip
+    e.num_ob = 0
+    e.timed = False
+    return out
+
+
+@njit
+def pop_first_token(e: EngineState, rid: int) -> float:
+    """When the request's first token came out (NaN if not recorded), forgotten."""
+    if rid in e.first_token:
+        t = e.first_token[rid]
+        del e.first_token[rid]
+        return t
+    return math.nan
+
+
+@njit
+def set_first_token(e: EngineState, rid: int, t: float) -> None:
+    e.first_token[rid] = t
+
+
+@njit
+def instance_times(e: EngineState, i: int) -> tuple:
+    """(busy seconds, sequence-seconds, start of the run in progress or NaN, running sequences)."""
+    return e.busy[i], e.seq_time[i], e.run_start[i] if e.has_run[i] else math.nan, e.cur_batch[i]
+
+
+@njit
+def segments(e: EngineState, i: int) -> tuple:
+    m = e.num_seg[i]
+    return e.seg_start[i, :m].copy(), e.seg_end[i, :m].copy()
+
+
+@njit
+def turn_counts(e: EngineState) -> tuple:
+    a = b = 0
+    for s in e.scheds:
+        a += s.turn_tokens
+        b += s.turn_hit_tokens
+    return a, b
+
+
+@njit
+def prefix_hit_tokens(e: EngineState) -> int:
+    n = 0
+    for s in e.scheds:
+        n += s.prefix_hit_tokens
+    return n

@@ -1,0 +1,186 @@
+"""CompiledEngine: `SimEngine` behind the same `Engine` protocol, run by the compiled core.
+
+The same instances, rules, costs and event order as `rlsim.sim.engine.SimEngine`
+(`rlsim.sim.compiled.engine` reproduces its SimPy processes), so a run gives the same bytes on
+either; this class only turns the protocol's calls into the core's arrays and the core's outbox
+into an `EventBatch`. Replay of measured iteration times is not ported: `simulate` runs
+`SimEngine` for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from rlsim.errors import RlsimError
+from rlsim.profile import Profile
+from rlsim.protocol import ABORTED, FINISHED, PREEMPTED, Aborted, EventBatch, Finished, Preempted, Request, Timer
+from rlsim.sim.compiled import engine as ce
+from rlsim.sim.replay import Replay
+
+
+class _Counts:
+    """An instance's turn counters, where `rlsim.driver.turns` reads them (`inst.sched`)."""
+
+    def __init__(self, engine: CompiledEngine, i: int) -> None:
+        self.sched = self
+        self._engine, self._i = engine, i
+
+    @property
+    def turn_tokens(self) -> int:
+        return int(self._engine.core.scheds[self._i].turn_tokens)
+
+    @property
+    def turn_hit_tokens(self) -> int:
+        return int(self._engine.core.scheds[self._i].turn_hit_tokens)
+
+
+class _FirstToken:
+    """`SimEngine.first_token` as the driver uses it: `pop(request_id, default)`, and item
+    assignment (a trajectory's first token, told at its last turn's finish)."""
+
+    def __init__(self, core: ce.EngineState) -> None:
+        self._core = core
+
+    def pop(self, rid: int, default: float | None = None) -> float | None:
+        t = ce.pop_first_token(self._core, rid)
+        return default if math.isnan(t) else float(t)
+
+    def __setitem__(self, rid: int, t: float) -> None:
+        ce.set_first_token(self._core, rid, t)
+
+
+class CompiledEngine:
+    """Simulated rollout instances behind the `Engine` protocol, compiled."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        num_instances: int,
+        exact: bool = False,
+        spec=None,  # noqa: ANN001 - rlsim.spec.speculation.SpecModel or None
+        lockstep: bool = False,
+    ) -> None:
+        engine = profile.engine
+        self.profile = profile
+        self.num_instances = num_instances
+        self.exact, self.lockstep = exact, lockstep
+        self.async_scheduling = engine.async_scheduling
+        self.block_size = engine.block_size
+        self.spec = spec
+        self.replay = dict.fromkeys(Replay.COUNTS, 0)
+        self.core = ce.new_engine(profile, num_instances, exact, lockstep, spec.draft_s if spec is not None else 0.0)
+        self.first_token = _FirstToken(self.core)
+        self.instances = [_Counts(self, i) for i in range(num_instances)]
+        self._tags: list[str] = []
+
+    # ---- what `simulate` and the records read -----------------------------------------------
+    @property
+    def prefix_hit_tokens(self) -> int:
+        return int(ce.prefix_hit_tokens(self.core))
+
+    @property
+    def wake_reprefill_tokens(self) -> int:
+        return int(self.core.wake_reprefill_tokens)
+
+    @property
+    def pause_interrupts(self) -> int:
+        return int(self.core.pause_interrupts)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.profile.engine.max_num_seqs
+
+    # ---- Engine protocol ------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return float(self.core.now)
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        n = len(requests)
+        cols = np.array(
+            [(r.request_id, r.prompt_id, r.num_prompt_tokens, r.max_tokens, r.prompt_len, r.more_turns,
+              min(r.target_tokens, r.max_tokens), r.kept_tokens, r.instance) for r in requests],
+            dtype=np.int64,
+        ).reshape(n, 9)  # fmt: skip
+        rate, verify, lookahead = np.ones(n), np.ones(n), np.zeros(n, np.int64)
+        if self.spec is not None:
+            plan = self.spec.plan
+            for j, r in enumerate(requests):
+                rate[j], verify[j] = plan(r.epoch, r.prompt_id, r.sample_idx, int(cols[j, 6]), r.policy_version)
+                if rate[j] != 1.0:
+                    lookahead[j] = self.spec.lookahead
+        touched = set()  # (woken in a set's order, as SimEngine does)
+        for r in requests:
+            touched.add(r.instance)
+        c = [np.ascontiguousarray(cols[:, j]) for j in range(9)]
+        bad = ce.submit(self.core, *c, rate, verify, lookahead, np.array(list(touched), np.int64))
+        if bad >= 0:
+            r = requests[bad]
+            target = min(r.target_tokens, r.max_tokens)
+            cap = self.core.cap
+            raise RlsimError(
+                f"request {r.request_id} (prompt {r.num_prompt_tokens} + response {target} tokens) needs "
+                f"{r.num_prompt_tokens + target} KV tokens, more than an instance holds ({cap}): raise "
+                "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
+            )
+
+    def abort(self, request_ids: Iterable[int]) -> None:
+        ce.abort(self.core, np.array(list(request_ids), np.int64))
+
+    def call_at(self, when: float, tag: str) -> None:
+        self._tags.append(tag)
+        ce.call_at(self.core, when, len(self._tags) - 1)
+
+    def pause(self, sleep: bool = False) -> None:
+        ce.pause(self.core, sleep)
+
+    def resume(self) -> None:
+        ce.resume(self.core)
+
+    def step(self, until_idle: bool = False) -> EventBatch:
+        got = ce.step(self.core, until_idle)
+        if got < 0:
+            i = int(self.core.error_inst)
+            raise RlsimError(
+                f"instance {i}: a request needs more KV than the capacity {self.core.cap}: raise "
+                "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
+            )
+        if got == 0:
+            return EventBatch()
+        kind, rid, time, inst, tokens, length, tag = ce.take_outbox(self.core)
+        out = EventBatch()
+        for k, r, t, i, n, ln, g in zip(kind.tolist(), rid.tolist(), time.tolist(), inst.tolist(), tokens.tolist(),
+                                        length.tolist(), tag.tolist(), strict=True):  # fmt: skip
+            if k == FINISHED:
+                out.append(Finished(r, t, i, n, "length" if ln else "stop"))
+            elif k == ABORTED:
+                out.append(Aborted(r, t, i, n))
+            elif k == PREEMPTED:
+                out.append(Preempted(r, t, i, n))
+            else:
+                out.append(Timer(self._tags[g], t))
+        return out
+
+    def busy_time(self, instance: int) -> float:
+        busy, _, start, _ = ce.instance_times(self.core, instance)
+        return busy + (self.core.now - start if not math.isnan(start) else 0.0)
+
+    def seq_time(self, instance: int) -> float:
+        _, seq, start, batch = ce.instance_times(self.core, instance)
+        return seq + ((self.core.now - start) * batch if not math.isnan(start) else 0.0)
+
+    def segments(self, instance: int) -> list[tuple[float, float]]:
+        """Merged busy intervals in time order, the iteration or jump in progress counted up to now."""
+        lo, hi = ce.segments(self.core, instance)
+        segs = list(zip(lo.tolist(), hi.tolist(), strict=True))
+        _, _, start, _ = ce.instance_times(self.core, instance)
+        now = float(self.core.now)
+        if not math.isnan(start) and now > start:
+            if segs and segs[-1][1] >= start - 1e-12:
+                segs[-1] = (segs[-1][0], now)
+            else:
+                segs.append((start, now))
+        return segs

@@ -1,0 +1,92 @@
+"""The compiled engine (`rlsim.sim.compiled`) gives the same run as `SimEngine`, event for event:
+every default policy's per-request records, steps, summary and busy segments, on workloads that
+preempt, abort, pause mid-jump, sleep, speculate, run turns, and under async scheduling,
+iteration by iteration (`exact`) and in lockstep; compiled and on the pure-Python path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from policies.registry import COMPARE_DEFAULT
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+from rlsim.paths import default_trace
+from rlsim.sim.compiled.jit import PURE
+from rlsim.sim.simulate import simulate
+from rlsim.trace.format import load
+
+# KV-tight: 16 GPUs as 8 TP 2 instances at 0.45 of their memory, 64 prompts a step: the golden comparison's setup
+CLUSTER = ClusterConfig(num_gpus=16, profile="h100-qwen2.5-32b-tp2")
+TIGHT = EngineConfig(gpu_memory_utilization=0.45)
+
+
+def _trace():  # noqa: ANN202 - the bundled trace's lengths (long tails: they preempt)
+    return load(default_trace())
+
+
+def _same(trace, policy: str, **kw: object) -> dict:  # noqa: ANN001
+    """Both engines' runs, held equal; returns the summary."""
+    rl = kw.pop("rl", RLConfig(prompts_per_step=64, epochs=1, max_steps=4))
+    a = simulate(trace, policy, cluster=CLUSTER, rl=rl, engine="simpy", **kw)
+    b = simulate(trace, policy, cluster=CLUSTER, rl=rl, engine="compiled", **kw)
+    sa, sb = ({k: v for k, v in r.summary.items() if k != "sim_wall_s"} for r in (a, b))
+    assert json.dumps(sa, sort_keys=True, default=str) == json.dumps(sb, sort_keys=True, default=str), policy
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
+    assert a.segments == b.segments
+    sa["_aborted"] = int((a.requests["outcome"] == "aborted").sum())
+    return sa
+
+
+@pytest.mark.parametrize("policy", COMPARE_DEFAULT)
+def test_every_policy_same_run(policy: str) -> None:
+    s = _same(_trace(), policy, engine_cfg=TIGHT)
+    assert s["preemptions"] > 0  # the workload preempts under every policy
+
+
+def test_what_the_workloads_reach() -> None:
+    """Aborts, pauses that interrupt a jump, sleeps that free the KV, speculation, with async
+    scheduling on and off, iteration by iteration and in lockstep."""
+    trace = _trace()
+    seen = {"aborted": 0, "pause_interrupts": 0, "wake_reprefill_tokens": 0}
+    for policy, kw in (
+        ("rollpacker", {"engine_cfg": TIGHT}),
+        ("async_partial", {"engine_cfg": TIGHT}),
+        ("sortedrl", {"engine_cfg": EngineConfig(gpu_memory_utilization=0.45, async_scheduling=False)}),
+        ("sync", {"engine_cfg": TIGHT, "exact": True}),
+        ("rollpacker", {"engine_cfg": TIGHT, "lockstep": True}),
+        ("histopipe+histospec", {"engine_cfg": EngineConfig(gpu_memory_utilization=0.45, enable_prefix_caching=False)}),
+    ):
+        s = _same(trace, policy, **kw)
+        seen["aborted"] += s["_aborted"]
+        seen["pause_interrupts"] += s["pause_interrupts"]
+        seen["wake_reprefill_tokens"] += s["wake_reprefill_tokens"]
+    assert all(v > 0 for v in seen.values()), seen
+
+
+def test_set_order_is_cpythons() -> None:
+    from rlsim.sim.compiled.engine import _set_order
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 9, 40, 300):
+        vals = rng.integers(0, 10**7, n)
+        assert _set_order(vals).tolist() == list(set(vals.tolist())), n  # a set built in this order
+
+
+@pytest.mark.skipif(PURE, reason="already on the pure-Python path")
+def test_the_pure_path_agrees() -> None:
+    env = {**os.environ, "RLSIM_PURE_PYTHON": "1"}
+    tests = [f"{__file__}::test_every_policy_same_run[{p}]" for p in ("sync", "rollpacker")]
+    tests.append(f"{__file__}::test_set_order_is_cpythons")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "3 passed" in out.stdout
