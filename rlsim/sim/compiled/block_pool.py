@@ -53,17 +53,17 @@ def own_key(request_id: int) -> int:
     return -1 - request_id
 
 
+@njit
 def new_pool(num_blocks: int, enable_caching: bool, capacity: int = 64) -> PoolState:
     """Every block free, nothing cached."""
     z = np.zeros
-    parts = np.full((capacity, 3), _NONE, np.int64)
     p = PoolState(
         num_blocks, enable_caching,
         z(capacity, np.int64), z(capacity, np.int64), z(capacity, np.int64), z(capacity, np.int64),
         z(capacity, np.int64), 0, 1,
         z(capacity, np.int64), z(capacity, np.int64), z(capacity, np.int64), z(capacity, np.int64),
-        z(capacity, np.int64), parts, z(capacity, np.int64), z(capacity, np.int64), 0,
-        int_dict(), int_dict(),
+        z(capacity, np.int64), np.full((capacity, 3), _NONE, np.int64), z(capacity, np.int64),
+        z(capacity, np.int64), 0, int_dict(), int_dict(),
     )  # fmt: skip
     reset(p, num_blocks)
     return p

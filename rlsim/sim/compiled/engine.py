@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from rlsim.sim.compiled import scheduler as cs
-from rlsim.sim.compiled.jit import PURE, Record, StructType, define, int_dict, njit
+from rlsim.sim.compiled.jit import PURE, Record, StructType, define, float_dict, int_dict, njit
 
 FIELDS = (
     # settings and the profile's cost model
@@ -70,61 +70,72 @@ _NONE = -1
 def new_engine(profile, num_instances: int, exact: bool, lockstep: bool, draft_s: float) -> EngineState:  # noqa: ANN001
     """The state of `num_instances` idle instances under `profile` (a `Profile` with its engine)."""
     engine = profile.engine
-    num_blocks = profile.kv_capacity_tokens // engine.block_size
     knots = profile.decode_residual_s or []
-    n, cap = num_instances, 16
-    zi, zf = (lambda m: np.zeros(m, np.int64)), (lambda m: np.zeros(m))
-    heap = [(0.0, 0, 0, 0)][:0] if PURE else _typed_list((0.0, 0, 0, 0))
-    scheds = [
-        cs.new_scheduler(
-            num_blocks, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
-            engine.enable_chunked_prefill, engine.enable_prefix_caching, engine.async_scheduling,
-        )
-        for _ in range(n)
-    ]  # fmt: skip
-    if not PURE:
-        scheds = _typed_list(scheds)
-    e = EngineState(
-        n, exact, lockstep, engine.async_scheduling, num_blocks * engine.block_size, profile.t_w_s, profile.alpha_s,
-        profile.beta_s, profile.gamma_s, profile.prefill_s_per_token, profile.prefill_request_s,
+    return _make_engine(
+        num_instances, exact, lockstep, engine.async_scheduling, profile.kv_capacity_tokens // engine.block_size,
+        engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
+        engine.enable_prefix_caching, profile.t_w_s, profile.alpha_s, profile.beta_s, profile.gamma_s,
+        profile.prefill_s_per_token, profile.prefill_request_s,
         profile.t_w_s if profile.linear_t0_s is None else profile.linear_t0_s,
         np.array([x for x, _ in knots], np.float64), np.array([y for _, y in knots], np.float64), draft_s,
-        0.0, 0, heap, zi(cap), zi(cap), zi(cap), zi(cap), zi(cap), 0, 0,
-        scheds, np.full(n, _NONE, np.int64), zi(n), 0, zi(n), zi(n), zf(n), zf(n), zi(n),
-        zf(n), zi(n), zi(n), np.full(n, _NONE, np.int64), zi(n), zf(n), zf(n), zi(n), zi(n),
-        np.zeros((n, cap)), np.zeros((n, cap)), zi(n), np.zeros((n, 4), np.int64), zi(n),
-        zi(cap), zi(cap), zi(cap), np.full(n, _NONE, np.int64), np.full(n, _NONE, np.int64),
-        np.full(n, _NONE, np.int64), np.full(n, _NONE, np.int64), zi(cap), 0, 0,
-        False, False, 0, zi(max(n, 1)), 0, int_dict(), int_dict(), _float_dict(),
+    )  # fmt: skip
+
+
+@njit
+def _make_engine(n: int, exact: bool, lockstep: bool, async_sched: bool, num_blocks: int, block_size: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, chunked: bool, caching: bool, t_w: float,
+                 alpha: float, beta: float, gamma: float, pspt: float, preq: float, t0: float,
+                 resid_x: np.ndarray, resid_y: np.ndarray, draft_s: float) -> EngineState:  # fmt: skip
+    cap = 16
+    zi = np.zeros(cap, np.int64)
+    ni = np.zeros(n, np.int64)
+    nf = np.zeros(n)
+    none = np.full(n, _NONE, np.int64)
+    scheds = _scheds(n, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, chunked, caching, async_sched)
+    e = EngineState(
+        n, exact, lockstep, async_sched, num_blocks * block_size, t_w, alpha, beta, gamma, pspt, preq, t0,
+        resid_x, resid_y, draft_s,
+        0.0, 0, _new_heap(), zi.copy(), zi.copy(), zi.copy(), zi.copy(), zi.copy(), 0, 0,
+        scheds, none.copy(), ni.copy(), 0, ni.copy(), ni.copy(), nf.copy(), nf.copy(), ni.copy(),
+        nf.copy(), ni.copy(), ni.copy(), none.copy(), ni.copy(), nf.copy(), nf.copy(), ni.copy(), ni.copy(),
+        np.zeros((n, cap)), np.zeros((n, cap)), ni.copy(), np.zeros((n, 4), np.int64), ni.copy(),
+        zi.copy(), zi.copy(), zi.copy(), none.copy(), none.copy(), none.copy(), none.copy(), zi.copy(), 0, 0,
+        False, False, 0, np.zeros(max(n, 1), np.int64), 0, int_dict(), int_dict(), float_dict(),
         0, 0, False,
-        zi(cap), zi(cap), zf(cap), zi(cap), zi(cap), zi(cap), zi(cap), 0,
-        0, 0, zi(cap),
+        zi.copy(), zi.copy(), np.zeros(cap), zi.copy(), zi.copy(), zi.copy(), zi.copy(), 0,
+        0, 0, zi.copy(),
     )  # fmt: skip
     _start(e)
     return e
 
 
-def _typed_list(items):  # noqa: ANN001, ANN202 - a numba typed list of these items (or of this one's type, empty)
+if PURE:
+
+    def _scheds(n: int, *args: object) -> list:
+        return [cs.new_scheduler(*args) for _ in range(n)]
+
+    def _new_heap() -> list:
+        return []
+
+else:
     from numba.typed import List
 
-    if isinstance(items, list):
+    @njit
+    def _scheds(n: int, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                chunked: bool, caching: bool, async_sched: bool) -> list:  # fmt: skip
         out = List()
-        for x in items:
-            out.append(x)
+        for _ in range(n):
+            out.append(cs.new_scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, chunked,
+                                        caching, async_sched))  # fmt: skip
         return out
-    out = List()
-    out.append(items)
-    out.pop()
-    return out
 
-
-def _float_dict():  # noqa: ANN202 - int -> float mapping
-    if PURE:
-        return {}
-    from numba import types
-    from numba.typed import Dict
-
-    return Dict.empty(key_type=types.int64, value_type=types.float64)
+    @njit
+    def _new_heap() -> list:
+        """An empty queue of (time, priority, event number, event)."""
+        h = List()
+        h.append((0.0, 0, 0, 0))
+        h.pop()
+        return h
 
 
 @njit
@@ -767,6 +778,23 @@ def pop_first_token(e: EngineState, rid: int) -> float:
         del e.first_token[rid]
         return t
     return math.nan
+
+
+@njit
+def clock(e: EngineState) -> float:
+    return e.now
+
+
+@njit
+def counters(e: EngineState) -> tuple:
+    """(Tokens re-prefilled after sleeps, jumps a pause interrupted, the instance in error)."""
+    return e.wake_reprefill_tokens, e.pause_interrupts, e.error_inst
+
+
+@njit
+def turn_counts_of(e: EngineState, i: int) -> tuple:
+    s = e.scheds[i]
+    return s.turn_tokens, s.turn_hit_tokens
 
 
 @njit

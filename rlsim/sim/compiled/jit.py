@@ -9,8 +9,9 @@ The pure path runs the very same source, so it gives the same bytes; CI runs bot
 The state a compiled function works on is a record: a `Record` subclass whose numba type is a
 `StructType` subclass, tied by `define`. Compiled, it is a numba `StructRef` (its fields, arrays
 included, reassignable inside compiled code, so tables can grow there); on the pure path, a plain
-slotted class with the same fields. `int_dict()` is the matching int -> int mapping (a numba
-typed dict, or a dict).
+slotted class with the same fields; build records inside a compiled function, so that their
+constructor is cached with it. `int_dict()` and `float_dict()` are the matching mappings (numba
+typed dicts, or dicts).
 """
 
 from __future__ import annotations
@@ -36,11 +37,27 @@ def njit(fn: Callable) -> Callable:
     return numba.njit(cache=True, fastmath=False, nogil=True)(fn)
 
 
-def int_dict() -> dict:
-    """An empty int -> int mapping the compiled code can take."""
-    if PURE:
+if PURE:
+
+    def int_dict() -> dict:
+        """An empty int -> int mapping the compiled code can take (callable in compiled code)."""
         return {}
-    return Dict.empty(key_type=types.int64, value_type=types.int64)
+
+    def float_dict() -> dict:
+        """An empty int -> float mapping the compiled code can take (callable in compiled code)."""
+        return {}
+
+else:
+
+    @numba.njit(cache=True)
+    def int_dict() -> dict:
+        """An empty int -> int mapping the compiled code can take (callable in compiled code)."""
+        return Dict.empty(key_type=types.int64, value_type=types.int64)
+
+    @numba.njit(cache=True)
+    def float_dict() -> dict:
+        """An empty int -> float mapping the compiled code can take (callable in compiled code)."""
+        return Dict.empty(key_type=types.int64, value_type=types.float64)
 
 
 if PURE:

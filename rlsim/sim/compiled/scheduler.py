@@ -26,7 +26,7 @@ _SLOT_INTS = (
     "start_iter", "finish_iter", "decoding", "num_hashed_blocks", "order", "prompt_blocks", "transfer",
     "reported", "nhashed", "r_prev", "r_next", "running", "lookahead", "held_lookahead", "spec_pos",
 )  # fmt: skip
-_SLOT_FLOATS = ("rate", "verify", "spec_computed", "spec_start_iter")
+_SLOT_FLOATS = ("rate", "verify", "spec_computed", "spec_start_iter")  # fmt: skip
 FIELDS = (
     "num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "chunked", "caching", "async_sched",
     "pool", "t", "tf", "hashed", "spare", "num_spare", "num_slots", "num_running",
@@ -61,35 +61,43 @@ class SchedState(Record):
 define(SchedState, SchedStateType, FIELDS)
 
 
+@njit
 def new_scheduler(
     num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
     enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, async_scheduling: bool = False,
 ) -> SchedState:  # fmt: skip
     cap = 16
-    t = np.zeros((len(_SLOT_INTS), cap), np.int64)
-    t[C_R_PREV, 0] = t[C_R_NEXT, 0] = 0  # slot 0: the running list's sentinel
+    t = np.zeros((len(_SLOT_INTS), cap), np.int64)  # (slot 0: the running list's sentinel)
     tf = np.zeros((len(_SLOT_FLOATS), cap))
-    heap = [(0, 0, 0)][:0] if PURE else _empty_heap()
+    z = np.zeros
     return SchedState(
         num_blocks, block_size, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
         enable_prefix_caching, async_scheduling,
-        bp.new_pool(num_blocks, enable_prefix_caching), t, tf, np.full((cap, 4), -1, np.int64),
-        np.zeros(cap, np.int64), 0, 1, 0,
-        np.zeros(cap, np.int64), 0, 0, heap, 0, 0.0, 0, 0.0, 0.0,
-        0, 0, 0, 0, np.zeros(cap, np.int64), np.zeros(cap, np.int64), 0,
-        0.0, 0, 0, np.zeros(cap, np.int64), np.zeros(cap, np.int64), 0,
-        np.zeros(cap, np.int64), 0, False, np.zeros(cap, np.int64), 0, np.zeros(block_size, np.int64),
-        0, np.zeros(cap, np.int64), 0,
+        bp.new_pool(num_blocks, enable_prefix_caching, 64), t, tf, np.full((cap, 4), -1, np.int64),
+        z(cap, np.int64), 0, 1, 0,
+        z(cap, np.int64), 0, 0, _new_heap(), 0, 0.0, 0, 0.0, 0.0,
+        0, 0, 0, 0, z(cap, np.int64), z(cap, np.int64), 0,
+        0.0, 0, 0, z(cap, np.int64), z(cap, np.int64), 0,
+        z(cap, np.int64), 0, False, z(cap, np.int64), 0, z(block_size, np.int64),
+        0, z(cap, np.int64), 0,
     )  # fmt: skip
 
 
-def _empty_heap():  # noqa: ANN202 - a numba reflected list would be copied each call: a typed one
+if PURE:
+
+    def _new_heap() -> list:
+        return []
+
+else:
     from numba.typed import List
 
-    h = List()
-    h.append((0, 0, 0))
-    h.pop()
-    return h
+    @njit
+    def _new_heap() -> list:
+        """An empty heap of (finish_iter, request_id, slot)."""
+        h = List()
+        h.append((0, 0, 0))
+        h.pop()
+        return h
 
 
 # ---- the slot table ----------------------------------------------------------------------------

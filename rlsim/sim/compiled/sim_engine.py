@@ -30,11 +30,11 @@ class _Counts:
 
     @property
     def turn_tokens(self) -> int:
-        return int(self._engine.core.scheds[self._i].turn_tokens)
+        return int(ce.turn_counts_of(self._engine.core, self._i)[0])
 
     @property
     def turn_hit_tokens(self) -> int:
-        return int(self._engine.core.scheds[self._i].turn_hit_tokens)
+        return int(ce.turn_counts_of(self._engine.core, self._i)[1])
 
 
 class _FirstToken:
@@ -72,6 +72,7 @@ class CompiledEngine:
         self.spec = spec
         self.replay = dict.fromkeys(Replay.COUNTS, 0)
         self.core = ce.new_engine(profile, num_instances, exact, lockstep, spec.draft_s if spec is not None else 0.0)
+        self._cap = profile.kv_capacity_tokens // engine.block_size * engine.block_size
         self.first_token = _FirstToken(self.core)
         self.instances = [_Counts(self, i) for i in range(num_instances)]
         self._tags: list[str] = []
@@ -83,11 +84,11 @@ class CompiledEngine:
 
     @property
     def wake_reprefill_tokens(self) -> int:
-        return int(self.core.wake_reprefill_tokens)
+        return int(ce.counters(self.core)[0])
 
     @property
     def pause_interrupts(self) -> int:
-        return int(self.core.pause_interrupts)
+        return int(ce.counters(self.core)[1])
 
     @property
     def max_num_seqs(self) -> int:
@@ -96,7 +97,7 @@ class CompiledEngine:
     # ---- Engine protocol ------------------------------------------------------------------
     @property
     def now(self) -> float:
-        return float(self.core.now)
+        return ce.clock(self.core)
 
     def submit(self, requests: Sequence[Request]) -> None:
         n = len(requests)
@@ -120,7 +121,7 @@ class CompiledEngine:
         if bad >= 0:
             r = requests[bad]
             target = min(r.target_tokens, r.max_tokens)
-            cap = self.core.cap
+            cap = self._cap
             raise RlsimError(
                 f"request {r.request_id} (prompt {r.num_prompt_tokens} + response {target} tokens) needs "
                 f"{r.num_prompt_tokens + target} KV tokens, more than an instance holds ({cap}): raise "
@@ -143,9 +144,9 @@ class CompiledEngine:
     def step(self, until_idle: bool = False) -> EventBatch:
         got = ce.step(self.core, until_idle)
         if got < 0:
-            i = int(self.core.error_inst)
+            i = int(ce.counters(self.core)[2])
             raise RlsimError(
-                f"instance {i}: a request needs more KV than the capacity {self.core.cap}: raise "
+                f"instance {i}: a request needs more KV than the capacity {self._cap}: raise "
                 "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
             )
         if got == 0:
@@ -166,18 +167,18 @@ class CompiledEngine:
 
     def busy_time(self, instance: int) -> float:
         busy, _, start, _ = ce.instance_times(self.core, instance)
-        return busy + (self.core.now - start if not math.isnan(start) else 0.0)
+        return busy + (ce.clock(self.core) - start if not math.isnan(start) else 0.0)
 
     def seq_time(self, instance: int) -> float:
         _, seq, start, batch = ce.instance_times(self.core, instance)
-        return seq + ((self.core.now - start) * batch if not math.isnan(start) else 0.0)
+        return seq + ((ce.clock(self.core) - start) * batch if not math.isnan(start) else 0.0)
 
     def segments(self, instance: int) -> list[tuple[float, float]]:
         """Merged busy intervals in time order, the iteration or jump in progress counted up to now."""
         lo, hi = ce.segments(self.core, instance)
         segs = list(zip(lo.tolist(), hi.tolist(), strict=True))
         _, _, start, _ = ce.instance_times(self.core, instance)
-        now = float(self.core.now)
+        now = float(ce.clock(self.core))
         if not math.isnan(start) and now > start:
             if segs and segs[-1][1] >= start - 1e-12:
                 segs[-1] = (segs[-1][0], now)
