@@ -39,7 +39,7 @@ FIELDS = (
     # the engine
     "paused", "sleep", "resume_ev", "held", "num_held", "where", "slot_of", "first_token",
     "wake_reprefill_tokens", "pause_interrupts", "timed",
-    "ob_kind", "ob_rid", "ob_time", "ob_inst", "ob_tokens", "ob_length", "ob_tag", "num_ob",
+    "ob_i", "ob_f", "num_ob",
     "error", "error_inst", "scratch",
 )  # fmt: skip
 
@@ -102,7 +102,7 @@ def _make_engine(n: int, exact: bool, lockstep: bool, async_sched: bool, num_blo
         zi.copy(), zi.copy(), zi.copy(), none.copy(), none.copy(), none.copy(), none.copy(), zi.copy(), 0, 0,
         False, False, 0, np.zeros(max(n, 1), np.int64), 0, int_dict(), int_dict(), float_dict(),
         0, 0, False,
-        zi.copy(), zi.copy(), np.zeros(cap), zi.copy(), zi.copy(), zi.copy(), zi.copy(), 0,
+        np.zeros((cap, 6), np.int64), np.zeros((cap, 2)), 0,
         0, 0, zi.copy(),
     )  # fmt: skip
     _start(e)
@@ -232,13 +232,18 @@ def advance(e: EngineState) -> None:
 # ---- the outbox -----------------------------------------------------------------------------------
 @njit
 def _out(e: EngineState, kind: int, rid: int, inst: int, tokens: int, length: int, tag: int) -> None:
+    """An outbox row: (kind, request id, instance, tokens, length?, timer tag) and (time, first
+    token time: a finished or aborted request's, NaN if it had none, which the engine forgets)."""
     j = e.num_ob
-    if j == e.ob_kind.shape[0]:
-        e.ob_kind, e.ob_rid, e.ob_time = _grow(e.ob_kind), _grow(e.ob_rid), _grow(e.ob_time)
-        e.ob_inst, e.ob_tokens = _grow(e.ob_inst), _grow(e.ob_tokens)
-        e.ob_length, e.ob_tag = _grow(e.ob_length), _grow(e.ob_tag)
-    e.ob_kind[j], e.ob_rid[j], e.ob_time[j], e.ob_inst[j] = kind, rid, e.now, inst
-    e.ob_tokens[j], e.ob_length[j], e.ob_tag[j] = tokens, length, tag
+    if j == e.ob_i.shape[0]:
+        e.ob_i, e.ob_f = _grow(e.ob_i), _grow(e.ob_f)
+    r = e.ob_i[j]
+    r[0], r[1], r[2], r[3], r[4], r[5] = kind, rid, inst, tokens, length, tag
+    first = math.nan
+    if (kind == O_FINISHED or kind == O_ABORTED) and rid in e.first_token:
+        first = e.first_token[rid]
+        del e.first_token[rid]
+    e.ob_f[j, 0], e.ob_f[j, 1] = e.now, first
     e.num_ob += 1
 
 
@@ -727,9 +732,21 @@ def resume(e: EngineState) -> None:
 
 
 @njit
-def step(e: EngineState, until_idle: bool) -> int:
-    """Run to the next instant with events, and through it (`SimEngine.step`); the events are the
-    outbox's first `num_ob` rows. Returns -1 when an instance cannot run its head (`error`)."""
+def step(e: EngineState, until_idle: bool) -> tuple:
+    """Run to the next instant with events, and through it (`SimEngine.step`). Returns (status,
+    the outbox's rows as `_out` writes them, the time): status 0 when nothing is left to happen,
+    -1 when an instance cannot run its head (`error`), else the number of rows."""
+    status = _step(e, until_idle)
+    m = e.num_ob if status > 0 else 0
+    rows, times = e.ob_i[:m].copy(), e.ob_f[:m].copy()
+    if status > 0:
+        e.num_ob = 0
+        e.timed = False
+    return status, rows, times, e.now
+
+
+@njit
+def _step(e: EngineState, until_idle: bool) -> int:
     for j in range(e.num_held):  # lockstep: the driver has seen the outputs; the instances go on
         _schedule(e, e.held[j], 0.0, NORMAL)
     e.num_held = 0
@@ -760,27 +777,6 @@ def step(e: EngineState, until_idle: bool) -> int:
 
 
 @njit
-def take_outbox(e: EngineState) -> tuple:
-    """The outbox's rows (kind, request id, time, instance, tokens, length?, timer tag), emptied."""
-    m = e.num_ob
-    out = (e.ob_kind[:m].copy(), e.ob_rid[:m].copy(), e.ob_time[:m].copy(), e.ob_inst[:m].copy(),
-           e.ob_tokens[:m].copy(), e.ob_length[:m].copy(), e.ob_tag[:m].copy())  # fmt: skip
-    e.num_ob = 0
-    e.timed = False
-    return out
-
-
-@njit
-def pop_first_token(e: EngineState, rid: int) -> float:
-    """When the request's first token came out (NaN if not recorded), forgotten."""
-    if rid in e.first_token:
-        t = e.first_token[rid]
-        del e.first_token[rid]
-        return t
-    return math.nan
-
-
-@njit
 def clock(e: EngineState) -> float:
     return e.now
 
@@ -795,11 +791,6 @@ def counters(e: EngineState) -> tuple:
 def turn_counts_of(e: EngineState, i: int) -> tuple:
     s = e.scheds[i]
     return s.turn_tokens, s.turn_hit_tokens
-
-
-@njit
-def set_first_token(e: EngineState, rid: int, t: float) -> None:
-    e.first_token[rid] = t
 
 
 @njit

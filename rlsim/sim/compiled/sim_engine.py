@@ -37,21 +37,6 @@ class _Counts:
         return int(ce.turn_counts_of(self._engine.core, self._i)[1])
 
 
-class _FirstToken:
-    """`SimEngine.first_token` as the driver uses it: `pop(request_id, default)`, and item
-    assignment (a trajectory's first token, told at its last turn's finish)."""
-
-    def __init__(self, core: ce.EngineState) -> None:
-        self._core = core
-
-    def pop(self, rid: int, default: float | None = None) -> float | None:
-        t = ce.pop_first_token(self._core, rid)
-        return default if math.isnan(t) else float(t)
-
-    def __setitem__(self, rid: int, t: float) -> None:
-        ce.set_first_token(self._core, rid, t)
-
-
 class CompiledEngine:
     """Simulated rollout instances behind the `Engine` protocol, compiled."""
 
@@ -73,7 +58,9 @@ class CompiledEngine:
         self.replay = dict.fromkeys(Replay.COUNTS, 0)
         self.core = ce.new_engine(profile, num_instances, exact, lockstep, spec.draft_s if spec is not None else 0.0)
         self._cap = profile.kv_capacity_tokens // engine.block_size * engine.block_size
-        self.first_token = _FirstToken(self.core)
+        # first token times of the requests the last batches finished or aborted (the driver pops them)
+        self.first_token: dict[int, float] = {}
+        self._now = 0.0
         self.instances = [_Counts(self, i) for i in range(num_instances)]
         self._tags: list[str] = []
 
@@ -97,7 +84,7 @@ class CompiledEngine:
     # ---- Engine protocol ------------------------------------------------------------------
     @property
     def now(self) -> float:
-        return ce.clock(self.core)
+        return self._now  # (only `step` moves the clock)
 
     def submit(self, requests: Sequence[Request]) -> None:
         n = len(requests)
@@ -142,43 +129,46 @@ class CompiledEngine:
         ce.resume(self.core)
 
     def step(self, until_idle: bool = False) -> EventBatch:
-        got = ce.step(self.core, until_idle)
+        got, rows, times, self._now = ce.step(self.core, until_idle)
         if got < 0:
             i = int(ce.counters(self.core)[2])
             raise RlsimError(
                 f"instance {i}: a request needs more KV than the capacity {self._cap}: raise "
                 "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
             )
-        if got == 0:
-            return EventBatch()
-        kind, rid, time, inst, tokens, length, tag = ce.take_outbox(self.core)
         out = EventBatch()
-        for k, r, t, i, n, ln, g in zip(kind.tolist(), rid.tolist(), time.tolist(), inst.tolist(), tokens.tolist(),
-                                        length.tolist(), tag.tolist(), strict=True):  # fmt: skip
+        if got == 0:
+            return out
+        first_token = self.first_token
+        for (k, r, i, n, ln, g), (t, first) in zip(rows.tolist(), times.tolist(), strict=True):
             if k == FINISHED:
                 out.append(Finished(r, t, i, n, "length" if ln else "stop"))
             elif k == ABORTED:
                 out.append(Aborted(r, t, i, n))
             elif k == PREEMPTED:
                 out.append(Preempted(r, t, i, n))
+                continue
             else:
                 out.append(Timer(self._tags[g], t))
+                continue
+            if first == first:  # (not NaN)
+                first_token[r] = first
         return out
 
     def busy_time(self, instance: int) -> float:
         busy, _, start, _ = ce.instance_times(self.core, instance)
-        return busy + (ce.clock(self.core) - start if not math.isnan(start) else 0.0)
+        return busy + (self._now - start if not math.isnan(start) else 0.0)
 
     def seq_time(self, instance: int) -> float:
         _, seq, start, batch = ce.instance_times(self.core, instance)
-        return seq + ((ce.clock(self.core) - start) * batch if not math.isnan(start) else 0.0)
+        return seq + ((self._now - start) * batch if not math.isnan(start) else 0.0)
 
     def segments(self, instance: int) -> list[tuple[float, float]]:
         """Merged busy intervals in time order, the iteration or jump in progress counted up to now."""
         lo, hi = ce.segments(self.core, instance)
         segs = list(zip(lo.tolist(), hi.tolist(), strict=True))
         _, _, start, _ = ce.instance_times(self.core, instance)
-        now = float(ce.clock(self.core))
+        now = float(self._now)
         if not math.isnan(start) and now > start:
             if segs and segs[-1][1] >= start - 1e-12:
                 segs[-1] = (segs[-1][0], now)
