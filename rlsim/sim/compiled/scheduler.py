@@ -25,6 +25,7 @@ _SLOT_INTS = (
     "rid", "prompt_id", "npt", "max_tokens", "prompt_len", "more_turns", "target", "generated", "computed",
     "start_iter", "finish_iter", "decoding", "num_hashed_blocks", "order", "prompt_blocks", "transfer",
     "reported", "nhashed", "r_prev", "r_next", "running", "lookahead", "held_lookahead", "spec_pos",
+    "p_prev", "p_next", "prefilling", "ph_prev", "ph_next", "ph",
 )  # fmt: skip
 _SLOT_FLOATS = ("rate", "verify", "spec_computed", "spec_start_iter")  # fmt: skip
 FIELDS = (
@@ -33,7 +34,7 @@ FIELDS = (
     "w_buf", "w_head", "w_len", "heap", "iters", "ctx", "num_decoding", "rate_sum", "verify_sum",
     "order_ctr", "prefix_hit_tokens", "turn_tokens", "turn_hit_tokens", "finishing", "finishing_rid", "num_finishing",
     "out_decode_tokens", "out_prefill_tokens", "out_num_decodes", "out_chunk", "out_take", "out_num_chunks",
-    "out_preempted", "out_num_preempted", "out_blocked", "due", "num_due", "phase_counts",
+    "out_preempted", "out_num_preempted", "out_blocked", "due", "num_due", "phase_counts", "ph_head",
     "num_unit_rate", "spec", "num_spec",
 )  # fmt: skip
 # rows of the slot table `t`, one per field of a `Seq` (and the running list's links)
@@ -43,6 +44,11 @@ C_ORDER, C_PROMPT_BLOCKS, C_TRANSFER, C_REPORTED, C_NHASHED, C_R_PREV, C_R_NEXT,
     13, 14, 15, 16, 17, 18, 19, 20,
 )
 C_LOOKAHEAD, C_HELD_LOOKAHEAD, C_SPEC_POS = 21, 22, 23
+# the running requests not yet decoding, in running order (linked through slot 0 too): the only ones
+# an iteration's prefill chunks come from, so that it need not walk every running request
+C_P_PREV, C_P_NEXT, C_PREFILLING = 24, 25, 26
+# the unit-rate decoders of each phase (`InstanceScheduler.phase`), one linked list per phase
+C_PH_PREV, C_PH_NEXT, C_PH = 27, 28, 29
 # rows of the float table `tf`: a decoder's tokens per iteration and tokens verified per iteration
 # and, while it decodes at another rate than one, its computed tokens and start iteration
 F_RATE, F_VERIFY, F_SPEC_COMPUTED, F_SPEC_START_ITER = 0, 1, 2, 3
@@ -78,7 +84,7 @@ def new_scheduler(
         z(cap, np.int64), 0, 0, _new_heap(), 0, 0.0, 0, 0.0, 0.0,
         0, 0, 0, 0, z(cap, np.int64), z(cap, np.int64), 0,
         0.0, 0, 0, z(cap, np.int64), z(cap, np.int64), 0,
-        z(cap, np.int64), 0, False, z(cap, np.int64), 0, z(block_size, np.int64),
+        z(cap, np.int64), 0, False, z(cap, np.int64), 0, z(block_size, np.int64), np.full(block_size, -1, np.int64),
         0, z(cap, np.int64), 0,
     )  # fmt: skip
 
@@ -237,6 +243,11 @@ def _r_append(s: SchedState, k: int) -> None:
     t[C_R_PREV, 0] = k
     t[C_RUNNING, k] = 1
     s.num_running += 1
+    last = t[C_P_PREV, 0]  # (admitted: it prefills first)
+    t[C_P_PREV, k], t[C_P_NEXT, k] = last, 0
+    t[C_P_NEXT, last] = k
+    t[C_P_PREV, 0] = k
+    t[C_PREFILLING, k] = 1
 
 
 @njit
@@ -246,6 +257,16 @@ def _r_remove(s: SchedState, k: int) -> None:
     t[C_R_NEXT, a], t[C_R_PREV, b] = b, a
     t[C_RUNNING, k] = 0
     s.num_running -= 1
+    _p_remove(s, k)
+
+
+@njit
+def _p_remove(s: SchedState, k: int) -> None:
+    t = s.t
+    if t[C_PREFILLING, k]:
+        a, b = t[C_P_PREV, k], t[C_P_NEXT, k]
+        t[C_P_NEXT, a], t[C_P_PREV, b] = b, a
+        t[C_PREFILLING, k] = 0
 
 
 # ---- token positions of a decoding request -------------------------------------------------------
@@ -288,8 +309,15 @@ def _stop_decoding(s: SchedState, k: int) -> None:
         t[C_GENERATED, k] += min(ran, t[C_TARGET, k] - t[C_GENERATED, k])
         t[C_COMPUTED, k] += ran
         s.num_unit_rate -= 1
-        ph = (t[C_COMPUTED, k] - 1 - s.iters) % s.block_size
+        ph = t[C_PH, k]
         s.phase_counts[ph] -= 1
+        a, b = t[C_PH_PREV, k], t[C_PH_NEXT, k]
+        if a < 0:
+            s.ph_head[ph] = b
+        else:
+            t[C_PH_NEXT, a] = b
+        if b >= 0:
+            t[C_PH_PREV, b] = a
     else:  # out of the speculating list (the last one takes its place)
         i = t[C_SPEC_POS, k]
         last = s.spec[s.num_spec - 1]
@@ -307,6 +335,7 @@ def _start_decoding(s: SchedState, k: int, at: int) -> None:
     t, tf = s.t, s.tf
     rate = tf[F_RATE, k]
     at = s.iters if at < 0 else at
+    _p_remove(s, k)
     t[C_DECODING, k] = 1
     t[C_START_ITER, k] = at
     t[C_FINISH_ITER, k] = at + math.ceil((t[C_TARGET, k] - t[C_GENERATED, k]) / rate - 1e-9)
@@ -317,6 +346,11 @@ def _start_decoding(s: SchedState, k: int, at: int) -> None:
         s.num_unit_rate += 1
         ph = (t[C_COMPUTED, k] - 1 - at) % s.block_size
         s.phase_counts[ph] += 1
+        head = s.ph_head[ph]
+        t[C_PH, k], t[C_PH_PREV, k], t[C_PH_NEXT, k] = ph, -1, head
+        if head >= 0:
+            t[C_PH_PREV, head] = k
+        s.ph_head[ph] = k
     else:
         if s.num_spec == s.spec.shape[0]:
             s.spec = _grow(s.spec)
@@ -326,11 +360,6 @@ def _start_decoding(s: SchedState, k: int, at: int) -> None:
         tf[F_SPEC_COMPUTED, k] = t[C_COMPUTED, k] + t[C_HELD_LOOKAHEAD, k]
         tf[F_SPEC_START_ITER, k] = at
     heapq.heappush(s.heap, (t[C_FINISH_ITER, k], t[C_RID, k], k))
-
-
-@njit
-def _phase(s: SchedState, k: int) -> int:
-    return (s.t[C_COMPUTED, k] - 1 - s.t[C_START_ITER, k]) % s.block_size
 
 
 # ---- one iteration -------------------------------------------------------------------------------
@@ -401,23 +430,22 @@ def schedule(s: SchedState) -> None:
     if _bulk_ok(s, budget):
         dec = decode_blocks(s, 1) if s.num_decoding else 0
         need = dec
-        k = t[C_R_NEXT, 0]
+        k = t[C_P_NEXT, 0]
         while k != 0:
-            if not t[C_DECODING, k] and not t[C_REPORTED, k]:
-                need += _chunk_blocks(s, k, t[C_NPT, k] + t[C_GENERATED, k] - t[C_COMPUTED, k])[0]
-            k = t[C_R_NEXT, k]
+            need += _chunk_blocks(s, k, t[C_NPT, k] + t[C_GENERATED, k] - t[C_COMPUTED, k])[0]
+            k = t[C_P_NEXT, k]
         if need <= s.pool.free:  # nothing preempts and every running request fits the budget
             bp.take(s.pool, dec)
             budget -= math.ceil(s.verify_sum - 1e-9)
             s.out_decode_tokens, s.out_num_decodes = s.verify_sum, s.num_decoding
             s.ctx += s.rate_sum
-            k = t[C_R_NEXT, 0]
+            k = t[C_P_NEXT, 0]
             while k != 0:
-                if not t[C_DECODING, k] and not t[C_REPORTED, k]:
-                    take = t[C_NPT, k] + t[C_GENERATED, k] - t[C_COMPUTED, k]
-                    _prefill_chunk(s, k, take)
-                    budget -= take
-                k = t[C_R_NEXT, k]
+                nxt = t[C_P_NEXT, k]
+                take = t[C_NPT, k] + t[C_GENERATED, k] - t[C_COMPUTED, k]
+                _prefill_chunk(s, k, take)
+                budget -= take
+                k = nxt
             _admit(s, budget)
             return
     running = np.empty(s.num_running, np.int64)
@@ -479,15 +507,12 @@ def _schedule_decodes(s: SchedState) -> None:
         bp.take(s.pool, due)
     else:
         t = s.t
-        needers = np.empty(due, np.int64)
-        n = 0
-        k = t[C_R_NEXT, 0]
-        while k != 0:
-            if _phase(s, k) == ph:
-                needers[n] = k
-                n += 1
-            k = t[C_R_NEXT, k]
-        _take_in_order(s, needers)
+        needers, orders = np.empty(due, np.int64), np.empty(due, np.int64)
+        k = s.ph_head[ph]
+        for j in range(due):
+            needers[j], orders[j] = k, t[C_ORDER, k]
+            k = t[C_PH_NEXT, k]
+        _take_in_order(s, needers[np.argsort(orders)])  # in running order
     s.out_decode_tokens = s.num_decoding
     s.out_num_decodes = s.num_decoding
     s.ctx += s.rate_sum
@@ -524,12 +549,10 @@ def _take_in_order(s: SchedState, needers: np.ndarray) -> None:
 def _bulk_ok(s: SchedState, budget: int) -> bool:
     t = s.t
     need = math.ceil(s.verify_sum - 1e-9)
-    if s.num_running > s.num_decoding:
-        k = t[C_R_NEXT, 0]
-        while k != 0:
-            if not t[C_DECODING, k] and not t[C_REPORTED, k]:
-                need += t[C_NPT, k] + t[C_GENERATED, k] - t[C_COMPUTED, k]
-            k = t[C_R_NEXT, k]
+    k = t[C_P_NEXT, 0]
+    while k != 0:
+        need += t[C_NPT, k] + t[C_GENERATED, k] - t[C_COMPUTED, k]
+        k = t[C_P_NEXT, k]
     return need <= budget
 
 
@@ -738,7 +761,8 @@ def free_all(s: SchedState) -> np.ndarray:
         nxt = t[C_R_NEXT, k]
         t[C_RUNNING, k] = 0
         k = nxt
-    t[C_R_NEXT, 0] = t[C_R_PREV, 0] = 0
+    t[C_R_NEXT, 0] = t[C_R_PREV, 0] = t[C_P_NEXT, 0] = t[C_P_PREV, 0] = 0
+    t[C_PREFILLING, :] = 0
     s.num_running = 0
     s.heap.clear()
     s.ctx = 0.0
