@@ -2,9 +2,10 @@
 
 `SimEngine` runs one SimPy process per instance. Here the processes are state machines over the
 compiled schedulers (`rlsim.sim.compiled.scheduler`), and SimPy's event queue is reproduced as
-SimPy keeps it: a heap of (time, priority, event number, event) where every scheduled event takes
-the next number, a process resumes in the callbacks of the event it waits on, and an interrupt is
-an urgent event that leaves the timeout it cut short in the queue, to fire later as a no-op. The
+SimPy keeps it: a heap (`rlsim.sim.compiled.heap`) of (time, priority, event number, event)
+where every scheduled event takes the next number, a process resumes in the callbacks of the
+event it waits on, and an interrupt is an urgent event that leaves the timeout it cut short in
+the queue, to fire later as a no-op. The
 same events are scheduled in the same order as `SimEngine` schedules them, so every tie between
 instances breaks the same way and every batch `step()` returns is the same, event for event.
 
@@ -17,11 +18,11 @@ when a jump was interrupted).
 
 from __future__ import annotations
 
-import heapq
 import math
 
 import numpy as np
 
+from rlsim.sim.compiled import heap as hp
 from rlsim.sim.compiled import scheduler as cs
 from rlsim.sim.compiled.jit import PURE, Record, StructType, define, float_dict, int_dict, njit
 
@@ -30,7 +31,8 @@ FIELDS = (
     "n", "exact", "lockstep", "async_sched", "cap", "t_w", "alpha", "beta", "gamma", "pspt", "preq", "t0",
     "resid_x", "resid_y", "draft_s",
     # SimPy: the clock, the event counter, the queue and the events
-    "now", "eid", "heap", "ev_kind", "ev_inst", "ev_tag", "ev_triggered", "ev_spare", "num_ev_spare", "num_ev",
+    "now", "eid", "heap", "heap_len",
+    "ev_kind", "ev_inst", "ev_tag", "ev_triggered", "ev_spare", "num_ev_spare", "num_ev",
     # the instances
     "scheds", "wait_ev", "wait_seq", "wait_ctr", "state", "jumping", "busy", "seq_time", "cur_batch",
     "run_start", "has_run", "emitted", "wake", "k", "start", "took", "batch", "done_k",
@@ -95,7 +97,7 @@ def _make_engine(n: int, exact: bool, lockstep: bool, async_sched: bool, num_blo
     e = EngineState(
         n, exact, lockstep, async_sched, num_blocks * block_size, t_w, alpha, beta, gamma, pspt, preq, t0,
         resid_x, resid_y, draft_s,
-        0.0, 0, _new_heap(), zi.copy(), zi.copy(), zi.copy(), zi.copy(), zi.copy(), 0, 0,
+        0.0, 0, np.zeros((cap, 4), np.int64), 0, zi.copy(), zi.copy(), zi.copy(), zi.copy(), zi.copy(), 0, 0,
         scheds, none.copy(), ni.copy(), 0, ni.copy(), ni.copy(), nf.copy(), nf.copy(), ni.copy(),
         nf.copy(), ni.copy(), ni.copy(), none.copy(), ni.copy(), nf.copy(), nf.copy(), ni.copy(), ni.copy(),
         np.zeros((n, cap)), np.zeros((n, cap)), ni.copy(), np.zeros((n, 4), np.int64), ni.copy(),
@@ -114,9 +116,6 @@ if PURE:
     def _scheds(n: int, *args: object) -> list:
         return [cs.new_scheduler(*args) for _ in range(n)]
 
-    def _new_heap() -> list:
-        return []
-
 else:
     from numba.typed import List
 
@@ -129,13 +128,6 @@ else:
                                         caching, async_sched))  # fmt: skip
         return out
 
-    @njit
-    def _new_heap() -> list:
-        """An empty queue of (time, priority, event number, event)."""
-        h = List()
-        h.append((0.0, 0, 0, 0))
-        h.pop()
-        return h
 
 
 @njit
@@ -177,7 +169,8 @@ def _event(e: EngineState, kind: int, inst: int) -> int:
 def _schedule(e: EngineState, ev: int, delay: float, priority: int) -> None:
     """SimPy's `env.schedule()`: the event is triggered and queued with the next number."""
     e.ev_triggered[ev] = 1
-    heapq.heappush(e.heap, (e.now + delay, priority, e.eid, ev))
+    e.heap = hp.push(e.heap, e.heap_len, np.array([hp.time_key(e.now + delay), priority, e.eid, ev]), 3)
+    e.heap_len += 1
     e.eid += 1
 
 
@@ -198,14 +191,15 @@ def _wait(e: EngineState, i: int, ev: int, state: int) -> None:
 
 @njit
 def peek(e: EngineState) -> float:
-    return e.heap[0][0] if e.heap else math.inf
+    return hp.key_time(e.heap[0, 0]) if e.heap_len else math.inf
 
 
 @njit
 def advance(e: EngineState) -> None:
     """SimPy's `env.step()`: process the next event (its callbacks resume who waits on it)."""
-    t, _, _, ev = heapq.heappop(e.heap)
-    e.now = t
+    row = hp.pop(e.heap, e.heap_len, 3)
+    e.heap_len -= 1
+    e.now, ev = hp.key_time(row[0]), row[3]
     kind, i = e.ev_kind[ev], e.ev_inst[ev]
     if kind == E_TIMER:
         _out(e, O_TIMER, _NONE, _NONE, 0, 0, e.ev_tag[ev])
@@ -751,23 +745,23 @@ def _step(e: EngineState, until_idle: bool) -> int:
         _schedule(e, e.held[j], 0.0, NORMAL)
     e.num_held = 0
     while e.num_ob == 0:  # (aborts the driver made since the last step may be in it already)
-        if not e.heap:
+        if not e.heap_len:
             return 0
         advance(e)
         if e.error:
             return -1
     now = e.now
-    while e.heap and e.heap[0][0] <= now:
+    while e.heap_len and peek(e) <= now:
         advance(e)
         if e.error:
             return -1
     if until_idle and not e.lockstep:
-        while len(e.where) and not e.timed and e.heap:
+        while len(e.where) and not e.timed and e.heap_len:
             advance(e)
             if e.error:
                 return -1
             now = e.now
-            while e.heap and e.heap[0][0] <= now:
+            while e.heap_len and peek(e) <= now:
                 advance(e)
                 if e.error:
                     return -1

@@ -2,8 +2,9 @@
 
 The same vLLM 0.32 rules, line for line, with each `Seq` a row (slot) of per-instance tables:
 the running list is a linked list of slots in admission order, the waiting queue a ring of slots,
-the finish heap a list of (finish_iter, request_id, slot), a request's cached slabs a row of slab
-ids, and an iteration's batch (`Scheduled`) lives in the state's `out_*` fields. Slots of
+the finish heap rows of (finish_iter, request_id, slot) (`rlsim.sim.compiled.heap`), a request's
+cached slabs a row of slab ids, and an iteration's batch (`Scheduled`) lives in the state's
+`out_*` fields. Slots of
 requests that left are reused. Decoders at one token per iteration are counted by phase, as in
 `InstanceScheduler`; speculating ones (another rate) are a list of slots counted one by one.
 
@@ -13,12 +14,12 @@ workloads and holds every iteration's batch, preemptions, finishes and counters 
 
 from __future__ import annotations
 
-import heapq
 import math
 
 import numpy as np
 
 from rlsim.sim.compiled import block_pool as bp
+from rlsim.sim.compiled import heap as hp
 from rlsim.sim.compiled.jit import PURE, Record, StructType, define, njit
 
 _SLOT_INTS = (
@@ -31,7 +32,7 @@ _SLOT_FLOATS = ("rate", "verify", "spec_computed", "spec_start_iter")  # fmt: sk
 FIELDS = (
     "num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "chunked", "caching", "async_sched",
     "pool", "t", "tf", "hashed", "spare", "num_spare", "num_slots", "num_running",
-    "w_buf", "w_head", "w_len", "heap", "iters", "ctx", "num_decoding", "rate_sum", "verify_sum",
+    "w_buf", "w_head", "w_len", "heap", "heap_len", "iters", "ctx", "num_decoding", "rate_sum", "verify_sum",
     "order_ctr", "prefix_hit_tokens", "turn_tokens", "turn_hit_tokens", "finishing", "finishing_rid", "num_finishing",
     "out_decode_tokens", "out_prefill_tokens", "out_num_decodes", "out_chunk", "out_take", "out_num_chunks",
     "out_preempted", "out_num_preempted", "out_blocked", "due", "num_due", "phase_counts", "ph_head",
@@ -81,29 +82,12 @@ def new_scheduler(
         enable_prefix_caching, async_scheduling,
         bp.new_pool(num_blocks, enable_prefix_caching, 64), t, tf, np.full((cap, 4), -1, np.int64),
         z(cap, np.int64), 0, 1, 0,
-        z(cap, np.int64), 0, 0, _new_heap(), 0, 0.0, 0, 0.0, 0.0,
+        z(cap, np.int64), 0, 0, np.zeros((cap, 3), np.int64), 0, 0, 0.0, 0, 0.0, 0.0,
         0, 0, 0, 0, z(cap, np.int64), z(cap, np.int64), 0,
         0.0, 0, 0, z(cap, np.int64), z(cap, np.int64), 0,
         z(cap, np.int64), 0, False, z(cap, np.int64), 0, z(block_size, np.int64), np.full(block_size, -1, np.int64),
         0, z(cap, np.int64), 0,
     )  # fmt: skip
-
-
-if PURE:
-
-    def _new_heap() -> list:
-        return []
-
-else:
-    from numba.typed import List
-
-    @njit
-    def _new_heap() -> list:
-        """An empty heap of (finish_iter, request_id, slot)."""
-        h = List()
-        h.append((0, 0, 0))
-        h.pop()
-        return h
 
 
 # ---- the slot table ----------------------------------------------------------------------------
@@ -359,7 +343,8 @@ def _start_decoding(s: SchedState, k: int, at: int) -> None:
         s.num_spec += 1
         tf[F_SPEC_COMPUTED, k] = t[C_COMPUTED, k] + t[C_HELD_LOOKAHEAD, k]
         tf[F_SPEC_START_ITER, k] = at
-    heapq.heappush(s.heap, (t[C_FINISH_ITER, k], t[C_RID, k], k))
+    s.heap = hp.push(s.heap, s.heap_len, np.array([t[C_FINISH_ITER, k], t[C_RID, k], k]), 3)
+    s.heap_len += 1
 
 
 # ---- one iteration -------------------------------------------------------------------------------
@@ -630,10 +615,12 @@ def finish_due(s: SchedState) -> None:
     in running order)."""
     t, heap, it = s.t, s.heap, s.iters
     s.num_due = 0
-    if not heap or heap[0][0] > it:
+    if not s.heap_len or heap[0, 0] > it:
         return
-    while heap and heap[0][0] <= it:
-        _, rid, k = heapq.heappop(heap)
+    while s.heap_len and heap[0, 0] <= it:
+        row = hp.pop(heap, s.heap_len, 3)
+        s.heap_len -= 1
+        rid, k = row[1], row[2]
         if (not t[C_RUNNING, k] or t[C_RID, k] != rid or not t[C_DECODING, k] or t[C_FINISH_ITER, k] != it
                 or t[C_REPORTED, k]):  # fmt: skip
             continue  # stale entry (aborted, preempted, postponed or already reported)
@@ -764,7 +751,7 @@ def free_all(s: SchedState) -> np.ndarray:
     t[C_R_NEXT, 0] = t[C_R_PREV, 0] = t[C_P_NEXT, 0] = t[C_P_PREV, 0] = 0
     t[C_PREFILLING, :] = 0
     s.num_running = 0
-    s.heap.clear()
+    s.heap_len = 0
     s.ctx = 0.0
     bp.reset(s.pool, s.num_blocks)
     for i in range(n - 1, -1, -1):
@@ -800,7 +787,7 @@ def decode_blocks(s: SchedState, k: int) -> int:
 @njit
 def jump_plan(s: SchedState) -> int:
     """Iterations that can run as a fixed decode batch before the next event (0: run one)."""
-    if not s.heap or s.num_decoding != s.num_running or s.num_finishing:
+    if not s.heap_len or s.num_decoding != s.num_running or s.num_finishing:
         return 0
     if math.ceil(s.verify_sum - 1e-9) > s.max_num_batched_tokens:
         return 0
@@ -808,7 +795,7 @@ def jump_plan(s: SchedState) -> int:
         budget = s.max_num_batched_tokens - math.ceil(s.verify_sum - 1e-9)
         if budget > 0 and _admit_check(s, waiting_at(s, 0), budget)[0] == 0:
             return 0
-    k_finish = s.heap[0][0] - s.iters
+    k_finish = s.heap[0, 0] - s.iters
     if k_finish <= 0:
         return 0
     free = s.pool.free
