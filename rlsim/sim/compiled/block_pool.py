@@ -29,7 +29,7 @@ FIELDS = (
     "free", "caching",
     "q_prev", "q_next", "q_size", "q_slab", "q_spare", "num_spare", "num_nodes",
     "s_key", "s_lo", "s_hi", "s_ref", "s_qid", "s_parts", "s_cprev", "s_cnext", "num_slabs",
-    "head", "tail",
+    "s_spare", "num_s_spare", "head", "tail",
 )  # fmt: skip
 
 
@@ -63,7 +63,7 @@ def new_pool(num_blocks: int, enable_caching: bool, capacity: int = 64) -> PoolS
         z(capacity, np.int64), 0, 1,
         z(capacity, np.int64), z(capacity, np.int64), z(capacity, np.int64), z(capacity, np.int64),
         z(capacity, np.int64), np.full((capacity, 3), _NONE, np.int64), z(capacity, np.int64),
-        z(capacity, np.int64), 0, int_dict(), int_dict(),
+        z(capacity, np.int64), 0, z(capacity, np.int64), 0, int_dict(), int_dict(),
     )  # fmt: skip
     reset(p, num_blocks)
     return p
@@ -113,14 +113,21 @@ def _unlink(p: PoolState, n: int) -> None:
 # ---- slabs and their hash chains ---------------------------------------------------------------
 @njit
 def _slab(p: PoolState, key: int, lo: int, hi: int, ref: int) -> int:
-    s = p.num_slabs
-    if s == p.s_key.shape[0]:
-        p.s_key, p.s_lo, p.s_hi, p.s_ref = _grow(p.s_key), _grow(p.s_lo), _grow(p.s_hi), _grow(p.s_ref)
-        p.s_qid, p.s_cprev, p.s_cnext = _grow(p.s_qid), _grow(p.s_cprev), _grow(p.s_cnext)
-        parts = np.full((2 * s, 3), _NONE, np.int64)
-        parts[:s] = p.s_parts
-        p.s_parts = parts
-    p.num_slabs += 1
+    """A slab row: one an evicted slab left (`_drop`), or a new one."""
+    if p.num_s_spare:
+        p.num_s_spare -= 1
+        s = p.s_spare[p.num_s_spare]
+    else:
+        s = p.num_slabs
+        if s == p.s_key.shape[0]:
+            p.s_key, p.s_lo, p.s_hi, p.s_ref = _grow(p.s_key), _grow(p.s_lo), _grow(p.s_hi), _grow(p.s_ref)
+            p.s_qid, p.s_cprev, p.s_cnext = _grow(p.s_qid), _grow(p.s_cprev), _grow(p.s_cnext)
+            p.s_spare = _grow(p.s_spare)
+            parts = np.full((2 * s, 3), _NONE, np.int64)
+            parts[:s] = p.s_parts
+            p.s_parts = parts
+        p.num_slabs += 1
+    p.s_parts[s, 0] = p.s_parts[s, 1] = p.s_parts[s, 2] = _NONE
     p.s_key[s], p.s_lo[s], p.s_hi[s], p.s_ref[s] = key, lo, hi, ref
     p.s_qid[s] = p.s_cprev[s] = p.s_cnext[s] = _NONE
     return s
@@ -128,7 +135,11 @@ def _slab(p: PoolState, key: int, lo: int, hi: int, ref: int) -> int:
 
 @njit
 def _drop(p: PoolState, s: int) -> None:
-    """Take slab s out of its chain (it is evicted, or freed as dead)."""
+    """Take slab s out of its chain (it is evicted, or freed as dead) and keep its row for a new
+    slab: no one holds it (its count is zero), and a slab split earlier, whose parts it may be,
+    is held by no one either once a part of it is (its holders hold every part)."""
+    p.s_spare[p.num_s_spare] = s
+    p.num_s_spare += 1
     a, b, key = p.s_cprev[s], p.s_cnext[s], p.s_key[s]
     if a == _NONE and b == _NONE:
         del p.head[key]
@@ -236,6 +247,8 @@ def evictable(p: PoolState, pieces: np.ndarray) -> int:
 def acquire(p: PoolState, pieces: np.ndarray) -> np.ndarray:
     """Take a reference to each piece (splitting slabs at its ends); return the slabs held."""
     held = np.empty(pieces.shape[0], np.int64)
+    split = np.empty(pieces.shape[0], np.int64)  # free slabs split here: no one refers to them after
+    num_split = 0
     for i in range(pieces.shape[0]):
         s, a, b = pieces[i, 0], pieces[i, 1], pieces[i, 2]
         while p.s_parts[s, 0] != _NONE:  # split by an earlier piece: the part holding a
@@ -246,12 +259,18 @@ def acquire(p: PoolState, pieces: np.ndarray) -> np.ndarray:
         if p.s_ref[s] == 0:
             p.free -= b - a
         if p.s_lo[s] < a or b < p.s_hi[s]:
+            if p.s_ref[s] == 0:
+                split[num_split] = s
+                num_split += 1
             s = _carve(p, s, a, b)
         elif p.s_qid[s] != _NONE:
             _unlink(p, p.s_qid[s])
             p.s_qid[s] = _NONE
         p.s_ref[s] += 1
         held[i] = s
+    for i in range(num_split):  # (a later piece may have reached its part through it)
+        p.s_spare[p.num_s_spare] = split[i]
+        p.num_s_spare += 1
     return held
 
 
@@ -356,5 +375,6 @@ def reset(p: PoolState, num_blocks: int) -> None:
     p.q_next[0] = p.q_prev[0] = 0
     p.head.clear()
     p.tail.clear()
+    p.num_slabs = p.num_s_spare = 0  # no one holds a slab any more: every row is free
     if p.caching and num_blocks:
         _link(p, _node(p, num_blocks, _NONE), 0)

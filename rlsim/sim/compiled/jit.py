@@ -16,8 +16,10 @@ typed dicts, or dicts).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 try:
     import numba
@@ -28,13 +30,50 @@ except ImportError:  # pragma: no cover - numba is a dependency; the pure path s
     numba = None
 
 PURE = numba is None or os.environ.get("RLSIM_PURE_PYTHON", "") not in ("", "0")
+_CORE = Path(__file__).resolve().parent
+
+
+def _core_digest() -> str:
+    """A digest of every module of the compiled core. numba dates a cached function by its own
+    source file only, so a function calling into a changed module would load its stale machine
+    code (with the old records' layout); every cached function is dated by the whole core."""
+    h = hashlib.sha256()
+    for path in sorted(_CORE.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+if not PURE:
+    from numba.core import caching
+
+    _DIGEST = _core_digest()
+
+    class _Dated:
+        """A locator mixin: the source stamp is the core's digest with the function's own file's."""
+
+        def get_source_stamp(self):  # noqa: ANN202 - numba's hook
+            return _DIGEST, super().get_source_stamp()
+
+    class _InTree(_Dated, caching.InTreeCacheLocator):
+        pass
+
+    class _UserWide(_Dated, caching.UserWideCacheLocator):
+        pass
+
+    class _CoreCacheImpl(caching.CompileResultCacheImpl):
+        _locator_classes = [_InTree, _UserWide]
+
+    class _CoreCache(caching.FunctionCache):
+        _impl_class = _CoreCacheImpl
 
 
 def njit(fn: Callable) -> Callable:
     """Compile `fn` (cached, no fast-math), or leave it as Python on the pure path."""
     if PURE:
         return fn
-    return numba.njit(cache=True, fastmath=False, nogil=True)(fn)
+    dispatcher = numba.njit(fastmath=False, nogil=True)(fn)
+    dispatcher._cache = _CoreCache(fn)  # (what `cache=True` does, with the core's own freshness)
+    return dispatcher
 
 
 if PURE:
