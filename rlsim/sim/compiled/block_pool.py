@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlsim.sim.compiled.jit import PURE, Record, StructType, define, int_dict, njit
+from rlsim.sim.compiled.jit import PURE, Record, StructType, define, grow, int_dict, njit
 
 FIELDS = (
     "free", "caching",
@@ -71,13 +71,6 @@ def new_pool(num_blocks: int, enable_caching: bool, capacity: int = 64) -> PoolS
 
 # ---- the free queue: a circular doubly linked list through row 0 ------------------------------
 @njit
-def _grow(a: np.ndarray) -> np.ndarray:
-    out = np.zeros((2 * a.shape[0],) + a.shape[1:], a.dtype)
-    out[: a.shape[0]] = a
-    return out
-
-
-@njit
 def _node(p: PoolState, size: int, slab: int) -> int:
     """A queue node (reused if one is spare), not yet linked."""
     if p.num_spare > 0:
@@ -86,8 +79,8 @@ def _node(p: PoolState, size: int, slab: int) -> int:
     else:
         n = p.num_nodes
         if n == p.q_prev.shape[0]:
-            p.q_prev, p.q_next, p.q_size, p.q_slab = _grow(p.q_prev), _grow(p.q_next), _grow(p.q_size), _grow(p.q_slab)
-            p.q_spare = _grow(p.q_spare)
+            p.q_prev, p.q_next, p.q_size, p.q_slab = grow(p.q_prev), grow(p.q_next), grow(p.q_size), grow(p.q_slab)
+            p.q_spare = grow(p.q_spare)
         p.num_nodes += 1
     p.q_size[n], p.q_slab[n] = size, slab
     return n
@@ -120,9 +113,9 @@ def _slab(p: PoolState, key: int, lo: int, hi: int, ref: int) -> int:
     else:
         s = p.num_slabs
         if s == p.s_key.shape[0]:
-            p.s_key, p.s_lo, p.s_hi, p.s_ref = _grow(p.s_key), _grow(p.s_lo), _grow(p.s_hi), _grow(p.s_ref)
-            p.s_qid, p.s_cprev, p.s_cnext = _grow(p.s_qid), _grow(p.s_cprev), _grow(p.s_cnext)
-            p.s_spare = _grow(p.s_spare)
+            p.s_key, p.s_lo, p.s_hi, p.s_ref = grow(p.s_key), grow(p.s_lo), grow(p.s_hi), grow(p.s_ref)
+            p.s_qid, p.s_cprev, p.s_cnext = grow(p.s_qid), grow(p.s_cprev), grow(p.s_cnext)
+            p.s_spare = grow(p.s_spare)
             parts = np.full((2 * s, 3), _NONE, np.int64)
             parts[:s] = p.s_parts
             p.s_parts = parts
@@ -226,7 +219,7 @@ def lookup(p: PoolState, prompt_id: int, prompt_blocks: int, request_id: int, li
                     stop = p.s_lo[t]
                 t = p.s_cnext[t]
             if k == pieces.shape[0]:
-                pieces = _grow(pieces)
+                pieces = grow(pieces)
             pieces[k, 0], pieces[k, 1], pieces[k, 2] = s, pos, stop
             k += 1
             pos = stop
@@ -347,7 +340,7 @@ def release(p: PoolState, slabs: np.ndarray, dead: bool) -> None:
         s = stack[top]
         if p.s_parts[s, 0] != _NONE:  # its parts, highest first
             if top + 3 > stack.shape[0]:
-                stack = _grow(stack)
+                stack = grow(stack)
             for j in range(3):
                 if p.s_parts[s, j] != _NONE:
                     stack[top] = p.s_parts[s, j]

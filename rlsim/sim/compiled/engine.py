@@ -24,7 +24,7 @@ import numpy as np
 
 from rlsim.sim.compiled import heap as hp
 from rlsim.sim.compiled import scheduler as cs
-from rlsim.sim.compiled.jit import PURE, Record, StructType, define, float_dict, int_dict, njit
+from rlsim.sim.compiled.jit import PURE, Record, StructType, define, float_dict, grow, int_dict, njit
 
 FIELDS = (
     # settings and the profile's cost model
@@ -143,13 +143,6 @@ def _start(e: EngineState) -> None:
 
 # ---- SimPy: events and the queue ---------------------------------------------------------------
 @njit
-def _grow(a: np.ndarray) -> np.ndarray:
-    out = np.zeros((2 * a.shape[0],) + a.shape[1:], a.dtype)
-    out[: a.shape[0]] = a
-    return out
-
-
-@njit
 def _event(e: EngineState, kind: int, inst: int) -> int:
     """A new, untriggered event (SimPy's `env.event()`; a timeout is scheduled at once)."""
     if e.num_ev_spare:
@@ -158,8 +151,8 @@ def _event(e: EngineState, kind: int, inst: int) -> int:
     else:
         ev = e.num_ev
         if ev == e.ev_kind.shape[0]:
-            e.ev_kind, e.ev_inst, e.ev_tag = _grow(e.ev_kind), _grow(e.ev_inst), _grow(e.ev_tag)
-            e.ev_triggered, e.ev_spare = _grow(e.ev_triggered), _grow(e.ev_spare)
+            e.ev_kind, e.ev_inst, e.ev_tag = grow(e.ev_kind), grow(e.ev_inst), grow(e.ev_tag)
+            e.ev_triggered, e.ev_spare = grow(e.ev_triggered), grow(e.ev_spare)
         e.num_ev += 1
     e.ev_kind[ev], e.ev_inst[ev], e.ev_tag[ev], e.ev_triggered[ev] = kind, inst, 0, 0
     return ev
@@ -230,7 +223,7 @@ def _out(e: EngineState, kind: int, rid: int, inst: int, tokens: int, length: in
     token time: a finished or aborted request's, NaN if it had none, which the engine forgets)."""
     j = e.num_ob
     if j == e.ob_i.shape[0]:
-        e.ob_i, e.ob_f = _grow(e.ob_i), _grow(e.ob_f)
+        e.ob_i, e.ob_f = grow(e.ob_i), grow(e.ob_f)
     r = e.ob_i[j]
     r[0], r[1], r[2], r[3], r[4], r[5] = kind, rid, inst, tokens, length, tag
     first = math.nan
@@ -359,7 +352,7 @@ def _q_push(e: EngineState, i: int, kind: int, val: int) -> None:
     else:
         r = e.num_q
         if r == e.q_kind.shape[0]:
-            e.q_kind, e.q_val, e.q_next, e.q_spare = _grow(e.q_kind), _grow(e.q_val), _grow(e.q_next), _grow(e.q_spare)
+            e.q_kind, e.q_val, e.q_next, e.q_spare = grow(e.q_kind), grow(e.q_val), grow(e.q_next), grow(e.q_spare)
         e.num_q += 1
     e.q_kind[r], e.q_val[r], e.q_next[r] = kind, val, _NONE
     if e.in_tail[i] == _NONE:
@@ -396,7 +389,7 @@ def _take_arrivals(e: EngineState, i: int) -> None:
             cs.enqueue(s, e.q_val[r])
         else:
             if na == aborts.shape[0]:
-                aborts = _grow(aborts)
+                aborts = grow(aborts)
             aborts[na] = e.q_val[r]
             na += 1
         nxt = e.q_next[r]
@@ -588,7 +581,7 @@ def _proceed(e: EngineState, i: int, interrupted: bool) -> None:
             e.emitted[i] = 0  # the previous iteration's outputs reach the driver before the next one starts
             h = _event(e, E_HOLD, i)
             if e.num_held == e.held.shape[0]:
-                e.held = _grow(e.held)
+                e.held = grow(e.held)
             e.held[e.num_held] = h
             e.num_held += 1
             _wait(e, i, h, R_HOLD)

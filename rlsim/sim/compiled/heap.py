@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlsim.sim.compiled.jit import njit
+from rlsim.sim.compiled.jit import grow, njit
 
 
 @njit
@@ -29,9 +29,7 @@ def _less(h: np.ndarray, i: int, row: np.ndarray, width: int) -> bool:
 def push(h: np.ndarray, n: int, row: np.ndarray, width: int) -> np.ndarray:
     """Add `row` to the heap of the first n rows of h (grown if full); returns h."""
     if n == h.shape[0]:
-        out = np.zeros((2 * n, h.shape[1]), np.int64)
-        out[:n] = h
-        h = out
+        h = grow(h)
     i = n
     while i > 0:
         parent = (i - 1) >> 1

@@ -20,7 +20,7 @@ import numpy as np
 
 from rlsim.sim.compiled import block_pool as bp
 from rlsim.sim.compiled import heap as hp
-from rlsim.sim.compiled.jit import PURE, Record, StructType, define, njit
+from rlsim.sim.compiled.jit import PURE, Record, StructType, define, grow, njit
 
 _SLOT_INTS = (
     "rid", "prompt_id", "npt", "max_tokens", "prompt_len", "more_turns", "target", "generated", "computed",
@@ -92,13 +92,6 @@ def new_scheduler(
 
 # ---- the slot table ----------------------------------------------------------------------------
 @njit
-def _grow(a: np.ndarray) -> np.ndarray:
-    out = np.zeros((2 * a.shape[0],) + a.shape[1:], a.dtype)
-    out[: a.shape[0]] = a
-    return out
-
-
-@njit
 def _grow_cols(t: np.ndarray) -> np.ndarray:
     out = np.zeros((t.shape[0], 2 * t.shape[1]), t.dtype)
     out[:, : t.shape[1]] = t
@@ -140,7 +133,7 @@ def new_slot(s: SchedState, rid: int, prompt_id: int, npt: int, max_tokens: int,
             h = np.full((2 * k, s.hashed.shape[1]), -1, np.int64)
             h[:k] = s.hashed
             s.hashed = h
-            s.spare = _grow(s.spare)
+            s.spare = grow(s.spare)
         s.num_slots += 1
     t = s.t
     t[:, k] = 0
@@ -337,7 +330,7 @@ def _start_decoding(s: SchedState, k: int, at: int) -> None:
         s.ph_head[ph] = k
     else:
         if s.num_spec == s.spec.shape[0]:
-            s.spec = _grow(s.spec)
+            s.spec = grow(s.spec)
         s.spec[s.num_spec] = k
         t[C_SPEC_POS, k] = s.num_spec
         s.num_spec += 1
@@ -395,7 +388,7 @@ def _out_reset(s: SchedState) -> None:
 @njit
 def _out_preempt(s: SchedState, k: int) -> None:
     if s.out_num_preempted == s.out_preempted.shape[0]:
-        s.out_preempted = _grow(s.out_preempted)
+        s.out_preempted = grow(s.out_preempted)
     s.out_preempted[s.out_num_preempted] = k
     s.out_num_preempted += 1
 
@@ -552,7 +545,7 @@ def _prefill_chunk(s: SchedState, k: int, take: int) -> None:
             _hold(s, k, bp.new(s.pool, t[C_PROMPT_ID, k], lo, hi))
             t[C_NUM_HASHED_BLOCKS, k] = hi
     if s.out_num_chunks == s.out_chunk.shape[0]:
-        s.out_chunk, s.out_take = _grow(s.out_chunk), _grow(s.out_take)
+        s.out_chunk, s.out_take = grow(s.out_chunk), grow(s.out_take)
     s.out_chunk[s.out_num_chunks], s.out_take[s.out_num_chunks] = k, take
     s.out_num_chunks += 1
     s.out_prefill_tokens += take
@@ -625,7 +618,7 @@ def finish_due(s: SchedState) -> None:
                 or t[C_REPORTED, k]):  # fmt: skip
             continue  # stale entry (aborted, preempted, postponed or already reported)
         if s.num_due == s.due.shape[0]:
-            s.due = _grow(s.due)
+            s.due = grow(s.due)
         s.due[s.num_due] = k
         s.num_due += 1
     if s.num_due > 1:  # running order
@@ -640,7 +633,7 @@ def finish_due(s: SchedState) -> None:
             if t[C_TARGET, k] >= t[C_MAX_TOKENS, k]:
                 _stop_decoding(s, k)
             if s.num_finishing == s.finishing.shape[0]:
-                s.finishing, s.finishing_rid = _grow(s.finishing), _grow(s.finishing_rid)
+                s.finishing, s.finishing_rid = grow(s.finishing), grow(s.finishing_rid)
             s.finishing[s.num_finishing], s.finishing_rid[s.num_finishing] = k, t[C_RID, k]
             s.num_finishing += 1
         return
