@@ -1,6 +1,6 @@
 """Benchmark: the compiled scheduler against `InstanceScheduler`, side by side in one process.
 
-    python benchmarks/compiled_core.py [--requests 20000]
+    python benchmarks/compiled_core.py [--requests 20000] [--markdown | --readme]
 
 One rollout instance of the default cluster (its KV capacity, `block_size`, `max_num_seqs` and
 `max_num_batched_tokens` under async scheduling, as `rlsim compare` runs it) is given the first
@@ -10,20 +10,21 @@ and run to the end three ways, each the same loop of `jump_plan` / `advance` / `
 Python engine loop would call it); and the same loop compiled, which is where the engine's loop
 over its instances goes. All three must give the same finishes and iterations, or it stops.
 Prints each one's seconds (best of three) and its speed-up over the Python scheduler, with the
-machine and its load.
+machine and its load; `--markdown` prints, and `--readme` also writes into docs/speed.md, the
+table `compiled_core`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import sys
 import time
 
 import numpy as np
+from readme_tables import emit, machine_note
 
 from rlsim.config import ClusterConfig
-from rlsim.hostload import LoadMeter, describe
+from rlsim.hostload import LoadMeter
 from rlsim.paths import default_trace
 from rlsim.profile import load_profile
 from rlsim.protocol import Request
@@ -121,6 +122,8 @@ def run_compiled_loop(kw: dict, pid: np.ndarray, npt: np.ndarray, tgt: np.ndarra
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--markdown", action="store_true", help="print the table it writes")
+    ap.add_argument("--readme", action="store_true", help="print the table and write it into docs/speed.md")
     a = ap.parse_args()
     work = _workload(a.requests)
     kw = work[0]
@@ -129,7 +132,7 @@ def main() -> None:
     run_compiled_calls(*work)
     meter = LoadMeter()
     rows, ref, base = [], None, None
-    for label, fn in (("InstanceScheduler (Python)", run_python),
+    for label, fn in (("`InstanceScheduler` (Python)", run_python),
                       ("compiled, called once per step from Python", run_compiled_calls),
                       ("compiled, the loop compiled too", run_compiled_loop)):  # fmt: skip
         best = float("inf")
@@ -142,10 +145,14 @@ def main() -> None:
         elif got != ref:
             raise SystemExit(f"{label} differs: {got} against {ref} (finished, steps, iterations)")
         rows.append((label, best, base / best))
+    note = machine_note(meter, "compiled_core.py")
     print(f"{ref[0]:,} finished in {ref[2]:,} iterations, {ref[1]:,} steps of the loop (a jump or one iteration)")
+    table = ["| scheduler | seconds (best of 3) | speed-up | per step |", "|---|---|---|---|"]
     for label, best, speedup in rows:
         print(f"  {label:45s} {best:7.3f} s  {speedup:5.1f}x  ({best / ref[1] * 1e6:.2f} us a step)")
-    print(f"{platform.machine()} Linux with {os.cpu_count()} CPUs; during the measurement {describe(meter.read())}.")
+        table.append(f"| {label} | {best:.3f} | {speedup:.1f}x | {best / ref[1] * 1e6:.1f} us |")
+    print(note)
+    emit("compiled_core", "\n".join(table) + "\n\n" + note, sys.argv)
 
 
 if __name__ == "__main__":

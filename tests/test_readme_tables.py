@@ -34,6 +34,7 @@ DETERMINISTIC = {
 # timing benchmarks: they write their tables (`--readme`) with the machine and its load; not re-run
 TIMING = {
     "simulate_epoch": ["sync_baseline", "simulator_speed"],
+    "compiled_core": ["compiled_core"],
     "validate_real": ["calibration_figures", "validate_real", "validate_real_profiles"],
     "predict_real": ["predict_real"],
     "validate_train": ["train_tiny", "validate_train"],
