@@ -78,22 +78,8 @@ def _compiled_state(kw: dict, pid: np.ndarray, npt: np.ndarray, tgt: np.ndarray)
 
 
 def run_compiled_calls(kw: dict, pid: np.ndarray, npt: np.ndarray, tgt: np.ndarray) -> tuple[int, int, int]:
-    s = _compiled_state(kw, pid, npt, tgt)
-    finished = steps = 0
-    while s.num_running or s.w_len:
-        k = cs.jump_plan(s)
-        if k:
-            cs.advance(s, k)
-            cs.finish_due(s)
-        else:
-            cs.schedule(s)
-            if not s.out_num_decodes and not s.out_num_chunks and not s.out_num_preempted:
-                cs.release_finishing(s)
-                continue
-            cs.complete(s)
-        finished += s.num_due
-        steps += 1
-    return finished, steps, s.iters
+    """`_loop` run as Python: each of its scheduler calls a compiled call."""
+    return getattr(_loop, "py_func", _loop)(_compiled_state(kw, pid, npt, tgt))
 
 
 @njit

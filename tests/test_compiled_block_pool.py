@@ -4,16 +4,13 @@ on the pure-Python path."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from rlsim.sim.compiled import block_pool as cbp
 from rlsim.sim.compiled.jit import PURE
 from rlsim.sim.kv_blocks import BlockPool, Slab
+from tests.pure_path import run_pure
 
 
 def _key(key: object) -> int:
@@ -182,13 +179,7 @@ def test_a_cache_off_pool_only_counts() -> None:
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")
 def test_the_pure_path_agrees() -> None:
     """The same checks with `RLSIM_PURE_PYTHON=1`: the source the compiler runs, run as Python."""
-    env = {**os.environ, "RLSIM_PURE_PYTHON": "1"}
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not pure_path"],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "3 passed" in out.stdout
+    assert "3 passed" in run_pure(__file__, "-k", "not pure_path")
 
 
 def test_slab_keys_match() -> None:

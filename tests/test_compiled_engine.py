@@ -6,9 +6,6 @@ iteration by iteration (`exact`) and in lockstep; compiled and on the pure-Pytho
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -20,6 +17,7 @@ from rlsim.paths import default_trace
 from rlsim.sim.compiled.jit import PURE
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import load
+from tests.pure_path import run_pure
 
 # KV-tight: 16 GPUs as 8 TP 2 instances at 0.45 of their memory, 64 prompts a step: the golden comparison's setup
 CLUSTER = ClusterConfig(num_gpus=16, profile="h100-qwen2.5-32b-tp2")
@@ -81,12 +79,5 @@ def test_set_order_is_cpythons() -> None:
 
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")
 def test_the_pure_path_agrees() -> None:
-    env = {**os.environ, "RLSIM_PURE_PYTHON": "1"}
     tests = [f"{__file__}::test_every_policy_same_run[{p}]" for p in ("sync", "rollpacker")]
-    tests.append(f"{__file__}::test_set_order_is_cpythons")
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "3 passed" in out.stdout
+    assert "3 passed" in run_pure(*tests, f"{__file__}::test_set_order_is_cpythons")

@@ -5,10 +5,6 @@ compiled and on the pure-Python path."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -17,6 +13,7 @@ from rlsim.sim.compiled import scheduler as cs
 from rlsim.sim.compiled.jit import PURE
 from rlsim.sim.scheduler import InstanceScheduler
 from rlsim.sim.seq import Seq
+from tests.pure_path import run_pure
 
 
 class _Twin:
@@ -159,10 +156,4 @@ def test_same_iterations(config: int) -> None:
 
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")
 def test_the_pure_path_agrees() -> None:
-    env = {**os.environ, "RLSIM_PURE_PYTHON": "1"}
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not pure_path"],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"{len(CONFIGS)} passed" in out.stdout
+    assert f"{len(CONFIGS)} passed" in run_pure(__file__, "-k", "not pure_path")

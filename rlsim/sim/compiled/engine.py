@@ -733,6 +733,17 @@ def step(e: EngineState, until_idle: bool) -> tuple:
 
 
 @njit
+def _through_instant(e: EngineState) -> bool:
+    """Process everything else happening at this instant; False if an instance failed."""
+    now = e.now
+    while e.heap_len and peek(e) <= now:
+        advance(e)
+        if e.error:
+            return False
+    return True
+
+
+@njit
 def _step(e: EngineState, until_idle: bool) -> int:
     for j in range(e.num_held):  # lockstep: the driver has seen the outputs; the instances go on
         _schedule(e, e.held[j], 0.0, NORMAL)
@@ -743,21 +754,13 @@ def _step(e: EngineState, until_idle: bool) -> int:
         advance(e)
         if e.error:
             return -1
-    now = e.now
-    while e.heap_len and peek(e) <= now:
-        advance(e)
-        if e.error:
-            return -1
-    if until_idle and not e.lockstep:
+    if not _through_instant(e):
+        return -1
+    if until_idle and not e.lockstep:  # on, instant by instant, while requests run and no timer fired
         while len(e.where) and not e.timed and e.heap_len:
             advance(e)
-            if e.error:
+            if e.error or not _through_instant(e):
                 return -1
-            now = e.now
-            while e.heap_len and peek(e) <= now:
-                advance(e)
-                if e.error:
-                    return -1
     if e.lockstep:
         e.emitted[:] = 0
     return e.num_ob
