@@ -6,6 +6,8 @@ iteration by iteration (`exact`) and in lockstep; compiled and on the pure-Pytho
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -75,6 +77,16 @@ def test_set_order_is_cpythons() -> None:
     for n in (1, 2, 5, 9, 40, 300):
         vals = rng.integers(0, 10**7, n)
         assert _set_order(vals).tolist() == list(set(vals.tolist())), n  # a set built in this order
+
+
+def test_real_mode_never_loads_numba() -> None:
+    """numba's llvmlite, once imported, breaks vLLM's scan of every loaded module when a real run
+    starts its engines in its own process, so real mode's modules import the compiled engine only
+    when they simulate."""
+    modules = "rlsim.cli.app, rlsim.real.run, rlsim.real.validate, rlsim.sim.simulate"
+    code = f"import sys, {modules}; print('llvmlite' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")

@@ -19,7 +19,6 @@ from rlsim.driver.loop import run_loop
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile, load_profile
 from rlsim.result import Result, summarize
-from rlsim.sim.compiled.sim_engine import CompiledEngine
 from rlsim.sim.engine import SimEngine
 from rlsim.spec.speculation import SpecModel
 from rlsim.step_costs import check_layout, with_engine
@@ -78,6 +77,11 @@ def simulate(
     if impl not in ("compiled", "simpy"):
         raise RlsimError(f"unknown engine {impl!r}: use compiled or simpy")
     if impl == "compiled" and iteration_times is None:
+        # imported here: numba's llvmlite, once imported, breaks vLLM's kernel scan when a real run
+        # starts its engines in this process (`vllm.triton_utils.dispatcher`), so real mode never
+        # imports it unless it simulates
+        from rlsim.sim.compiled.sim_engine import CompiledEngine
+
         engine = CompiledEngine(prof, n, exact=exact, spec=spec, lockstep=lockstep)
     else:
         engine = SimEngine(prof, n, exact=exact, spec=spec, iteration_times=iteration_times, lockstep=lockstep)

@@ -297,48 +297,35 @@ def _set_order(vals: np.ndarray) -> np.ndarray:
 
 @njit
 def _set_add(table: np.ndarray, size: int, used: int, v: int) -> tuple:
-    mask = size - 1
-    h = v % (2**61 - 1)
-    i = h & mask
-    perturb = h
-    while True:
-        probes = 9 if i + 9 <= mask else 0
-        j = i
-        for _ in range(probes + 1):
-            if table[j] == v:
-                return size, table, used
-            if table[j] < 0:
-                table[j] = v
-                used += 1
-                if used * 5 >= mask * 3:
-                    minused = used * 2 if used > 50000 else used * 4
-                    new = 8
-                    while new <= minused:
-                        new <<= 1
-                    fresh = np.full(new, -1, np.int64)
-                    for x in table:
-                        if x >= 0:
-                            _insert_clean(fresh, new - 1, x)
-                    return new, fresh, used
-                return size, table, used
-            j += 1
-        perturb >>= 5
-        i = (i * 5 + 1 + perturb) & mask
+    j = _probe(table, size - 1, v)
+    if table[j] == v:
+        return size, table, used
+    table[j] = v
+    used += 1
+    if used * 5 < (size - 1) * 3:
+        return size, table, used
+    minused = used * 2 if used > 50000 else used * 4
+    new = 8
+    while new <= minused:
+        new <<= 1
+    fresh = np.full(new, -1, np.int64)
+    for x in table:  # (reinserted in table order, as set_table_resize does)
+        if x >= 0:
+            fresh[_probe(fresh, new - 1, x)] = x
+    return new, fresh, used
 
 
 @njit
-def _insert_clean(table: np.ndarray, mask: int, v: int) -> None:
+def _probe(table: np.ndarray, mask: int, v: int) -> int:
+    """Where v is, or the first empty slot on its probe sequence (a set without deletions)."""
     h = v % (2**61 - 1)
     i = h & mask
     perturb = h
     while True:
         probes = 9 if i + 9 <= mask else 0
-        j = i
-        for _ in range(probes + 1):
-            if table[j] < 0:
-                table[j] = v
-                return
-            j += 1
+        for j in range(i, i + probes + 1):
+            if table[j] == v or table[j] < 0:
+                return j
         perturb >>= 5
         i = (i * 5 + 1 + perturb) & mask
 
