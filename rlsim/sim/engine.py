@@ -62,6 +62,23 @@ from rlsim.sim.scheduler import InstanceScheduler
 from rlsim.sim.seq import Seq
 
 
+def request_too_large(req: Request, target: int, cap: int) -> RlsimError:
+    """The error for a request whose prompt and response exceed an instance's KV capacity."""
+    return RlsimError(
+        f"request {req.request_id} (prompt {req.num_prompt_tokens} + response {target} tokens) needs "
+        f"{req.num_prompt_tokens + target} KV tokens, more than an instance holds ({cap}): raise "
+        "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
+    )
+
+
+def head_too_large(instance: int, cap: int) -> RlsimError:
+    """The error for an instance whose waiting head can never fit, with nothing running."""
+    return RlsimError(
+        f"instance {instance}: a request needs more KV than the capacity {cap}: raise --gpu-memory-utilization, "
+        "use a profile with more GPUs per instance, or lower --max-response-len"
+    )
+
+
 @dataclass(slots=True)
 class _Instance:
     idx: int
@@ -150,11 +167,7 @@ class SimEngine:
             inst = self.instances[req.instance]
             target = min(req.target_tokens, req.max_tokens)
             if req.num_prompt_tokens + target > cap:
-                raise RlsimError(
-                    f"request {req.request_id} (prompt {req.num_prompt_tokens} + response {target} tokens) needs "
-                    f"{req.num_prompt_tokens + target} KV tokens, more than an instance holds ({cap}): raise "
-                    "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
-                )
+                raise request_too_large(req, target, cap)
             # a continued chunk's KV comes with it (Seer's global KV pool): not recomputed
             seq = Seq(req, target, generated=req.kept_tokens, transfer=req.kept_tokens > 0)
             if self.spec is not None:
@@ -400,11 +413,7 @@ class SimEngine:
                     inst.run_start = None
                     continue
                 if batch == 0 and not out.preempted:  # nothing running and the head cannot fit
-                    raise RlsimError(
-                        f"instance {inst.idx}: a request needs more KV than the capacity "
-                        f"{sched.num_blocks * sched.block_size}: raise --gpu-memory-utilization, use a profile "
-                        "with more GPUs per instance, or lower --max-response-len"
-                    )
+                    raise head_too_large(inst.idx, sched.num_blocks * sched.block_size)
                 if batch:
                     took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens, len(out.chunks))
                     took += p.compute_excess_s(out.decode_tokens) + self._draft_s * len(sched.spec)

@@ -754,11 +754,6 @@ def _step(e: EngineState, until_idle: bool) -> int:
 
 
 @njit
-def clock(e: EngineState) -> float:
-    return e.now
-
-
-@njit
 def counters(e: EngineState) -> tuple:
     """(Tokens re-prefilled after sleeps, jumps a pause interrupted, the instance in error)."""
     return e.wake_reprefill_tokens, e.pause_interrupts, e.error_inst
@@ -780,15 +775,6 @@ def instance_times(e: EngineState, i: int) -> tuple:
 def segments(e: EngineState, i: int) -> tuple:
     m = e.num_seg[i]
     return e.seg_start[i, :m].copy(), e.seg_end[i, :m].copy()
-
-
-@njit
-def turn_counts(e: EngineState) -> tuple:
-    a = b = 0
-    for s in e.scheds:
-        a += s.turn_tokens
-        b += s.turn_hit_tokens
-    return a, b
 
 
 @njit

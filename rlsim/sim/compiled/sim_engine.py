@@ -14,10 +14,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import ABORTED, FINISHED, PREEMPTED, Aborted, EventBatch, Finished, Preempted, Request, Timer
 from rlsim.sim.compiled import engine as ce
+from rlsim.sim.engine import head_too_large, request_too_large
 from rlsim.sim.replay import Replay
 
 
@@ -107,13 +107,7 @@ class CompiledEngine:
         bad = ce.submit(self.core, *c, rate, verify, lookahead, np.array(list(touched), np.int64))
         if bad >= 0:
             r = requests[bad]
-            target = min(r.target_tokens, r.max_tokens)
-            cap = self._cap
-            raise RlsimError(
-                f"request {r.request_id} (prompt {r.num_prompt_tokens} + response {target} tokens) needs "
-                f"{r.num_prompt_tokens + target} KV tokens, more than an instance holds ({cap}): raise "
-                "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
-            )
+            raise request_too_large(r, min(r.target_tokens, r.max_tokens), self._cap)
 
     def abort(self, request_ids: Iterable[int]) -> None:
         ce.abort(self.core, np.array(list(request_ids), np.int64))
@@ -131,11 +125,7 @@ class CompiledEngine:
     def step(self, until_idle: bool = False) -> EventBatch:
         got, rows, times, self._now = ce.step(self.core, until_idle)
         if got < 0:
-            i = int(ce.counters(self.core)[2])
-            raise RlsimError(
-                f"instance {i}: a request needs more KV than the capacity {self._cap}: raise "
-                "--gpu-memory-utilization, use a profile with more GPUs per instance, or lower --max-response-len"
-            )
+            raise head_too_large(int(ce.counters(self.core)[2]), self._cap)
         out = EventBatch()
         if got == 0:
             return out
