@@ -42,6 +42,41 @@ class Request(NamedTuple):
     more_turns: bool = False
 
 
+class RequestBatch(Sequence[Request]):
+    """Requests as columns: one list per `Request` field, in `Request._fields` order.
+
+    What the driver submits when a policy launches many samples at once. It is a sequence of
+    `Request`s (indexing or iterating builds the tuples), so every engine takes it as any other;
+    an engine that reads requests as columns (the compiled simulator) reads `columns` instead
+    and no tuple is ever built. `add` appends one request, `extend` whole columns.
+    """
+
+    __slots__ = ("columns",)
+
+    def __init__(self) -> None:
+        self.columns: tuple[list, ...] = tuple([] for _ in Request._fields)
+
+    def add(self, req: Request) -> None:
+        for col, value in zip(self.columns, req, strict=True):
+            col.append(value)
+
+    def extend(self, columns: Sequence[Iterable]) -> None:
+        """Append requests given as one iterable per `Request` field."""
+        for col, values in zip(self.columns, columns, strict=True):
+            col.extend(values)
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204 - an index (a Request) or a slice (a list)
+        if isinstance(i, slice):
+            return list(map(Request, *(col[i] for col in self.columns)))
+        return Request(*(col[i] for col in self.columns))
+
+    def __iter__(self):  # noqa: ANN204
+        return map(Request, *self.columns)
+
+
 class RequestInfo(NamedTuple):
     """What a policy may know about a launched request (no `target_tokens`)."""
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from rlsim.protocol import Request
+
 REQUEST_FIELDS = (
     "request_id",
     "step",
@@ -50,6 +52,7 @@ REQUEST_FIELDS = (
     "kept_tokens",
 )
 
+_REQUEST = Request._fields
 _FLOAT_FIELDS = frozenset({"launch_time", "first_token_time", "finish_time"})
 _TEXT_FIELDS = frozenset({"finish_reason", "outcome"})
 
@@ -126,10 +129,10 @@ class Records:
         self.reused_samples = 0  # samples launched past the trace's count, reusing its samples
         self.multi_turn: dict | None = None  # a multi-turn trace's run metrics (rlsim.driver.turns)
 
-    def launch(self, reqs, now: float, step: int) -> None:  # noqa: ANN001 - list[Request]
+    def launch(self, reqs, now: float, step: int) -> None:  # noqa: ANN001 - a RequestBatch
         """Record a batch of launched requests (one extend per column: the hot path of an epoch)."""
         c, k = self.cols, len(reqs)
-        fields = dict(zip(reqs[0]._fields, zip(*reqs, strict=True), strict=True))  # Request columns
+        fields = dict(zip(_REQUEST, reqs.columns, strict=True))
         c["num_output_tokens"].extend(fields["kept_tokens"])
         for name in (
             "request_id",

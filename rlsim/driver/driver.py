@@ -40,7 +40,7 @@ from rlsim.protocol import (
     Launch,
     Policy,
     Preempted,
-    Request,
+    RequestBatch,
     Timer,
     Train,
 )
@@ -207,19 +207,19 @@ class Driver(Launcher):
     # ---- actions --------------------------------------------------------------------------
     def apply(self, actions: list) -> Train | None:
         train = None
-        batch: list[Request] = []
-        launched: list[Request] = []
+        batch = RequestBatch()
+        launched: list[RequestBatch] = []
         for act in actions:
             if isinstance(act, Launch):
                 if self.syncing:  # the rollout is stopped for a weight sync: launched when it resumes
                     self.held.append(act)
                     continue
-                batch.extend(self._launch(act))
+                self._launch(act, batch)
             elif isinstance(act, Abort):
                 if batch:
                     self.engine.submit(self._dispatch(batch))
-                    launched += batch
-                    batch = []
+                    launched.append(batch)
+                    batch = RequestBatch()
                 ids = act.request_ids
                 if self.turns is not None:  # trajectories waiting on a tool leave its queue
                     ids = self.turns.abort_waiting(ids, self.requests)
@@ -228,21 +228,23 @@ class Driver(Launcher):
                 train = act
         if batch:
             self.engine.submit(self._dispatch(batch))
-            launched += batch
-        if launched:  # one columnar append per batch of actions (the hot path of an epoch)
-            self.records.launch(launched, self.engine.now, self.view.step)
+            launched.append(batch)
+        if launched:  # one columnar append per submitted batch (the hot path of an epoch)
+            now = self.engine.now
+            for b in launched:
+                self.records.launch(b, now, self.view.step)
         return train
 
-    def _reward(self, rid: int, t: float) -> None:
-        index, free = self.index, self.reward_free[0]  # the worker free first
-        if index.reward_time is None:
-            took = self.rl.reward_latency_s
-        else:
-            q = self.requests
-            took = index.reward_time_s(q.epoch[rid], q.prompt_id[rid], q.sample_idx[rid], self.rl.reward_latency_s)
-        done = max(free, t) + took
-        heapq.heapreplace(self.reward_free, done)
-        self.reward_done[rid] = done
+    def _rewards(self, done: list[tuple[int, float]]) -> None:
+        """Score these finished samples, in order: each goes to the reward worker free first."""
+        index, q, free, reward_done = self.index, self.requests, self.reward_free, self.reward_done
+        default = self.rl.reward_latency_s
+        timed = index.reward_time is not None
+        for rid, t in done:
+            took = index.reward_time_s(q.epoch[rid], q.prompt_id[rid], q.sample_idx[rid], default) if timed else default
+            finish = max(free[0], t) + took
+            heapq.heapreplace(free, finish)
+            reward_done[rid] = finish
 
     def _landed(self, prompt_id: int, rid: int) -> None:
         """A request is no longer in flight; a prompt with none left leaves `in_flight`, so
@@ -255,34 +257,76 @@ class Driver(Launcher):
     def handle(self, ev):  # noqa: ANN001, ANN201 - an Event in, the event the policy is told out
         """Book an engine event; a response that ended exactly at a chunk's end is told as "stop".
         A multi-turn trajectory's turns and tool calls are the driver's: None (nothing to tell)."""
+        if type(ev) is not Finished:
+            return self._handle_other(ev)
+        told = self._book((ev,))
+        return ev if told is None else (told[0] if told else None)
+
+    def _book(self, batch) -> list | None:  # noqa: ANN001 - a sequence of events
+        """Book a batch's events (a finish here, in one loop: the hot path of an epoch; any other
+        event through `_handle_other`). Returns None when every event is told as itself, else the
+        events to tell (an event told otherwise replaced, one told not at all left out)."""
+        reqs, turns, cap = self.requests, self.turns, self.rl.max_response_len
+        inst_of, pid_of, epoch_of, max_of, target_of = (
+            reqs.instance, reqs.prompt_id, reqs.epoch, reqs.max_tokens, reqs.target_tokens
+        )
+        assigned, in_flight, finished = self.assigned, self.in_flight, self.finished
+        pop_first = self.first_token.pop
+        c = self.records.cols
+        finish_time, tokens, outcome, reason_of, first_token = (
+            c["finish_time"], c["num_output_tokens"], c["outcome"], c["finish_reason"], c["first_token_time"]
+        )
+        rewarded: list[tuple[int, float]] = []
+        told_all = None
+        for j, ev in enumerate(batch):
+            told = ev
+            if type(ev) is not Finished:
+                told = self._handle_other(ev)
+            else:
+                rid, t, _, n, reason = ev
+                chunk = None
+                if turns is not None:
+                    told = turns.finished(ev, reqs[rid])
+                    if told is None:  # a turn ended in a tool call: the trajectory goes on
+                        if told_all is None:
+                            told_all = list(batch[:j])
+                        continue
+                    _, t, _, n, reason = told
+                    chunk = turns.suspended(rid)  # (None: a one-turn sample)
+                assigned[inst_of[rid]] -= 1
+                pid = pid_of[rid]
+                flight = in_flight[pid]
+                flight.discard(rid)
+                if not flight:
+                    del in_flight[pid]
+                kind = "finished"
+                if chunk is False:  # a trajectory that ended: its reason is its last turn's
+                    pass
+                elif chunk or (reason == "length" and max_of[rid] < cap):
+                    if chunk or target_of[rid] > n:
+                        # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
+                        kind, reason = "chunk", "length"
+                    else:
+                        told, reason = told._replace(finish_reason="stop"), "stop"  # it ended exactly there
+                finish_time[rid], tokens[rid], outcome[rid], reason_of[rid] = t, n, kind, reason
+                first = pop_first(rid, None)
+                if first is not None:
+                    first_token[rid] = first
+                if kind == "finished":
+                    finished.setdefault((epoch_of[rid], pid), []).append(n)
+                    rewarded.append((rid, t))
+            if told is not ev and told_all is None:
+                told_all = list(batch[:j])
+            if told_all is not None and told is not None:
+                told_all.append(told)
+        if rewarded:
+            self._rewards(rewarded)
+        return told_all
+
+    def _handle_other(self, ev):  # noqa: ANN001, ANN201
+        """`handle` for an event other than a finish."""
         kind = type(ev)
-        if kind is Finished:
-            rid = ev.request_id
-            reqs = self.requests  # (columns: a Request is built only for a trajectory's turn)
-            chunk = None
-            if self.turns is not None:
-                ev = self.turns.finished(ev, reqs[rid])
-                if ev is None:  # a turn ended in a tool call: the trajectory goes on
-                    return None
-                chunk = self.turns.suspended(rid)  # (None: a one-turn sample)
-            self.assigned[reqs.instance[rid]] -= 1
-            pid = reqs.prompt_id[rid]
-            self._landed(pid, rid)
-            if chunk is False:  # a trajectory that ended: its reason is its last turn's
-                pass
-            elif chunk or (reqs.max_tokens[rid] < self.rl.max_response_len and ev.finish_reason == "length"):
-                if chunk or reqs.target_tokens[rid] > ev.num_output_tokens:
-                    # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
-                    first = self.first_token.pop(rid, None)
-                    self.records.finish(rid, ev.time, ev.num_output_tokens, "length", first, "chunk")
-                    return ev
-                ev = ev._replace(finish_reason="stop")  # it ended exactly at the chunk's end
-            self.finished.setdefault((reqs.epoch[rid], pid), []).append(ev.num_output_tokens)
-            self.records.finish(
-                rid, ev.time, ev.num_output_tokens, ev.finish_reason, self.first_token.pop(rid, None), "finished"
-            )
-            self._reward(rid, ev.time)
-        elif kind is Aborted:
+        if kind is Aborted:
             rid = ev.request_id
             reqs = self.requests
             if self.turns is not None:
@@ -304,15 +348,8 @@ class Driver(Launcher):
     def handle_batch(self, batch: EventBatch) -> EventBatch:
         """`handle` for a whole batch (a policy told batches): the batch the policy is told (itself,
         unless an event is told otherwise or not at all)."""
-        handle = self.handle
-        told_all = None
-        for i, ev in enumerate(batch):
-            told = handle(ev)
-            if told is not ev and told_all is None:
-                told_all = list(batch[:i])
-            if told_all is not None and told is not None:
-                told_all.append(told)
-        return batch if told_all is None else EventBatch(told_all)
+        told = self._book(batch)
+        return batch if told is None else EventBatch(told)
 
     def react(self, batch: EventBatch) -> Train | None:
         """Book a batch and tell the policy: whole (`on_events`, its actions applied after the

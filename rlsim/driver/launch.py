@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from rlsim.driver.dispatch import least_loaded
 from rlsim.errors import RlsimError
-from rlsim.protocol import Launch, Request
+from rlsim.protocol import Launch, Request, RequestBatch
+
+_INSTANCE = Request._fields.index("instance")
 
 
 class Launcher:
@@ -37,66 +39,75 @@ class Launcher:
         self.rr = (self.rr + 1) % n  # per_prompt
         return self.rr
 
-    def _dispatch(self, batch: list[Request]) -> list[Request]:
+    def _dispatch(self, batch: RequestBatch) -> RequestBatch:
         """Place the batch's undecided samples least-loaded (counting each assignment) and count
         every sample of the batch against its instance."""
-        todo = [j for j, q in enumerate(batch) if q.instance < 0]
+        rids, where = batch.columns[0], batch.columns[_INSTANCE]
+        todo = [j for j, i in enumerate(where) if i < 0]
         if todo:
-            where = least_loaded(self.assigned, len(todo))
+            placed = least_loaded(self.assigned, len(todo))
             placed_at = self.requests.instance
-            for j, i in zip(todo, where, strict=True):
-                q = batch[j]
-                q = batch[j] = Request(*q[:7], i, *q[8:])  # q._replace(instance=i), at a third of its cost
-                placed_at[q[0]] = i
-        if len(todo) < len(batch):
-            placed = set(todo)
-            for j, q in enumerate(batch):
-                if j not in placed:
-                    self.assigned[q.instance] += 1
+            for j, i in zip(todo, placed, strict=True):
+                where[j] = i
+                placed_at[rids[j]] = i
+        if len(todo) < len(where):
+            assigned, undecided = self.assigned, set(todo)
+            for j, i in enumerate(where):
+                if j not in undecided:
+                    assigned[i] += 1
         return batch
 
-    def _launch(self, act: Launch) -> list[Request]:
+    def _launch(self, act: Launch, batch: RequestBatch) -> None:
+        """Append the launch's requests to `batch` (and to the run's requests)."""
         epoch = self.taken_epoch.get(act.prompt_id)
         if epoch is None or (epoch, act.prompt_id) not in self.pending:
             raise RlsimError(f"policy launched prompt {act.prompt_id}, which it has not taken for this visit")
         max_tokens = min(act.max_tokens or self.rl.max_response_len, self.rl.max_response_len)
         inst = self._instance_for(act)
         if act.resume is not None:
-            return [self._resume(act, max_tokens, inst)]
+            batch.add(self._resume(act, max_tokens, inst))
+            return
         visit = (epoch, act.prompt_id)
         if act.restart:
             self.next_sample[visit] = 0
             self.finished[visit] = []
+        n = act.num_samples
         if act.redraw is not None:
-            if len(act.redraw) != act.num_samples:
-                raise RlsimError(f"policy redrew {len(act.redraw)} samples for a Launch of {act.num_samples}")
+            if len(act.redraw) != n:
+                raise RlsimError(f"policy redrew {len(act.redraw)} samples for a Launch of {n}")
             draws = list(act.redraw)
         else:
             first = self.next_sample.get(visit, 0)
-            self.next_sample[visit] = first + act.num_samples
-            draws = list(range(first, first + act.num_samples))
-        flight = self.in_flight.setdefault(act.prompt_id, set())
-        per_sample = isinstance(inst, tuple)
-        turns = self.turns
+            self.next_sample[visit] = first + n
+            draws = range(first, first + n)
         index, requests, pid, version = self.index, self.requests, act.prompt_id, self.rollout_version
         base, samples = index.start[visit], index.samples
-        out_tokens, prompt_tokens = index.out, index.prompt_tokens
-        out = []
         first_id = len(requests)
-        for j, k in enumerate(draws):
-            # Past the trace's samples, reuse them cyclically (counted in the summary).
-            s = k % samples
-            self.reused_samples += k >= samples
-            rid = first_id + j
-            where = inst[j] if per_sample else (-1 if inst is None else inst)
-            row = base + s  # index.length(epoch, pid, s), inlined: the hot path of an epoch
-            req = Request(rid, pid, s, epoch, int(prompt_tokens[row]), max_tokens, int(out_tokens[row]), where, version)
-            if turns is not None:  # a multi-turn sample starts with its first turn
-                req = turns.first_turn(req, row)
-            flight.add(rid)
-            out.append(req)
+        ids = range(first_id, first_id + n)
+        self.in_flight.setdefault(pid, set()).update(ids)
+        # Past the trace's samples, reuse them cyclically (counted in the summary).
+        if isinstance(draws, range) and draws.stop <= samples:
+            idx = draws
+            lo = base + draws.start
+            prompt, target = index.prompt_tokens[lo : lo + n].tolist(), index.out[lo : lo + n].tolist()
+        else:
+            idx = [k % samples for k in draws]
+            self.reused_samples += sum(k >= samples for k in draws)
+            rows = [base + s for s in idx]
+            prompt, target = index.prompt_tokens[rows].tolist(), index.out[rows].tolist()
+        where = list(inst) if isinstance(inst, tuple) else [-1 if inst is None else inst] * n
+        cols = (ids, [pid] * n, idx, [epoch] * n, prompt, [max_tokens] * n, target, where, [version] * n,
+                [0] * n, [0] * n, [False] * n)  # fmt: skip
+        turns = self.turns
+        if turns is None:
+            requests.extend_columns(cols)
+            batch.extend(cols)
+            return
+        rows = [base + s for s in idx]  # a multi-turn sample starts with its first turn
+        out = [turns.first_turn(req, row) for req, row in zip(map(Request, *cols), rows, strict=True)]
         requests.extend(out)
-        return out
+        for req in out:
+            batch.add(req)
 
     def _resume(self, act: Launch, max_tokens: int, inst) -> Request:  # noqa: ANN001
         """A request continuing an ended chunk's response (divided rollout): same sample, its

@@ -65,3 +65,11 @@ class RequestTable:
             raise ValueError(f"requests appended out of order: ids {reqs[0].request_id}.. after {n} requests")
         for (name, _), values in zip(COLUMNS, list(zip(*reqs, strict=True))[1:], strict=True):
             getattr(self, name).extend(values)
+
+    def extend_columns(self, columns) -> None:  # noqa: ANN001 - one sequence per Request field
+        """Append requests given as columns (`RequestBatch.columns`), ids continuing the table's."""
+        ids = columns[0]
+        if len(ids) and ids[0] != len(self):
+            raise ValueError(f"requests appended out of order: ids {ids[0]}.. after {len(self)} requests")
+        for (name, _), values in zip(COLUMNS, columns[1:], strict=True):
+            getattr(self, name).extend(values)

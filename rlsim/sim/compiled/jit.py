@@ -36,11 +36,13 @@ _CORE = Path(__file__).resolve().parent
 
 
 def _core_digest() -> str:
-    """A digest of every module of the compiled core. numba dates a cached function by its own
+    """A digest of every module of the compiled core's code. numba dates a cached function by its own
     source file only, so a function calling into a changed module would load its stale machine
     code (with the old records' layout); every cached function is dated by the whole core."""
     h = hashlib.sha256()
     for path in sorted(_CORE.glob("*.py")):
+        if path.name == "sim_engine.py":  # (the Python class over the core: nothing of it is compiled)
+            continue
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 

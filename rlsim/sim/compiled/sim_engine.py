@@ -11,14 +11,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from functools import partial
 
 import numpy as np
 
 from rlsim.profile import Profile
-from rlsim.protocol import ABORTED, FINISHED, PREEMPTED, Aborted, EventBatch, Finished, Preempted, Request, Timer
+from rlsim.protocol import (
+    ABORTED,
+    FINISHED,
+    PREEMPTED,
+    Aborted,
+    EventBatch,
+    Finished,
+    Preempted,
+    Request,
+    RequestBatch,
+    Timer,
+)
 from rlsim.sim.compiled import engine as ce
 from rlsim.sim.engine import head_too_large, request_too_large
 from rlsim.sim.replay import Replay
+
+# the core's submit columns, in its order (the target, min(target_tokens, max_tokens), after the sixth)
+_SUBMIT = ("request_id", "prompt_id", "num_prompt_tokens", "max_tokens", "prompt_len", "more_turns", "kept_tokens",
+           "instance")  # fmt: skip
+
+
+_new_finished = partial(tuple.__new__, Finished)  # a Finished from its fields' tuple, in C
 
 
 class _Counts:
@@ -87,23 +106,22 @@ class CompiledEngine:
         return self._now  # (only `step` moves the clock)
 
     def submit(self, requests: Sequence[Request]) -> None:
+        if not isinstance(requests, RequestBatch):
+            batch = RequestBatch()
+            batch.extend(zip(*requests, strict=True) if len(requests) else [()] * len(Request._fields))
+            requests = batch
         n = len(requests)
-        cols = np.array(
-            [(r.request_id, r.prompt_id, r.num_prompt_tokens, r.max_tokens, r.prompt_len, r.more_turns,
-              min(r.target_tokens, r.max_tokens), r.kept_tokens, r.instance) for r in requests],
-            dtype=np.int64,
-        ).reshape(n, 9)  # fmt: skip
+        q = dict(zip(Request._fields, requests.columns, strict=True))
+        target = np.minimum(np.array(q["target_tokens"], np.int64), np.array(q["max_tokens"], np.int64))
+        c = [np.array(q[f], np.int64) for f in _SUBMIT[:6]] + [target] + [np.array(q[f], np.int64) for f in _SUBMIT[6:]]
         rate, verify, lookahead = np.ones(n), np.ones(n), np.zeros(n, np.int64)
         if self.spec is not None:
             plan = self.spec.plan
             for j, r in enumerate(requests):
-                rate[j], verify[j] = plan(r.epoch, r.prompt_id, r.sample_idx, int(cols[j, 6]), r.policy_version)
+                rate[j], verify[j] = plan(r.epoch, r.prompt_id, r.sample_idx, int(target[j]), r.policy_version)
                 if rate[j] != 1.0:
                     lookahead[j] = self.spec.lookahead
-        touched = set()  # (woken in a set's order, as SimEngine does)
-        for r in requests:
-            touched.add(r.instance)
-        c = [np.ascontiguousarray(cols[:, j]) for j in range(9)]
+        touched = set(q["instance"])  # (woken in a set's order, as SimEngine does)
         bad = ce.submit(self.core, *c, rate, verify, lookahead, np.array(list(touched), np.int64))
         if bad >= 0:
             r = requests[bad]
@@ -128,6 +146,14 @@ class CompiledEngine:
             raise head_too_large(int(ce.counters(self.core)[2]), self._cap)
         out = EventBatch()
         if got == 0:
+            return out
+        first = times[:, 1]
+        has_first = first == first  # (not NaN)
+        if (rows[:, 0] == FINISHED).all():  # the common batch: finishes only, built column by column
+            rid, t = rows[:, 1].tolist(), times[:, 0].tolist()
+            reason = np.where(rows[:, 4] != 0, "length", "stop").tolist()
+            out.extend(map(_new_finished, zip(rid, t, rows[:, 2].tolist(), rows[:, 3].tolist(), reason, strict=True)))
+            self.first_token.update(zip(rows[has_first, 1].tolist(), first[has_first].tolist(), strict=True))
             return out
         first_token = self.first_token
         for (k, r, i, n, ln, g), (t, first) in zip(rows.tolist(), times.tolist(), strict=True):
