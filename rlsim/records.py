@@ -109,6 +109,12 @@ class StepWindow:
         self.busy_end = [self.engine.busy_time(i) for i in range(self.engine.num_instances)]
 
 
+def _view(col: array) -> np.ndarray:
+    """A typed column as a numpy array over the same memory (held only while the column does
+    not grow: an array exporting its buffer cannot be resized)."""
+    return np.frombuffer(col, dtype=col.typecode)
+
+
 def _seq_time(engine) -> float:  # noqa: ANN001
     """Sequence-seconds run by every instance so far (NaN for an engine that does not count)."""
     seq = getattr(engine, "seq_time", None)
@@ -133,7 +139,7 @@ class Records:
         """Record a batch of launched requests (one extend per column: the hot path of an epoch)."""
         c, k = self.cols, len(reqs)
         fields = dict(zip(_REQUEST, reqs.columns, strict=True))
-        c["num_output_tokens"].extend(fields["kept_tokens"])
+        c["num_output_tokens"].extend(array("q", fields["kept_tokens"]))
         for name in (
             "request_id",
             "epoch",
@@ -144,13 +150,14 @@ class Records:
             "num_prompt_tokens",
             "kept_tokens",
         ):
-            c[name].extend(fields[name])
+            c[name].extend(array("q", fields[name]))  # (built from a list in C, then copied)
         for name, value in (
             ("step", step), ("launch_time", now), ("first_token_time", np.nan), ("finish_time", np.nan),
             ("finish_reason", ""), ("outcome", "in_flight"),
             ("trained_step", -1), ("staleness", -1), ("preemptions", 0),
         ):  # fmt: skip
-            c[name].extend([value] * k)
+            col = c[name]
+            col.extend(array(col.typecode, [value]) * k if isinstance(col, array) else [value] * k)
 
     def finish(self, r: int, time: float, tokens: int, reason: str, first_token: float | None, outcome: str) -> None:
         c = self.cols
@@ -170,15 +177,16 @@ class Records:
 
     def step_done(self, w: StepWindow, ids, requests, version: int, index, r0: int, num_gpus: int) -> None:  # noqa: ANN001
         c = self.cols
-        lengths = np.array([c["num_output_tokens"][r] for r in ids], dtype=float)
+        rows = np.fromiter(ids, np.int64, len(ids))
+        lengths = _view(c["num_output_tokens"])[rows].astype(float)
         reasons = [c["finish_reason"][r] for r in ids]
         # `requests`: the driver's RequestTable, read by column
-        q_version, q_epoch, q_prompt = requests.policy_version, requests.epoch, requests.prompt_id
-        stale = np.array([version - q_version[r] for r in ids], dtype=float)
-        for r, s in zip(ids, stale, strict=True):
-            c["trained_step"][r], c["staleness"][r] = w.step, int(s)
+        q_epoch, q_prompt = requests.epoch, requests.prompt_id
+        stale = (version - _view(requests.policy_version)[rows]).astype(float)
+        _view(c["trained_step"])[rows] = w.step
+        _view(c["staleness"])[rows] = stale.astype(np.int64)
         visits = {(q_epoch[r], q_prompt[r]) for r in ids}
-        unbiased = np.mean([index.unbiased_mean(e, p, r0) for e, p in visits]) if visits else np.nan
+        unbiased = np.mean(index.unbiased_means(visits, r0)) if visits else np.nan
         gen = w.gen_end - w.start
         n = len(w.busy_start)
         busy = sum(b1 - b0 for b0, b1 in zip(w.busy_start, w.busy_gen, strict=True))
@@ -186,8 +194,7 @@ class Records:
         idle_first = (w.gen_end - min(w.last_busy)) / gen if gen > 0 and w.last_busy else 0.0
         step_time = w.end - w.start
         slots = getattr(w.engine, "max_num_seqs", 0)
-        q_prompt_tokens = requests.num_prompt_tokens
-        tokens = float(lengths.sum() + sum(q_prompt_tokens[r] for r in ids))
+        tokens = float(lengths.sum() + _view(requests.num_prompt_tokens)[rows].sum())
         epochs = [q_epoch[r] for r in ids]
         self.steps.append(
             {

@@ -23,7 +23,7 @@ import numpy as np
 
 from rlsim.config import ClusterConfig, DynamicSamplingConfig, RLConfig
 from rlsim.driver.dynamic_sampling import GroupFilter, check_rewards
-from rlsim.driver.launch import Launcher
+from rlsim.driver.launch import Launcher, Launching
 from rlsim.driver.requests import RequestTable
 from rlsim.driver.trace_index import TraceIndex
 from rlsim.driver.turns import ABORT_TAG, TOOL_TAG, ToolConfig, Trajectories
@@ -40,7 +40,6 @@ from rlsim.protocol import (
     Launch,
     Policy,
     Preempted,
-    RequestBatch,
     Timer,
     Train,
 )
@@ -207,8 +206,8 @@ class Driver(Launcher):
     # ---- actions --------------------------------------------------------------------------
     def apply(self, actions: list) -> Train | None:
         train = None
-        batch = RequestBatch()
-        launched: list[RequestBatch] = []
+        batch = Launching()
+        launched: list[Launching] = []
         for act in actions:
             if isinstance(act, Launch):
                 if self.syncing:  # the rollout is stopped for a weight sync: launched when it resumes
@@ -219,7 +218,7 @@ class Driver(Launcher):
                 if batch:
                     self.engine.submit(self._dispatch(batch))
                     launched.append(batch)
-                    batch = RequestBatch()
+                    batch = Launching()
                 ids = act.request_ids
                 if self.turns is not None:  # trajectories waiting on a tool leave its queue
                     ids = self.turns.abort_waiting(ids, self.requests)
@@ -259,10 +258,10 @@ class Driver(Launcher):
         A multi-turn trajectory's turns and tool calls are the driver's: None (nothing to tell)."""
         if type(ev) is not Finished:
             return self._handle_other(ev)
-        told = self._book((ev,))
+        told = self._book_events((ev,))
         return ev if told is None else (told[0] if told else None)
 
-    def _book(self, batch) -> list | None:  # noqa: ANN001 - a sequence of events
+    def _book_events(self, batch) -> list | None:  # noqa: ANN001 - a sequence of events
         """Book a batch's events (a finish here, in one loop: the hot path of an epoch; any other
         event through `_handle_other`). Returns None when every event is told as itself, else the
         events to tell (an event told otherwise replaced, one told not at all left out)."""
@@ -348,7 +347,7 @@ class Driver(Launcher):
     def handle_batch(self, batch: EventBatch) -> EventBatch:
         """`handle` for a whole batch (a policy told batches): the batch the policy is told (itself,
         unless an event is told otherwise or not at all)."""
-        told = self._book(batch)
+        told = self._book_events(batch)
         return batch if told is None else EventBatch(told)
 
     def react(self, batch: EventBatch) -> Train | None:

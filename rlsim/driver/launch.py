@@ -16,6 +16,17 @@ from rlsim.protocol import Launch, Request, RequestBatch
 _INSTANCE = Request._fields.index("instance")
 
 
+class Launching(RequestBatch):
+    """A batch being launched: its rows from `booked` on are not in the run's `RequestTable` yet
+    (booked once, when the batch is dispatched or a request is needed there)."""
+
+    __slots__ = ("booked",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.booked = 0
+
+
 class Launcher:
     """The `Driver`'s launch and dispatch methods (a mixin over its state)."""
 
@@ -39,9 +50,17 @@ class Launcher:
         self.rr = (self.rr + 1) % n  # per_prompt
         return self.rr
 
-    def _dispatch(self, batch: RequestBatch) -> RequestBatch:
+    def _book_requests(self, batch: Launching) -> None:
+        """Append the batch's rows not yet booked to the run's requests."""
+        done = batch.booked
+        if done < len(batch):
+            self.requests.extend_columns(batch.columns if done == 0 else [col[done:] for col in batch.columns])
+            batch.booked = len(batch)
+
+    def _dispatch(self, batch: Launching) -> Launching:
         """Place the batch's undecided samples least-loaded (counting each assignment) and count
         every sample of the batch against its instance."""
+        self._book_requests(batch)
         rids, where = batch.columns[0], batch.columns[_INSTANCE]
         todo = [j for j, i in enumerate(where) if i < 0]
         if todo:
@@ -57,15 +76,17 @@ class Launcher:
                     assigned[i] += 1
         return batch
 
-    def _launch(self, act: Launch, batch: RequestBatch) -> None:
-        """Append the launch's requests to `batch` (and to the run's requests)."""
+    def _launch(self, act: Launch, batch: Launching) -> None:
+        """Append the launch's requests to `batch`, the run's requests to follow (`_book_requests`)."""
         epoch = self.taken_epoch.get(act.prompt_id)
         if epoch is None or (epoch, act.prompt_id) not in self.pending:
             raise RlsimError(f"policy launched prompt {act.prompt_id}, which it has not taken for this visit")
         max_tokens = min(act.max_tokens or self.rl.max_response_len, self.rl.max_response_len)
         inst = self._instance_for(act)
         if act.resume is not None:
+            self._book_requests(batch)
             batch.add(self._resume(act, max_tokens, inst))
+            batch.booked += 1
             return
         visit = (epoch, act.prompt_id)
         if act.restart:
@@ -82,7 +103,7 @@ class Launcher:
             draws = range(first, first + n)
         index, requests, pid, version = self.index, self.requests, act.prompt_id, self.rollout_version
         base, samples = index.start[visit], index.samples
-        first_id = len(requests)
+        first_id = len(requests) + len(batch) - batch.booked
         ids = range(first_id, first_id + n)
         self.in_flight.setdefault(pid, set()).update(ids)
         # Past the trace's samples, reuse them cyclically (counted in the summary).
@@ -100,14 +121,15 @@ class Launcher:
                 [0] * n, [0] * n, [False] * n)  # fmt: skip
         turns = self.turns
         if turns is None:
-            requests.extend_columns(cols)
             batch.extend(cols)
             return
         rows = [base + s for s in idx]  # a multi-turn sample starts with its first turn
         out = [turns.first_turn(req, row) for req, row in zip(map(Request, *cols), rows, strict=True)]
+        self._book_requests(batch)
         requests.extend(out)
         for req in out:
             batch.add(req)
+        batch.booked = len(batch)
 
     def _resume(self, act: Launch, max_tokens: int, inst) -> Request:  # noqa: ANN001
         """A request continuing an ended chunk's response (divided rollout): same sample, its

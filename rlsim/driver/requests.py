@@ -71,5 +71,5 @@ class RequestTable:
         ids = columns[0]
         if len(ids) and ids[0] != len(self):
             raise ValueError(f"requests appended out of order: ids {ids[0]}.. after {len(self)} requests")
-        for (name, _), values in zip(COLUMNS, columns[1:], strict=True):
-            getattr(self, name).extend(values)
+        for (name, code), values in zip(COLUMNS, columns[1:], strict=True):
+            getattr(self, name).extend(array(code, values))  # (built from a list in C, then copied)

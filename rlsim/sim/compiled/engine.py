@@ -162,7 +162,7 @@ def _event(e: EngineState, kind: int, inst: int) -> int:
 def _schedule(e: EngineState, ev: int, delay: float, priority: int) -> None:
     """SimPy's `env.schedule()`: the event is triggered and queued with the next number."""
     e.ev_triggered[ev] = 1
-    e.heap = hp.push(e.heap, e.heap_len, np.array([hp.time_key(e.now + delay), priority, e.eid, ev]), 3)
+    e.heap = hp.push(e.heap, e.heap_len, hp.time_key(e.now + delay), priority, e.eid, ev)
     e.heap_len += 1
     e.eid += 1
 
@@ -190,9 +190,9 @@ def peek(e: EngineState) -> float:
 @njit
 def advance(e: EngineState) -> None:
     """SimPy's `env.step()`: process the next event (its callbacks resume who waits on it)."""
-    row = hp.pop(e.heap, e.heap_len, 3)
+    key, _, _, ev = hp.pop(e.heap, e.heap_len)
     e.heap_len -= 1
-    e.now, ev = hp.key_time(row[0]), row[3]
+    e.now = hp.key_time(key)
     kind, i = e.ev_kind[ev], e.ev_inst[ev]
     if kind == E_TIMER:
         _out(e, O_TIMER, _NONE, _NONE, 0, 0, e.ev_tag[ev])
@@ -611,9 +611,10 @@ def _iteration_end(e: EngineState, i: int, s: cs.SchedState, ran: bool) -> None:
     if ran:
         e.seq_time[i] += e.batch[i] * e.took[i]
     n = s.out_num_chunks
-    chunks = s.out_chunk[:n].copy()
-    cs.complete(s)
-    for k in chunks:
+    cs.complete(s)  # (which leaves `out_chunk` as the schedule wrote it)
+    chunks = s.out_chunk
+    for j in range(n):
+        k = chunks[j]
         if s.t[cs.C_GENERATED, k]:  # its prefill ended: the first token is out
             rid = s.t[cs.C_RID, k]
             if rid not in e.first_token:

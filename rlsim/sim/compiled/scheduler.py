@@ -336,7 +336,7 @@ def _start_decoding(s: SchedState, k: int, at: int) -> None:
         s.num_spec += 1
         tf[F_SPEC_COMPUTED, k] = t[C_COMPUTED, k] + t[C_HELD_LOOKAHEAD, k]
         tf[F_SPEC_START_ITER, k] = at
-    s.heap = hp.push(s.heap, s.heap_len, np.array([t[C_FINISH_ITER, k], t[C_RID, k], k]), 3)
+    s.heap = hp.push(s.heap, s.heap_len, t[C_FINISH_ITER, k], t[C_RID, k], k, 0)
     s.heap_len += 1
 
 
@@ -611,9 +611,8 @@ def finish_due(s: SchedState) -> None:
     if not s.heap_len or heap[0, 0] > it:
         return
     while s.heap_len and heap[0, 0] <= it:
-        row = hp.pop(heap, s.heap_len, 3)
+        _, rid, k, _ = hp.pop(heap, s.heap_len)
         s.heap_len -= 1
-        rid, k = row[1], row[2]
         if (not t[C_RUNNING, k] or t[C_RID, k] != rid or not t[C_DECODING, k] or t[C_FINISH_ITER, k] != it
                 or t[C_REPORTED, k]):  # fmt: skip
             continue  # stale entry (aborted, preempted, postponed or already reported)

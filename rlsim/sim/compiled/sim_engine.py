@@ -147,9 +147,9 @@ class CompiledEngine:
         out = EventBatch()
         if got == 0:
             return out
-        first = times[:, 1]
-        has_first = first == first  # (not NaN)
-        if (rows[:, 0] == FINISHED).all():  # the common batch: finishes only, built column by column
+        if got >= 64 and (rows[:, 0] == FINISHED).all():  # a large batch of finishes, built by columns
+            first = times[:, 1]
+            has_first = first == first  # (not NaN)
             rid, t = rows[:, 1].tolist(), times[:, 0].tolist()
             reason = np.where(rows[:, 4] != 0, "length", "stop").tolist()
             out.extend(map(_new_finished, zip(rid, t, rows[:, 2].tolist(), rows[:, 3].tolist(), reason, strict=True)))
