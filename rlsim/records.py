@@ -159,15 +159,6 @@ class Records:
             col = c[name]
             col.extend(array(col.typecode, [value]) * k if isinstance(col, array) else [value] * k)
 
-    def finish(self, r: int, time: float, tokens: int, reason: str, first_token: float | None, outcome: str) -> None:
-        c = self.cols
-        c["finish_time"][r] = time
-        c["num_output_tokens"][r] = tokens
-        c["outcome"][r] = outcome
-        c["finish_reason"][r] = reason
-        if first_token is not None:
-            c["first_token_time"][r] = first_token
-
     def continued(self, rid: int) -> None:
         """An ended chunk whose response a later request continues (its tokens are not waste)."""
         self.cols["outcome"][rid] = "continued"

@@ -245,26 +245,18 @@ class Driver(Launcher):
             heapq.heapreplace(free, finish)
             reward_done[rid] = finish
 
-    def _landed(self, prompt_id: int, rid: int) -> None:
-        """A request is no longer in flight; a prompt with none left leaves `in_flight`, so
-        asking whether anything flies costs the prompts in flight, not every prompt so far."""
-        flight = self.in_flight[prompt_id]
-        flight.discard(rid)
-        if not flight:
-            del self.in_flight[prompt_id]
-
     def handle(self, ev):  # noqa: ANN001, ANN201 - an Event in, the event the policy is told out
         """Book an engine event; a response that ended exactly at a chunk's end is told as "stop".
         A multi-turn trajectory's turns and tool calls are the driver's: None (nothing to tell)."""
-        if type(ev) is not Finished:
+        if type(ev) is not Finished and type(ev) is not Aborted:
             return self._handle_other(ev)
         told = self._book_events((ev,))
         return ev if told is None else (told[0] if told else None)
 
     def _book_events(self, batch) -> list | None:  # noqa: ANN001 - a sequence of events
-        """Book a batch's events (a finish here, in one loop: the hot path of an epoch; any other
-        event through `_handle_other`). Returns None when every event is told as itself, else the
-        events to tell (an event told otherwise replaced, one told not at all left out)."""
+        """Book a batch's events (finishes and aborts here, in one loop: the hot path of an epoch;
+        any other event through `_handle_other`). Returns None when every event is told as itself,
+        else the events to tell (an event told otherwise replaced, one told not at all left out)."""
         reqs, turns, cap = self.requests, self.turns, self.rl.max_response_len
         inst_of, pid_of, epoch_of, max_of, target_of = (
             reqs.instance, reqs.prompt_id, reqs.epoch, reqs.max_tokens, reqs.target_tokens
@@ -278,11 +270,9 @@ class Driver(Launcher):
         rewarded: list[tuple[int, float]] = []
         told_all = None
         for j, ev in enumerate(batch):
-            told = ev
-            if type(ev) is not Finished:
-                told = self._handle_other(ev)
-            else:
-                rid, t, _, n, reason = ev
+            told, kind = ev, type(ev)
+            rid = ev[0]
+            if kind is Finished:
                 chunk = None
                 if turns is not None:
                     told = turns.finished(ev, reqs[rid])
@@ -290,28 +280,37 @@ class Driver(Launcher):
                         if told_all is None:
                             told_all = list(batch[:j])
                         continue
-                    _, t, _, n, reason = told
                     chunk = turns.suspended(rid)  # (None: a one-turn sample)
-                assigned[inst_of[rid]] -= 1
-                pid = pid_of[rid]
-                flight = in_flight[pid]
-                flight.discard(rid)
-                if not flight:
-                    del in_flight[pid]
-                kind = "finished"
+                _, t, _, n, reason = told
+                ended = "finished"
                 if chunk is False:  # a trajectory that ended: its reason is its last turn's
                     pass
                 elif chunk or (reason == "length" and max_of[rid] < cap):
                     if chunk or target_of[rid] > n:
                         # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
-                        kind, reason = "chunk", "length"
+                        ended, reason = "chunk", "length"
                     else:
                         told, reason = told._replace(finish_reason="stop"), "stop"  # it ended exactly there
-                finish_time[rid], tokens[rid], outcome[rid], reason_of[rid] = t, n, kind, reason
+            elif kind is Aborted:
+                if turns is not None:
+                    told = turns.aborted(ev)
+                _, t, _, n = told
+                ended, reason = "aborted", "abort"
+            else:
+                told = self._handle_other(ev)
+                ended = None
+            if ended is not None:
+                assigned[inst_of[rid]] -= 1
+                pid = pid_of[rid]
+                flight = in_flight[pid]
+                flight.discard(rid)
+                if not flight:  # (so asking whether anything flies costs the prompts in flight only)
+                    del in_flight[pid]
+                finish_time[rid], tokens[rid], outcome[rid], reason_of[rid] = t, n, ended, reason
                 first = pop_first(rid, None)
                 if first is not None:
                     first_token[rid] = first
-                if kind == "finished":
+                if ended == "finished":
                     finished.setdefault((epoch_of[rid], pid), []).append(n)
                     rewarded.append((rid, t))
             if told is not ev and told_all is None:
@@ -323,19 +322,10 @@ class Driver(Launcher):
         return told_all
 
     def _handle_other(self, ev):  # noqa: ANN001, ANN201
-        """`handle` for an event other than a finish."""
-        kind = type(ev)
-        if kind is Aborted:
-            rid = ev.request_id
-            reqs = self.requests
-            if self.turns is not None:
-                ev = self.turns.aborted(ev)
-            self.assigned[reqs.instance[rid]] -= 1
-            self._landed(reqs.prompt_id[rid], rid)
-            self.records.finish(rid, ev.time, ev.num_output_tokens, "abort", self.first_token.pop(rid, None), "aborted")
-        elif isinstance(ev, Preempted):
+        """`handle` for an event other than a finish or an abort."""
+        if isinstance(ev, Preempted):
             self.records.preempted(ev.request_id)
-        elif kind is Timer and self.turns is not None and ev.tag in (TOOL_TAG, ABORT_TAG):
+        elif type(ev) is Timer and self.turns is not None and ev.tag in (TOOL_TAG, ABORT_TAG):
             if ev.tag == ABORT_TAG:  # a trajectory taken off the tool queue: told as aborted now
                 return self.handle(self.turns.aborts.pop(0))
             nxt = self.turns.answered(ev.time, self.requests, self.rollout_version)

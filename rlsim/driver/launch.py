@@ -110,7 +110,7 @@ class Launcher:
         if isinstance(draws, range) and draws.stop <= samples:
             idx = draws
             lo = base + draws.start
-            prompt, target = index.prompt_tokens[lo : lo + n].tolist(), index.out[lo : lo + n].tolist()
+            prompt, target = index.prompt_ints[lo : lo + n].tolist(), index.out_ints[lo : lo + n].tolist()
         else:
             idx = [k % samples for k in draws]
             self.reused_samples += sum(k >= samples for k in draws)

@@ -21,6 +21,8 @@ class TraceIndex:
         self.samples = trace.meta.samples_per_prompt
         self.out = df["num_output_tokens"].to_numpy(np.int64)
         self.prompt_tokens = df["num_prompt_tokens"].to_numpy(np.int64)
+        # the same columns read as Python ints, a launch's rows at a time (no numpy scalar per read)
+        self.out_ints, self.prompt_ints = memoryview(self.out), memoryview(self.prompt_tokens)
         self.reward_time = df["reward_time_s"].to_numpy(float) if "reward_time_s" in df.columns else None
         self.reward = df["reward"].to_numpy(float) if "reward" in df.columns else None
         ep, pid = df["epoch"].to_numpy(), df["prompt_id"].to_numpy()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from rlsim.errors import RlsimError
@@ -9,6 +10,9 @@ from rlsim.protocol import Policy, RequestInfo
 
 if TYPE_CHECKING:
     from rlsim.driver.driver import Driver
+
+
+_new_info = partial(tuple.__new__, RequestInfo)  # a RequestInfo from its fields' tuple, in C (a policy asks often)
 
 
 class View:
@@ -61,14 +65,14 @@ class View:
         return sorted(self._drv.in_flight.get(prompt_id, ()))
 
     def request(self, request_id: int) -> RequestInfo:
-        requests = self._drv.requests
-        if not 0 <= request_id < len(requests):
+        q = self._drv.requests  # (columns)
+        if not 0 <= request_id < len(q.epoch):
             raise RlsimError(f"policy {self._policy} asked for request {request_id}, which was never launched")
-        r, q = request_id, requests  # (columns)
-        return RequestInfo(
+        r = request_id
+        return _new_info((
             r, q.prompt_id[r], q.sample_idx[r], q.epoch[r], q.num_prompt_tokens[r], q.instance[r], q.policy_version[r],
             q.kept_tokens[r],
-        )
+        ))  # fmt: skip
 
     def oracle_lengths(self, prompt_id: int) -> list[int]:
         if not self._oracle:
