@@ -707,17 +707,27 @@ def resume(e: EngineState) -> None:
 
 
 @njit
-def step(e: EngineState, until_idle: bool) -> tuple:
+def step(e: EngineState, until_idle: bool, rows: np.ndarray, times: np.ndarray) -> tuple:
     """Run to the next instant with events, and through it (`SimEngine.step`). Returns (status,
-    the outbox's rows as `_out` writes them, the time): status 0 when nothing is left to happen,
-    -1 when an instance cannot run its head (`error`), else the number of rows."""
+    the number of outbox rows, the time): status 0 when nothing is left to happen, -1 when an
+    instance cannot run its head (`error`), else the number of rows. The rows, as `_out` writes
+    them, are copied into `rows` and `times` when they fit; otherwise they wait for `take_outbox`
+    (with buffers that hold them) before anything else is called."""
     status = _step(e, until_idle)
     m = e.num_ob if status > 0 else 0
-    rows, times = e.ob_i[:m].copy(), e.ob_f[:m].copy()
-    if status > 0:
-        e.num_ob = 0
-        e.timed = False
-    return status, rows, times, e.now
+    if status > 0 and m <= rows.shape[0]:
+        take_outbox(e, rows, times)
+    return status, m, e.now
+
+
+@njit
+def take_outbox(e: EngineState, rows: np.ndarray, times: np.ndarray) -> None:
+    """Copy the outbox's rows into `rows` and `times` (which hold them all) and empty it."""
+    m = e.num_ob
+    rows[:m] = e.ob_i[:m]
+    times[:m] = e.ob_f[:m]
+    e.num_ob = 0
+    e.timed = False
 
 
 @njit

@@ -82,6 +82,7 @@ class CompiledEngine:
         self._now = 0.0
         self.instances = [_Counts(self, i) for i in range(num_instances)]
         self._tags: list[str] = []
+        self._rows, self._times = np.empty((1024, 6), np.int64), np.empty((1024, 2))  # a step's outbox, copied in
 
     # ---- what `simulate` and the records read -----------------------------------------------
     @property
@@ -141,12 +142,16 @@ class CompiledEngine:
         ce.resume(self.core)
 
     def step(self, until_idle: bool = False) -> EventBatch:
-        got, rows, times, self._now = ce.step(self.core, until_idle)
+        got, m, self._now = ce.step(self.core, until_idle, self._rows, self._times)
         if got < 0:
             raise head_too_large(int(ce.counters(self.core)[2]), self._cap)
         out = EventBatch()
         if got == 0:
             return out
+        if m > len(self._rows):  # more rows than the buffers hold: larger ones take them
+            self._rows, self._times = np.empty((2 * m, 6), np.int64), np.empty((2 * m, 2))
+            ce.take_outbox(self.core, self._rows, self._times)
+        rows, times = self._rows[:m], self._times[:m]
         if got >= 64 and (rows[:, 0] == FINISHED).all():  # a large batch of finishes, built by columns
             first = times[:, 1]
             has_first = first == first  # (not NaN)
