@@ -148,10 +148,12 @@ class SeerPolicy:
         while (item := self._next()) is not None:
             p, rid, kept = item
             need = view.prompt_tokens(p) + kept + min(self.config.chunk_tokens, mean)
-            open_ = [k for k in range(len(self.reserved)) if self.inflight[k] < limit]
-            if not open_:
+            i = -1  # the instance with the most free KV (ties: the lowest) among those with a free slot
+            for k, held in enumerate(self.reserved):
+                if self.inflight[k] < limit and (i < 0 or held < self.reserved[i]):
+                    i = k
+            if i < 0:
                 break
-            i = min(open_, key=lambda k: (self.reserved[k], k))  # the most free KV
             if self.reserved[i] > 0 and self.reserved[i] + need > capacity:
                 break  # every instance is full: wait for a chunk to end
             if rid is None and self.probes:
