@@ -305,8 +305,8 @@ def report(a: argparse.Namespace, before: str | None) -> None:  # noqa: C901, PL
         git = subprocess.run(["git", "-C", before, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
         print(f"before: {a.before} ({git.stdout.strip()}), measured right before each figure of this tree")
     b = before is not None
-    for root in [before, None] if b else [None]:  # each tree's compiled core built first, untimed
-        _wall([sys.executable, "-m", "rlsim.cli", "compare", "--policies", "sync", "--max-steps", "1"], root)
+    for root in [before, None] if b else [None]:  # each tree's compiled core built first, untimed: one
+        _wall([sys.executable, "-m", "rlsim.cli", "compare", "--max-steps", "1"], root)  # step of every policy
     print(f"{'policy':26s} {'before (s)' if b else '':>10s} {'epoch (s)':>9s} {'heap loop (s)':>13s} "
           f"{'ratio':>6s} {'peak MiB':>8s}")  # fmt: skip
     rows, prior = [], []
