@@ -51,14 +51,9 @@ class TraceIndex:
             return default
         return float(self.reward_time[self.start[(epoch, prompt_id)] + sample_idx])
 
-    def unbiased_mean(self, epoch: int, prompt_id: int, n: int) -> float:
-        """Mean length (at the run's cap) of a visit's first n samples: what training on that
-        prompt without selection would see."""
-        s = self.start[(epoch, prompt_id)]
-        return float(np.minimum(self.out[s : s + n], self.cap).mean())
-
     def unbiased_means(self, visits, n: int) -> np.ndarray:  # noqa: ANN001 - an iterable of (epoch, prompt)
-        """`unbiased_mean` of these visits, in their order (one gather: a step trains thousands)."""
+        """Mean length (at the run's cap) of each visit's first n samples, in the visits' order: what
+        training on that prompt without selection would see (one gather: a step trains thousands)."""
         starts = np.fromiter((self.start[v] for v in visits), np.int64)
         return np.minimum(self.out[starts[:, None] + np.arange(n)], self.cap).mean(axis=1)
 
