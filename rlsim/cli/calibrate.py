@@ -200,7 +200,8 @@ def fit(
         from rlsim.hostload import describe
 
         console.print(f"host load during the grid: {describe(load)}")
-    console.print(f"held-out total time error {result.heldout_total_error:+.1%}")
+    by_total = ", ".join(f"B {k}: {v:+.1%}" for k, v in result.total_error_by_batch.items())
+    console.print(f"held-out total time error {result.heldout_total_error:+.1%} ({by_total})")
     if replay is not None:
         wr = prof["fit_error"]["workload_replay"]
         totals = wr["measured_totals_s"]

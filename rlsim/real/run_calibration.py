@@ -153,6 +153,7 @@ def fit_profile(
             "heldout_mape": round(fit.mape, 4),
             "heldout_mape_by_batch": fit.mape_by_batch,
             "heldout_total_time_error": round(fit.heldout_total_error, 4),
+            "heldout_total_time_error_by_batch": fit.total_error_by_batch,
             "grid_repeat_noise": None if noise is None else round(noise, 4),
             "iterations_fit": fit.n_fit,
             "iterations_heldout": fit.n_holdout,
