@@ -127,6 +127,8 @@ class SortedRLPolicy:
             del self.owed[p]
         if self.training:  # finished while training (disaggregated): booked for the next update
             return []
+        if self.owed and not self.whole_groups and len(self.order) < self._update(view):
+            return []  # (what _maybe_train and _load answer then: no update due, the group not drained)
         return self._maybe_train(view) or self._load(view)
 
     # ---- internals ------------------------------------------------------------------------

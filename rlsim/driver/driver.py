@@ -253,10 +253,12 @@ class Driver(Launcher):
         told = self._book_events((ev,))
         return ev if told is None else (told[0] if told else None)
 
-    def _book_events(self, batch) -> list | None:  # noqa: ANN001 - a sequence of events
+    def _book_events(self, batch, on_event=None):  # noqa: ANN001, ANN202 - a sequence of events
         """Book a batch's events (finishes and aborts here, in one loop: the hot path of an epoch;
         any other event through `_handle_other`). Returns None when every event is told as itself,
-        else the events to tell (an event told otherwise replaced, one told not at all left out)."""
+        else the events to tell (an event told otherwise replaced, one told not at all left out).
+        With `on_event` (the per-event adapter), each event is booked, its reward scored and the
+        policy told of it, its actions applied, before the next: returns the Train asked for."""
         reqs, turns, cap = self.requests, self.turns, self.rl.max_response_len
         inst_of, pid_of, epoch_of, max_of, target_of = (
             reqs.instance, reqs.prompt_id, reqs.epoch, reqs.max_tokens, reqs.target_tokens
@@ -268,7 +270,8 @@ class Driver(Launcher):
             c["finish_time"], c["num_output_tokens"], c["outcome"], c["finish_reason"], c["first_token_time"]
         )
         rewarded: list[tuple[int, float]] = []
-        told_all = None
+        told_all = train = None
+        view = self.view
         for j, ev in enumerate(batch):
             told, kind = ev, type(ev)
             rid = ev[0]
@@ -313,10 +316,19 @@ class Driver(Launcher):
                 if ended == "finished":
                     finished.setdefault((epoch_of[rid], pid), []).append(n)
                     rewarded.append((rid, t))
+            if on_event is not None:  # the adapter: this event's reward, then the policy hears of it
+                if rewarded:
+                    self._rewards(rewarded)
+                    rewarded.clear()
+                if told is not None and (acts := on_event(told, view)):
+                    train = self.apply(acts) or train
+                continue
             if told is not ev and told_all is None:
                 told_all = list(batch[:j])
             if told_all is not None and told is not None:
                 told_all.append(told)
+        if on_event is not None:
+            return train
         if rewarded:
             self._rewards(rewarded)
         return told_all
@@ -344,21 +356,11 @@ class Driver(Launcher):
         """Book a batch and tell the policy: whole (`on_events`, its actions applied after the
         batch) or, through the adapter, event by event (`on_event`, each event's actions applied
         before the next is handled). Returns the Train asked for, if any."""
-        train = None
-        view = self.view
         if self.batched:
             batch = self.handle_batch(batch)
-            acts = self.policy.on_events(batch, view) if batch else None
+            acts = self.policy.on_events(batch, self.view) if batch else None
             return self.apply(acts) if acts else None
-        on_event, handle = self.policy.on_event, self.handle
-        for ev in batch:
-            told = handle(ev)
-            if told is None:
-                continue
-            acts = on_event(told, view)
-            if acts:
-                train = self.apply(acts) or train
-        return train
+        return self._book_events(batch, self.policy.on_event)
 
     POLL_S = 0.02  # how often a real run looks whether the trainer process is done
 

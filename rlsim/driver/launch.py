@@ -107,9 +107,17 @@ class Launcher:
         ids = range(first_id, first_id + n)
         self.in_flight.setdefault(pid, set()).update(ids)
         # Past the trace's samples, reuse them cyclically (counted in the summary).
+        turns = self.turns
         if isinstance(draws, range) and draws.stop <= samples:
             idx = draws
             lo = base + draws.start
+            if n == 1 and turns is None:  # one sample (a policy that launches as samples finish): no columns built
+                w = inst[0] if isinstance(inst, tuple) else (-1 if inst is None else inst)
+                row = (first_id, pid, lo - base, epoch, index.prompt_ints[lo], max_tokens, index.out_ints[lo], w,
+                       version, 0, 0, False)  # fmt: skip
+                for col, value in zip(batch.columns, row, strict=True):
+                    col.append(value)
+                return
             prompt, target = index.prompt_ints[lo : lo + n].tolist(), index.out_ints[lo : lo + n].tolist()
         else:
             idx = [k % samples for k in draws]
@@ -119,7 +127,6 @@ class Launcher:
         where = list(inst) if isinstance(inst, tuple) else [-1 if inst is None else inst] * n
         cols = (ids, [pid] * n, idx, [epoch] * n, prompt, [max_tokens] * n, target, where, [version] * n,
                 [0] * n, [0] * n, [False] * n)  # fmt: skip
-        turns = self.turns
         if turns is None:
             batch.extend(cols)
             return

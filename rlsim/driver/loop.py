@@ -64,7 +64,7 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
     ran out with nothing in flight trains on what it has (an empty Train)."""
     engine, policy, view, quiet = drv.engine, drv.policy, drv.view, drv.quiet
     step = engine.step
-    on_event, handle, apply = (None if drv.batched else policy.on_event), drv.handle, drv.apply
+    on_event, book = (None if drv.batched else policy.on_event), drv._book_events
     while train is None:
         batch = step(until_idle=True) if quiet else step()
         if not batch:
@@ -75,11 +75,5 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
         if on_event is None:
             train = drv.react(EventBatch.of(batch))
             continue
-        for ev in batch:  # the adapter (`Driver.react`), inlined: the hot loop of a per-event policy
-            told = handle(ev)
-            if told is None:  # a multi-turn trajectory's turn or tool call: the driver's own
-                continue
-            acts = on_event(told, view)
-            if acts:
-                train = apply(acts) or train
+        train = book(batch, on_event) or train  # the adapter (`Driver.react`): event by event
     return train
