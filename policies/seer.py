@@ -148,10 +148,14 @@ class SeerPolicy:
         while (item := self._next()) is not None:
             p, rid, kept = item
             need = view.prompt_tokens(p) + kept + min(self.config.chunk_tokens, mean)
-            i = -1  # the instance with the most free KV (ties: the lowest) among those with a free slot
-            for k, held in enumerate(self.reserved):
-                if self.inflight[k] < limit and (i < 0 or held < self.reserved[i]):
-                    i = k
+            # the instance with the most free KV (ties: the lowest) among those with a free slot
+            if max(self.inflight) < limit:  # (every instance has one: min finds the first smallest)
+                i = self.reserved.index(min(self.reserved))
+            else:
+                i = -1
+                for k, held in enumerate(self.reserved):
+                    if self.inflight[k] < limit and (i < 0 or held < self.reserved[i]):
+                        i = k
             if i < 0:
                 break
             if self.reserved[i] > 0 and self.reserved[i] + need > capacity:

@@ -131,6 +131,15 @@ class SortedRLPolicy:
             return []  # (what _maybe_train and _load answer then: no update due, the group not drained)
         return self._maybe_train(view) or self._load(view)
 
+    def quiet_for(self, view: PolicyView) -> int:
+        """Finishes this policy answers nothing to (`Policy.quiet_for`): an update is due at the
+        U-th ready trajectory and the next group loads once this one drains, so neither comes
+        before min(U - ready, trajectories owed) more finishes; until then a finish only moves
+        the two counts (and reads its request). 1 (no promise) with whole groups or while training."""
+        if self.training or self.whole_groups or not self.owed:
+            return 1
+        return max(1, min(self._update(view) - len(self.order), sum(self.owed.values())))
+
     # ---- internals ------------------------------------------------------------------------
     def _load(self, view: PolicyView) -> list[Action]:
         """The next group, once the cache has drained and its trajectories have trained (a

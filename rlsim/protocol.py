@@ -292,11 +292,13 @@ class Engine(Protocol):
 
     def resume(self) -> None: ...
 
-    def step(self, until_idle: bool = False) -> EventBatch:
+    def step(self, until_idle: bool = False, finishes: int = 1) -> EventBatch:
         """Advance to the next instant at which something ends and return what did (empty:
         nothing can happen). `until_idle`: go on, instant after instant, until no request is
         left in the engine or a timer fired, and return all of it as one batch (for a policy
-        that acts on nothing before then: `Policy.quiet`)."""
+        that acts on nothing before then: `Policy.quiet`). `finishes`: go on likewise until that
+        many requests have finished (`Policy.quiet_for`). An engine may ignore either and
+        answer instant by instant: the driver then asks again."""
 
     def busy_time(self, instance: int) -> float:
         """Seconds this instance has spent running at least one request so far."""
@@ -346,6 +348,10 @@ class Policy(Protocol):
     A class attribute `quiet = True` (with `on_events`) says the policy acts on no event while
     a request is still in the engine, except on a timer: the engine may then run to that point
     in one step (`Engine.step(until_idle=True)`) and the driver books the batch in bulk.
+    A method `quiet_for(view) -> int` says, before each engine step, that the policy answers
+    nothing to any event until that many requests have finished (or a timer fired), and that
+    it reads nothing of the view but the requests while told them: the engine may then run to
+    the instant of that finish in one step (`Engine.step(finishes=k)`); 1 asks nothing.
     """
 
     name: str

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from policies.one_step_off import OneStepOffPolicy
+from policies.sortedrl import SortedRLPolicy
 from policies.sync import SyncPolicy
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.driver.driver import told_batches
@@ -23,6 +24,7 @@ from rlsim.driver.loop import run_loop
 from rlsim.paths import default_trace
 from rlsim.profile import load_profile
 from rlsim.protocol import (
+    ABORTED,
     FINISHED,
     PREEMPTED,
     TIMER,
@@ -34,6 +36,7 @@ from rlsim.protocol import (
     Timer,
     Train,
 )
+from rlsim.sim.compiled.sim_engine import CompiledEngine
 from rlsim.sim.engine import SimEngine
 from rlsim.step_costs import with_engine
 from rlsim.trace.format import Trace, load
@@ -219,3 +222,59 @@ def test_a_quiet_policy_runs_as_it_would_told_every_event(name: str) -> None:
     assert qe.events == te.events > 0
     assert qe.batches * 20 < te.batches, (qe.batches, te.batches)
     assert qe.preempted_rows > 0, "the KV-tight engine preempts inside the bulk-booked batches"
+
+
+# ---- quiet_for: a per-event policy that answers nothing to the next k finishes ------------------
+
+
+class _CountingFinishes:
+    """An engine (`SimEngine` or `CompiledEngine`) counting its steps and the aborts and preemptions
+    they report, passing `finishes` on."""
+
+    def __init__(self, *args, **kw) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kw)
+        self.batches = self.events = self.aborted_rows = self.preempted_rows = self.counted = 0
+
+    def step(self, until_idle: bool = False, finishes: int = 1) -> EventBatch:
+        out = super().step(until_idle, finishes)
+        self.batches += 1
+        self.counted += finishes > 1
+        self.events += len(out)
+        self.aborted_rows += out.kind.count(ABORTED)
+        self.preempted_rows += out.kind.count(PREEMPTED)
+        return out
+
+
+class _CountingSim(_CountingFinishes, SimEngine):
+    pass
+
+
+class _CountingCompiled(_CountingFinishes, CompiledEngine):
+    pass
+
+
+class _EveryInstantSortedRL(SortedRLPolicy):
+    """SortedRL making no promise: told every instant's events."""
+
+    quiet_for = None
+
+
+@pytest.mark.parametrize("engine_cls", [_CountingSim, _CountingCompiled], ids=["simpy", "compiled"])
+def test_a_policy_quiet_for_k_finishes_runs_as_it_would_told_every_instant(engine_cls) -> None:  # noqa: ANN001
+    """SortedRL (on-policy: its updates abort what flies) says before each step how many finishes
+    it answers nothing to; the engine runs on to the instant of that finish. The run equals the
+    same policy told every instant's events, request by request, on a KV-tight engine whose
+    preemptions and aborts land inside the longer batches."""
+    cluster = ClusterConfig(num_gpus=16, profile="h100-qwen2.5-32b-tp2")
+    prof = with_engine(load_profile(cluster.profile), EngineConfig(gpu_memory_utilization=0.45))
+    rl = RLConfig(prompts_per_step=16, samples_per_prompt=16, epochs=2)
+    trace, runs = _slice(), []
+    for policy in (SortedRLPolicy(), _EveryInstantSortedRL()):
+        engine = engine_cls(prof, cluster.num_instances(prof.tensor_parallel_size))
+        runs.append((run_loop(engine, policy, trace, prof, cluster, rl), engine))
+    (quiet, qe), (told, te) = runs
+    pd.testing.assert_frame_equal(quiet.requests_frame(), told.requests_frame())
+    pd.testing.assert_frame_equal(quiet.steps_frame(), told.steps_frame())
+    assert qe.events == te.events > 0 and te.counted == 0 < qe.counted
+    assert qe.batches * 20 < te.batches, (qe.batches, te.batches)
+    assert qe.aborted_rows > 0 and qe.preempted_rows > 0, (qe.aborted_rows, qe.preempted_rows)

@@ -91,5 +91,6 @@ def test_real_mode_never_loads_numba() -> None:
 
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")
 def test_the_pure_path_agrees() -> None:
-    tests = [f"{__file__}::test_every_policy_same_run[{p}]" for p in ("sync", "rollpacker")]
-    assert "3 passed" in run_pure(*tests, f"{__file__}::test_set_order_is_cpythons")
+    tests = [f"{__file__}::test_every_policy_same_run[{p}]" for p in ("sync", "rollpacker", "sortedrl")]
+    quiet_for = "tests/test_batched_protocol.py::test_a_policy_quiet_for_k_finishes_runs_as_it_would_told_every_instant"
+    assert "5 passed" in run_pure(*tests, f"{__file__}::test_set_order_is_cpythons", f"{quiet_for}[compiled]")

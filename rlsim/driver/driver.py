@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,8 +137,12 @@ class Driver(Launcher):
             Trajectories(TurnTable(self.trace.table), self.engine, self.tools or ToolConfig(), rl.max_response_len)
             if has_turns(self.trace.table) else None
         )
+        # a policy that says how many finishes it answers nothing to, on an engine that can run to them
+        self.quiet_for = getattr(self.policy, "quiet_for", None)
+        if self.quiet_for is not None and "finishes" not in inspect.signature(self.engine.step).parameters:
+            self.quiet_for = None
         if self.turns is not None:  # a turn's end calls a tool at once: the engine may not run on to idle
-            self.quiet = False
+            self.quiet, self.quiet_for = False, None
         self.rollout_version = 0  # the weights the rollout generates with (behind `version` between syncs)
         self.syncing = False  # the rollout is stopped for a weight sync; launches wait in `held`
         self.held: list[Launch] = []
@@ -145,7 +150,7 @@ class Driver(Launcher):
     # ---- checkpoints (real runs resume from the last finished step) ------------------------
     _NOT_STATE = (
         "engine", "trace", "index", "view", "profile", "cluster", "rl", "dynamic_sampling", "first_token", "batched",
-        "quiet", "tools",
+        "quiet", "quiet_for", "tools",
     )  # fmt: skip
 
     def snapshot(self) -> dict:

@@ -62,11 +62,16 @@ def run_loop(
 def _until_train(drv: Driver, train: Train | None) -> Train:
     """Feed events to the policy until it asks to train. A dynamic-sampling batch whose prompts
     ran out with nothing in flight trains on what it has (an empty Train)."""
-    engine, policy, view, quiet = drv.engine, drv.policy, drv.view, drv.quiet
+    engine, policy, view, quiet, quiet_for = drv.engine, drv.policy, drv.view, drv.quiet, drv.quiet_for
     step = engine.step
     on_event, book = (None if drv.batched else policy.on_event), drv._book_events
     while train is None:
-        batch = step(until_idle=True) if quiet else step()
+        if quiet:
+            batch = step(until_idle=True)
+        elif quiet_for is not None and (k := quiet_for(view)) > 1:
+            batch = step(finishes=k)  # the policy answers nothing before the k-th finish: run on to it
+        else:
+            batch = step()
         if not batch:
             if drv.groups is not None and not any(drv.in_flight.values()):
                 return Train(())

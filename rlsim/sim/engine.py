@@ -250,7 +250,7 @@ class SimEngine:
             self._resume.succeed()
         self._resume = self.env.event()
 
-    def step(self, until_idle: bool = False) -> EventBatch:
+    def step(self, until_idle: bool = False, finishes: int = 1) -> EventBatch:
         env = self.env
         if self._held:  # lockstep: the driver has seen the outputs; the instances go on
             held, self._held = self._held, []
@@ -264,9 +264,15 @@ class SimEngine:
         now = env.now
         while peek() <= now:  # everything else happening at this instant
             advance()
-        if until_idle and not self.lockstep:  # on, instant by instant, while requests run and no timer fired
-            where = self._where
+        if (until_idle or finishes > 1) and not self.lockstep:  # on, instant by instant, while requests run
+            where, seen, done = self._where, 0, 0  # and no timer fired (and fewer than `finishes` finished)
             while where and not self._timed and peek() < math.inf:
+                if not until_idle:
+                    box = self._outbox
+                    done += sum(type(ev) is Finished for ev in box[seen:])
+                    seen = len(box)
+                    if done >= finishes:
+                        break
                 advance()
                 now = env.now
                 while peek() <= now:

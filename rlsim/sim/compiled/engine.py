@@ -64,6 +64,7 @@ R_INIT, R_RESUME, R_WAKE, R_HOLD, R_ITER, R_JUMP, R_JUMP_REST = 0, 1, 2, 3, 4, 5
 URGENT, NORMAL = 0, 1
 # outbox kinds, as `rlsim.protocol`'s `EventBatch.kind`
 O_FINISHED, O_ABORTED, O_PREEMPTED, O_TIMER = 0, 1, 2, 3
+IDLE = 2**62  # `step(finishes=IDLE)`: on until no request is left or a timer fired
 # arrival kinds (async scheduling)
 A_SUBMIT, A_ABORT = 0, 1
 _NONE = -1
@@ -707,13 +708,15 @@ def resume(e: EngineState) -> None:
 
 
 @njit
-def step(e: EngineState, until_idle: bool, rows: np.ndarray, times: np.ndarray) -> tuple:
-    """Run to the next instant with events, and through it (`SimEngine.step`). Returns (status,
+def step(e: EngineState, finishes: int, rows: np.ndarray, times: np.ndarray) -> tuple:
+    """Run to the next instant with events, and through it, and on, instant after instant, until
+    `finishes` requests have finished, none is left or a timer fired (`SimEngine.step`; 1: the
+    first instant only, `IDLE`: until none is left or a timer fired). Returns (status,
     the number of outbox rows, the time): status 0 when nothing is left to happen, -1 when an
     instance cannot run its head (`error`), else the number of rows. The rows, as `_out` writes
     them, are copied into `rows` and `times` when they fit; otherwise they wait for `take_outbox`
     (with buffers that hold them) before anything else is called."""
-    status = _step(e, until_idle)
+    status = _step(e, finishes)
     m = e.num_ob if status > 0 else 0
     if status > 0 and m <= rows.shape[0]:
         take_outbox(e, rows, times)
@@ -742,7 +745,7 @@ def _through_instant(e: EngineState) -> bool:
 
 
 @njit
-def _step(e: EngineState, until_idle: bool) -> int:
+def _step(e: EngineState, finishes: int) -> int:
     for j in range(e.num_held):  # lockstep: the driver has seen the outputs; the instances go on
         _schedule(e, e.held[j], 0.0, NORMAL)
     e.num_held = 0
@@ -754,8 +757,15 @@ def _step(e: EngineState, until_idle: bool) -> int:
             return -1
     if not _through_instant(e):
         return -1
-    if until_idle and not e.lockstep:  # on, instant by instant, while requests run and no timer fired
-        while len(e.where) and not e.timed and e.heap_len:
+    if finishes > 1 and not e.lockstep:  # on, instant by instant, while requests run and no timer fired
+        seen = done = 0
+        while True:
+            for j in range(seen, e.num_ob):
+                if e.ob_i[j, 0] == O_FINISHED:
+                    done += 1
+            seen = e.num_ob
+            if done >= finishes or not len(e.where) or e.timed or not e.heap_len:
+                break
             advance(e)
             if e.error or not _through_instant(e):
                 return -1

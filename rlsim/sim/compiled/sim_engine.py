@@ -143,8 +143,9 @@ class CompiledEngine:
     def resume(self) -> None:
         ce.resume(self.core)
 
-    def step(self, until_idle: bool = False) -> EventBatch:
-        got, m, self._now = ce.step(self.core, until_idle, self._rows, self._times)
+    def step(self, until_idle: bool = False, finishes: int = 1) -> EventBatch:
+        count = ce.IDLE if until_idle else finishes
+        got, m, self._now = ce.step(self.core, count, self._rows, self._times)
         if got < 0:
             raise head_too_large(int(ce.counters(self.core)[2]), self._cap)
         out = EventBatch()
