@@ -68,6 +68,16 @@ class AsyncPartialPolicy:
         self.cache.book(event, view)
         return [] if self.training else self._maybe_train(view)
 
+    def quiet_for(self, view: PolicyView) -> int:
+        """Finishes this policy answers nothing to (`Policy.quiet_for`): an update is due once
+        P0 groups are ready (or, the data run out, every cached one), and a finish completes at
+        most one group. 1 (no promise) while training or before the first step."""
+        cache = self.cache
+        if cache is None or self.training:
+            return 1
+        want = min(view.prompts_per_step, len(cache)) if self.starved else view.prompts_per_step
+        return max(1, want - len(cache.ready))
+
     def _maybe_train(self, view: PolicyView) -> list[Action]:
         cache, p0 = self.cache, view.prompts_per_step
         if not cache.update_due(p0, self.starved):

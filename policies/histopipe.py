@@ -192,6 +192,20 @@ class HistoPipePolicy:
                 self.complete.append(p)
         return [] if self.trained else self._maybe_train(view)
 
+    def quiet_for(self, view: PolicyView) -> int:
+        """Finishes this policy answers nothing to (`Policy.quiet_for`): it trains once
+        `need_current` of this step's groups are complete and every carried group is, and a
+        finish completes at most one group and adds one sample to one group, so neither comes
+        sooner than the groups still needed, or the carried groups' missing samples. 1 (no
+        promise) once trained."""
+        if self.trained:
+            return 1
+        need = self.need_current - len(self.complete)
+        if need > 1:
+            return need
+        r0, done = view.samples_per_prompt, self.done
+        return max(1, need, sum(max(0, r0 - len(done[p])) for p in self.carried))
+
     def _maybe_train(self, view: PolicyView) -> list[Action]:
         r0 = view.samples_per_prompt
         if any(len(self.done[p]) < r0 for p in self.carried):
