@@ -262,8 +262,9 @@ class Driver(Launcher):
         """Book a batch's events (finishes and aborts here, in one loop: the hot path of an epoch;
         any other event through `_handle_other`). Returns None when every event is told as itself,
         else the events to tell (an event told otherwise replaced, one told not at all left out).
-        With `on_event` (the per-event adapter), each event is booked, its reward scored and the
-        policy told of it, its actions applied, before the next: returns the Train asked for."""
+        With `on_event` (the per-event adapter), each event is booked and the policy told of it,
+        its actions applied, before the next: returns the Train asked for. Rewards are scored after
+        the loop, in booking order, either way (only an update reads them, after the batch)."""
         reqs, turns, cap = self.requests, self.turns, self.rl.max_response_len
         inst_of, pid_of, epoch_of, max_of, target_of = (
             reqs.instance, reqs.prompt_id, reqs.epoch, reqs.max_tokens, reqs.target_tokens
@@ -321,10 +322,7 @@ class Driver(Launcher):
                 if ended == "finished":
                     finished.setdefault((epoch_of[rid], pid), []).append(n)
                     rewarded.append((rid, t))
-            if on_event is not None:  # the adapter: this event's reward, then the policy hears of it
-                if rewarded:
-                    self._rewards(rewarded)
-                    rewarded.clear()
+            if on_event is not None:  # the adapter: the policy hears of this event before the next is booked
                 if told is not None and (acts := on_event(told, view)):
                     train = self.apply(acts) or train
                 continue
@@ -332,11 +330,9 @@ class Driver(Launcher):
                 told_all = list(batch[:j])
             if told_all is not None and told is not None:
                 told_all.append(told)
-        if on_event is not None:
-            return train
-        if rewarded:
+        if rewarded:  # scored in booking order, after the loop: only the update reads them
             self._rewards(rewarded)
-        return told_all
+        return train if on_event is not None else told_all
 
     def _handle_other(self, ev):  # noqa: ANN001, ANN201
         """`handle` for an event other than a finish or an abort."""
