@@ -63,10 +63,11 @@ class RollPackerPolicy:
         self.target = 0
         self.long_round = False
         self.trained = False
+        self.short: dict[int, int] = {}  # round prompts: finished samples short of R0 (`quiet_for`)
 
     def on_step_start(self, view: PolicyView) -> list[Action]:
         p0, r0 = view.prompts_per_step, view.samples_per_prompt
-        self.finished, self.complete, self.trained = {}, {}, False
+        self.finished, self.complete, self.trained, self.short = {}, {}, False, {}
         if len(self.long_queue) >= p0:
             return self._long_round(list(self.long_queue)[:p0], r0)
         want = int(self.config.eta_p * p0)
@@ -77,6 +78,7 @@ class RollPackerPolicy:
         self.long_round = False
         self.long_queue.update(dict.fromkeys(prompts))
         self.round_prompts = set(prompts)
+        self.short = dict.fromkeys(prompts, r0)
         self.target = min(p0, len(prompts))
         n = math.ceil(self.config.eta_r * r0)
         return [Launch(p, n) for p in prompts]
@@ -87,6 +89,7 @@ class RollPackerPolicy:
         self.rng.shuffle(prompts)
         self.long_round = True
         self.round_prompts = set(prompts)
+        self.short = dict.fromkeys(prompts, r0)
         self.target = len(prompts)
         return [Launch(p, r0, restart=True) for p in prompts]
 
@@ -99,9 +102,13 @@ class RollPackerPolicy:
             return []  # a sample of an earlier round
         done = self.finished.setdefault(p, [])
         done.append(event.request_id)
-        r0 = view.samples_per_prompt
-        if len(done) != r0:
+        r0, d = view.samples_per_prompt, len(done)
+        if d < r0:
+            self.short[p] = r0 - d
             return []
+        if d > r0:
+            return []
+        del self.short[p]
         actions: list[Action] = []
         if len(self.complete) < self.target:
             self.complete[p] = done[:r0]
@@ -116,3 +123,10 @@ class RollPackerPolicy:
                 actions.append(Abort(tuple(others)))
             actions.append(Train(tuple(r for ids in self.complete.values() for r in ids)))
         return actions
+
+    def quiet_for(self, view: PolicyView) -> dict[int, int] | int:
+        """Finishes this policy answers nothing to (`Policy.quiet_for`), prompt by prompt: it acts
+        only when a round prompt's R0-th sample finishes, so on none of a prompt's finishes before
+        as many as it is short of; until then a finish only books its sample. 1 (no promise) once
+        trained. (The engine reads the mapping while it steps; it is this policy's own, not a copy.)"""
+        return 1 if self.trained else self.short

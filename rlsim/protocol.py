@@ -14,7 +14,7 @@ onto these calls).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -292,13 +292,17 @@ class Engine(Protocol):
 
     def resume(self) -> None: ...
 
-    def step(self, until_idle: bool = False, finishes: int = 1) -> EventBatch:
+    def step(
+        self, until_idle: bool = False, finishes: int = 1, prompts: Mapping[int, int] | None = None
+    ) -> EventBatch:
         """Advance to the next instant at which something ends and return what did (empty:
         nothing can happen). `until_idle`: go on, instant after instant, until no request is
         left in the engine or a timer fired, and return all of it as one batch (for a policy
         that acts on nothing before then: `Policy.quiet`). `finishes`: go on likewise until that
-        many requests have finished (`Policy.quiet_for`). An engine may ignore either and
-        answer instant by instant: the driver then asks again."""
+        many requests have finished (`Policy.quiet_for`). `prompts` (prompt id -> count): ... or
+        until, for one of these prompts, that many of its requests have finished (prompts not in
+        it are not counted). Each stops at the end of the instant it is met at. An engine may
+        ignore any of them and answer instant by instant: the driver then asks again."""
 
     def busy_time(self, instance: int) -> float:
         """Seconds this instance has spent running at least one request so far."""
@@ -351,7 +355,11 @@ class Policy(Protocol):
     A method `quiet_for(view) -> int` says, before each engine step, that the policy answers
     nothing to any event until that many requests have finished (or a timer fired), and that
     it reads nothing of the view but the requests while told them: the engine may then run to
-    the instant of that finish in one step (`Engine.step(finishes=k)`); 1 asks nothing.
+    the instant of that finish in one step (`Engine.step(finishes=k)`); 1 asks nothing. It may
+    answer a mapping instead, prompt id -> count: nothing until, for one of these prompts, that
+    many of its requests have finished; a prompt not in it may finish any number (RollPacker:
+    each round prompt's samples short of R0). The engine runs to the first such instant
+    (`Engine.step(prompts=...)`); an empty mapping asks nothing.
     """
 
     name: str

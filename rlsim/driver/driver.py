@@ -139,8 +139,10 @@ class Driver(Launcher):
         )
         # a policy that says how many finishes it answers nothing to, on an engine that can run to them
         self.quiet_for = getattr(self.policy, "quiet_for", None)
-        if self.quiet_for is not None and "finishes" not in inspect.signature(self.engine.step).parameters:
+        takes = inspect.signature(self.engine.step).parameters if self.quiet_for is not None else {}
+        if "finishes" not in takes:
             self.quiet_for = None
+        self.quiet_prompts = "prompts" in takes  # ... also counted prompt by prompt
         if self.turns is not None:  # a turn's end calls a tool at once: the engine may not run on to idle
             self.quiet, self.quiet_for = False, None
         self.rollout_version = 0  # the weights the rollout generates with (behind `version` between syncs)
@@ -150,7 +152,7 @@ class Driver(Launcher):
     # ---- checkpoints (real runs resume from the last finished step) ------------------------
     _NOT_STATE = (
         "engine", "trace", "index", "view", "profile", "cluster", "rl", "dynamic_sampling", "first_token", "batched",
-        "quiet", "quiet_for", "tools",
+        "quiet", "quiet_for", "quiet_prompts", "tools",
     )  # fmt: skip
 
     def snapshot(self) -> dict:

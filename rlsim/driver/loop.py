@@ -8,6 +8,8 @@ weights until enough groups are valid. Then the step's rewards and training phas
 
 from __future__ import annotations
 
+import sys
+
 from rlsim.config import ClusterConfig, DynamicSamplingConfig, RLConfig
 from rlsim.driver.driver import Driver
 from rlsim.errors import RlsimError
@@ -63,13 +65,17 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
     """Feed events to the policy until it asks to train. A dynamic-sampling batch whose prompts
     ran out with nothing in flight trains on what it has (an empty Train)."""
     engine, policy, view, quiet, quiet_for = drv.engine, drv.policy, drv.view, drv.quiet, drv.quiet_for
-    step = engine.step
+    step, by_prompt = engine.step, drv.quiet_prompts
     on_event, book = (None if drv.batched else policy.on_event), drv._book_events
     while train is None:
         if quiet:
             batch = step(until_idle=True)
-        elif quiet_for is not None and (k := quiet_for(view)) > 1:
-            batch = step(finishes=k)  # the policy answers nothing before the k-th finish: run on to it
+        elif quiet_for is None or (k := quiet_for(view)) == 1:
+            batch = step()
+        elif type(k) is int:
+            batch = step(finishes=k) if k > 1 else step()  # nothing answered before the k-th finish: run on to it
+        elif k and by_prompt:  # ... before the k[p]-th finish of a prompt p
+            batch = step(finishes=sys.maxsize, prompts=k)
         else:
             batch = step()
         if not batch:

@@ -48,7 +48,7 @@ request holds `lookahead` extra KV slots.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -135,6 +135,8 @@ class SimEngine:
         self.pause_interrupts = 0  # jumps cut short by pause() (colocated training taking the GPUs)
         self._resume = self.env.event()
         self._where: dict[int, int] = {}
+        self._watch: dict[int, int] = {}  # `step(prompts=...)`: finishes each watched prompt may still have
+        self._watch_hit = False
         self.first_token: dict[int, float] = {}
         num_blocks = profile.kv_capacity_tokens // engine.block_size
         self.instances = [
@@ -250,8 +252,9 @@ class SimEngine:
             self._resume.succeed()
         self._resume = self.env.event()
 
-    def step(self, until_idle: bool = False, finishes: int = 1) -> EventBatch:
+    def step(self, until_idle: bool = False, finishes: int = 1, prompts: Mapping[int, int] | None = None) -> EventBatch:
         env = self.env
+        self._watch, self._watch_hit = {p: max(k, 1) for p, k in prompts.items()} if prompts else {}, False
         if self._held:  # lockstep: the driver has seen the outputs; the instances go on
             held, self._held = self._held, []
             for hold in held:
@@ -265,19 +268,20 @@ class SimEngine:
         while peek() <= now:  # everything else happening at this instant
             advance()
         if (until_idle or finishes > 1) and not self.lockstep:  # on, instant by instant, while requests run
-            where, seen, done = self._where, 0, 0  # and no timer fired (and fewer than `finishes` finished)
-            while where and not self._timed and peek() < math.inf:
+            where, seen, done = self._where, 0, 0  # and no timer fired (and fewer than `finishes` finished,
+            while where and not self._timed and peek() < math.inf:  # no watched prompt as many as it may)
                 if not until_idle:
                     box = self._outbox
                     done += sum(type(ev) is Finished for ev in box[seen:])
                     seen = len(box)
-                    if done >= finishes:
+                    if done >= finishes or self._watch_hit:
                         break
                 advance()
                 now = env.now
                 while peek() <= now:
                     advance()
         out, self._outbox, self._timed = self._outbox, EventBatch(), False
+        self._watch = {}
         if self.lockstep:  # the driver sees these events now: an instance that has not yet held need not
             for inst in self.instances:
                 inst.emitted = False
@@ -373,6 +377,9 @@ class SimEngine:
             gen = generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
             append(Finished(rid, now, inst.idx, gen, "length" if gen >= seq.req.max_tokens else "stop"))
             where.pop(rid, None)
+            if self._watch and self._watch.get(seq.req.prompt_id, 0) > 0:  # a watched prompt's finish
+                left = self._watch[seq.req.prompt_id] = self._watch[seq.req.prompt_id] - 1
+                self._watch_hit = self._watch_hit or not left
 
     def _free_kv(self, inst: _Instance) -> None:
         """Sleep: drop every running request's KV and the prefix cache; running requests wait,

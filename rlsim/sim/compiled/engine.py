@@ -43,6 +43,8 @@ FIELDS = (
     "wake_reprefill_tokens", "pause_interrupts", "timed",
     "ob_i", "ob_f", "num_ob",
     "error", "error_inst", "scratch",
+    # `step(prompts=...)`: finishes each prompt may still have before the step ends (0: unwatched)
+    "watch", "watch_hit",
 )  # fmt: skip
 
 
@@ -107,6 +109,7 @@ def _make_engine(n: int, exact: bool, lockstep: bool, async_sched: bool, num_blo
         0, 0, False,
         np.zeros((cap, 6), np.int64), np.zeros((cap, 2)), 0,
         0, 0, zi.copy(),
+        zi.copy(), False,
     )  # fmt: skip
     _start(e)
     return e
@@ -515,6 +518,11 @@ def _finished(e: EngineState, i: int, s: cs.SchedState) -> None:
         gen = cs.generated(s, k)
         _out(e, O_FINISHED, rid, i, gen, 1 if gen >= s.t[cs.C_MAX_TOKENS, k] else 0, 0)
         _gone(e, rid)
+        p = s.t[cs.C_PROMPT_ID, k]
+        if p < e.watch.shape[0] and e.watch[p] > 0:  # a watched prompt's finish
+            e.watch[p] -= 1
+            if not e.watch[p]:
+                e.watch_hit = True
 
 
 @njit
@@ -708,15 +716,26 @@ def resume(e: EngineState) -> None:
 
 
 @njit
-def step(e: EngineState, finishes: int, rows: np.ndarray, times: np.ndarray) -> tuple:
+def step(e: EngineState, finishes: int, rows: np.ndarray, times: np.ndarray, prompts: np.ndarray,
+         counts: np.ndarray) -> tuple:  # fmt: skip
     """Run to the next instant with events, and through it, and on, instant after instant, until
-    `finishes` requests have finished, none is left or a timer fired (`SimEngine.step`; 1: the
-    first instant only, `IDLE`: until none is left or a timer fired). Returns (status,
+    `finishes` requests have finished, `counts[j]` requests of a prompt `prompts[j]` have, none
+    is left or a timer fired (`SimEngine.step`; 1: the first instant only, `IDLE`: until none is
+    left or a timer fired; no prompts: none watched). Returns (status,
     the number of outbox rows, the time): status 0 when nothing is left to happen, -1 when an
     instance cannot run its head (`error`), else the number of rows. The rows, as `_out` writes
     them, are copied into `rows` and `times` when they fit; otherwise they wait for `take_outbox`
     (with buffers that hold them) before anything else is called."""
+    if prompts.shape[0]:
+        top = prompts.max() + 1
+        if top > e.watch.shape[0]:
+            e.watch = np.zeros(max(top, 2 * e.watch.shape[0]), np.int64)
+        e.watch[prompts] = counts
+        e.watch_hit = False
     status = _step(e, finishes)
+    if prompts.shape[0]:
+        e.watch[prompts] = 0
+        e.watch_hit = False
     m = e.num_ob if status > 0 else 0
     if status > 0 and m <= rows.shape[0]:
         take_outbox(e, rows, times)
@@ -757,14 +776,14 @@ def _step(e: EngineState, finishes: int) -> int:
             return -1
     if not _through_instant(e):
         return -1
-    if finishes > 1 and not e.lockstep:  # on, instant by instant, while requests run and no timer fired
+    if finishes > 1 and not e.watch_hit and not e.lockstep:  # on, instant by instant, while requests run
         seen = done = 0
         while True:
             for j in range(seen, e.num_ob):
                 if e.ob_i[j, 0] == O_FINISHED:
                     done += 1
             seen = e.num_ob
-            if done >= finishes or not len(e.where) or e.timed or not e.heap_len:
+            if done >= finishes or e.watch_hit or not len(e.where) or e.timed or not e.heap_len:
                 break
             advance(e)
             if e.error or not _through_instant(e):

@@ -10,7 +10,7 @@ into an `EventBatch`. Replay of measured iteration times is not ported: `simulat
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 
 import numpy as np
@@ -40,6 +40,7 @@ _SUBMIT = ("request_id", "prompt_id", "num_prompt_tokens", "max_tokens", "prompt
 _REASON = ("stop", "length")  # a finish reason by whether it hit its length: one object each, as the records keep
 # a reason per request (a string numpy built per row would be kept too, about 56 bytes a request)
 _new_finished = partial(tuple.__new__, Finished)  # a Finished from its fields' tuple, in C
+_NO_PROMPTS = np.zeros(0, np.int64)  # `step` watching no prompt (never written)
 
 
 class _Counts:
@@ -143,9 +144,13 @@ class CompiledEngine:
     def resume(self) -> None:
         ce.resume(self.core)
 
-    def step(self, until_idle: bool = False, finishes: int = 1) -> EventBatch:
-        count = ce.IDLE if until_idle else finishes
-        got, m, self._now = ce.step(self.core, count, self._rows, self._times)
+    def step(self, until_idle: bool = False, finishes: int = 1, prompts: Mapping[int, int] | None = None) -> EventBatch:
+        count = ce.IDLE if until_idle else min(finishes, ce.IDLE)
+        watched = counts = _NO_PROMPTS
+        if prompts:
+            watched = np.fromiter(prompts.keys(), np.int64, len(prompts))
+            counts = np.maximum(np.fromiter(prompts.values(), np.int64, len(prompts)), 1)
+        got, m, self._now = ce.step(self.core, count, self._rows, self._times, watched, counts)
         if got < 0:
             raise head_too_large(int(ce.counters(self.core)[2]), self._cap)
         out = EventBatch()
