@@ -9,6 +9,8 @@ counts against the next. A `Launch(resume=r)` continues the response of an ended
 
 from __future__ import annotations
 
+from collections import deque
+
 from rlsim.driver.dispatch import least_loaded
 from rlsim.errors import RlsimError
 from rlsim.protocol import Launch, Request, RequestBatch
@@ -33,7 +35,9 @@ class Launcher:
     def _instance_for(self, launch: Launch) -> int | tuple[int, ...] | None:
         """The policy's placement, or the dispatch rule's; None: per-sample least-loaded, decided
         when the batch is submitted (`_dispatch`)."""
-        n = self.engine.num_instances
+        n = self.view.num_instances
+        if type(launch.instance) is int and 0 <= launch.instance < n:  # (one instance, in range)
+            return launch.instance
         if launch.instance is not None:
             chosen = launch.instance if isinstance(launch.instance, tuple) else (launch.instance,)
             if isinstance(launch.instance, tuple) and len(chosen) != launch.num_samples:
@@ -103,7 +107,7 @@ class Launcher:
             draws = range(first, first + n)
         index, requests, pid, version = self.index, self.requests, act.prompt_id, self.rollout_version
         base, samples = index.start[visit], index.samples
-        first_id = len(requests) + len(batch) - batch.booked
+        first_id = len(requests) + len(batch.columns[0]) - batch.booked
         ids = range(first_id, first_id + n)
         self.in_flight.setdefault(pid, set()).update(ids)
         # Past the trace's samples, reuse them cyclically (counted in the summary).
@@ -115,8 +119,7 @@ class Launcher:
                 w = inst[0] if isinstance(inst, tuple) else (-1 if inst is None else inst)
                 row = (first_id, pid, lo - base, epoch, index.prompt_ints[lo], max_tokens, index.out_ints[lo], w,
                        version, 0, 0, False)  # fmt: skip
-                for col, value in zip(batch.columns, row, strict=True):
-                    col.append(value)
+                deque(map(list.append, batch.columns, row), 0)  # (each column's append, in C)
                 return
             prompt, target = index.prompt_ints[lo : lo + n].tolist(), index.out_ints[lo : lo + n].tolist()
         else:

@@ -40,6 +40,7 @@ _SUBMIT = ("request_id", "prompt_id", "num_prompt_tokens", "max_tokens", "prompt
 _REASON = ("stop", "length")  # a finish reason by whether it hit its length: one object each, as the records keep
 # a reason per request (a string numpy built per row would be kept too, about 56 bytes a request)
 _new_finished = partial(tuple.__new__, Finished)  # a Finished from its fields' tuple, in C
+_new_aborted = partial(tuple.__new__, Aborted)
 _NO_PROMPTS = np.zeros(0, np.int64)  # `step` watching no prompt (never written)
 
 
@@ -171,9 +172,9 @@ class CompiledEngine:
         first_token = self.first_token
         for (k, r, i, n, ln, g), (t, first) in zip(rows.tolist(), times.tolist(), strict=True):
             if k == FINISHED:
-                out.append(Finished(r, t, i, n, "length" if ln else "stop"))
+                out.append(_new_finished((r, t, i, n, _REASON[ln])))
             elif k == ABORTED:
-                out.append(Aborted(r, t, i, n))
+                out.append(_new_aborted((r, t, i, n)))
             elif k == PREEMPTED:
                 out.append(Preempted(r, t, i, n))
                 continue
