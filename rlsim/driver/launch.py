@@ -125,8 +125,8 @@ class Launcher:
         else:
             idx = [k % samples for k in draws]
             self.reused_samples += sum(k >= samples for k in draws)
-            rows = [base + s for s in idx]
-            prompt, target = index.prompt_tokens[rows].tolist(), index.out[rows].tolist()
+            pi, oi = index.prompt_ints, index.out_ints
+            prompt, target = [pi[base + s] for s in idx], [oi[base + s] for s in idx]
         where = list(inst) if isinstance(inst, tuple) else [-1 if inst is None else inst] * n
         cols = (ids, [pid] * n, idx, [epoch] * n, prompt, [max_tokens] * n, target, where, [version] * n,
                 [0] * n, [0] * n, [False] * n)  # fmt: skip
