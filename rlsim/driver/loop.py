@@ -9,6 +9,7 @@ weights until enough groups are valid. Then the step's rewards and training phas
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 from rlsim.config import ClusterConfig, DynamicSamplingConfig, RLConfig
 from rlsim.driver.driver import Driver
@@ -72,7 +73,7 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
             batch = step(until_idle=True)
         elif quiet_for is None or (k := quiet_for(view)) == 1:
             batch = step()
-        elif type(k) is int:
+        elif not isinstance(k, Mapping):
             batch = step(finishes=k) if k > 1 else step()  # nothing answered before the k-th finish: run on to it
         elif k and by_prompt:  # ... before the k[p]-th finish of a prompt p
             batch = step(finishes=sys.maxsize, prompts=k)
