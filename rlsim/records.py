@@ -109,7 +109,7 @@ class StepWindow:
         self.busy_end = [self.engine.busy_time(i) for i in range(self.engine.num_instances)]
 
 
-def _view(col: array) -> np.ndarray:
+def column(col: array) -> np.ndarray:
     """A typed column as a numpy array over the same memory (held only while the column does
     not grow: an array exporting its buffer cannot be resized)."""
     return np.frombuffer(col, dtype=col.typecode)
@@ -169,14 +169,14 @@ class Records:
     def step_done(self, w: StepWindow, ids, requests, version: int, index, r0: int, num_gpus: int) -> None:  # noqa: ANN001
         c = self.cols
         rows = np.fromiter(ids, np.int64, len(ids))
-        lengths = _view(c["num_output_tokens"])[rows].astype(float)
+        lengths = column(c["num_output_tokens"])[rows].astype(float)
         reasons = [c["finish_reason"][r] for r in ids]
         # `requests`: the driver's RequestTable, read by column
-        q_epoch, q_prompt = requests.epoch, requests.prompt_id
-        stale = (version - _view(requests.policy_version)[rows]).astype(float)
-        _view(c["trained_step"])[rows] = w.step
-        _view(c["staleness"])[rows] = stale.astype(np.int64)
-        visits = {(q_epoch[r], q_prompt[r]) for r in ids}
+        q_epoch, q_prompt = column(requests.epoch)[rows].tolist(), column(requests.prompt_id)[rows].tolist()
+        stale = (version - column(requests.policy_version)[rows]).astype(float)
+        column(c["trained_step"])[rows] = w.step
+        column(c["staleness"])[rows] = stale.astype(np.int64)
+        visits = set(zip(q_epoch, q_prompt, strict=True))
         unbiased = np.mean(index.unbiased_means(visits, r0)) if visits else np.nan
         gen = w.gen_end - w.start
         n = len(w.busy_start)
@@ -185,8 +185,8 @@ class Records:
         idle_first = (w.gen_end - min(w.last_busy)) / gen if gen > 0 and w.last_busy else 0.0
         step_time = w.end - w.start
         slots = getattr(w.engine, "max_num_seqs", 0)
-        tokens = float(lengths.sum() + _view(requests.num_prompt_tokens)[rows].sum())
-        epochs = [q_epoch[r] for r in ids]
+        tokens = float(lengths.sum() + column(requests.num_prompt_tokens)[rows].sum())
+        epochs = q_epoch
         self.steps.append(
             {
                 "step": w.step,
@@ -208,7 +208,7 @@ class Records:
                 "response_length/mean": float(lengths.mean()) if len(lengths) else np.nan,
                 "response_length/max": float(lengths.max()) if len(lengths) else np.nan,
                 "response_length/clip_ratio": float(np.mean([x == "length" for x in reasons])) if reasons else 0.0,
-                "num_prompts": len({q_prompt[r] for r in ids}),
+                "num_prompts": len(set(q_prompt)),
                 "num_samples": len(ids),
                 "perf/throughput": tokens / step_time / num_gpus if step_time else 0.0,
                 "bubble_ratio": 1.0 - busy / (n * gen) if gen > 0 else 0.0,

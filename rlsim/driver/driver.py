@@ -44,7 +44,7 @@ from rlsim.protocol import (
     Timer,
     Train,
 )
-from rlsim.records import Records, StepWindow
+from rlsim.records import Records, StepWindow, column
 from rlsim.step_costs import step_cost, weight_sync_s
 from rlsim.trace.format import Trace
 from rlsim.trace.turns import TurnTable, has_turns
@@ -461,10 +461,10 @@ class Driver(Launcher):
         gen_end = self.engine.now
         window.mark_gen_end(self.engine)
         ids = act.request_ids
-        reward_end = max((self.reward_done.pop(r) for r in ids), default=gen_end)  # popped: a run's memory stays flat
-        out = self.records.num_output_tokens
-        prompt_tokens = self.requests.num_prompt_tokens
-        lens = np.array([out[r] + prompt_tokens[r] for r in ids], dtype=float)
+        reward_end = max(map(self.reward_done.pop, ids), default=gen_end)  # popped: a run's memory stays flat
+        rows = np.fromiter(ids, np.int64, len(ids))
+        out, prompt = column(self.records.num_output_tokens)[rows], column(self.requests.num_prompt_tokens)[rows]
+        lens = (out + prompt).astype(float)
         colocated = self.cluster.placement == "colocated"
         sleep = colocated and self.profile.engine.free_cache_engine
         cluster = self.cluster
@@ -547,9 +547,8 @@ class Driver(Launcher):
         # A visit closes once R0 of its samples trained (a policy may train them over several
         # updates, as SortedRL does trajectory by trajectory).
         counts = self.trained_count
-        epochs, prompts = self.requests.epoch, self.requests.prompt_id
-        for r in ids:
-            visit = (epochs[r], prompts[r])
+        epochs, prompts = column(self.requests.epoch)[rows].tolist(), column(self.requests.prompt_id)[rows].tolist()
+        for visit in zip(epochs, prompts, strict=True):
             counts[visit] = counts.get(visit, 0) + 1
             if counts[visit] >= self.rl.samples_per_prompt:
                 self.pending.discard(visit)
