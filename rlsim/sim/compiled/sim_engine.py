@@ -44,6 +44,14 @@ _new_aborted = partial(tuple.__new__, Aborted)
 _NO_PROMPTS = np.zeros(0, np.int64)  # `step` watching no prompt (never written)
 
 
+def _events(rows: np.ndarray, times: np.ndarray, new) -> list:  # noqa: ANN001 - _new_finished or _new_aborted
+    """The outbox rows' `Finished` (or `Aborted`) tuples, built column by column."""
+    cols = [rows[:, 1].tolist(), times[:, 0].tolist(), rows[:, 2].tolist(), rows[:, 3].tolist()]
+    if new is _new_finished:
+        cols.append(list(map(_REASON.__getitem__, (rows[:, 4] != 0).tolist())))  # (the two shared strings)
+    return list(map(new, zip(*cols, strict=True)))
+
+
 class _Counts:
     """An instance's turn counters, where `rlsim.driver.turns` reads them (`inst.sched`)."""
 
@@ -161,12 +169,20 @@ class CompiledEngine:
             self._rows, self._times = np.empty((2 * m, 6), np.int64), np.empty((2 * m, 2))
             ce.take_outbox(self.core, self._rows, self._times)
         rows, times = self._rows[:m], self._times[:m]
-        if got >= 64 and (rows[:, 0] == FINISHED).all():  # a large batch of finishes, built by columns
+        fin = rows[:, 0] == FINISHED if got >= 64 else None
+        if fin is not None and (fin | (rows[:, 0] == ABORTED)).all():  # a large batch of finishes and aborts
             first = times[:, 1]
             has_first = first == first  # (not NaN)
-            rid, t = rows[:, 1].tolist(), times[:, 0].tolist()
-            reason = list(map(_REASON.__getitem__, (rows[:, 4] != 0).tolist()))  # (the two shared strings)
-            out.extend(map(_new_finished, zip(rid, t, rows[:, 2].tolist(), rows[:, 3].tolist(), reason, strict=True)))
+            if fin.all():  # (an epoch's bulk)
+                out.extend(_events(rows, times, _new_finished))
+            elif not fin.any():  # (an update that aborts whatever flies)
+                out.extend(_events(rows, times, _new_aborted))
+            else:  # each kind's tuples, then put back in the batch's order
+                f, a = np.flatnonzero(fin), np.flatnonzero(~fin)
+                made = _events(rows[f], times[f], _new_finished) + _events(rows[a], times[a], _new_aborted)
+                at = np.empty(m, np.int64)
+                at[f], at[a] = np.arange(len(f)), np.arange(len(f), m)
+                out.extend(map(made.__getitem__, at.tolist()))
             self.first_token.update(zip(rows[has_first, 1].tolist(), first[has_first].tolist(), strict=True))
             return out
         first_token = self.first_token
