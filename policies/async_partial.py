@@ -18,11 +18,12 @@ it pays one re-prefill); the staleness it introduces shows in `staleness/*`.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 from policies.groups import GroupCache
 from rlsim.errors import RlsimError
-from rlsim.protocol import Action, Event, PolicyView, Train
+from rlsim.protocol import Action, Event, EventBatch, PolicyView, Train
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +69,23 @@ class AsyncPartialPolicy:
         self.cache.book(event, view)
         return [] if self.training else self._maybe_train(view)
 
+    def on_quiet_events(self, batch: EventBatch, view: PolicyView) -> None:
+        """`on_event` for events `quiet_for` covers, told as one batch (none makes an update due)."""
+        if self.cache is not None:
+            book = self.cache.book
+            for ev in batch:
+                book(ev, view)
+
     def quiet_for(self, view: PolicyView) -> int:
         """Finishes this policy answers nothing to (`Policy.quiet_for`): an update is due once
         P0 groups are ready (or, the data run out, every cached one), and a finish completes at
-        most one group. 1 (no promise) while training or before the first step."""
+        most one group. While training it answers nothing at all; 1 (no promise) before the
+        first step."""
         cache = self.cache
-        if cache is None or self.training:
+        if cache is None:
             return 1
+        if self.training:
+            return sys.maxsize
         want = min(view.prompts_per_step, len(cache)) if self.starved else view.prompts_per_step
         return max(1, want - len(cache.ready))
 

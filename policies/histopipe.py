@@ -37,10 +37,11 @@ instance (sources say only that outliers are re-prefilled elsewhere).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 from rlsim.errors import RlsimError
-from rlsim.protocol import Action, Event, Finished, Launch, PolicyView, Train
+from rlsim.protocol import Action, Event, EventBatch, Finished, Launch, PolicyView, Train
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,14 +193,30 @@ class HistoPipePolicy:
                 self.complete.append(p)
         return [] if self.trained else self._maybe_train(view)
 
+    def on_quiet_events(self, batch: EventBatch, view: PolicyView) -> None:
+        """`on_event` for events `quiet_for` covers, told as one batch (none makes an update due)."""
+        done, current, complete, request = self.done, self.current, self.complete, view.request
+        r0, trained = view.samples_per_prompt, self.trained
+        for ev in batch:
+            if type(ev) is not Finished:
+                continue
+            self.seen_tokens += ev[3]
+            self.seen_samples += 1
+            p = request(ev[0]).prompt_id
+            got = done.get(p)
+            if got is not None:  # this step's, a carried one's, or (one_step_off) the next step's
+                got.append(ev[0])
+                if p in current and len(got) == r0 and not trained:
+                    complete.append(p)
+
     def quiet_for(self, view: PolicyView) -> int:
         """Finishes this policy answers nothing to (`Policy.quiet_for`): it trains once
         `need_current` of this step's groups are complete and every carried group is, and a
         finish completes at most one group and adds one sample to one group, so neither comes
-        sooner than the groups still needed, or the carried groups' missing samples. 1 (no
-        promise) once trained."""
+        sooner than the groups still needed, or the carried groups' missing samples. Once
+        trained it answers nothing at all."""
         if self.trained:
-            return 1
+            return sys.maxsize
         need = self.need_current - len(self.complete)
         if need > 1:
             return need

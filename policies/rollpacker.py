@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from dataclasses import dataclass
 
 from rlsim.errors import RlsimError
-from rlsim.protocol import Abort, Action, Event, Finished, Launch, PolicyView, Train
+from rlsim.protocol import Abort, Action, Event, EventBatch, Finished, Launch, PolicyView, Train
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +125,31 @@ class RollPackerPolicy:
             actions.append(Train(tuple(r for ids in self.complete.values() for r in ids)))
         return actions
 
+    def on_quiet_events(self, batch: EventBatch, view: PolicyView) -> None:
+        """`on_event` for events `quiet_for` covers, told as one batch: each books as `on_event`
+        books it, and none is a round prompt's R0-th finish."""
+        if self.trained:
+            return
+        rounds, finished, short, request, version = (
+            self.round_prompts, self.finished, self.short, view.request, view.version
+        )
+        r0 = view.samples_per_prompt
+        for ev in batch:
+            if type(ev) is not Finished:
+                continue
+            info = request(ev[0])
+            p = info.prompt_id
+            if p not in rounds or info.policy_version != version:
+                continue  # a sample of an earlier round
+            done = finished.setdefault(p, [])
+            done.append(ev[0])
+            if len(done) < r0:
+                short[p] = r0 - len(done)
+
     def quiet_for(self, view: PolicyView) -> dict[int, int] | int:
         """Finishes this policy answers nothing to (`Policy.quiet_for`), prompt by prompt: it acts
         only when a round prompt's R0-th sample finishes, so on none of a prompt's finishes before
-        as many as it is short of; until then a finish only books its sample. 1 (no promise) once
-        trained. (The engine reads the mapping while it steps; it is this policy's own, not a copy.)"""
-        return 1 if self.trained else self.short
+        as many as it is short of; until then a finish only books its sample. Once trained it
+        answers nothing at all. (The engine reads the mapping while it steps; it is this policy's
+        own, not a copy.)"""
+        return sys.maxsize if self.trained else self.short

@@ -43,10 +43,11 @@ variance (the bundled trace: 8%) this is a large selection effect, not a schedul
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from rlsim.errors import RlsimError
-from rlsim.protocol import Abort, Aborted, Action, Event, Finished, Launch, PolicyView, Train
+from rlsim.protocol import Abort, Aborted, Action, Event, EventBatch, Finished, Launch, PolicyView, Train
 
 MODES = ("on_policy", "partial")
 REDRAWS = ("same", "fresh")
@@ -131,12 +132,43 @@ class SortedRLPolicy:
             return []  # (what _maybe_train and _load answer then: no update due, the group not drained)
         return self._maybe_train(view) or self._load(view)
 
+    def on_quiet_events(self, batch: EventBatch, view: PolicyView) -> None:
+        """`on_event` for events `quiet_for` covers, told as one batch: each books as `on_event`
+        books it, and none is the one an update or a load waits for."""
+        dropped, owed, ready, order, length, request = (
+            self.dropped, self.owed, self.ready, self.order, self.length, view.request
+        )
+        for ev in batch:
+            kind = type(ev)
+            if kind is not Finished and kind is not Aborted:
+                continue
+            rid = ev[0]
+            if rid in dropped:  # thrown away at an update: it ended once, now forget it
+                dropped.discard(rid)
+                continue
+            if kind is Aborted:
+                continue
+            p = request(rid).prompt_id
+            left = owed.get(p)
+            if left is None:
+                continue
+            ready.setdefault(p, []).append(rid)
+            order.append(rid)
+            length[rid] = ev[3]
+            if left > 1:
+                owed[p] = left - 1
+            else:
+                del owed[p]
+
     def quiet_for(self, view: PolicyView) -> int:
         """Finishes this policy answers nothing to (`Policy.quiet_for`): an update is due at the
         U-th ready trajectory and the next group loads once this one drains, so neither comes
         before min(U - ready, trajectories owed) more finishes; until then a finish only moves
-        the two counts (and reads its request). 1 (no promise) with whole groups or while training."""
-        if self.training or self.whole_groups or not self.owed:
+        the two counts (and reads its request). While training it answers nothing at all (the
+        update's aborts come back then); 1 (no promise) with whole groups."""
+        if self.training:
+            return sys.maxsize
+        if self.whole_groups or not self.owed:
             return 1
         return max(1, min(self._update(view) - len(self.order), sum(self.owed.values())))
 

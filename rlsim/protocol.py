@@ -360,6 +360,11 @@ class Policy(Protocol):
     many of its requests have finished; a prompt not in it may finish any number (RollPacker:
     each round prompt's samples short of R0). The engine runs to the first such instant
     (`Engine.step(prompts=...)`); an empty mapping asks nothing.
+    A per-event policy with `quiet_for` may also define `on_quiet_events(batch, view)`: the
+    driver then books the events a promise covers (those before the finish it runs to, and
+    before any timer) together and tells them as one batch, which must leave the policy as
+    telling them one by one would, and answer nothing (an answer is an error); the rest are
+    told one by one. A subclass that overrides `on_event` alone is told every event by it.
     """
 
     name: str

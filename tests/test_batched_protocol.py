@@ -24,6 +24,7 @@ from policies.sync import SyncPolicy
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.driver.driver import told_batches
 from rlsim.driver.loop import run_loop
+from rlsim.errors import RlsimError
 from rlsim.paths import default_trace
 from rlsim.profile import load_profile
 from rlsim.protocol import (
@@ -266,6 +267,16 @@ QUIET_FOR = {  # (policy class, knobs)
 }
 
 
+def _counting(cls: type) -> type:
+    """The policy class, counting the events it is told as batches by `on_quiet_events`."""
+
+    def on_quiet_events(self, batch, view) -> None:  # noqa: ANN001
+        self.told_quiet += len(batch)
+        return cls.on_quiet_events(self, batch, view)
+
+    return type(f"Counting{cls.__name__}", (cls,), {"told_quiet": 0, "on_quiet_events": on_quiet_events})
+
+
 @pytest.mark.parametrize("engine_cls", [_CountingSim, _CountingCompiled], ids=["simpy", "compiled"])
 @pytest.mark.parametrize("name", list(QUIET_FOR))
 def test_a_policy_quiet_for_k_finishes_runs_as_it_would_told_every_instant(name: str, engine_cls) -> None:  # noqa: ANN001
@@ -280,7 +291,9 @@ def test_a_policy_quiet_for_k_finishes_runs_as_it_would_told_every_instant(name:
     prof = with_engine(load_profile(cluster.profile), EngineConfig(gpu_memory_utilization=0.43))
     rl = RLConfig(prompts_per_step=16, samples_per_prompt=16, epochs=2)
     trace, runs = _slice(), []
-    for policy in (cls(**knobs), type(f"EveryInstant{cls.__name__}", (cls,), {"quiet_for": None})(**knobs)):
+    counting = _counting(cls)
+    policies = (counting(**knobs), type(f"EveryInstant{cls.__name__}", (counting,), {"quiet_for": None})(**knobs))
+    for policy in policies:
         engine = engine_cls(prof, cluster.num_instances(prof.tensor_parallel_size))
         runs.append((run_loop(engine, policy, trace, prof, cluster, rl), engine))
     (quiet, qe), (told, te) = runs
@@ -288,5 +301,41 @@ def test_a_policy_quiet_for_k_finishes_runs_as_it_would_told_every_instant(name:
     pd.testing.assert_frame_equal(quiet.steps_frame(), told.steps_frame())
     assert qe.events == te.events > 0 and te.counted == 0 < qe.counted
     assert qe.batches * 5 < te.batches, (qe.batches, te.batches)
+    # the events its promises cover were told as batches (`on_quiet_events`): most of them
+    assert policies[1].told_quiet == 0 < qe.events < 2 * policies[0].told_quiet, (policies[0].told_quiet, qe.events)
     aborts = name in ("sortedrl", "rollpacker")
     assert qe.preempted_rows > 0 and (qe.aborted_rows > 0 or not aborts), (qe.aborted_rows, qe.preempted_rows)
+
+
+def _quiet_run(policy) -> None:  # noqa: ANN001
+    cluster = ClusterConfig(num_gpus=16, profile="h100-qwen2.5-32b-tp2")
+    prof = load_profile(cluster.profile)
+    engine = CompiledEngine(prof, cluster.num_instances(prof.tensor_parallel_size))
+    run_loop(engine, policy, _slice(), prof, cluster, RLConfig(prompts_per_step=16, samples_per_prompt=16, max_steps=2))
+
+
+def test_a_subclass_overriding_on_event_alone_is_told_every_event_by_it() -> None:
+    """A user's subclass of a policy with `on_quiet_events` that overrides `on_event` is told
+    every event by its own `on_event`, never by the parent's batch method it did not write."""
+
+    class Heard(SortedRLPolicy):
+        heard = 0
+
+        def on_event(self, event, view):  # noqa: ANN001, ANN201
+            self.heard += 1
+            return super().on_event(event, view)
+
+    policy, plain = Heard(), _counting(SortedRLPolicy)()
+    _quiet_run(policy)
+    _quiet_run(plain)
+    assert plain.told_quiet > 0 and policy.heard >= plain.told_quiet, (policy.heard, plain.told_quiet)
+
+
+def test_a_policy_answering_events_it_promised_quiet_is_an_error() -> None:
+    class Loud(SortedRLPolicy):
+        def on_quiet_events(self, batch, view):  # noqa: ANN001, ANN202
+            super().on_quiet_events(batch, view)
+            return [Train(())]
+
+    with pytest.raises(RlsimError, match="answered events its quiet_for said it answers nothing to"):
+        _quiet_run(Loud())

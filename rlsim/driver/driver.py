@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +60,15 @@ def told_batches(policy: Policy) -> bool:
         if "on_event" in vars(cls):
             return False
     return callable(getattr(policy, "on_events", None))  # (an instance attribute)
+
+
+def told_quiet(policy: Policy):  # noqa: ANN201 - its on_quiet_events, or None
+    """The policy's `on_quiet_events`, where the class that defines its `on_event` defines it too
+    (a subclass overriding `on_event` alone is told every event by it)."""
+    for cls in type(policy).__mro__:
+        if "on_event" in vars(cls):
+            return policy.on_quiet_events if "on_quiet_events" in vars(cls) else None
+    return None
 
 
 @dataclass
@@ -145,6 +155,8 @@ class Driver(Launcher):
         self.quiet_prompts = "prompts" in takes  # ... also counted prompt by prompt
         if self.turns is not None:  # a turn's end calls a tool at once: the engine may not run on to idle
             self.quiet, self.quiet_for = False, None
+        # ... and is told the events it promised to answer nothing to as one batch
+        self.told_quiet = told_quiet(self.policy) if self.quiet_for is not None and not self.batched else None
         self.rollout_version = 0  # the weights the rollout generates with (behind `version` between syncs)
         self.syncing = False  # the rollout is stopped for a weight sync; launches wait in `held`
         self.held: list[Launch] = []
@@ -152,7 +164,7 @@ class Driver(Launcher):
     # ---- checkpoints (real runs resume from the last finished step) ------------------------
     _NOT_STATE = (
         "engine", "trace", "index", "view", "profile", "cluster", "rl", "dynamic_sampling", "first_token", "batched",
-        "quiet", "quiet_for", "quiet_prompts", "tools",
+        "quiet", "quiet_for", "quiet_prompts", "told_quiet", "tools",
     )  # fmt: skip
 
     def snapshot(self) -> dict:
@@ -260,13 +272,28 @@ class Driver(Launcher):
         told = self._book_events((ev,))
         return ev if told is None else (told[0] if told else None)
 
-    def _book_events(self, batch, on_event=None):  # noqa: ANN001, ANN202 - a sequence of events
+    def _book_events(self, batch, on_event=None, quiet=None):  # noqa: ANN001, ANN202 - a sequence of events
         """Book a batch's events (finishes and aborts here, in one loop: the hot path of an epoch;
         any other event through `_handle_other`). Returns None when every event is told as itself,
         else the events to tell (an event told otherwise replaced, one told not at all left out).
         With `on_event` (the per-event adapter), each event is booked and the policy told of it,
         its actions applied, before the next: returns the Train asked for. Rewards are scored after
-        the loop, in booking order, either way (only an update reads them, after the batch)."""
+        the loop, in booking order, either way (only an update reads them, after the batch).
+        `quiet`: what the policy's `quiet_for` answered before the step; the events it covers are
+        booked together and told as one batch (`on_quiet_events`), where the policy has it."""
+        if quiet is not None and on_event is not None and self.told_quiet is not None:
+            j = self._quiet_prefix(batch, quiet)
+            if j:
+                head = batch[:j]
+                told = self._book_events(head)
+                told = head if told is None else told
+                if told and self.told_quiet(EventBatch(told), self.view):
+                    raise RlsimError(
+                        f"policy {self.policy.name} answered events its quiet_for said it answers nothing to"
+                    )
+                if j == len(batch):
+                    return None
+                batch = batch[j:]
         reqs, turns, cap = self.requests, self.turns, self.rl.max_response_len
         inst_of, pid_of, epoch_of, max_of, target_of = (
             reqs.instance, reqs.prompt_id, reqs.epoch, reqs.max_tokens, reqs.target_tokens
@@ -336,6 +363,35 @@ class Driver(Launcher):
             self._rewards(rewarded)
         return train if on_event is not None else told_all
 
+    def _quiet_prefix(self, batch, quiet) -> int:  # noqa: ANN001 - events; a count or prompt id -> count
+        """How many of the batch's first events a `quiet_for` answer covers: those before the
+        finish it runs to (the k-th, or a prompt's k[p]-th) and before any timer."""
+        if isinstance(quiet, Mapping):
+            left, prompt_of = dict(quiet), self.requests.prompt_id
+            for j, ev in enumerate(batch):
+                kind = type(ev)
+                if kind is Finished:
+                    c = left.get(prompt_of[ev[0]])
+                    if c is not None:
+                        if c <= 1:
+                            return j
+                        left[prompt_of[ev[0]]] = c - 1
+                elif kind is Timer:
+                    return j
+            return len(batch)
+        k = int(quiet)
+        if k <= 1:
+            return 0
+        for j, ev in enumerate(batch):
+            kind = type(ev)
+            if kind is Finished:
+                k -= 1
+                if not k:
+                    return j
+            elif kind is Timer:
+                return j
+        return len(batch)
+
     def _handle_other(self, ev):  # noqa: ANN001, ANN201
         """`handle` for an event other than a finish or an abort."""
         if isinstance(ev, Preempted):
@@ -363,7 +419,8 @@ class Driver(Launcher):
             batch = self.handle_batch(batch)
             acts = self.policy.on_events(batch, self.view) if batch else None
             return self.apply(acts) if acts else None
-        return self._book_events(batch, self.policy.on_event)
+        quiet = self.quiet_for(self.view) if self.told_quiet is not None else None  # (nothing told since the step)
+        return self._book_events(batch, self.policy.on_event, quiet)
 
     POLL_S = 0.02  # how often a real run looks whether the trainer process is done
 

@@ -69,6 +69,7 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
     step, by_prompt = engine.step, drv.quiet_prompts
     on_event, book = (None if drv.batched else policy.on_event), drv._book_events
     while train is None:
+        k = None
         if quiet:
             batch = step(until_idle=True)
         elif quiet_for is None or (k := quiet_for(view)) == 1:
@@ -87,5 +88,5 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
         if on_event is None:
             train = drv.react(EventBatch.of(batch))
             continue
-        train = book(batch, on_event) or train  # the adapter (`Driver.react`): event by event
+        train = book(batch, on_event, k) or train  # the adapter (`Driver.react`): event by event
     return train
