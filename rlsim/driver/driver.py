@@ -367,15 +367,18 @@ class Driver(Launcher):
         """How many of the batch's first events a `quiet_for` answer covers: those before the
         finish it runs to (the k-th, or a prompt's k[p]-th) and before any timer."""
         if isinstance(quiet, Mapping):
-            left, prompt_of = dict(quiet), self.requests.prompt_id
+            seen: dict[int, int] = {}  # watched prompt -> its finishes so far in this batch
+            prompt_of, count = self.requests.prompt_id, quiet.get
             for j, ev in enumerate(batch):
                 kind = type(ev)
                 if kind is Finished:
-                    c = left.get(prompt_of[ev[0]])
+                    p = prompt_of[ev[0]]
+                    c = count(p)
                     if c is not None:
-                        if c <= 1:
+                        k = seen.get(p, 0) + 1
+                        if k >= c:
                             return j
-                        left[prompt_of[ev[0]]] = c - 1
+                        seen[p] = k
                 elif kind is Timer:
                     return j
             return len(batch)
