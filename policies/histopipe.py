@@ -184,17 +184,14 @@ class HistoPipePolicy:
     def on_event(self, event: Event, view: PolicyView) -> list[Action]:
         if not isinstance(event, Finished):
             return []
-        self.seen_tokens += event.num_output_tokens
-        self.seen_samples += 1
-        p = view.request(event.request_id).prompt_id
-        if p in self.done:  # this step's, a carried one's, or (one_step_off) the next step's
-            self.done[p].append(event.request_id)
-            if p in self.current and len(self.done[p]) == view.samples_per_prompt and not self.trained:
-                self.complete.append(p)
+        self.on_quiet_events((event,), view)  # booked as a batch's events are
         return [] if self.trained else self._maybe_train(view)
 
     def on_quiet_events(self, batch: EventBatch, view: PolicyView) -> None:
-        """`on_event` for events `quiet_for` covers, told as one batch (none makes an update due)."""
+        """Book these finishes (`on_event` books each one here, then decides): each counts, and
+        joins its group where it is one of this step's, a carried one's or (one_step_off) the
+        next step's. Told as one batch, they are the finishes `quiet_for` covers: none makes an
+        update due."""
         done, current, complete, request = self.done, self.current, self.complete, view.request
         r0, trained = view.samples_per_prompt, self.trained
         for ev in batch:

@@ -97,18 +97,11 @@ class RollPackerPolicy:
     def on_event(self, event: Event, view: PolicyView) -> list[Action]:
         if not isinstance(event, Finished) or self.trained:
             return []
-        info = view.request(event.request_id)
-        p = info.prompt_id
-        if p not in self.round_prompts or info.policy_version != view.version:
-            return []  # a sample of an earlier round
-        done = self.finished.setdefault(p, [])
-        done.append(event.request_id)
-        r0, d = view.samples_per_prompt, len(done)
-        if d < r0:
-            self.short[p] = r0 - d
-            return []
-        if d > r0:
-            return []
+        self.on_quiet_events((event,), view)  # booked as a batch's events are
+        p, r0 = view.request(event.request_id).prompt_id, view.samples_per_prompt
+        done = self.finished.get(p)
+        if not done or done[-1] != event.request_id or len(done) != r0:
+            return []  # a sample of an earlier round, or one before (or past) its prompt's R0-th
         del self.short[p]
         actions: list[Action] = []
         if len(self.complete) < self.target:
@@ -126,8 +119,10 @@ class RollPackerPolicy:
         return actions
 
     def on_quiet_events(self, batch: EventBatch, view: PolicyView) -> None:
-        """`on_event` for events `quiet_for` covers, told as one batch: each books as `on_event`
-        books it, and none is a round prompt's R0-th finish."""
+        """Book these finishes (`on_event` books each one here, then decides): a round prompt's
+        sample of this round joins its finished samples, and the prompt's count short of R0
+        moves. Told as one batch, they are the finishes `quiet_for` covers: none is a round
+        prompt's R0-th."""
         if self.trained:
             return
         rounds, finished, short, request, version = (

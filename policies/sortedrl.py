@@ -110,31 +110,19 @@ class SortedRLPolicy:
         return actions + self._maybe_train(view)
 
     def on_event(self, event: Event, view: PolicyView) -> list[Action]:
-        if not isinstance(event, Finished | Aborted):
-            return []
-        if event.request_id in self.dropped:  # thrown away at an update: it ended once, now forget it
-            self.dropped.discard(event.request_id)
-            return []
-        if isinstance(event, Aborted):
-            return []
-        p = view.request(event.request_id).prompt_id
-        if p not in self.owed:
-            return []
-        self.owed[p] -= 1
-        self.ready.setdefault(p, []).append(event.request_id)
-        self.order.append(event.request_id)
-        self.length[event.request_id] = event.num_output_tokens
-        if not self.owed[p]:
-            del self.owed[p]
-        if self.training:  # finished while training (disaggregated): booked for the next update
-            return []
+        booked = len(self.order)
+        self.on_quiet_events((event,), view)  # booked as a batch's events are
+        if len(self.order) == booked or self.training:
+            return []  # not a cached trajectory's finish, or one booked for the next update (disaggregated)
         if self.owed and not self.whole_groups and len(self.order) < self._update(view):
             return []  # (what _maybe_train and _load answer then: no update due, the group not drained)
         return self._maybe_train(view) or self._load(view)
 
     def on_quiet_events(self, batch: EventBatch, view: PolicyView) -> None:
-        """`on_event` for events `quiet_for` covers, told as one batch: each books as `on_event`
-        books it, and none is the one an update or a load waits for."""
+        """Book these events (`on_event` books each one here, then decides): a cached
+        trajectory's finish joins the ready buffer; an id thrown away at an update is forgotten
+        once it ends. Told as one batch, they are the events `quiet_for` covers: none is the one
+        an update or a load waits for."""
         dropped, owed, ready, order, length, request = (
             self.dropped, self.owed, self.ready, self.order, self.length, view.request
         )

@@ -268,10 +268,12 @@ QUIET_FOR = {  # (policy class, knobs)
 
 
 def _counting(cls: type) -> type:
-    """The policy class, counting the events it is told as batches by `on_quiet_events`."""
+    """The policy class, counting the events the driver tells it as batches by `on_quiet_events`
+    (an EventBatch; its own `on_event` books each event through it too, as a tuple)."""
 
     def on_quiet_events(self, batch, view) -> None:  # noqa: ANN001
-        self.told_quiet += len(batch)
+        if isinstance(batch, EventBatch):
+            self.told_quiet += len(batch)
         return cls.on_quiet_events(self, batch, view)
 
     return type(f"Counting{cls.__name__}", (cls,), {"told_quiet": 0, "on_quiet_events": on_quiet_events})
