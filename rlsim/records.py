@@ -186,11 +186,10 @@ class Records:
         step_time = w.end - w.start
         slots = getattr(w.engine, "max_num_seqs", 0)
         tokens = float(lengths.sum() + column(requests.num_prompt_tokens)[rows].sum())
-        epochs = q_epoch
         self.steps.append(
             {
                 "step": w.step,
-                "epoch": int(max(set(epochs), key=epochs.count)) if epochs else -1,
+                "epoch": int(max(set(q_epoch), key=q_epoch.count)) if q_epoch else -1,
                 "time/start": w.start,
                 "time/end": w.end,
                 "timing_s/gen": gen,
@@ -219,7 +218,7 @@ class Records:
                 "staleness/max": float(stale.max()) if len(stale) else 0.0,
                 "staleness/mean": float(stale.mean()) if len(stale) else 0.0,
                 "trained_length_bias": float(lengths.mean() / unbiased) if len(lengths) else np.nan,
-                "length_order_bias": float(lengths.mean() / index.epoch_mean(max(set(epochs), key=epochs.count), r0))
+                "length_order_bias": float(lengths.mean() / index.epoch_mean(max(set(q_epoch), key=q_epoch.count), r0))
                 if len(lengths)
                 else np.nan,
                 **w.extra,
