@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from readme_tables import documents, holders, read_table, tables_in, write_table  # noqa: E402
+from readme_tables import README, documents, holders, read_table, tables_in, write_table  # noqa: E402
 
 # benchmark script -> the README tables it writes
 DETERMINISTIC = {
@@ -96,3 +96,16 @@ def test_a_table_is_replaced_between_its_markers_only(tmp_path: Path) -> None:
     assert readme.read_text() == "intro\n<!-- table: t -->\n| new |\n|---|\n<!-- end table: t -->\nafter\n"
     with pytest.raises(KeyError, match="no table named 'u'"):
         read_table("u", readme)
+
+
+def test_the_readmes_compare_time_quotes_the_speed_table() -> None:
+    """The README's speed line quotes `rlsim compare`'s time, and the load it was measured under,
+    from the table `benchmarks/simulate_epoch.py --readme` writes into docs/speed.md."""
+    import re
+
+    body = read_table("simulator_speed")
+    row = next(line for line in body.splitlines() if line.startswith("| `rlsim compare`"))
+    after = row.split("|")[3].strip()
+    load = re.search(r"\(load average ([0-9.]+)\)", body).group(1)
+    text = " ".join(README.read_text().split())
+    assert f"({after} s, measured with the load average at {load})" in text, (after, load)
