@@ -15,7 +15,8 @@ Then `rlsim compare`'s floor: the compare defaults' two epochs of every default 
 here one after the other with the core timed, and the core's seconds summed over them and
 divided over this machine's cores (`rlsim compare` runs one process per core): what
 `rlsim compare` would take if the driver, the policies, the records, process start-up and
-trace loading were all free and the policies shared the cores perfectly.
+trace loading were all free and the policies shared the cores perfectly; and the same of the
+driver, the policies and the records (the run less `CompiledEngine`'s time), with the engine free.
 
 With `--markdown` it prints, and with `--readme` also writes into docs/speed.md, the table
 `engine_floor`, with the machine and its load during the run.
@@ -89,13 +90,13 @@ def main() -> None:
         rows.append((policy, wall, acc["core"], acc["engine"]))
         print(f"{policy:24s} epoch {wall:6.2f} s  core {acc['core']:5.2f} s ({acc['core'] / ref:4.1f}x the heap loop)  "
               f"engine {acc['engine']:5.2f} s  rest {wall - acc['engine']:5.2f} s", flush=True)  # fmt: skip
-    core2 = wall2 = 0.0
+    core2 = engine2 = wall2 = 0.0
     for policy in a.policies.split(","):
         acc.update(core=0.0, engine=0.0)
         t0 = time.perf_counter()
         simulate(trace, policy, cluster=cluster, rl=defaults, tables=False)
         wall2 += time.perf_counter() - t0
-        core2 += acc["core"]
+        core2, engine2 = core2 + acc["core"], engine2 + acc["engine"]
     cores = os.cpu_count() or 1
     note = machine_note(meter, "engine_floor.py")
     table = [
@@ -113,7 +114,8 @@ def main() -> None:
         f"The heap loop: {ref:.2f} s. `rlsim compare`'s defaults ({defaults.epochs} epochs of each of the "
         f"{len(rows)} policies) took {wall2:.1f} s here one after the other, {core2:.1f} s of it in the compiled "
         f"core: over {cores} cores, a floor of {core2 / cores:.1f} s for `rlsim compare` with everything but the "
-        "core free."
+        f"core free. The driver, policies and records took {wall2 - engine2:.1f} s of it: over {cores} cores, "
+        f"{(wall2 - engine2) / cores:.1f} s with the engine free."
     )
     print(floor)
     print(note)
