@@ -110,3 +110,17 @@ def test_the_readmes_compare_time_quotes_the_speed_table() -> None:
     load = re.search(r"\(load average ([0-9.]+)\)", body).group(1)
     text = " ".join(README.read_text().split())
     assert f"({after} s, measured with the load average at {load})" in text, (after, load)
+
+
+def test_the_engine_floor_benchmark_times_the_core_it_names() -> None:
+    """`benchmarks/engine_floor.py` (a timing table, not re-run for its figures) still finds the
+    compiled core's entry points it times: run on sync alone, the core's seconds are above zero
+    and within `CompiledEngine`'s, which are within the epoch's."""
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "engine_floor.py"), "--policies", "sync",
+                          "--markdown"], cwd=REPO, capture_output=True, text=True, timeout=900)  # fmt: skip
+    body = tables_in(out.stdout).get("engine_floor")
+    assert body, out.stderr[-2000:]
+    row = next(line for line in body.splitlines() if line.startswith("| sync |"))
+    epoch, core, _, engine, rest = (float(c.strip().rstrip("x")) for c in row.split("|")[2:7])
+    assert 0 < core <= engine < epoch and rest > 0, row
+    assert "a floor of" in body and "with the engine free" in body
