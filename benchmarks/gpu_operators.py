@@ -30,8 +30,10 @@ import csv
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it runs: the tests import shapes() without torch
+    import torch
 
 MODELS_JSON = Path(__file__).resolve().parents[1] / "rlsim" / "derive" / "models.json"
 DENSE = ("qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "llama-3.1-8b")
@@ -55,6 +57,8 @@ def shapes(cfg: dict, tp: int) -> dict[str, tuple[int, int]]:
 
 def _time_graph(fn, reps: int) -> float:  # noqa: ANN001 - a callable
     """Median seconds of one replay of `fn` captured in a CUDA graph (or timed eagerly on CPU)."""
+    import torch
+
     if not torch.cuda.is_available():
         fn()
         t = time.perf_counter()
@@ -84,6 +88,8 @@ def _time_graph(fn, reps: int) -> float:  # noqa: ANN001 - a callable
 
 
 def linear_layers(models: dict, dev: str, dtype: torch.dtype, tokens: tuple[int, ...], reps: int) -> list[dict]:
+    import torch
+
     rows = []
     for name, cfg in models.items():
         for tp in (1, 2, 4, 8):
@@ -139,6 +145,8 @@ def linear_layers(models: dict, dev: str, dtype: torch.dtype, tokens: tuple[int,
 
 
 def device_facts(dev: str, dtype: torch.dtype, smoke: bool) -> list[dict]:
+    import torch
+
     n = 2**20 if smoke else 2 * 2**30  # elements of bf16: 4 GiB
     src = torch.empty(n, device=dev, dtype=dtype)
     dst = torch.empty_like(src)
@@ -158,6 +166,7 @@ def device_facts(dev: str, dtype: torch.dtype, smoke: bool) -> list[dict]:
 
 
 def train_mfu(models: dict, dev: str, smoke: bool) -> list[dict]:
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM  # the trainer's own model classes
 
     rows = []
@@ -225,6 +234,8 @@ def _write(path: Path, rows: list[dict]) -> None:
 
 
 def main() -> None:
+    import torch
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--smoke", action="store_true")

@@ -9,9 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.optional import need
+
 from .conftest import run_python
 
-pytest.importorskip("torch", reason="rlsim calibrate ops needs torch")
+need("torch", "rlsim calibrate ops needs torch")
 
 # Qwen2.5's layout (grouped-query attention, SwiGLU MLP) at a size a CPU times in seconds
 TINY = {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,

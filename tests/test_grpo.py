@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is installed with the real-mode extras")
+from tests.optional import need
+
+torch = need("torch", "torch is installed with the real-mode extras")
 
 from rlsim.errors import RlsimError  # noqa: E402
 from rlsim.real import grpo  # noqa: E402

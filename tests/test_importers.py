@@ -13,6 +13,7 @@ from rlsim.errors import RlsimError
 from rlsim.trace.format import load
 from rlsim.trace.importers import detect_format, import_polytrace, import_verl
 from rlsim.trace.stats import trace_stats
+from tests.optional import need
 
 from .conftest import CODER_LOG_DIR, POLYTRACE_DIR
 
@@ -214,7 +215,7 @@ def test_verl_dump_with_gts_and_extra_fields_infers_its_cap(tmp_path: Path) -> N
 def _slime_dump(d: Path) -> None:
     """Two rollouts written as slime's `save_debug_rollout_data` writes them (torch.save of a dict
     of Sample.to_dict() values), plus an evaluation dump that must be skipped."""
-    torch = pytest.importorskip("torch")
+    torch = need("torch", "slime's dumps are torch files")
     d.mkdir()
     prompts = {0: "What is 1+1?", 1: [{"role": "user", "content": "What is 2+2?"}]}
     for rid, groups in ((0, (0, 1)), (1, (0,))):
@@ -260,7 +261,7 @@ def test_slime_format_asked_of_other_files_is_one_sentence(tmp_path: Path) -> No
     bad = tmp_path / "dumps"
     bad.mkdir()
     (bad / "rollout_0.pt").write_bytes(b"not a torch file")
-    pytest.importorskip("torch")
+    need("torch", "slime's dumps are torch files")
     result = CliRunner().invoke(app, ["trace", "import", str(bad), "-o", str(tmp_path / "o.parquet")])
     assert result.exit_code == 2 and "is not a readable slime rollout dump" in result.stderr
 

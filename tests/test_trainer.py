@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.optional import need
+
+need("torch", "the trainer runs torch")
+need("transformers", "the trainer builds Hugging Face models")
 
 from calibrate.tiny_model import build  # noqa: E402
 from rlsim.real.trainer import Sample, Trainer, TrainerConfig  # noqa: E402
