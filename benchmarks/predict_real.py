@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from readme_tables import emit, machine_note
+from recorded_runs import relativize
 from validate_real import calibrate_tiny, sh
 
 from rlsim.hostload import LoadMeter
@@ -115,6 +116,7 @@ def record(out: Path, dest: Path, runs: list[str], args: argparse.Namespace) -> 
         "machine": f"{os.uname().nodename}, {os.cpu_count()} CPUs", "load_average_after": os.getloadavg()[0],
     }  # fmt: skip
     (batch / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    relativize(batch, out)  # no absolute path of this machine in committed data
     print(f"recorded the batch in {batch}")
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from readme_tables import emit, machine_note
+from recorded_runs import relativize
 
 from rlsim.calibration.fit import fit_iterations, load_records
 from rlsim.hostload import LoadMeter
@@ -182,6 +183,7 @@ def record(out: Path, dest: Path, policies: list[str], args: argparse.Namespace)
         "machine": f"{os.uname().nodename}, {os.cpu_count()} CPUs", "load_average_after": os.getloadavg()[0],
     }  # fmt: skip
     (batch / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    relativize(batch, out)  # no absolute path of this machine in committed data
     print(f"recorded the batch in {batch}")
 
 

@@ -29,6 +29,19 @@ def default_trace() -> Path:
     return bundled(DEFAULT_TRACE)
 
 
+def stored_path(path: Path, directory: Path) -> str:
+    """`path` as a run directory records it: relative to that directory (POSIX separators), so that
+    the directory still names its files once it is moved, copied to another machine or committed."""
+    return Path(os.path.relpath(Path(path).resolve(), Path(directory).resolve())).as_posix()
+
+
+def opened_path(stored: str, directory: Path) -> Path:
+    """A path a run directory recorded, to open: a relative one is relative to that directory (an
+    absolute one, as older runs recorded, is taken as it is)."""
+    p = Path(stored)
+    return p if p.is_absolute() else Path(directory) / p
+
+
 def check_output_file(path: Path, what: str) -> None:
     """Refuse, before any work, an output file that cannot be written: its parent missing, a file
     or not writable, or the path itself a directory. One sentence naming the option."""

@@ -45,6 +45,7 @@ from rlsim.driver.loop import run_loop
 from rlsim.errors import RlsimError
 from rlsim.files import atomic_write_bytes
 from rlsim.hostload import LoadMeter
+from rlsim.paths import opened_path, stored_path
 from rlsim.profile import load_profile
 from rlsim.real.backends import PromptSource, start_backend
 from rlsim.real.engine import ITERATION_COLUMNS, RealEngine
@@ -89,7 +90,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
         except TypeError as exc:
             raise RlsimError(f"{where} holds a config this rlsim cannot read ({exc})") from None
         self.policy = config["policy"]
-        self.trace_path = Path(config["trace_path"])
+        self.trace_path = opened_path(config["trace_path"], out)
         self.n = num_instances(self.cluster, self.real.rollout_tp)
         self.engine_rows: dict[int, dict[str, Any]] = {}
         self.host_load: list[dict[str, float]] = []  # per step: others' CPU use (rlsim.hostload)
@@ -151,7 +152,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
         config = config_dict(cluster, rl, real, engine_cfg) | {
             "mode": "real",
             "policy": policy,
-            "trace_path": str(trace_path.resolve()),
+            "trace_path": stored_path(trace_path, out),
             "profile": prof.to_dict(),
             "profile_name": profile,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
