@@ -366,3 +366,263 @@ def test_run_directory_with_corrupt_tables_or_checkpoint(tmp_path: Path, small_t
     else:
         _refused(["run", "--real", "--resume", "-o", str(run)], "checkpoint.pkl cannot be read")
     assert (run / "checkpoint.pkl").read_bytes() == b"\x80\x04truncated"  # nothing rewritten
+
+
+# ---- the kinds of bad input a new user's sweep found ----------------------------------------
+# Each kind below had cases that ran silently wrong, ended in a traceback, hung, said something
+# unclear, or behaved unlike the other commands; at least two cases of each.
+
+MODEL_CFG = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 1000,
+             "intermediate_size": 2048}  # fmt: skip
+
+
+def _small_run(trace: Path, out: Path) -> list[str]:
+    return ["simulate", "--trace", str(trace), "--gpus", "4", "--max-steps", "1", "-o", str(out)]
+
+
+def _multi_turn_trace(tmp_path: Path, **meta_changes: object) -> Path:
+    """The bundled multi-turn trace cut to 8 prompts, with its metadata changed."""
+    from rlsim.paths import bundled
+    from rlsim.trace.format import load
+
+    tr = load(bundled("search_r1.parquet"))
+    df = tr.table[tr.table["prompt_id"].isin(sorted(tr.table["prompt_id"].unique())[:8])]
+    table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
+    raw = json.loads(pq.read_schema(bundled("search_r1.parquet")).metadata[META_KEY])
+    for key, value in meta_changes.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    path = tmp_path / "mt.parquet"
+    pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(raw).encode()}), path)
+    return path
+
+
+# silently wrong
+
+
+@pytest.mark.parametrize("setting", [{"trainer": "megatron"}, {"terms": "nemo-rl"}])
+def test_derived_profiles_of_other_settings_never_share_a_cached_file(tmp_path: Path, monkeypatch, setting) -> None:  # noqa: ANN001
+    """Two runs that derive the same model on the same GPU with another --trainer or --terms each
+    read their own profile (the cache is keyed by everything that changes its content)."""
+    from rlsim.cli.derive import derived_profile_path
+
+    monkeypatch.setenv("RLSIM_CACHE_DIR", str(tmp_path))
+    plain = derived_profile_path("qwen2.5-7b", "h100", 2)
+    plain_bytes = Path(plain).read_bytes()
+    other = derived_profile_path("qwen2.5-7b", "h100", 2, **setting)
+    assert other != plain and Path(plain).read_bytes() == plain_bytes
+    assert Path(other).read_bytes() != plain_bytes
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"num_key_value_heads": 0}, "'num_key_value_heads' must be a positive integer"),
+        ({"num_experts": 0}, "'num_experts' must be a positive integer"),
+        ({"num_experts": 4, "num_experts_per_tok": 8, "moe_intermediate_size": 256},
+         "'num_experts_per_tok' (8) is more than the model's 4 routed experts"),
+        ({"head_dim": -64}, "'head_dim' must be a positive integer"),
+    ],
+)  # fmt: skip
+def test_impossible_model_configs_are_refused(tmp_path: Path, extra: dict, message: str) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**MODEL_CFG, **extra}))
+    _refused(["profile", "derive", "--model", str(cfg), "--gpu", "h100", "-o", str(tmp_path / "p.json")], message)
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_a_multi_turn_trace_without_max_model_len_is_refused(tmp_path: Path, command: str) -> None:
+    trace = _multi_turn_trace(tmp_path, max_model_len=None)
+    args = [command, "--trace", str(trace), "--gpus", "4", "--max-steps", "1"]
+    args += ["-o", str(tmp_path / "run")] if command == "simulate" else ["--policies", "sync"]
+    _refused(args, "holds multi-turn trajectories but no max_model_len")
+
+
+@pytest.mark.parametrize(
+    "option", [["--tool-latency-s", "2"], ["--tool-workers", "4"], ["--tool-latency-scale", "3"]]
+)
+def test_multi_turn_options_on_a_single_turn_trace_are_refused(tmp_path: Path, small_trace_path: Path, option) -> None:  # noqa: ANN001
+    _refused([*_small_run(small_trace_path, tmp_path / "run"), *option], "applies to multi-turn traces only")
+    assert not (tmp_path / "run").exists()
+
+
+# tracebacks
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["compare", "--policies", "sync", "--max-steps", "1", "--plot", "OUT/p.xyz"], "cannot write 'xyz'"),
+        (["compare", "--policies", "sync", "--max-steps", "1", "--plot", "OUT/p"], "has no suffix"),
+        (["plan", "--target-epoch-hours", "3", "--plot", "OUT/p.docx"], "cannot write 'docx'"),
+        (["trace", "inspect", "TRACE", "--plot", "OUT/cdf"], "has no suffix"),
+    ],
+)
+def test_a_plot_format_matplotlib_cannot_write_is_refused_before_any_work(
+    tmp_path: Path, small_trace_path: Path, args: list[str], message: str
+) -> None:
+    args = [a.replace("OUT", str(tmp_path)).replace("TRACE", str(small_trace_path)) for a in args]
+    t0 = time.perf_counter()
+    _refused(args, message)
+    assert time.perf_counter() - t0 < 10  # plan's search and compare's policies never started
+    assert list(tmp_path.iterdir()) == [small_trace_path] or small_trace_path.parent != tmp_path
+
+
+def _turn_log(tmp_path: Path, **change: object) -> Path:
+    log = tmp_path / "log"
+    log.mkdir()
+    rows = []
+    for sample in (0, 1):
+        row = {"step": 0, "prompt_len": 50, "max_response_len": 500, "max_model_len": 2000, "prompt_group_id": 0,
+               "sample_id": sample, "finish_reason": "stop", "validate": False,
+               "turns": [{"turn": 0, "prompt_tokens": 50, "cached_tokens": 0, "completion_tokens": 10,
+                          "finish_reason": "tool_calls", "engine_latency_s": 1.0},
+                         {"turn": 1, "prompt_tokens": 100, "cached_tokens": 0, "completion_tokens": 20,
+                          "finish_reason": "stop", "engine_latency_s": 1.0}],
+               "tool_calls": [{"turn": 0, "tool_name": "search", "latency_s": 0.2, "append_len": 40}]}  # fmt: skip
+        rows.append(json.dumps({**row, **change} if sample == 0 else row))
+    (log / "multiturn_workload_step_0.jsonl").write_text("\n".join(rows).replace("Infinity", "1e400") + "\n")
+    return log
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"tool_calls": "search"}, "'tool_calls' must be a list of objects"),
+        ({"turns": ["a", "b"]}, "'turns' must be a list of objects"),
+        ({"prompt_len": 10**30}, "'prompt_len' must be an integer of at most"),
+        ({"prompt_len": float("inf")}, "'prompt_len' must be an integer of at most"),
+        ({"tool_calls": [{"turn": 0, "latency_s": -1.0}]}, "multiturn_workload_step_0.jsonl:1: 'latency_s' must be"),
+    ],
+)
+def test_malformed_multi_turn_log_fields_name_their_line(tmp_path: Path, change: dict, message: str) -> None:
+    out = tmp_path / "t.parquet"
+    _refused(["trace", "import", str(_turn_log(tmp_path, **change)), "-o", str(out), "--model", "m"], message)
+    assert not out.exists()
+
+
+USER_POLICIES = '''
+class NotAnAction:
+    def on_step_start(self, view):
+        return [42]
+    def on_event(self, event, view):
+        return []
+
+class LaunchesNothing:
+    def on_step_start(self, view):
+        return []
+    def on_event(self, event, view):
+        return []
+'''
+
+
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [("NotAnAction", "answered 42, which is not an action"), ("LaunchesNothing", "launched nothing")],
+)
+def test_a_user_policy_that_misbehaves_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_trace_path: Path, cls: str, message: str
+) -> None:
+    (tmp_path / "my_policies.py").write_text(USER_POLICIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _refused([*_small_run(small_trace_path, tmp_path / "run"), "--policy", f"my_policies:{cls}"], message)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["trace", "synth", "-o", "OUT/t.parquet", "--num-prompts", "100000000000"], "too large"),
+        (["trace", "synth", "-o", "OUT/t.parquet", "--num-prompts", "1000", "--samples-per-prompt", "100000000"],
+         "too large"),
+        (["plan", "--target-epoch-hours", "3", "--gpus", "8..1000000000"], "at most 16,384 GPUs"),
+    ],
+)
+def test_sizes_that_cannot_fit_are_one_sentence(tmp_path: Path, args: list[str], message: str) -> None:
+    _refused([a.replace("OUT", str(tmp_path)) for a in args], message)
+
+
+# hangs
+
+
+@pytest.mark.parametrize("gpus", ["1000000", "4000000000"])
+def test_millions_of_gpus_are_refused_at_once(tmp_path: Path, small_trace_path: Path, gpus: str) -> None:
+    t0 = time.perf_counter()
+    args = _small_run(small_trace_path, tmp_path / "run")
+    _refused([*args[:3], *args[5:], "--gpus", gpus], "at most 16,384 GPUs")
+    _refused(["compare", "--trace", str(small_trace_path), "--gpus", gpus, "--max-steps", "1"], "at most 16,384 GPUs")
+    assert time.perf_counter() - t0 < 10
+
+
+def test_16384_gpus_simulate(tmp_path: Path, small_trace_path: Path) -> None:
+    args = _small_run(small_trace_path, tmp_path / "run")
+    r = runner.invoke(app, [*args[:3], *args[5:], "--gpus", "16384"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["num_instances"] == 4096
+
+
+# unclear
+
+
+@pytest.mark.parametrize(
+    ("value", "got"), [("NaN", "nan"), ('"fast"', "'fast'"), ("1e999", "inf")]
+)
+def test_a_bad_terms_file_is_named_with_its_term(tmp_path: Path, small_trace_path: Path, value: str, got: str) -> None:
+    message = f"'iteration_overhead_s' must be a number >= 0, got {got}"
+    terms = tmp_path / "terms.json"
+    terms.write_text('{"terms": {"iteration_overhead_s": ' + value + "}}")
+    args = _small_run(small_trace_path, tmp_path / "run")
+    r = runner.invoke(app, [*args, "--model", "qwen2.5-7b", "--gpu", "h100", "--terms", str(terms)])
+    assert r.exit_code == 2 and f"{terms}: {message}" in r.stderr, r.stderr
+
+
+def test_a_model_config_given_as_a_profile_says_so(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(MODEL_CFG))
+    _refused(["profile", "show", str(cfg)], "is a model config, not a profile: derive one with rlsim profile derive")
+    _refused(_small_run(cfg, tmp_path / "r")[:1] + ["--profile", str(cfg), "--max-steps", "1"], "is a model config")
+
+
+# inconsistent
+
+
+def test_profile_derive_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "mine.json"
+    out.write_text('{"mine": true}')
+    args = ["profile", "derive", "--model", "qwen2.5-7b", "--gpu", "h100", "-o", str(out)]
+    _refused(args, "already exists; pass --force to overwrite it")
+    assert out.read_text() == '{"mine": true}'
+    r = runner.invoke(app, [*args, "--force"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["name"] == "h100-qwen2.5-7b-tp1"
+
+
+def test_a_killed_simulate_leaves_no_temporary_directory(tmp_path: Path, small_trace_path: Path) -> None:
+    """A writer killed outright (SIGKILL: nothing of it runs again) leaves its temporary directory;
+    the next run into the same folder removes it. One stopped by SIGTERM removes its own."""
+    out = tmp_path / "run"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".run.{dead.pid}.abc123.tmp"
+    stale.mkdir()
+    (stale / "requests.parquet").write_bytes(b"x" * 1000)
+    r = runner.invoke(app, _small_run(small_trace_path, out))
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    args = [sys.executable, "-m", "rlsim.cli", *_small_run(small_trace_path, out)[:-2], "--max-steps", "40",
+            "--gpus", "1", "-o", str(out), "--force"]  # fmt: skip
+    for _ in range(20):  # until a SIGTERM lands while the run directory is being written
+        proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = False
+        while proc.poll() is None and not seen:
+            seen = any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+        if seen:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        if seen:
+            break
+    assert seen, "no run was caught writing"
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
