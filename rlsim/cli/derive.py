@@ -3,6 +3,7 @@ model's config and a GPU's datasheet (`rlsim.derive`), written where every `--pr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from rlsim.cli.options import refuse_overwrite
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
@@ -37,19 +39,26 @@ TRAINER = typer.Option(
 def derived_profile_path(
     model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", trainer: str = "fsdp2", terms: str | None = None
 ) -> str:
-    """Derive the profile and write it under ~/.cache/rlsim/profiles (or $RLSIM_CACHE_DIR); its path."""
+    """Derive the profile and write it under ~/.cache/rlsim/profiles (or $RLSIM_CACHE_DIR); its path.
+    The folder is keyed by everything the profile's name leaves out (the model's config, the GPU's
+    facts, the trainer and the terms), so that two runs deriving the same name with other settings
+    never read each other's file; the TPs of one setting lie side by side, as `rlsim plan` finds them."""
     from rlsim.derive.derive import derive_profile, setup
     from rlsim.derive.terms import load_terms
     from rlsim.derive.train import Trainer
     from rlsim.files import atomic_write_text
 
-    raw = derive_profile(setup(model, gpu, tp, ep, dtype), trainer=Trainer.parse(trainer))
+    s, parsed = setup(model, gpu, tp, ep, dtype), Trainer.parse(trainer)
+    raw = derive_profile(s, trainer=parsed)
+    fitted = None
     if terms:
         fitted, provenance = load_terms(terms)
         raw = fitted.apply(raw, provenance)
+    key = json.dumps([repr(s.model), repr(s.gpu), repr(parsed), repr(fitted)])
     root = Path(os.environ.get("RLSIM_CACHE_DIR") or Path.home() / ".cache" / "rlsim") / "profiles"
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"{raw['name']}.json"
+    folder = root / hashlib.sha256(key.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{raw['name']}.json"
     atomic_write_text(path, json.dumps(raw, indent=2) + "\n")
     return str(path)
 
@@ -117,6 +126,7 @@ def register_derive(profile_app: typer.Typer) -> None:
         trainer: str = TRAINER,
         terms: str | None = TERMS,
         out: Path | None = typer.Option(None, "--out", "-o", help="Write the profile JSON here (default: print it)."),
+        force: bool = typer.Option(False, "--force", help="Overwrite an existing --out file."),
     ) -> None:
         """A profile from a model's config and a GPU's datasheet: dense or MoE, GQA or MLA, bf16 or fp8, with
         the training cost of a trainer backend and layout."""
@@ -124,12 +134,11 @@ def register_derive(profile_app: typer.Typer) -> None:
         from rlsim.derive.terms import load_terms
         from rlsim.derive.train import Trainer
         from rlsim.files import atomic_write_text
-        from rlsim.paths import check_output_file
         from rlsim.profile import profile_from_dict
         from rlsim.roofline import check_roofline
 
         if out is not None:
-            check_output_file(out, "--out")
+            refuse_overwrite(out, force)
         engine = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)
         raw = derive_profile(setup(model, gpu, tp, ep, dtype, kv_cache_dtype), engine, Trainer.parse(trainer))
         if terms:

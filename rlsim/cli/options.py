@@ -50,6 +50,16 @@ TOOL_LATENCY_S = typer.Option(
 )
 
 
+def refuse_overwrite(out: Path, force: bool) -> None:
+    """`--out` must be writable, and an existing file is kept unless `--force` (every command that
+    writes one named file: trace synth and import, profile derive)."""
+    from rlsim.paths import check_output_file
+
+    check_output_file(out, "--out")
+    if out.exists() and not force:
+        raise RlsimError(f"{out} already exists; pass --force to overwrite it")
+
+
 def tool_config(opts: dict):  # noqa: ANN202
     """The tool workers of a multi-turn run (`rlsim.driver.turns.ToolConfig`) from a command's options."""
     from rlsim.driver.turns import ToolConfig

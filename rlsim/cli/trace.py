@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rlsim.cli.options import refuse_overwrite
 from rlsim.cli.ui import console as make_console
 from rlsim.errors import RlsimError
 
@@ -27,14 +28,6 @@ class ImportFormat(str, Enum):
     polytrace_multiturn = "polytrace_multiturn"
     verl = "verl"
     slime = "slime"
-
-
-def _refuse_overwrite(out: Path, force: bool) -> None:
-    from rlsim.paths import check_output_file
-
-    check_output_file(out, "--out")
-    if out.exists() and not force:
-        raise RlsimError(f"{out} already exists; pass --force to overwrite it")
 
 
 def _fmt(v: object, metric: str = "") -> str:
@@ -144,7 +137,7 @@ def synth(
     from rlsim.trace.turn_model import load_model
     from rlsim.trace.turn_model import synthesize as synth_turns
 
-    _refuse_overwrite(out, force)
+    refuse_overwrite(out, force)
     turn_model = load_model(preset)
     if turn_model is not None:  # a multi-turn preset: trajectories of turns and tool calls
         if num_prompts is None:
@@ -200,7 +193,7 @@ def task(
     from rlsim.trace.format import save
     from rlsim.trace.tasks import task_trace
 
-    _refuse_overwrite(out, force)
+    refuse_overwrite(out, force)
     trace = task_trace(name, num_prompts, samples_per_prompt, epochs, max_response_len, style, seed)
     save(trace, out)
     t = trace.table  # its lengths are the cap (a free run generates its own), so no length table
@@ -259,7 +252,7 @@ def import_(
     from rlsim.trace.format import save
     from rlsim.trace.importers import import_logs
 
-    _refuse_overwrite(out, force)
+    refuse_overwrite(out, force)
     imported = import_logs(src, fmt.value, max_response_len, model, tokenizer)
     save(imported.trace, out)
     console = make_console()
@@ -291,7 +284,7 @@ def fit(
     from rlsim.trace.format import load
     from rlsim.trace.presets import save_preset
 
-    _refuse_overwrite(out, force)
+    refuse_overwrite(out, force)
     if folds == 1 or folds < 0:
         raise RlsimError(f"--folds must be 0 (in-sample check) or at least 2, got {folds}")
     if out.parent != Path("") and not out.parent.is_dir():

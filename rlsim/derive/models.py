@@ -111,17 +111,84 @@ class Model:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class ConfigField:
+    """One `config.json` field rlsim reads: its kind of value, when it is needed, what it is. The
+    loader checks every field present against this list, and docs/formats.md is written from it."""
+
+    name: str
+    kind: str  # "positive integer", "integer >= 0", "true or false", "list of integers >= 0", "text"
+    needed: str  # when the derivation needs it: "always", or the architecture that needs it
+    meaning: str
+
+
+CONFIG_FIELDS = (
+    ConfigField("hidden_size", "positive integer", "always", "the model's width"),
+    ConfigField("num_hidden_layers", "positive integer", "always", "decoder layers"),
+    ConfigField("num_attention_heads", "positive integer", "always", "query heads"),
+    ConfigField("vocab_size", "positive integer", "always", "vocabulary: the embedding and the LM head"),
+    ConfigField("intermediate_size", "positive integer", "a dense layer",
+                "the gated MLP's intermediate size (every layer of a dense model, the dense layers of an MoE)"),
+    ConfigField("num_key_value_heads", "positive integer", "", "KV heads (GQA), dividing the query heads; "
+                "left out: as many as the query heads"),
+    ConfigField("head_dim", "positive integer", "", "one head's width; left out: hidden_size / heads"),
+    ConfigField("tie_word_embeddings", "true or false", "", "the LM head shares the embedding's weights"),
+    ConfigField("num_experts", "positive integer", "", "routed experts per MoE layer (Qwen-MoE); leave it "
+                "out for a dense model"),
+    ConfigField("n_routed_experts", "positive integer", "", "routed experts per MoE layer (DeepSeek)"),
+    ConfigField("num_experts_per_tok", "positive integer", "MoE", "experts each token is routed to, at most the "
+                "routed experts"),
+    ConfigField("moe_intermediate_size", "positive integer", "MoE", "one expert's intermediate size"),
+    ConfigField("n_shared_experts", "integer >= 0", "", "shared experts every token passes (DeepSeek)"),
+    ConfigField("shared_expert_intermediate_size", "integer >= 0", "", "the shared expert's intermediate size "
+                "(Qwen-MoE)"),
+    ConfigField("first_k_dense_replace", "integer >= 0", "", "DeepSeek: the first k layers are dense"),
+    ConfigField("moe_layer_freq", "positive integer", "", "DeepSeek: every n-th layer past those is MoE"),
+    ConfigField("decoder_sparse_step", "positive integer", "", "Qwen-MoE: every n-th layer is MoE"),
+    ConfigField("mlp_only_layers", "list of integers >= 0", "", "Qwen-MoE: layers kept dense"),
+    ConfigField("kv_lora_rank", "integer >= 0", "", "multi-head latent attention (DeepSeek-V2/V3): the latent KV's "
+                "rank; 0 or left out: no MLA"),
+    ConfigField("q_lora_rank", "integer >= 0", "", "MLA: the query's low rank (0 or left out: a full query)"),
+    ConfigField("qk_nope_head_dim", "positive integer", "MLA", "MLA: a head's width without rotary embedding"),
+    ConfigField("qk_rope_head_dim", "positive integer", "MLA", "MLA: a head's rotary width (also cached)"),
+    ConfigField("v_head_dim", "positive integer", "MLA", "MLA: a value head's width"),
+    ConfigField("source", "text", "", "where the config comes from (provenance)"),
+)  # fmt: skip
+_FIELDS = {f.name: f for f in CONFIG_FIELDS}
+LARGEST = 2**40  # no real model's dimension comes near: larger is a typo, and would overflow the FLOP counts
+
+
+def _bad(value: Any, kind: str) -> bool:  # noqa: ANN401 - a JSON value
+    if kind == "text":
+        return not isinstance(value, str)
+    if kind == "true or false":
+        return not isinstance(value, bool)
+    if kind == "list of integers >= 0":
+        return not isinstance(value, list) or any(_bad(v, "integer >= 0") for v in value)
+    if isinstance(value, bool) or not isinstance(value, int) or value > LARGEST:
+        return True
+    return value <= 0 if kind == "positive integer" else value < 0
+
+
+def check_config(cfg: dict[str, Any], where: str) -> None:
+    """Every field of `CONFIG_FIELDS` the config holds (a null one counts as left out) has its kind."""
+    for key, value in cfg.items():
+        f = _FIELDS.get(key)
+        if f is not None and value is not None and _bad(value, f.kind):
+            bound = f" of at most {LARGEST:,}" if "integer" in f.kind and f.kind != "list of integers >= 0" else ""
+            hint = "; leave it out for a dense model" if key in ("num_experts", "n_routed_experts") else ""
+            raise RlsimError(f"{where}: '{key}' must be a {f.kind}{bound}, got {value!r}{hint}")
+
+
 def _need(cfg: dict[str, Any], key: str, where: str) -> Any:  # noqa: ANN401 - a JSON value
     if key not in cfg or cfg[key] is None:
         raise RlsimError(f"{where} lacks '{key}', which rlsim needs to cost the model")
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise RlsimError(f"{where}: '{key}' must be a positive integer, got {value!r}")
-    return value
+    return cfg[key]  # (its kind was checked by check_config)
 
 
 def model_from_config(cfg: dict[str, Any], name: str, where: str) -> Model:
     """The `Model` a config describes (see the module docstring)."""
+    check_config(cfg, where)
     h = _need(cfg, "hidden_size", where)
     layers = _need(cfg, "num_hidden_layers", where)
     heads = _need(cfg, "num_attention_heads", where)
@@ -142,16 +209,18 @@ def model_from_config(cfg: dict[str, Any], name: str, where: str) -> Model:
     experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
     if experts:
         k = _need(cfg, "num_experts_per_tok", where)
+        if k > experts:
+            raise RlsimError(f"{where}: 'num_experts_per_tok' ({k}) is more than the model's {experts} routed experts")
         expert_inter = _need(cfg, "moe_intermediate_size", where)
         if "first_k_dense_replace" in cfg:  # DeepSeek: the first k layers dense, then every moe_layer_freq-th
-            first, freq = int(cfg["first_k_dense_replace"]), int(cfg.get("moe_layer_freq", 1))
+            first, freq = int(cfg["first_k_dense_replace"] or 0), int(cfg.get("moe_layer_freq") or 1)
             moe = sum(1 for i in range(layers) if i >= first and i % freq == 0)
         else:  # Qwen-MoE: every decoder_sparse_step-th layer, except mlp_only_layers
-            step, dense_only = int(cfg.get("decoder_sparse_step", 1)), set(cfg.get("mlp_only_layers") or [])
+            step, dense_only = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or [])
             moe = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
         shared = int(cfg.get("n_shared_experts") or 0) * 3 * h * expert_inter
         shared += 3 * h * int(cfg.get("shared_expert_intermediate_size") or 0)
-        dense_mlp = 3 * h * cfg["intermediate_size"] if layers > moe else 0
+        dense_mlp = 3 * h * _need(cfg, "intermediate_size", where) if layers > moe else 0
         expert, router = 3 * h * expert_inter, h * experts
     else:
         k, moe, shared, router, expert = 0, 0, 0, 0, 0
