@@ -74,7 +74,7 @@ def register_compare(app: typer.Typer) -> None:
         profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms)
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
-        tools = tool_config(opts)
+        tools = tool_config(opts, tr)
         check_len(tr, rl.max_response_len)
         prog = Progress(
             TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),

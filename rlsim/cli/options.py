@@ -60,10 +60,17 @@ def refuse_overwrite(out: Path, force: bool) -> None:
         raise RlsimError(f"{out} already exists; pass --force to overwrite it")
 
 
-def tool_config(opts: dict):  # noqa: ANN202
-    """The tool workers of a multi-turn run (`rlsim.driver.turns.ToolConfig`) from a command's options."""
+def tool_config(opts: dict, trace):  # noqa: ANN001, ANN202
+    """The tool workers of a multi-turn run (`rlsim.driver.turns.ToolConfig`) from a command's
+    options; on a single-turn trace, which calls no tool, a tool option set is refused, not ignored."""
     from rlsim.driver.turns import ToolConfig
+    from rlsim.trace.turns import has_turns
 
+    if not has_turns(trace.table):
+        given = {"--tool-workers": opts["tool_workers"] is not None, "--tool-latency-s": opts["tool_latency_s"] is
+                 not None, "--tool-latency-scale": opts["tool_latency_scale"] != 1.0}  # fmt: skip
+        for flag in (f for f, on in given.items() if on):
+            raise RlsimError(f"{flag} applies to multi-turn traces only, and this trace is single-turn (no tool calls)")
     return ToolConfig(opts["tool_workers"], opts["tool_latency_scale"], opts["tool_latency_s"])
 
 

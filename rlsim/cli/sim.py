@@ -83,9 +83,10 @@ def register(app: typer.Typer) -> None:
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)
+        tools = tool_config(opts, tr)
         prog, cb = step_progress(expected_steps(tr, rl), f"simulating {policy}")
         with prog:
-            result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine, tools=tool_config(opts))
+            result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine, tools=tools)
         write_run_dir(result, out)
         if as_json:
             typer.echo(to_json(result.summary))

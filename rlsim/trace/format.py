@@ -234,6 +234,11 @@ def validate_table(df: pd.DataFrame, meta: TraceMeta, where: str = "trace") -> N
             f"{where}: sample_idx must be below samples_per_prompt={meta.samples_per_prompt}, "
             f"got {int(df['sample_idx'].iloc[row])} (row {row})"
         )
+    if meta.max_model_len is None and turns.has_turns(df):  # else its turns would grow without a context cap
+        raise TraceError(
+            f"{where} holds multi-turn trajectories but no max_model_len in its metadata: the context cap their "
+            "prompt, turns and tool answers fit in (the log's, or the engine's max_model_len)"
+        )
     longest = turns.longest_turn(df)  # a multi-turn trajectory's cap is per turn (its max_new_tokens)
     over = longest > meta.max_response_len
     if over.any():
