@@ -25,6 +25,7 @@ visit (epoch 0); validation lines are skipped; a partial last step is dropped.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -50,11 +51,31 @@ def _records(src: Path) -> list[tuple[Path, int, dict]]:
     return out
 
 
+LARGEST = 2**40  # tokens, ids and steps beyond this are not a log's: an int64 column would overflow
+
+
 def _field(row: dict, key: str, where: str, kind=int):  # noqa: ANN001, ANN202
-    try:
-        return kind(row[key])
-    except (KeyError, TypeError, ValueError):
-        raise RlsimError(f"{where} lacks a numeric '{key}' field") from None
+    """`row[key]` as an int (a count or id, 0 .. LARGEST) or a float (a latency: finite, >= 0)."""
+    if key not in row or row[key] is None:
+        raise RlsimError(f"{where} lacks a numeric '{key}' field")
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RlsimError(f"{where}: '{key}' must be a number, got {value!r}")
+    if kind is float:
+        if not math.isfinite(value) or value < 0:
+            raise RlsimError(f"{where}: '{key}' must be a number >= 0 (seconds), got {value!r}")
+        return float(value)
+    if not (math.isfinite(value) and value == int(value) and 0 <= value <= LARGEST):
+        raise RlsimError(f"{where}: '{key}' must be an integer of at most {LARGEST:,}, got {value!r}")
+    return int(value)
+
+
+def _objects(rec: dict, key: str, where: str) -> list[dict]:
+    """`rec[key]`: a list of JSON objects (absent or null: none)."""
+    value = rec.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise RlsimError(f"{where}: '{key}' must be a list of objects, got {value!r:.60}")
+    return value
 
 
 def read_turns(src: Path, model: str | None = None) -> tuple[Trace, list[str]]:
@@ -65,8 +86,8 @@ def read_turns(src: Path, model: str | None = None) -> tuple[Trace, list[str]]:
     caps: set[tuple[int, int]] = set()
     for path, n, rec in _records(src):
         where = f"{path}:{n}"
-        turns = rec.get("turns")
-        if not isinstance(turns, list) or not turns:
+        turns = _objects(rec, "turns", where)
+        if not turns:
             raise RlsimError(f"{where} has no 'turns' list")
         step = _field(rec, "step", where) if "step" in rec else step_of(path)
         caps.add((_field(rec, "max_response_len", where), _field(rec, "max_model_len", where)))
@@ -77,7 +98,7 @@ def read_turns(src: Path, model: str | None = None) -> tuple[Trace, list[str]]:
             raise RlsimError(f"{where}: finish_reason {end!r} is neither 'stop' nor 'length'")
         if turns[-1].get("finish_reason") == "tool_calls":
             dropped_calls += 1
-        calls = rec.get("tool_calls") or []
+        calls = _objects(rec, "tool_calls", where)
         latency, append = [], []
         for k in range(len(turns) - 1):
             here = [c for c in calls if c.get("turn") == k]
@@ -146,8 +167,10 @@ def turn_log(src: Path) -> pd.DataFrame:
     completion_tokens and engine_latency_s (the reference a simulation is held against)."""
     rows = []
     for j, (path, n, rec) in enumerate(_records(src)):
-        for t in rec.get("turns") or []:
-            rows.append((int(rec.get("step", step_of(path))), j, int(t.get("turn", 0)),
+        where = f"{path}:{n}"
+        step = _field(rec, "step", where) if "step" in rec else step_of(path)
+        for t in _objects(rec, "turns", where):
+            rows.append((step, j, _field(t, "turn", where) if "turn" in t else 0,
                          *(_field(t, k, f"{path}:{n}") for k in ("prompt_tokens", "cached_tokens",
                                                                  "completion_tokens")),
                          _field(t, "engine_latency_s", f"{path}:{n}", float)))
