@@ -59,6 +59,20 @@ def check_output_file(path: Path, what: str) -> None:
         raise RlsimError(f"{what} {path} is not writable")
 
 
+def check_plot_file(path: Path, what: str = "--plot") -> None:
+    """`check_output_file`, and a suffix naming a format matplotlib writes (png, pdf, svg, ...): the
+    format is known before any work, so a plot is never refused after minutes of it."""
+    check_output_file(path, what)
+    fmt = Path(path).suffix.lstrip(".").lower()
+    if not fmt:
+        raise RlsimError(f"{what} {path} has no suffix: name the format, e.g. {Path(path).name}.png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    known = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in known:
+        raise RlsimError(f"{what} {path}: matplotlib cannot write '{fmt}'; use one of {', '.join(sorted(known))}")
+
+
 def check_output_dir(path: Path, what: str) -> None:
     """Refuse an output directory that cannot be created or written (a file in its place, or a
     nearest existing ancestor that is a file or not writable)."""

@@ -62,13 +62,13 @@ def register_compare(app: typer.Typer) -> None:
     ) -> None:
         """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
         from policies.registry import COMPARE_DEFAULT
-        from rlsim.paths import check_output_file
+        from rlsim.paths import check_plot_file
         from rlsim.report import plot_compare
         from rlsim.sim.compare import compare as run_all
         from rlsim.sim.compare import compare_seeds
 
         if plot is not None:
-            check_output_file(plot, "--plot")  # before minutes of simulation, not after
+            check_plot_file(plot)  # before minutes of simulation, not after
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
         profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms)

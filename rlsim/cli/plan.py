@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
         from policies.registry import REGISTRY
         from rlsim.cli.options import split_policies
         from rlsim.config import RLConfig
-        from rlsim.paths import check_output_file, default_trace
+        from rlsim.paths import check_output_file, check_plot_file, default_trace
         from rlsim.plan.cache import PlanCache, default_cache_path
         from rlsim.plan.planner import PlanConfig
         from rlsim.plan.planner import plan as run_plan
@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
         from rlsim.trace.format import load
 
         if plot is not None:
-            check_output_file(plot, "--plot")  # before minutes of simulation, not after
+            check_plot_file(plot)  # before minutes of simulation, not after
         cache_path = None if no_cache else (cache or default_cache_path())
         if cache_path is not None and (cache_path.is_dir() or cache_path.parent.exists()):
             check_output_file(cache_path, "--cache")  # a missing cache directory is created

@@ -217,9 +217,9 @@ def inspect(
 ) -> None:
     """Per-epoch length statistics: mean, p50/p90/p99, max, clip ratio, CV, Spearman."""
     if plot is not None:
-        from rlsim.paths import check_output_file
+        from rlsim.paths import check_plot_file
 
-        check_output_file(plot, "--plot")
+        check_plot_file(plot)
     from rlsim.trace.format import load
     from rlsim.trace.stats import plot_length_cdf, trace_stats
 
