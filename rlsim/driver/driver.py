@@ -223,10 +223,18 @@ class Driver(Launcher):
         return chunk
 
     # ---- actions --------------------------------------------------------------------------
+    @property
+    def policy_name(self) -> str:
+        return getattr(self.policy, "name", None) or type(self.policy).__name__
+
     def apply(self, actions: list) -> Train | None:
         train = None
         batch = Launching()
         launched: list[Launching] = []
+        if not isinstance(actions, (list, tuple)):
+            raise RlsimError(
+                f"policy {self.policy_name} answered {actions!r:.80}, not a list of actions (rlsim/protocol.py)"
+            )
         for act in actions:
             if isinstance(act, Launch):
                 if self.syncing:  # the rollout is stopped for a weight sync: launched when it resumes
@@ -244,6 +252,11 @@ class Driver(Launcher):
                 self.engine.abort(ids)
             elif isinstance(act, Train):
                 train = act
+            else:
+                raise RlsimError(
+                    f"policy {self.policy_name} answered {act!r:.80}, which is not an action: Launch, Abort or "
+                    "Train (rlsim/protocol.py)"
+                )
         if batch:
             self.engine.submit(self._dispatch(batch))
             launched.append(batch)

@@ -44,6 +44,11 @@ def run_loop(
         window = StepWindow(view.step, engine.now, engine)
         train = drv.apply(policy.on_step_start(view))
         if not any(drv.in_flight.values()) and train is None:
+            if view.step == 0:  # (a policy's first step always has data: the trace is never empty)
+                raise RlsimError(
+                    f"policy {drv.policy_name} launched nothing at its first step: on_step_start must return "
+                    "the step's Launch actions (rlsim/protocol.py)"
+                )
             break  # data exhausted and nothing running
         train = _until_train(drv, train)
         while drv.groups is not None and (train := drv.filter_groups(train, window)) is None:
@@ -83,7 +88,7 @@ def _until_train(drv: Driver, train: Train | None) -> Train:
         if not batch:
             if drv.groups is not None and not any(drv.in_flight.values()):
                 return Train(())
-            raise RlsimError(f"policy {policy.name} stalled: nothing in flight and no Train action")
+            raise RlsimError(f"policy {drv.policy_name} stalled: nothing in flight and no Train action")
         view.now = engine.now
         if on_event is None:
             train = drv.react(EventBatch.of(batch))
