@@ -16,6 +16,7 @@ from typing import Any
 from rlsim.errors import RlsimError
 
 PLACEMENTS = ("colocated", "disaggregated")
+MAX_GPUS = 16_384  # a cluster's size rlsim simulates (every instance is simulated, with its KV blocks and timeline)
 # least_loaded and round_robin place every sample on its own (veRL's agent loop, slime and AReaL
 # send each sample as its own request); per_prompt keeps a prompt's samples together, rotating
 # over instances prompt by prompt (rlsim's placement before per-sample dispatch).
@@ -35,6 +36,11 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:
             raise RlsimError(f"num_gpus must be positive, got {self.num_gpus}")
+        if self.num_gpus > MAX_GPUS:
+            raise RlsimError(
+                f"num_gpus {self.num_gpus:,} is beyond what rlsim simulates: at most {MAX_GPUS:,} GPUs (the largest "
+                "published RL runs use a few thousand)"
+            )
         if self.placement not in PLACEMENTS:
             raise RlsimError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.dispatch not in DISPATCH:

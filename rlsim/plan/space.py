@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from rlsim.config import PLACEMENTS, EngineConfig
+from rlsim.config import MAX_GPUS, PLACEMENTS, EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.profile import PROFILE_DIR, load_profile, shipped_profiles
 
@@ -152,13 +152,16 @@ def parse_gpus(text: str) -> tuple[int, ...]:
             raise RlsimError(f"--gpus must look like 8..256 or 16,32,64, got {text!r}") from None
         if a < 1 or b < a:
             raise RlsimError(f"--gpus must be a range of at least 1 GPU, low end first, got {text!r}")
-        return tuple(sorted({a, b} | {2**k for k in range(20) if a <= 2**k <= b}))
-    try:
-        vals = parse_list(text, int, "--gpus")
-    except RlsimError:
-        vals = ()
-    if not vals:
-        raise RlsimError(f"--gpus must look like 8..256 or 16,32,64, got {text!r}")
+        vals = tuple(sorted({a, b} | {2**k for k in range(20) if a <= 2**k <= b}))
+    else:
+        try:
+            vals = parse_list(text, int, "--gpus")
+        except RlsimError:
+            vals = ()
+        if not vals:
+            raise RlsimError(f"--gpus must look like 8..256 or 16,32,64, got {text!r}")
+    if max(vals) > MAX_GPUS or min(vals) < 1:
+        raise RlsimError(f"--gpus {text}: rlsim simulates from 1 to at most {MAX_GPUS:,} GPUs")
     return tuple(sorted(set(vals)))
 
 

@@ -28,6 +28,9 @@ from rlsim.trace.tokens import synth_token_ids
 QWEN25_VOCAB = 151_643
 
 
+MAX_SAMPLES = 100_000_000  # rows of a synthetic trace: what this machine's memory builds (DAPO-17k x 20 x 2: 717k)
+
+
 @dataclass(frozen=True, slots=True)
 class SynthConfig:
     """Knobs of `rlsim trace synth`; None means "the preset's value"."""
@@ -60,6 +63,13 @@ class SynthConfig:
                 raise RlsimError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_prompts is not None and self.num_prompts <= 0:
             raise RlsimError(f"num_prompts must be positive, got {self.num_prompts}")
+        rows = (self.num_prompts or 1) * self.samples_per_prompt * self.epochs
+        if rows > MAX_SAMPLES:
+            raise RlsimError(
+                f"{self.num_prompts or 'the preset'} prompts x {self.samples_per_prompt} samples x {self.epochs} "
+                f"epochs is too large: a synthetic trace holds at most {MAX_SAMPLES:,} samples (about 10 GB while "
+                "generated)"
+            )
         if self.max_response_len is not None and self.max_response_len <= 0:
             raise RlsimError(f"max_response_len must be positive, got {self.max_response_len}")
         if self.rho is not None and not 0.0 <= self.rho <= 1.0:
