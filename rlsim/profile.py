@@ -397,6 +397,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
         raise RlsimError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
     if not isinstance(raw, dict):
         raise RlsimError(f"{path} must hold a JSON object")
+    if "name" not in raw and "hidden_size" in raw | raw.get("text_config", {}):
+        raise RlsimError(
+            f"{path} is a model config, not a profile: derive one with rlsim profile derive --model {path} --gpu GPU "
+            "(or pass --model and --gpu where the command takes them)"
+        )
+    if "name" in raw and "hbm_bytes_per_s" in raw and "t_w_s" not in raw:
+        raise RlsimError(f"{path} is a GPU's datasheet facts, not a profile: pass it as --gpu, with --model")
     profile = profile_from_dict(raw, str(path))
     check_roofline(profile, str(path))
     return profile

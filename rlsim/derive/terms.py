@@ -15,6 +15,7 @@ half is its test). A term a file leaves out keeps the derived value.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -77,6 +78,11 @@ def load_terms(name_or_path: str) -> tuple[Terms, str]:
     unknown = sorted(set(values) - known)
     if unknown:
         raise RlsimError(f"{where}: unknown term {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    for key, value in values.items():  # (None keeps the derived value of a term that has one)
+        if value is None and key in ("refit_per_tensor_s", "megatron_mfu"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise RlsimError(f"{where}: '{key}' must be a number >= 0, got {value!r}")
     try:
         terms = Terms(**values)
     except TypeError as exc:
