@@ -128,7 +128,8 @@ def write_run_dir(result: Result, out: Path, swap: bool = True) -> Path:
             out.mkdir(exist_ok=True)
             _write_files(result, out)
             return out
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        _remove_orphans(out)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent))
     except OSError as exc:
         raise write_error(out, exc) from None
     try:
@@ -147,6 +148,25 @@ def write_run_dir(result: Result, out: Path, swap: bool = True) -> Path:
             raise write_error(out, exc) from None
         raise
     return out
+
+
+def _remove_orphans(out: Path) -> None:
+    """Remove what a writer of `out` killed outright left beside it (`.NAME.PID.*.tmp` being written,
+    `.NAME.PID.old` being swapped out), where that process is gone: a SIGKILL runs no clean-up."""
+    for path in out.parent.glob(f".{out.name}.*"):
+        pid = path.name[len(out.name) + 2 :].split(".", 1)[0]
+        if path.is_dir() and pid.isdigit() and path.suffix in (".tmp", ".old") and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _write_files(result: Result, out: Path) -> None:

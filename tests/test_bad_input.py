@@ -612,7 +612,7 @@ def test_a_killed_simulate_leaves_no_temporary_directory(tmp_path: Path, small_t
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     args = [sys.executable, "-m", "rlsim.cli", *_small_run(small_trace_path, out)[:-2], "--max-steps", "40",
-            "--gpus", "1", "-o", str(out), "--force"]  # fmt: skip
+            "-o", str(out), "--force"]  # fmt: skip
     for _ in range(20):  # until a SIGTERM lands while the run directory is being written
         proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         seen = False

@@ -5,6 +5,7 @@ Any `RlsimError` raised by a command becomes one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import signal
 import sys
 import warnings
 
@@ -95,8 +96,15 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"warning: {message}", file=sys.stderr)
 
 
+def _terminated(signum: int, frame) -> None:  # noqa: ANN001 - the signal module's signature
+    """SIGTERM (a scheduler's stop, `kill`) unwinds like Ctrl-C does, so that what a command was
+    writing is cleaned up (a run directory's temporary folder) rather than left half written."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     """Console-script entry point."""
+    signal.signal(signal.SIGTERM, _terminated)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         app()
