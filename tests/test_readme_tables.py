@@ -30,6 +30,7 @@ DETERMINISTIC = {
     "verl_fully_async": ["verl_fully_async"],
     "multi_turn": ["search_r1_fit", "search_r1_sim", "tool_latency_sweep", "search_r1_compare"],
     "policy_table": ["policy_knobs"],
+    "formats_table": ["model_config_fields", "gpu_fields"],
 }
 # timing benchmarks: they write their tables (`--readme`) with the machine and its load; not re-run
 TIMING = {

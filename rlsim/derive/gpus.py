@@ -45,17 +45,52 @@ def shipped_gpus() -> dict[str, dict[str, Any]]:
     return {k: v for k, v in raw.items() if not k.startswith("_")}
 
 
+@dataclass(frozen=True, slots=True)
+class GpuField:
+    """One field of a GPU's facts: its kind of value, whether it must be given, what it is (the loader
+    checks a file against this list, and docs/formats.md is written from it)."""
+
+    name: str
+    kind: str  # "text", "positive number", "positive integer"
+    required: bool
+    meaning: str
+
+
+GPU_FIELDS = (
+    GpuField("name", "text", True, "the part's name, as profiles name their hardware"),
+    GpuField("memory_bytes", "positive number", True, "HBM capacity, bytes (80e9 for an 80 GB part)"),
+    GpuField("hbm_bytes_per_s", "positive number", True, "HBM bandwidth, bytes per second"),
+    GpuField("bf16_flops_per_s", "positive number", True, "dense BF16 tensor-core peak, FLOP/s (without 2:4 "
+             "sparsity)"),
+    GpuField("fp8_flops_per_s", "positive number", False, "dense FP8 peak, FLOP/s; null or left out where the "
+             "part has no FP8 (--dtype fp8 is then refused)"),
+    GpuField("scale_up_bytes_per_s", "positive number", True, "the GPU-to-GPU link a tensor-parallel group "
+             "crosses (NVLink, Infinity Fabric, or PCIe where there is none): total bytes per second per GPU"),
+    GpuField("scale_up_domain", "positive integer", True, "how many GPUs that link joins (a TP group fits in one)"),
+    GpuField("scale_out_bytes_per_s", "positive number", True, "the inter-node network per GPU, bytes per second "
+             "(one 400 Gb/s NIC per GPU: 50e9)"),
+    GpuField("source", "text", False, "where the figures come from (the datasheet)"),
+)  # fmt: skip
+assert [f.name for f in GPU_FIELDS] == [f.name for f in fields(GpuSpec)]
+
+
 def gpu_from_dict(raw: dict[str, Any], where: str) -> GpuSpec:
-    for f in fields(GpuSpec):
-        if f.name not in raw and f.name not in ("source", "fp8_flops_per_s"):
-            raise RlsimError(f"{where} lacks the GPU field '{f.name}'")
-    values = {f.name: raw.get(f.name) for f in fields(GpuSpec) if f.name in raw}
-    for key, value in values.items():
-        if key in ("name", "source") or (key == "fp8_flops_per_s" and value is None):
+    values = {}
+    for f in GPU_FIELDS:
+        value = raw.get(f.name)
+        if value is None:
+            if f.required:
+                raise RlsimError(f"{where} lacks the GPU field '{f.name}'")
+            values[f.name] = "" if f.kind == "text" else None
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise RlsimError(f"{where}: GPU field '{key}' must be a positive number, got {value!r}")
-    values["scale_up_domain"] = int(values["scale_up_domain"])
+        if f.kind == "text":
+            ok = isinstance(value, str)
+        else:
+            ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+            ok = ok and (f.kind != "positive integer" or value == int(value))
+        if not ok:
+            raise RlsimError(f"{where}: GPU field '{f.name}' must be a {f.kind}, got {value!r}")
+        values[f.name] = int(value) if f.kind == "positive integer" else value
     return GpuSpec(**values)
 
 
