@@ -37,6 +37,7 @@ TIMING = {
     "simulate_epoch": ["sync_baseline", "simulator_speed"],
     "compiled_core": ["compiled_core"],
     "engine_floor": ["engine_floor"],
+    "first_run": ["first_run"],
     "validate_real": ["calibration_figures", "validate_real", "validate_real_profiles"],
     "predict_real": ["predict_real"],
     "validate_train": ["train_tiny", "validate_train"],

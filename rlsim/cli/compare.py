@@ -12,7 +12,15 @@ from rich.table import Table
 from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.options import check_len, configs, from_trace, load_trace, split_policies, tool_config
+from rlsim.cli.options import (
+    check_len,
+    configs,
+    from_trace,
+    load_trace,
+    say_if_compiling,
+    split_policies,
+    tool_config,
+)
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
 
@@ -75,6 +83,7 @@ def register_compare(app: typer.Typer) -> None:
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         tools = tool_config(opts, tr)
+        say_if_compiling()
         check_len(tr, rl.max_response_len)
         prog = Progress(
             TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),

@@ -5,6 +5,7 @@ columns the policies need, and the step progress bar."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import typer
@@ -138,6 +139,18 @@ def check_len(trace, max_len: int) -> None:  # noqa: ANN001
         raise RlsimError(
             f"max_response_len={max_len} exceeds the trace's cap {trace.meta.max_response_len}: "
             "the trace does not say how long responses would run past it"
+        )
+
+
+def say_if_compiling() -> None:
+    """Say so, on stderr, when the simulator's compiled core is not in its cache yet: its first
+    compile takes a minute or more, during which the progress bar would sit at 0 with no word why."""
+    from rlsim.sim.compiled.sim_engine import core_compiled
+
+    if not core_compiled():
+        make_console(sys.stderr).print(
+            "compiling the simulator's core: the first run after installing or upgrading rlsim takes about a "
+            "minute longer (docs/speed.md); later runs load it from the cache"
         )
 
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from rlsim.cli import derive as derive_opts
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.options import PROFILE
+from rlsim.cli.options import PROFILE, say_if_compiling
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
 from rlsim.plan.space import SEARCHED_ENGINE_FIELDS
@@ -49,6 +49,7 @@ def register(app: typer.Typer) -> None:
         g = load_grid(grid)
         check_caps(g)
         done = len(existing_rows(g, out, keep_other_grids=force)[0])  # refuses another grid's rows before a pool starts
+        say_if_compiling()
         pool = make_executor(executor, workers or None, ray_address)
         prog, task = _bar(f"sweep ({executor})", len(g.points))
         prog.update(task, completed=done)
@@ -141,6 +142,7 @@ def register(app: typer.Typer) -> None:
         if cache_path is not None and (cache_path.is_dir() or cache_path.parent.exists()):
             check_output_file(cache_path, "--cache")  # a missing cache directory is created
         cfg = PlanConfig(target_epoch_hours, gpu_budget, steps, min_steps, eta, seeds)
+        say_if_compiling()
         tps = parse_list(tp, int, "--tp")
         if model is not None or gpu is not None:  # the family of derived profiles, one per TP
             profile, tps = derive_opts.derive_family(model, gpu, tps, dtype, trainer, terms)

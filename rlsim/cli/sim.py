@@ -10,7 +10,16 @@ from rich.table import Table
 from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.options import check_len, configs, expected_steps, from_trace, load_trace, step_progress, tool_config
+from rlsim.cli.options import (
+    check_len,
+    configs,
+    expected_steps,
+    from_trace,
+    load_trace,
+    say_if_compiling,
+    step_progress,
+    tool_config,
+)
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
@@ -84,6 +93,7 @@ def register(app: typer.Typer) -> None:
         cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)
         tools = tool_config(opts, tr)
+        say_if_compiling()
         prog, cb = step_progress(expected_steps(tr, rl), f"simulating {policy}")
         with prog:
             result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine, tools=tools)

@@ -204,6 +204,8 @@ def model_from_config(cfg: dict[str, Any], name: str, where: str) -> Model:
         head_dim = nope + rope
     else:
         head_dim = cfg.get("head_dim") or h // heads
+        if head_dim == 0:
+            raise RlsimError(f"{where}: hidden_size {h} is less than num_attention_heads {heads}: give 'head_dim'")
         attn = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h
         kv_lora, rope = 0, 0
     experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or 0

@@ -72,12 +72,29 @@ if not PURE:
 
 
 def njit(fn: Callable) -> Callable:
-    """Compile `fn` (cached, no fast-math), or leave it as Python on the pure path."""
+    """Compile `fn` (cached, no fast-math), or leave it as Python on the pure path. Called from
+    compiled code, it is compiled for its arguments' plain types: numba would otherwise compile
+    another copy for every call site that passes a constant (`Literal[int](1)`, `Literal[bool](True)`),
+    a third more compiling for the same machine code's results."""
     if PURE:
         return fn
     dispatcher = numba.njit(fastmath=False, nogil=True)(fn)
     dispatcher._cache = _CoreCache(fn)  # (what `cache=True` does, with the core's own freshness)
+    plain = dispatcher.get_call_template
+
+    def get_call_template(args: tuple, kws: dict):  # noqa: ANN202 - numba's hook
+        return plain(tuple(map(types.unliteral, args)), {k: types.unliteral(v) for k, v in kws.items()})
+
+    dispatcher.get_call_template = get_call_template
     return dispatcher
+
+
+def cached(*dispatchers: Callable) -> bool:
+    """Whether the on-disk cache holds machine code of this core's source for every one of these
+    compiled functions (else their first call compiles: about a minute for the engine's entry points)."""
+    if PURE:
+        return True
+    return all(d._cache._cache_file._load_index() for d in dispatchers)
 
 
 if PURE:

@@ -29,6 +29,7 @@ from rlsim.protocol import (
     Timer,
 )
 from rlsim.sim.compiled import engine as ce
+from rlsim.sim.compiled.jit import cached
 from rlsim.sim.engine import head_too_large, request_too_large
 from rlsim.sim.replay import Replay
 
@@ -42,6 +43,11 @@ _REASON = ("stop", "length")  # a finish reason by whether it hit its length: on
 _new_finished = partial(tuple.__new__, Finished)  # a Finished from its fields' tuple, in C
 _new_aborted = partial(tuple.__new__, Aborted)
 _NO_PROMPTS = np.zeros(0, np.int64)  # `step` watching no prompt (never written)
+
+
+def core_compiled() -> bool:
+    """Whether the compiled core's entry points load from the cache (else the first run compiles them)."""
+    return cached(ce.submit, ce.step, ce.take_outbox)
 
 
 def _events(rows: np.ndarray, times: np.ndarray, new) -> list:  # noqa: ANN001 - _new_finished or _new_aborted

@@ -1,0 +1,75 @@
+"""A fresh clone's first run against its second, side by side: the first compiles the simulator's
+core (numba, cached on disk after), the second loads it.
+
+    python benchmarks/first_run.py [--compare] [--markdown | --readme]
+
+Copies the checkout's tracked files into a temporary folder (a fresh clone: no compiled cache),
+then runs `rlsim simulate --max-steps 1` there twice, and with `--compare` the README's
+`rlsim compare` twice, each as its own process, timing wall and CPU seconds. `--readme` writes the
+`first_run` table into docs/speed.md with the machine and its load.
+"""
+
+from __future__ import annotations
+
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from readme_tables import emit, machine_note
+
+from rlsim.hostload import LoadMeter
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fresh_clone(dest: Path) -> Path:
+    """The checkout's tracked files (as they are in the work tree) in `dest`: no `__pycache__`."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        if (REPO / name).is_file():
+            shutil.copy2(REPO / name, dest / name)
+    return dest
+
+
+def timed(args: list[str], cwd: Path) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of `python -m rlsim.cli ARGS` in `cwd`."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "rlsim.cli", *args], cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"rlsim {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main() -> None:
+    meter = LoadMeter()
+    commands = [("rlsim simulate --max-steps 1", ["simulate", "--max-steps", "1", "-o", "out/first", "--force"])]
+    if "--compare" in sys.argv:
+        commands.append(("rlsim compare (the README's first command)", ["compare"]))
+    rows = ["| command, in a fresh clone | first run (s) | second run (s) | first / second | first run's CPU (s) |",
+            "|---|---:|---:|---:|---:|"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = fresh_clone(Path(tmp))
+        env_note = "numba cache: none"
+        assert not list(clone.rglob("*.nbi")), env_note
+        for label, args in commands:
+            first, first_cpu = timed(args, clone)
+            second, _ = timed(args, clone)
+            rows.append(f"| `{label}` | {first:.1f} | {second:.1f} | {first / second:.1f}x | {first_cpu:.1f} |")
+            print(f"{label}: first {first:.1f} s, second {second:.1f} s", file=sys.stderr)
+    body = "\n".join(rows) + "\n\n" + machine_note(meter, "first_run.py")
+    if "--markdown" in sys.argv or "--readme" in sys.argv:
+        emit("first_run", body, sys.argv)
+    else:
+        print(body)
+
+
+if __name__ == "__main__":
+    main()
