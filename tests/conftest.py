@@ -21,6 +21,22 @@ CODER_LOG_DIR = DATA / "polytrace_rllm_deepcoder"
 REPO = Path(__file__).resolve().parent.parent
 
 
+# The tests that time real engines (vLLM on this CPU, the trainer) or calibrate one: they run in
+# their own serial pass (`-m serial`), so that neither a parallel neighbour loads the CPU they time
+# nor each worker calibrates its own engine; the rest runs in parallel (`-n 2 -m "not serial"`).
+SERIAL_FIXTURES = {"calibrated", "host_spread", "calibration_spread"}
+SERIAL_MODULES = {"test_calibrate_vllm", "test_real_run", "test_real_train", "test_real_multi_turn",
+                  "test_calibrate_ops", "test_trainer"}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        name = module.__name__.rpartition(".")[2] if module is not None else ""
+        if name in SERIAL_MODULES or SERIAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture
 def small_trace() -> Trace:
     """A 40-prompt, 4-sample, 2-epoch trace of the default preset."""

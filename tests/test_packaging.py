@@ -43,3 +43,13 @@ def test_the_wheel_holds_every_tracked_file_of_the_packages_and_nothing_else(tmp
     assert "rlsim/sim/compiled/engine.py" in tracked and "rlsim/_bundled/math17k.parquet" in tracked
     assert sorted(tracked - names) == [], "tracked files the wheel leaves out"
     assert sorted(names - tracked) == [], "files in the wheel that are not tracked"
+
+
+def test_ci_runs_the_readmes_test_command() -> None:
+    """The README's (and the docs' home page's) second command is the test command `.ci/run` runs."""
+    readme = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    install, _, tests = readme[1].partition(" && ")
+    assert install == "pip install -e '.[test]'" and tests.startswith("python -m pytest")
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert tests in ci and "pip install -q -e '.[test]'" in ci
+    assert readme[1] in (ROOT / "docs" / "index.md").read_text()
