@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# /home/<user>/, /Users/<user>/, /root/, /work/: what a recording machine's own paths begin with
+# a home folder (home/USER, Users/USER, root) or a work folder at the root: what a machine's own paths begin with
 ABSOLUTE = re.compile(rb"(?<![\w.~$-])/(?:home/\w|Users/\w|root/|work/)")
 
 
