@@ -3,9 +3,10 @@ core (numba, cached on disk after), the second loads it.
 
     python benchmarks/first_run.py [--compare] [--markdown | --readme]
 
-Copies the checkout's tracked files into a temporary folder (a fresh clone: no compiled cache),
-then runs `rlsim simulate --max-steps 1` there twice, and with `--compare` the README's
-`rlsim compare` twice, each as its own process, timing wall and CPU seconds. `--readme` writes the
+For each command, copies the checkout's tracked files into a temporary folder of its own (a fresh
+clone: no compiled cache) and runs the command there twice, each time as its own process, timing
+wall and CPU seconds: `rlsim simulate --max-steps 1`, and with `--compare` the README's
+`rlsim compare`. `--readme` writes the
 `first_run` table into docs/speed.md with the machine and its load.
 """
 
@@ -52,14 +53,13 @@ def main() -> None:
     meter = LoadMeter()
     commands = [("rlsim simulate --max-steps 1", ["simulate", "--max-steps", "1", "-o", "out/first", "--force"])]
     if "--compare" in sys.argv:
-        commands.append(("rlsim compare (the README's first command)", ["compare"]))
+        commands.append(("rlsim compare", ["compare"]))
     rows = ["| command, in a fresh clone | first run (s) | second run (s) | first / second | first run's CPU (s) |",
             "|---|---:|---:|---:|---:|"]  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        clone = fresh_clone(Path(tmp))
-        env_note = "numba cache: none"
-        assert not list(clone.rglob("*.nbi")), env_note
-        for label, args in commands:
+    for label, args in commands:
+        with tempfile.TemporaryDirectory() as tmp:  # each command in a clone of its own: its first run is cold
+            clone = fresh_clone(Path(tmp))
+            assert not list(clone.rglob("*.nbi")), "a fresh clone holds no compiled cache"
             first, first_cpu = timed(args, clone)
             second, _ = timed(args, clone)
             rows.append(f"| `{label}` | {first:.1f} | {second:.1f} | {first / second:.1f}x | {first_cpu:.1f} |")

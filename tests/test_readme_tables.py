@@ -114,6 +114,19 @@ def test_the_readmes_compare_time_quotes_the_speed_table() -> None:
     assert f"({after} s, measured with the load average at {load})" in text, (after, load)
 
 
+def test_the_readmes_first_run_quotes_the_first_run_table() -> None:
+    """The README's first and second `rlsim compare` of a fresh clone, and their load, are the
+    table `benchmarks/first_run.py --readme` writes into docs/speed.md."""
+    import re
+
+    body = read_table("first_run")
+    row = next(line for line in body.splitlines() if line.startswith("| `rlsim compare`")).split("|")
+    first, second = row[2].strip(), row[3].strip()
+    load = re.search(r"\(load average ([0-9.]+)\)", body).group(1)
+    text = " ".join(README.read_text().split())
+    assert f"first `rlsim compare` took {first} s and its second {second} s, side by side (load average {load})" in text
+
+
 def test_the_engine_floor_benchmark_times_the_core_it_names() -> None:
     """`benchmarks/engine_floor.py` (a timing table, not re-run for its figures) still finds the
     compiled core's entry points it times: run on sync alone, the core's seconds are above zero
