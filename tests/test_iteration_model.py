@@ -5,6 +5,7 @@ schema versions, and load-time roofline checks."""
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -54,17 +55,31 @@ def test_tensor_parallel_all_reduce_is_charged_per_layer_and_link() -> None:
     assert (h800[1] - h800[0]) / 256 == pytest.approx(per_token * 900 / 400)
 
 
+def _same(a: object, b: object) -> bool:
+    """Equal, numbers to the 9 significant digits a profile stores them with, give or take one in the
+    last: the derivation's least-squares lines (numpy's polyfit, through LAPACK) sum in an order
+    that can move with OpenBLAS's threads, and a value that lies on a rounding edge then flips its
+    9th digit (CI's loaded host once derived 4.95292476e-05 where 4.95292475e-05 is shipped)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1.1e-8, abs_tol=0.0)  # one in the 9th digit of 1.xxxxxxxx
+    return a == b
+
+
 def test_shipped_profiles_are_what_the_command_derives(tmp_path: Path) -> None:
     """Each shipped GPU profile is what `rlsim profile derive` writes (and what `python -m
     calibrate.derive_profiles` writes today); the slime fit keeps its published coefficients."""
     for gpu, model, tp in SHIPPED:
         prof = derive(gpu, model, tp)
-        assert json.loads((PROFILE_DIR / f"{prof['name']}.json").read_text()) == prof, prof["name"]
+        assert _same(json.loads((PROFILE_DIR / f"{prof['name']}.json").read_text()), prof), prof["name"]
     out = tmp_path / "p.json"
     args = ["profile", "derive", "--model", "qwen2.5-32b", "--gpu", "h800", "--tp", "4", "-o", str(out)]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert json.loads(out.read_text()) == json.loads((PROFILE_DIR / "h800-qwen2.5-32b-tp4.json").read_text())
+    assert _same(json.loads(out.read_text()), json.loads((PROFILE_DIR / "h800-qwen2.5-32b-tp4.json").read_text()))
     slime = h200_llama_8b()
     assert json.loads((PROFILE_DIR / "h200-llama-8b.json").read_text()) == slime
     published = (slime["t_w_s"], slime["alpha_s"], slime["beta_s"], slime["kv_capacity_tokens"])
