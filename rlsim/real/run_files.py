@@ -4,6 +4,7 @@ checkpoint (atomically: an interrupted write never leaves a half file), and the 
 
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from dataclasses import dataclass
@@ -110,8 +111,18 @@ class RunFiles:
             source=f"real:{self.out.name}",
             source_params={"lengths": self.real.lengths, "policy": self.policy, "from_trace": str(self.trace_path)},
             output_token_ids="real" if free else None,
+            max_model_len=self._context_cap(trace) if self.agent is not None else None,
         )
         save(Trace(table, meta), self.out / "recorded_trace.parquet")
+
+    def _context_cap(self, trace: Trace) -> int:
+        """The context cap a multi-turn run's trajectories fit in (a schema-2 trace names it): the
+        source trace's, else the one the run set, else the engines' own (facts.json)."""
+        cap = trace.meta.max_model_len or self.real.max_model_len
+        if cap is None:
+            facts = json.loads((self.out / "facts.json").read_text())["instances"]
+            cap = min(int(f["max_model_len"]) for f in facts)
+        return int(cap)
     def _finish(self, records, engine: RealEngine, facts: list[dict], stats: list[dict]) -> dict[str, Any]:  # noqa: ANN001
         steps = self._with_load(records.steps_frame())
         requests = self._requests_frame(records)
