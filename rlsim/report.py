@@ -154,9 +154,10 @@ def _remove_orphans(out: Path) -> None:
     """Remove what a writer of `out` killed outright left beside it (`.NAME.PID.*.tmp` being written,
     `.NAME.PID.old` being swapped out), where that process is gone: a SIGKILL runs no clean-up."""
     for path in out.parent.glob(f".{out.name}.*"):
-        pid = path.name[len(out.name) + 2 :].split(".", 1)[0]
-        if path.is_dir() and pid.isdigit() and path.suffix in (".tmp", ".old") and not _alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+        parts = path.name[len(out.name) + 2 :].split(".")  # PID, tmp's random part, tmp; or PID, old
+        ours = parts[-1:] == ["old"] and len(parts) == 2 or parts[-1:] == ["tmp"] and len(parts) == 3
+        if ours and path.is_dir() and parts[0].isdigit() and not _alive(int(parts[0])):
+            shutil.rmtree(path, ignore_errors=True)  # (`.run.2.PID...` of a run named run.2 has 4 parts)
 
 
 def _alive(pid: int) -> bool:

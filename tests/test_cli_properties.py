@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -112,7 +113,7 @@ def _holds(args: list[str]) -> None:
         return
     event(f"exit {result.exit_code}")
     assert result.exception is None or isinstance(result.exception, SystemExit), (
-        args, "".join(__import__("traceback").format_exception(result.exception))[-3000:]
+        args, "".join(traceback.format_exception(result.exception))[-3000:]
     )  # fmt: skip
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2, (args, result.exit_code, result.output[-2000:])
