@@ -23,6 +23,7 @@ POLYTRACE = REPO / "tests" / "data" / "polytrace_verl_dapo_qwen2.5"
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass\n"
 
 
+@pytest.mark.serial  # it needs a spare core to see another's busy process: no parallel neighbour
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux /proc")
 def test_load_meter_counts_other_processes_not_this_tree() -> None:
     """A busy child is this process tree's own work; a busy process outside the tree (a
