@@ -11,7 +11,17 @@ import pytest
 from typer.testing import CliRunner
 
 from rlsim.cli.app import app
-from rlsim.derive.derive import ATTN_BW_FRACTION, derive_profile, iteration_s, setup
+from rlsim.config import EngineConfig
+from rlsim.derive.derive import (
+    ALLREDUCE_LATENCY_S,
+    ATTN_BW_FRACTION,
+    NET_HOP_LATENCY_S,
+    all_to_all_s,
+    allreduce_s,
+    derive_profile,
+    iteration_s,
+    setup,
+)
 from rlsim.derive.gpus import load_gpu, shipped_gpus
 from rlsim.derive.models import load_model, shipped_models
 from rlsim.derive.operators import linear_fit
@@ -159,7 +169,7 @@ def test_derive_writes_a_profile_every_command_takes(tmp_path: Path) -> None:
      (["--model", "qwen3-32b", "--gpu", "a100-40gb"], "weights take 65.5 GB per GPU at TP 1"),
      (["--model", "qwen3-30b-a3b", "--gpu", "h100", "--tp", "2", "--ep", "4"], "only expert parallelism within one"),
      (["--model", "qwen3-8b", "--gpu", "a100", "--dtype", "fp8"], "has no FP8 tensor cores"),
-     (["--model", "qwen3-8b", "--gpu", "h100", "--tp", "16"], "scale-up domain of 8")],
+     (["--model", "qwen3-8b", "--gpu", "h100-pcie", "--tp", "3"], "--tp 3 does not divide")],
 )  # fmt: skip
 def test_bad_derive_input_is_one_sentence(args: list[str], message: str) -> None:
     r = runner.invoke(app, ["profile", "derive", *args])
@@ -201,3 +211,33 @@ def test_simulate_and_plan_derive_on_the_fly(small_trace_path: Path, tmp_path: P
     lone = ["simulate", "--trace", str(small_trace_path), "--model", "qwen3-8b", "-o", str(tmp_path / "x")]
     r = runner.invoke(app, lone)
     assert r.exit_code == 2 and "--model and --gpu go together" in r.stderr
+
+
+def test_an_all_reduce_across_nodes_is_nccls_hierarchy() -> None:
+    """Within one scale-up domain a ring over NVLink, as before; across k domains of g GPUs each
+    GPU also all-reduces its 1/g share over its own NIC, plus 5 us a tree level each way."""
+    h100, b = load_gpu("h100"), 8 * 7168 * 2.0  # 8 tokens of DeepSeek-V3's hidden state, bf16
+    ring8 = ALLREDUCE_LATENCY_S + b * 2 * 7 / 8 / 900e9
+    assert float(allreduce_s(h100, 8, b)) == pytest.approx(ring8)
+    four_nodes = ring8 + 2 * 2 * NET_HOP_LATENCY_S + b / 8 * 2 * 3 / 4 / 50e9
+    assert float(allreduce_s(h100, 32, b)) == pytest.approx(four_nodes)
+    assert allreduce_s(h100, 16, b) < allreduce_s(h100, 32, b) < allreduce_s(h100, 64, b)
+    # an all-to-all: 7/32 of the bytes over NVLink, 24/32 over the NIC, at once, + one hop
+    a2a = ALLREDUCE_LATENCY_S + NET_HOP_LATENCY_S + max(b * 7 / 32 / 900e9, b * 24 / 32 / 50e9)
+    assert float(all_to_all_s(h100, 32, b)) == pytest.approx(a2a)
+    assert float(all_to_all_s(h100, 8, b)) == pytest.approx(ALLREDUCE_LATENCY_S + b * 7 / 8 / 900e9)
+
+
+def test_generation_across_nodes_derives_and_takes_whole_nodes(tmp_path: Path) -> None:
+    """DeepSeek-V3 at TP 32 on 8-GPU H100 nodes (NeMo RL's recipe) derives; its iteration pays
+    the cross-node all-reduces; a TP group that is not whole nodes is one sentence."""
+    ds32 = setup("deepseek-v3", "h100", 32)
+    prof = derive_profile(ds32, EngineConfig(gpu_memory_utilization=0.6))
+    assert "across 4 scale-up domains" in prof["provenance"]["links"]
+    nodes = iteration_s(ds32, 64, 64 * 1000, 64) - iteration_s(setup("deepseek-v3", "gb200", 32), 64, 64 * 1000, 64)
+    assert nodes > 0  # the same group inside GB200's 72-GPU NVLink domain is faster
+    gpu = dict(shipped_gpus()["h100"], scale_up_domain=6)
+    path = tmp_path / "six.json"
+    path.write_text(json.dumps(gpu))
+    r = runner.invoke(app, ["profile", "derive", "--model", "qwen3-8b", "--gpu", str(path), "--tp", "8"])
+    assert r.exit_code == 2 and "takes whole nodes" in r.stderr, r.output

@@ -17,7 +17,11 @@ length (NeMo RL's `mean_gen_tokens_per_sample`, which counts the response only).
 
 Rows rlsim cannot express are kept, with the reason. The fit/test split is by configuration
 (model, system, precision, policy, GPUs: one configuration measured in several releases stays in
-one half): within each model, configurations sorted by name alternate fit, test, fit, ...
+one half): within each model, configurations sorted by name alternate fit, test, fit, ... The
+configurations that generation across nodes made expressible later (`added`) alternate among
+themselves the same way, and the first split's configurations keep their half.
+
+    python benchmarks/published_runs/extract.py --update    # re-annotate rows.csv, no checkout
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ MODELS = {"LLAMA3.1_8B": ("llama3.1-8b-instruct", "llama-3.1-8b"), "DeepSeek V3"
           "Qwen3-32B": ("qwen3-32b", "qwen3-32b"), "Nemotron-3-Nano-30B-A3B": ("nemotron-3-nano", "")}  # fmt: skip
 SYSTEMS = {"DGX-H100": ("h100", 8), "GB200-NVL72": ("gb200", 4)}
 RECIPES = "examples/configs/recipes/llm/performance"
-SCALE_UP = {"h100": 8, "gb200": 72}
 
 
 def _show(repo: Path, commit: str, path: str) -> str | None:
@@ -121,22 +124,17 @@ def annotate(row: dict, repo: Path) -> dict:
     train_gpus = row["gpus"] - gen_gpus if gen_gpus < row["gpus"] else row["gpus"]
     source = "table"
     if train_gpus % (tp * cp * pp) or (train_gpus // pp) % ep:  # the table's layout cannot run there: the recipe's
-        tp, cp, ep, pp = (int(mc.get(k) or 1) for k in ("tensor_model_parallel_size", "context_parallel_size",
-                                                         "expert_model_parallel_size", "pipeline_model_parallel_size"))
+        tp, cp, ep, pp = (
+            int(mc.get(k) or 1)
+            for k in (
+                "tensor_model_parallel_size",
+                "context_parallel_size",
+                "expert_model_parallel_size",
+                "pipeline_model_parallel_size",
+            )
+        )
         source = "recipe (the table's does not divide the training GPUs)"
-    reason = ""
-    if not rlsim_model:
-        reason = "hybrid Mamba model (Nemotron): out of scope"
-    elif row["algorithm"] == "SWE":
-        reason = "agentic multi-turn SWE rollouts: the agentic issue"
-    elif off and int(off.group(1)) > 1:
-        reason = f"{off.group(1)}-step off-policy: predicted apart as k_step_off (outside the fit and its halves)"
-    elif gen_tp > SCALE_UP[gpu]:
-        reason = f"generation TP {gen_tp} spans more GPUs than the {gpu}'s scale-up domain of {SCALE_UP[gpu]}"
-    elif gen_pp > 1:
-        reason = "pipeline-parallel generation is not modelled"
-    elif not cfg:
-        reason = f"recipe {name}.yaml not found at {row['commit']}"
+    reason = reason_of(rlsim_model, row["algorithm"], row["policy"], gen_pp, bool(cfg), f"{name}.yaml", row["commit"])
     return row | {
         "rlsim_model": rlsim_model, "gpu": gpu, "recipe": path if cfg else "", "gen_tp": gen_tp,
         "samples_per_prompt": _get(cfg, "grpo", "num_generations_per_prompt") or "",
@@ -149,30 +147,84 @@ def annotate(row: dict, repo: Path) -> dict:
     }  # fmt: skip
 
 
-def split(rows: list[dict]) -> None:
+def reason_of(
+    rlsim_model: str, algorithm: str, policy: str, gen_pp: int, recipe_found: bool, recipe: str, commit: str
+) -> str:
+    """Why rlsim cannot express a row ("" where it can). Generation TP beyond the scale-up domain
+    is expressible since rlsim derives generation across nodes (`rlsim.derive.derive`)."""
+    off = re.match(r"(\d+)-step Off", policy)
+    if not rlsim_model:
+        return "hybrid Mamba model (Nemotron): out of scope"
+    if algorithm == "SWE":
+        return "agentic multi-turn SWE rollouts: the agentic issue"
+    if off and int(off.group(1)) > 1:
+        return f"{off.group(1)}-step off-policy: predicted apart as k_step_off (outside the fit and its halves)"
+    if gen_pp > 1:
+        return "pipeline-parallel generation is not modelled"
+    if not recipe_found:
+        return f"recipe {recipe} not found at {commit}"
+    return ""
+
+
+def split(rows: list[dict], committed: dict[str, str]) -> None:
+    """Each expressible configuration's half. A configuration already in `committed` (the split
+    the terms were first fitted on) keeps its half; the others (those generation across nodes
+    made expressible) alternate fit, test, fit, ... within each model among themselves, sorted by
+    name, and are marked `added` so that their test half is reported apart."""
     by_model: dict[str, list[str]] = {}
     for r in rows:
-        if r["expressible"]:
+        if r["expressible"] and r["config"] not in committed:
             by_model.setdefault(r["model"], [])
             if r["config"] not in by_model[r["model"]]:
                 by_model[r["model"]].append(r["config"])
-    half = {c: ("fit", "test")[i % 2] for configs in by_model.values() for i, c in enumerate(sorted(configs))}
+    new = {c: ("fit", "test")[i % 2] for configs in by_model.values() for i, c in enumerate(sorted(configs))}
     for r in rows:
-        r["half"] = half.get(r["config"], "")
+        r["half"] = committed.get(r["config"], new.get(r["config"], "")) if r["expressible"] else ""
+        r["added"] = "generation across nodes" if r["config"] in new else ""
+
+
+def committed_halves(path: Path) -> dict[str, str]:
+    """The halves of the configurations of the first split (rows.csv before generation across nodes
+    was added: the configurations without `added`)."""
+    if not path.exists():
+        return {}
+    with path.open(newline="") as f:
+        return {r["config"]: r["half"] for r in csv.DictReader(f) if r["half"] and not r.get("added")}
+
+
+def update(path: Path) -> list[dict]:
+    """The committed rows re-annotated by today's rules, without a NeMo RL checkout: each row's
+    reason from its recorded fields, then the split."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    halves = committed_halves(path)
+    for r in rows:
+        gen_pp = int(re.findall(r"\d+", r["gen_tp_pp"])[1])
+        r["reason"] = reason_of(r["rlsim_model"], r["algorithm"], r["policy"], gen_pp, bool(r["recipe"]),
+                                r["recipe"], r["commit"])  # fmt: skip
+        r["expressible"] = not r["reason"]
+    split(rows, halves)
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--summaries", type=Path, required=True)
-    ap.add_argument("--nemo-rl", type=Path, required=True)
+    ap.add_argument("--summaries", type=Path)
+    ap.add_argument("--nemo-rl", type=Path)
+    ap.add_argument("--update", action="store_true", help="Re-annotate the committed rows by today's rules.")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("rows.csv"))
     a = ap.parse_args()
-    rows = [r for s in sorted(a.summaries.glob("performance-summary_*.md")) for r in rows_of(s)]
-    for r in rows:  # the page's HEAD at download time, as a commit
-        rev = ["git", "-C", str(a.nemo_rl), "rev-parse", "--short=9", r["commit"]]
-        r["commit"] = subprocess.run(rev, capture_output=True, text=True, check=True).stdout.strip()
-    rows = [annotate(r, a.nemo_rl) for r in rows]
-    split(rows)
+    if a.update:
+        rows = update(a.out)
+    else:
+        if a.summaries is None or a.nemo_rl is None:
+            ap.error("--summaries and --nemo-rl are required unless --update")
+        rows = [r for s in sorted(a.summaries.glob("performance-summary_*.md")) for r in rows_of(s)]
+        for r in rows:  # the page's HEAD at download time, as a commit
+            rev = ["git", "-C", str(a.nemo_rl), "rev-parse", "--short=9", r["commit"]]
+            r["commit"] = subprocess.run(rev, capture_output=True, text=True, check=True).stdout.strip()
+        rows = [annotate(r, a.nemo_rl) for r in rows]
+        split(rows, committed_halves(a.out))
     with a.out.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

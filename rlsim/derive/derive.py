@@ -15,6 +15,14 @@ One vLLM iteration on a TP group (one rank's view; `iteration_s` adds it up term
   each (Vidur's H100 DGX all-reduce median for 2 KB-1 MiB messages); with expert parallelism
   (`ep` = TP: vLLM's `enable_expert_parallel` inside one instance) an MoE layer instead all-reduces
   after attention and sends each token to its k experts and back (two all-to-alls);
+- a TP group beyond one scale-up domain (generation across nodes: k domains of g GPUs, TP = k g,
+  as DeepSeek-V3 at TP 32 on 8-GPU nodes): vLLM's all-reduce is NCCL's, hierarchical as NCCL's
+  tree and NVLS-tree algorithms are. `B` bytes cost the domain's ring share over the scale-up
+  link, `2 (g - 1) / g B / scale_up`, plus each GPU's `1 / g` share all-reduced over its own NIC
+  between the k domains, `2 (k - 1) / k (B / g) / scale_out`, plus NCCL's network hop latency
+  twice per tree level, `2 log2(k) x 5.0 us` (NCCL's tuning model, `hwLat[NET][Tree][LL]`,
+  src/graph/tuning.cc in github.com/NVIDIA/nccl). An all-to-all sends `(g - 1) / ep` of its
+  bytes within the domain and `(ep - g) / ep` over the NIC, the two at once, plus one hop;
 - once per iteration: the LM head's weights, the framework and sampler (1.2 ms: the slime fit's
   T_w less its own model's linear layers and LM head); per running sequence 23.6 us (its alpha).
 
@@ -24,8 +32,9 @@ layers' own intercept `linear_t0_s`, where the compute knee starts), a line over
 prefill tokens `prefill_s_per_token`. An MoE model's iteration time is concave in the batch (it
 reads more experts as the batch grows, up to all of them), which a line cannot follow: its error
 against `iteration_s` is in the profile's `fit_error`. Not modelled, and refused in one sentence: a
-TP group larger than the GPU's scale-up domain, expert parallelism other than within one instance
-(data-parallel attention), pipeline-parallel generation; DeepSeek's MTP draft layer is not loaded.
+TP group beyond the scale-up domain that is not a whole number of domains, expert parallelism
+other than within one instance (data-parallel attention), pipeline-parallel generation;
+DeepSeek's MTP draft layer is not loaded.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from rlsim.step_costs import kv_capacity, weight_sync_s
 SLIME_T_W_S, SLIME_ALPHA_S, SLIME_BETA_S = 5.595e-3, 23.6e-6, 37.6e-9
 ATTN_BW_FRACTION = 2 * 32 * 8 * 128 * 2 / 4.8e12 / SLIME_BETA_S  # 0.726
 ALLREDUCE_LATENCY_S = 35e-6  # Vidur h100_dgx all_reduce.csv, median kernel time, 2 KB-1 MiB messages
+NET_HOP_LATENCY_S = 5.0e-6  # NCCL's tuning model, hwLat[NET][Tree][LL] (github.com/NVIDIA/nccl, src/graph/tuning.cc)
 ACTIVATION_BYTES = 2  # bf16 activations cross the links whatever the weights' dtype
 # veRL's rollout defaults (verl/trainer/config/rollout/rollout.yaml)
 VERL_GPU_MEMORY_UTILIZATION, VERL_MAX_NUM_SEQS, VERL_MAX_NUM_BATCHED_TOKENS = 0.5, 1024, 8192
@@ -79,10 +89,10 @@ class Setup:
             raise RlsimError(f"--tp and --ep must be positive, got {tp} and {ep}")
         if m.num_heads % tp:
             raise RlsimError(f"--tp {tp} does not divide {m.name}'s {m.num_heads} attention heads")
-        if tp > self.gpu.scale_up_domain:
+        if tp > self.gpu.scale_up_domain and tp % self.gpu.scale_up_domain:
             raise RlsimError(
-                f"--tp {tp} spans more GPUs than {self.gpu.name}'s scale-up domain of {self.gpu.scale_up_domain}: "
-                "tensor parallelism across nodes is not modelled"
+                f"--tp {tp} spans more GPUs than {self.gpu.name}'s scale-up domain of {self.gpu.scale_up_domain} "
+                "but not a whole number of domains: a TP group across nodes takes whole nodes"
             )
         if ep > 1:
             if not m.is_moe:
@@ -131,18 +141,43 @@ def _linear_s(s: Setup, fit: LinearFit, tokens: np.ndarray) -> np.ndarray:
     return total
 
 
+def domains(tp: int, scale_up_domain: int) -> tuple[int, int]:
+    """(k, g): a group of `tp` GPUs spans k scale-up domains of g GPUs each."""
+    g = min(tp, scale_up_domain)
+    return tp // g, g
+
+
+def allreduce_s(gpu: GpuSpec, group: int, nbytes: np.ndarray) -> np.ndarray:
+    """One all-reduce of `nbytes` over `group` GPUs: a ring within one scale-up domain, NCCL's
+    hierarchy beyond it (the module docstring)."""
+    k, g = domains(group, gpu.scale_up_domain)
+    t = ALLREDUCE_LATENCY_S + nbytes * 2 * (g - 1) / g / gpu.scale_up_bytes_per_s
+    if k > 1:
+        t = t + 2 * np.log2(k) * NET_HOP_LATENCY_S + nbytes / g * 2 * (k - 1) / k / gpu.scale_out_bytes_per_s
+    return t
+
+
+def all_to_all_s(gpu: GpuSpec, group: int, nbytes: np.ndarray) -> np.ndarray:
+    """One all-to-all in which each of `group` GPUs sends `nbytes` spread evenly over the group:
+    its own domain's share over the scale-up link, the rest over its NIC, the two at once."""
+    k, g = domains(group, gpu.scale_up_domain)
+    within = nbytes * (g - 1) / group / gpu.scale_up_bytes_per_s
+    if k == 1:
+        return ALLREDUCE_LATENCY_S + within
+    across = nbytes * (group - g) / group / gpu.scale_out_bytes_per_s
+    return ALLREDUCE_LATENCY_S + NET_HOP_LATENCY_S + np.maximum(within, across)
+
+
 def _links_s(s: Setup, tokens: np.ndarray) -> np.ndarray:
     """All-reduce (and, with EP, all-to-all) time of one iteration over `tokens` tokens."""
     m, tp = s.model, s.tensor_parallel_size
     n = np.asarray(tokens, dtype=float)
     if tp == 1:
         return np.zeros_like(n)
-    link = s.gpu.scale_up_bytes_per_s
-    allreduce = ALLREDUCE_LATENCY_S + n * m.hidden_size * ACTIVATION_BYTES * 2 * (tp - 1) / tp / link
+    allreduce = allreduce_s(s.gpu, tp, n * m.hidden_size * ACTIVATION_BYTES)
     if s.expert_parallel_size == 1:
         return 2 * m.num_layers * allreduce
-    ep = s.expert_parallel_size
-    a2a = ALLREDUCE_LATENCY_S + n * m.experts_per_token * m.hidden_size * ACTIVATION_BYTES * (ep - 1) / ep / link
+    a2a = all_to_all_s(s.gpu, s.expert_parallel_size, n * m.experts_per_token * m.hidden_size * ACTIVATION_BYTES)
     return 2 * m.num_dense_layers * allreduce + m.moe_layers * (allreduce + 2 * a2a)
 
 
@@ -267,9 +302,16 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
             "per_sequence": f"{SLIME_ALPHA_S * 1e6:.1f} us (the slime fit's alpha)",
             "framework": f"{framework_s() * 1e3:.2f} ms (the slime fit's T_w less its model's linear layers and LM "
             "head by the fitted roofline)",
-            "links": "2 all-reduces per layer (35 us + ring bytes over the scale-up link)"
+            "links": "2 all-reduces per layer (35 us + ring bytes over the scale-up link"
+            + (
+                f"; across {domains(tp, g.scale_up_domain)[0]} scale-up domains, NCCL's hierarchy: each GPU's share "
+                "over its NIC + 5 us a tree level)"
+                if tp > g.scale_up_domain
+                else ")"
+            )
             + ("; with EP, per MoE layer 1 all-reduce and 2 all-to-alls" if s.expert_parallel_size > 1 else "")
-            if tp > 1 else "none (TP 1)",
+            if tp > 1
+            else "none (TP 1)",
             "engine_limits": "veRL rollout defaults unless given: max_num_seqs 1024, max_num_batched_tokens 8192, "
             "gpu_memory_utilization 0.5",
             "train": trainer.provenance(),
