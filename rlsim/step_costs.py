@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlsim import model_facts
+from rlsim import framework_costs, model_facts
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
@@ -147,6 +147,9 @@ def weight_sync_s(profile: Profile, gpus: int | None = None, bucket_bytes: float
 
 
 PP_MICRO_BATCH_TOKENS = 16384  # veRL's ppo_max_token_len_per_gpu default: the tokens of a micro-batch
+# a profile whose gpu_facts predate the host fields: PCIe Gen5 x16, one direction (64 GB/s), and
+# DGX H100's host memory per GPU (2 Xeon 8480C, 8 channels of DDR5-4800 each: 614.4 GB/s over 8 GPUs)
+HOST_LINK_FALLBACK_BPS, HOST_MEMORY_FALLBACK_BPS = 64e9, 76.8e9
 ACTIVATION_BYTES = 2  # bf16 activations
 
 
@@ -165,7 +168,25 @@ def check_layout(profile: Profile, gpus: int) -> None:
         raise RlsimError(f"training PP {tc.pp} exceeds the model's {mf['num_layers']} layers")
 
 
-def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int) -> tuple[float, float]:
+def micro_batches_of(
+    profile: Profile, seq_lens: np.ndarray, gpus: int, forward_only: bool = False
+) -> tuple[int, float]:
+    """(micro-batches, packing efficiency) of one data-parallel rank's share of these samples:
+    packed to the trainer's token budget with dynamic batch size (`max_token_len`, or
+    `log_prob_max_token_len` for a forward-only pass), `micro_batch_size` samples each without it,
+    and by default veRL's 16,384 tokens a micro-batch, perfectly packed
+    (`rlsim.framework_costs.micro_batch_count`)."""
+    tc = profile.train
+    dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
+    lens = np.asarray(seq_lens, dtype=float)
+    budget = (tc.log_prob_max_token_len if forward_only else 0) or tc.max_token_len
+    if budget or tc.micro_batch_size:
+        return framework_costs.micro_batch_count(lens[::dp] / tc.cp, budget, tc.micro_batch_size)
+    tokens = float(np.sum(lens)) / (dp * tc.cp)
+    return max(1, math.ceil(tokens / (tc.padded_micro_batch_tokens or PP_MICRO_BATCH_TOKENS))), 1.0
+
+
+def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int, forward_only: bool = False) -> tuple[float, float]:
     """(seconds of tensor- and expert-parallel traffic in one forward pass, the pipeline's bubble
     factor) of training on samples of these lengths on `gpus` GPUs (the module docstring)."""
     tc, mf = profile.train, profile.model_facts
@@ -179,8 +200,25 @@ def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int) -> tuple[floa
         # each TP rank sending its sequence-parallel share, within the EP group
         a2a = mf["experts_per_token"] * act / tc.tp * (tc.ep - 1) / tc.ep / link_bytes_per_s(profile, tc.ep)
         comm += 2 * mf["moe_layers"] / tc.pp * a2a
-    micro = max(1, math.ceil(tokens / (tc.padded_micro_batch_tokens or PP_MICRO_BATCH_TOKENS)))
-    return comm, (micro + tc.pp - 1) / micro
+    micro, _ = micro_batches_of(profile, seq_lens, gpus, forward_only)
+    return comm, framework_costs.bubble_factor(micro, tc.pp, tc.vpp)
+
+
+def offload_costs(profile: Profile, gpus: int) -> dict[str, float]:
+    """Seconds of offload per update on `gpus` training GPUs (`rlsim.framework_costs.offload_s`),
+    and `ref`: the reference model's load before its pass."""
+    tc, mf, gf = profile.train, profile.model_facts, profile.gpu_facts
+    dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
+    shard = framework_costs.shards(mf, tc.tp, tc.pp, tc.ep, dp)
+    if tc.backend == "fsdp2":  # FSDP shards the parameters too, over every rank
+        shard = framework_costs.Shards(shard.optimizer, shard.optimizer)
+    link = float(gf.get("host_link_bytes_per_s") or HOST_LINK_FALLBACK_BPS)
+    memory = float(gf.get("host_memory_bytes_per_s") or HOST_MEMORY_FALLBACK_BPS)
+    out = framework_costs.offload_s(
+        shard, link, memory, tc.param_offload, tc.grad_offload, tc.optimizer_offload_fraction, tc.backend == "fsdp2"
+    )
+    out["ref"] = shard.weights * framework_costs.BF16_BYTES / link if tc.ref_offload else 0.0  # bf16 reference
+    return out
 
 
 def sleep_s(profile: Profile) -> float:
@@ -221,10 +259,7 @@ def step_cost(
     on `train_gpus` training GPUs of a cluster of `gpus` (default: the training GPUs)."""
     tc = profile.train
     if profile.model_facts:
-        rate = train_gpus * tc.peak_flops_per_gpu * tc.mfu
-        comm, bubble = layout_cost(profile, seq_lens, train_gpus)
-        fwd = (forward_flops(profile, seq_lens) / rate + comm) * bubble
-        old, ref, update = fwd, (fwd if use_kl_loss else 0.0), tc.fixed_s + 3 * fwd
+        old, ref, update = derived_training(profile, seq_lens, train_gpus, use_kl_loss)
     else:  # fitted: the measured forward (old log-probs, reference) and update, or the whole stage
         budget = tc.padded_micro_batch_tokens
         tokens = padded_tokens(seq_lens, budget) if budget else int(np.sum(seq_lens))
@@ -232,3 +267,34 @@ def step_cost(
         old, ref, update = fwd, (fwd if use_kl_loss else 0.0), tc.seconds(tokens, train_gpus)
     slept = sleep_s(profile) if sleep else 0.0
     return StepCost(old, ref, update, weight_sync_s(profile, gpus or train_gpus), slept, slept)
+
+
+def derived_training(profile: Profile, seq_lens: np.ndarray, train_gpus: int, use_kl_loss: bool) -> tuple:
+    """(old log-prob, reference, update) seconds of a profile with model facts: FLOPs at the MFU,
+    the layout's traffic and bubble, and what the framework does (`rlsim.framework_costs`)."""
+    tc, mf, gf = profile.train, profile.model_facts, profile.gpu_facts
+    rate = train_gpus * tc.peak_flops_per_gpu * tc.mfu
+    flops = forward_flops(profile, seq_lens)
+    comm, bubble = layout_cost(profile, seq_lens, train_gpus)
+    _, lp_bubble = layout_cost(profile, seq_lens, train_gpus, forward_only=True)
+    floor = 0.0
+    if model_facts.is_moe(mf) and "hbm_bytes_per_s" in gf:
+        dp = max(1, train_gpus // (tc.tp * tc.pp * tc.cp))
+        micro, _ = micro_batches_of(profile, seq_lens, train_gpus)
+        per_micro = float(np.sum(seq_lens)) / (dp * tc.cp * tc.tp) / micro
+        floor = framework_costs.expert_floor_s(
+            mf, per_micro, micro, tc.ep, tc.pp, float(gf["hbm_bytes_per_s"]), tc.peak_flops_per_gpu * tc.mfu
+        )
+    body = flops / rate + comm + floor
+    fwd, lp = body * bubble, body * lp_bubble
+    t = np.asarray(seq_lens, dtype=float)
+    attention = 2.0 * mf["num_layers"] * mf["hidden_size"] * float(np.sum(t * t)) / flops if flops else 0.0
+    covered = min(1.0, tc.recompute_layers / mf["num_layers"]) if tc.recompute_layers else 1.0
+    again = framework_costs.recompute_forwards(tc.recompute, covered, attention)
+    off = offload_costs(profile, train_gpus) if (tc.param_offload or tc.grad_offload or tc.optimizer_offload_fraction
+                                                 or tc.ref_offload) else {"params": 0.0, "grads": 0.0,
+                                                                          "optimizer": 0.0, "ref": 0.0}  # fmt: skip
+    old = lp + off["params"]
+    ref = lp + off["ref"] if use_kl_loss else 0.0
+    update = tc.fixed_s + (3 + again) * fwd + off["params"] + off["grads"] + off["optimizer"]
+    return old, ref, update

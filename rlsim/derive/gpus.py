@@ -30,6 +30,8 @@ class GpuSpec:
     scale_up_bytes_per_s: float
     scale_up_domain: int
     scale_out_bytes_per_s: float
+    host_link_bytes_per_s: float | None = None
+    host_memory_bytes_per_s: float | None = None
     source: str = ""
 
     def peak_flops(self, dtype: str) -> float:
@@ -69,6 +71,11 @@ GPU_FIELDS = (
     GpuField("scale_up_domain", "positive integer", True, "how many GPUs that link joins (a TP group fits in one)"),
     GpuField("scale_out_bytes_per_s", "positive number", True, "the inter-node network per GPU, bytes per second "
              "(one 400 Gb/s NIC per GPU: 50e9)"),
+    GpuField("host_link_bytes_per_s", "positive number", False, "the link to the host CPU, one direction, bytes "
+             "per second (PCIe Gen5 x16: 64e9; NVLink-C2C on Grace systems): what offload and sleep cross; left out: "
+             "PCIe Gen5's"),
+    GpuField("host_memory_bytes_per_s", "positive number", False, "the host's DRAM bandwidth over the GPUs that "
+             "share it, bytes per second: what a CPU optimizer step is bound by; left out: DGX H100's 76.8e9"),
     GpuField("source", "text", False, "where the figures come from (the datasheet)"),
 )  # fmt: skip
 assert [f.name for f in GPU_FIELDS] == [f.name for f in fields(GpuSpec)]
