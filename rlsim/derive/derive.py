@@ -53,7 +53,7 @@ from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.model_facts import experts_hit, kv_shards
 from rlsim.profile import SCHEMA_VERSION, profile_from_dict
-from rlsim.step_costs import kv_capacity, weight_sync_s
+from rlsim.step_costs import HOST_LINK_FALLBACK_BPS, HOST_MEMORY_FALLBACK_BPS, kv_capacity, weight_sync_s
 
 # slime's SGLang fit, DeepSeek-R1-Distill-Llama-8B on an H200-class GPU (module docstring)
 SLIME_T_W_S, SLIME_ALPHA_S, SLIME_BETA_S = 5.595e-3, 23.6e-6, 37.6e-9
@@ -63,8 +63,10 @@ NET_HOP_LATENCY_S = 5.0e-6  # NCCL's tuning model, hwLat[NET][Tree][LL] (github.
 ACTIVATION_BYTES = 2  # bf16 activations cross the links whatever the weights' dtype
 # veRL's rollout defaults (verl/trainer/config/rollout/rollout.yaml)
 VERL_GPU_MEMORY_UTILIZATION, VERL_MAX_NUM_SEQS, VERL_MAX_NUM_BATCHED_TOKENS = 0.5, 1024, 8192
-HOST_LINK_BPS = 50e9  # PCIe Gen5 x16: 64 GB/s a direction; 50 effective (assumed)
-SYNC_PER_TENSOR_S = 5e-3  # per weight tensor: gather, bucket, the engine's load (assumed)
+# per weight tensor of a refit: its resharding, one collective over the training layout, at the
+# collective latency above (Vidur); a framework's own per-tensor overhead (its Python, the engine's
+# load) is a framework term (rlsim.derive.terms), not physics
+SYNC_PER_TENSOR_S = ALLREDUCE_LATENCY_S
 DECODE_TOKENS = np.array([1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512])
 PREFILL_TOKENS = np.array([1024, 1536, 2048, 3072, 4096])
 # an MoE profile's residual knots: the line's range and on to veRL's max_num_batched_tokens
@@ -270,7 +272,9 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
         "memory_bytes": g.memory_bytes, "hbm_bytes_per_s": g.hbm_bytes_per_s,
         "nvlink_bytes_per_s": g.scale_up_bytes_per_s,
         "scale_up_domain": g.scale_up_domain, "scale_out_bytes_per_s": g.scale_out_bytes_per_s,
-        "host_link_bytes_per_s": HOST_LINK_BPS, "weight_sync_per_tensor_s": SYNC_PER_TENSOR_S,
+        "host_link_bytes_per_s": g.host_link_bytes_per_s or HOST_LINK_FALLBACK_BPS,
+        "host_memory_bytes_per_s": g.host_memory_bytes_per_s or HOST_MEMORY_FALLBACK_BPS,
+        "weight_sync_per_tensor_s": SYNC_PER_TENSOR_S,
     }  # fmt: skip
     prof: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -317,8 +321,9 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
             "train": trainer.provenance(),
             "weight_sync": f"the whole model's bytes over the scale-up link ({g.scale_up_bytes_per_s / 1e9:,.0f} GB/s) "
             f"within a scale-up domain of {g.scale_up_domain} GPUs, the scale-out link "
-            f"({g.scale_out_bytes_per_s / 1e9:,.0f} GB/s per GPU) beyond it, + {SYNC_PER_TENSOR_S * 1e3:.0f} ms per "
-            "tensor (assumed); weight_sync_s is one instance's",
+            f"({g.scale_out_bytes_per_s / 1e9:,.0f} GB/s per GPU) beyond it, + {SYNC_PER_TENSOR_S * 1e6:.0f} us per "
+            "tensor (its resharding collective, Vidur's median collective latency; a framework's own per-tensor "
+            "overhead is a framework term, --terms); weight_sync_s is one instance's",
             "not_modelled": "pipeline-parallel generation, data-parallel attention, MTP draft layers",
         },
         "fit_error": {"closed_form_vs_terms_mape": round(err, 4), "linear_layers_fit_mape": round(fit.mape, 4)},
