@@ -67,8 +67,18 @@ def load_rows() -> pd.DataFrame:
     return d.assign(prompt_len=d.model.map(prompt).fillna(d.prompt_tokens).round().astype(int))
 
 
-def rescaled(preset: str, prompts_per_step: int, samples: int, steps: int, cap: int, mean: float,
-             prompts: pd.DataFrame | None = None, lo: float = 0.01, hi: float = 4.0, iters: int = 30):  # noqa: ANN201
+def rescaled(
+    preset: str,
+    prompts_per_step: int,
+    samples: int,
+    steps: int,
+    cap: int,
+    mean: float,
+    prompts: pd.DataFrame | None = None,
+    lo: float = 0.01,
+    hi: float = 4.0,
+    iters: int = 30,
+):  # noqa: ANN201
     """The preset rescaled (`length_scale`, bisection over [lo, hi]) so that its capped mean response is `mean`."""
 
     def make(scale: float):  # noqa: ANN202
@@ -104,8 +114,10 @@ def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms()) -> dict:
     off = row.policy != "On policy"
     engine = EngineConfig(gpu_memory_utilization=float(row.gpu_memory_utilization), **NEMO_ENGINE)
     layout = {k: int(row[f"train_{k}"]) for k in ("tp", "pp", "ep", "cp")}
+    vpp = int(row.train_vpp) if pd.notna(row.train_vpp) and int(layout["pp"]) > 1 else 1
+    trainer = Trainer("megatron", **layout, vpp=vpp, recompute=str(row.recompute))
     gen = setup(row.rlsim_model, row.gpu, int(row.gen_tp), 1, row.precision)
-    raw = terms.apply(derive_profile(gen, engine, Trainer("megatron", **layout)))
+    raw = terms.apply(derive_profile(gen, engine, trainer))
     path = workdir / f"{raw['name']}-{row.name}.json"
     path.write_text(json.dumps(raw))
     samples = int(row.samples_per_prompt)
@@ -144,15 +156,13 @@ def fit(rows: pd.DataFrame) -> tuple[Terms, float]:
     fit_rows = rows[(rows.half == "fit") & rows.expressible]
 
     def terms_of(x: np.ndarray) -> Terms:
-        return Terms(iteration_overhead_s=float(np.exp(x[0])), prefill_request_s=float(np.exp(x[1])),
+        return Terms(layer_iteration_s=float(np.exp(x[0])), sequence_iteration_s=float(np.exp(x[1])),
                      refit_per_tensor_s=float(np.exp(x[2])), megatron_mfu=float(min(1.0, np.exp(x[3]))))  # fmt: skip
 
     def loss(x: np.ndarray) -> float:
         e = run(fit_rows, terms_of(x)).error
         return float(np.mean(np.log1p(e) ** 2))
 
-    x0 = np.log([2e-3, 1e-4, 5e-3, 0.47])
+    x0 = np.log([2e-4, 1e-5, 5e-4, 0.35])
     best = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 0.02, "fatol": 1e-4, "maxfev": 240})
     return terms_of(best.x), float(best.fun)
-
-

@@ -134,7 +134,13 @@ def annotate(row: dict, repo: Path) -> dict:
             )
         )
         source = "recipe (the table's does not divide the training GPUs)"
-    reason = reason_of(rlsim_model, row["algorithm"], row["policy"], gen_pp, bool(cfg), f"{name}.yaml", row["commit"])
+    prompts = _get(cfg, "grpo", "num_prompts_per_step") or ""
+    samples = _get(cfg, "grpo", "num_generations_per_prompt") or ""
+    dynamic = bool(_get(cfg, "grpo", "use_dynamic_sampling"))
+    generated = int(prompts) * int(samples) if prompts and samples else row["g_gbs"]
+    reason = reason_of(rlsim_model, row["algorithm"], row["policy"], gen_pp, bool(cfg), f"{name}.yaml", row["commit"],
+                       generated, row["t_gbs"], dynamic)  # fmt: skip
+    vpp = layout[4] if len(layout) > 4 and layout[4].isdigit() else ""
     return row | {
         "rlsim_model": rlsim_model, "gpu": gpu, "recipe": path if cfg else "", "gen_tp": gen_tp,
         "samples_per_prompt": _get(cfg, "grpo", "num_generations_per_prompt") or "",
@@ -144,11 +150,25 @@ def annotate(row: dict, repo: Path) -> dict:
         "kl_penalty": _get(cfg, "loss_fn", "reference_policy_kl_penalty") or 0.0,
         "prompt_tokens": round(max(prompt, 0.0)), "expressible": not reason, "reason": reason,
         "config": f"{row['model']}|{gpu}|{row['precision']}|{row['policy']}|{row['gpus']}",
+        "num_prompts_per_step": prompts, "dynamic_sampling": dynamic, "train_vpp": vpp,
+        "recompute": "full" if _get(mc, "activation_checkpointing") else "none",
+        "enforce_eager": bool(_get(gen, "vllm_cfg", "enforce_eager")),
+        "optimizer_offload_fraction": (_get(mc, "optimizer", "optimizer_offload_fraction") or 0.0)
+        if _get(mc, "optimizer", "optimizer_cpu_offload") else 0.0,
     }  # fmt: skip
 
 
 def reason_of(
-    rlsim_model: str, algorithm: str, policy: str, gen_pp: int, recipe_found: bool, recipe: str, commit: str
+    rlsim_model: str,
+    algorithm: str,
+    policy: str,
+    gen_pp: int,
+    recipe_found: bool,
+    recipe: str,
+    commit: str,
+    generated: int = 0,
+    trained: int = 0,
+    dynamic: bool = False,
 ) -> str:
     """Why rlsim cannot express a row ("" where it can). Generation TP beyond the scale-up domain
     is expressible since rlsim derives generation across nodes (`rlsim.derive.derive`)."""
@@ -163,14 +183,20 @@ def reason_of(
         return "pipeline-parallel generation is not modelled"
     if not recipe_found:
         return f"recipe {recipe} not found at {commit}"
+    if dynamic and generated != trained:
+        return (
+            f"DAPO's dynamic sampling generates {generated} samples a batch for a {trained}-sample training batch: "
+            "how many batches a step takes depends on the run's rewards, which are not published"
+        )
     return ""
 
 
-def split(rows: list[dict], committed: dict[str, str]) -> None:
-    """Each expressible configuration's half. A configuration already in `committed` (the split
-    the terms were first fitted on) keeps its half; the others (those generation across nodes
-    made expressible) alternate fit, test, fit, ... within each model among themselves, sorted by
-    name, and are marked `added` so that their test half is reported apart."""
+def split(rows: list[dict], committed: dict[str, tuple[str, str]]) -> None:
+    """Each expressible configuration's half. A configuration already in `committed` (the file's
+    split, as committed before any fit) keeps its half and its mark; the others alternate fit,
+    test, fit, ... within each model among themselves, sorted by name. The first split had no
+    mark; the configurations that generation across nodes made expressible are marked `added`, so
+    that their test half is reported apart."""
     by_model: dict[str, list[str]] = {}
     for r in rows:
         if r["expressible"] and r["config"] not in committed:
@@ -179,17 +205,17 @@ def split(rows: list[dict], committed: dict[str, str]) -> None:
                 by_model[r["model"]].append(r["config"])
     new = {c: ("fit", "test")[i % 2] for configs in by_model.values() for i, c in enumerate(sorted(configs))}
     for r in rows:
-        r["half"] = committed.get(r["config"], new.get(r["config"], "")) if r["expressible"] else ""
-        r["added"] = "generation across nodes" if r["config"] in new else ""
+        half, added = committed.get(r["config"], (new.get(r["config"], ""), "generation across nodes"))
+        r["half"] = half if r["expressible"] else ""
+        r["added"] = added if r["half"] else ""
 
 
-def committed_halves(path: Path) -> dict[str, str]:
-    """The halves of the configurations of the first split (rows.csv before generation across nodes
-    was added: the configurations without `added`)."""
+def committed_halves(path: Path) -> dict[str, tuple[str, str]]:
+    """The committed split: each configuration's half and mark."""
     if not path.exists():
         return {}
     with path.open(newline="") as f:
-        return {r["config"]: r["half"] for r in csv.DictReader(f) if r["half"] and not r.get("added")}
+        return {r["config"]: (r["half"], r.get("added", "")) for r in csv.DictReader(f) if r["half"]}
 
 
 def update(path: Path) -> list[dict]:
@@ -200,8 +226,11 @@ def update(path: Path) -> list[dict]:
     halves = committed_halves(path)
     for r in rows:
         gen_pp = int(re.findall(r"\d+", r["gen_tp_pp"])[1])
+        prompts, samples = r.get("num_prompts_per_step") or "", r.get("samples_per_prompt") or ""
+        generated = int(float(prompts)) * int(float(samples)) if prompts and samples else int(r["g_gbs"])
         r["reason"] = reason_of(r["rlsim_model"], r["algorithm"], r["policy"], gen_pp, bool(r["recipe"]),
-                                r["recipe"], r["commit"])  # fmt: skip
+                                r["recipe"], r["commit"], generated, int(r["t_gbs"]),
+                                r.get("dynamic_sampling") == "True")  # fmt: skip
         r["expressible"] = not r["reason"]
     split(rows, halves)
     return rows

@@ -1,15 +1,27 @@
 """Framework terms fitted to published runs, laid over a derived profile (`--terms FILE|NAME`).
 
-A derived profile states only what physics and the cited sources give. Four terms are what a
-published end-to-end run pins down and physics does not: seconds every engine iteration spends
-beyond the derivation (`iteration_overhead_s`, the engine's scheduling, input preparation and
-sampling beyond SGLang's in slime's fit), seconds per request an iteration prefills
-(`prefill_request_s`, the profile's per-request term: each request's submission, scheduling and
-input preparation), seconds per weight tensor of a refit (`refit_per_tensor_s`) and the Megatron
-trainer's MFU (`megatron_mfu`). A terms file holds the
-fitted values with their provenance (which rows, which objective); `nemo-rl` is the shipped one,
-fitted on half of NeMo RL's published step times (`benchmarks/published_runs.py`, whose other
-half is its test). A term a file leaves out keeps the derived value.
+A derived profile states only what physics and the cited sources give. A framework's terms are
+what a published end-to-end run pins down and physics does not, each in a unit that scales like
+what it stands for, so that one fit serves an 8B and a 671B model alike:
+
+- `layer_iteration_s`, seconds per decoder layer per engine iteration (added to `t_w_s` as
+  `num_layers x` it): an iteration's time beyond the roofline is the gaps between its kernels
+  (launch, synchronisation, the all-reduces' setup), a fixed number of them per layer;
+- `sequence_iteration_s`, seconds per running sequence per iteration (added to `alpha_s`):
+  sampling, detokenisation, stop checks and the scheduler's bookkeeping are per-sequence work
+  every iteration;
+- `refit_per_tensor_s`, seconds per weight tensor of a refit (it replaces the derived
+  resharding collective): each tensor is gathered, converted and loaded by the engine one by one;
+- `megatron_mfu`: the Megatron trainer's MFU, the one training term (MFU per backend).
+
+Two older terms stay available to a user's file, fitted by nobody shipped:
+`iteration_overhead_s` (seconds per iteration, whatever the model) and `prefill_request_s`
+(seconds per request an iteration prefills). A terms file holds the fitted values with their
+provenance (which rows, which objective); `nemo-rl` is the shipped one, fitted on the fit half of
+NeMo RL's published step times (`benchmarks/published_runs.py`, whose other half is its test).
+A term a file leaves out keeps the derived value. No other framework's terms are shipped: a
+veRL, slime or ROLL run simulates with the derived values and that framework's own settings
+(docs/accuracy.md), never with NeMo RL's unless `--terms nemo-rl` is given.
 """
 
 from __future__ import annotations
@@ -31,12 +43,17 @@ SHIPPED = ("nemo-rl",)
 class Terms:
     """Fitted framework terms; `None` keeps the derived value."""
 
-    iteration_overhead_s: float = 0.0
-    prefill_request_s: float = 0.0
+    layer_iteration_s: float = 0.0
+    sequence_iteration_s: float = 0.0
     refit_per_tensor_s: float | None = None
     megatron_mfu: float | None = None
+    iteration_overhead_s: float = 0.0
+    prefill_request_s: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("layer_iteration_s", "sequence_iteration_s"):
+            if getattr(self, name) < 0:
+                raise RlsimError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.iteration_overhead_s < 0:
             raise RlsimError(f"iteration_overhead_s must be >= 0, got {self.iteration_overhead_s}")
         if self.prefill_request_s < 0:
@@ -49,7 +66,12 @@ class Terms:
     def apply(self, raw: dict[str, Any], provenance: str = "") -> dict[str, Any]:
         """A copy of the profile dict `raw` with these terms laid over it."""
         raw = json.loads(json.dumps(raw))
-        raw["t_w_s"] = float(f"{raw['t_w_s'] + self.iteration_overhead_s:.9g}")
+        layers = float(raw.get("model_facts", {}).get("num_layers", 0))
+        if self.layer_iteration_s and not layers:
+            raise RlsimError("layer_iteration_s needs a profile with model facts (its number of layers)")
+        raw["t_w_s"] = float(f"{raw['t_w_s'] + self.iteration_overhead_s + layers * self.layer_iteration_s:.9g}")
+        if self.sequence_iteration_s:
+            raw["alpha_s"] = float(f"{raw['alpha_s'] + self.sequence_iteration_s:.9g}")
         if self.prefill_request_s:
             raw["prefill_request_s"] = float(f"{raw.get('prefill_request_s', 0.0) + self.prefill_request_s:.9g}")
         if self.refit_per_tensor_s is not None:
