@@ -108,6 +108,12 @@ class EngineConfig:
         "(default: the profile's platform: on for GPU profiles, off for CPU-calibrated ones, as vLLM 0.32).",
         "async-scheduling",
     )
+    enforce_eager: bool | None = _knob(
+        None,
+        "vLLM enforce_eager: no CUDA graphs, every kernel launched from Python; each iteration pays a launch "
+        "cost per layer (default: off, vLLM's).",
+        "enforce-eager",
+    )
 
     def __post_init__(self) -> None:
         u = self.gpu_memory_utilization

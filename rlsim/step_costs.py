@@ -33,6 +33,10 @@ its update apart, so each phase has its own measured cost (per padded token when
 says its trainer pads micro-batches, as `rlsim.real.trainer` does: `padded_tokens`); an older fit
 without the forward costs the whole training stage as `update_actor`.
 
+Eager mode (`EngineConfig.enforce_eager`, vLLM's CUDA graphs off): each iteration pays a launch
+cost per layer, 46.9 us (`eager_s`); a profile without model facts measured its engine as it ran
+and takes no cost.
+
 KV capacity (`kv_capacity`): vLLM gives the KV cache what `gpu_memory_utilization` of each GPU
 leaves after the rank's weight shard: `(u * memory - weight_bytes / TP) * TP / kv_bytes_per_token`,
 with `kv_bytes_per_token = 2 * layers * kv_heads * head_dim * dtype_bytes`. Activation and CUDA
@@ -101,6 +105,9 @@ def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
     The result's `engine` is the one configuration every part of the run reads."""
     merged = engine.over(profile.engine)
     changes: dict = {"engine": merged}
+    if merged.enforce_eager and not profile.engine.enforce_eager and profile.model_facts:
+        # CUDA graphs off: every layer's kernels launched from Python, each iteration
+        changes["t_w_s"] = profile.t_w_s + eager_s(profile)
     u, was = merged.gpu_memory_utilization, profile.engine.gpu_memory_utilization
     if u is not None and u != was:
         if not (profile.model_facts and profile.gpu_facts.get("memory_bytes")):
@@ -111,6 +118,17 @@ def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
             )
         changes["kv_capacity_tokens"] = kv_capacity(profile, u)
     return dataclasses.replace(profile, **changes)
+
+
+EAGER_LAYER_S = (1.20 - 1.05) / 100 / 32  # vLLM PR 1440: Llama 2 7B, 100 tokens, 1.20 s eager, 1.05 s graphed
+
+
+def eager_s(profile: Profile) -> float:
+    """Seconds an iteration adds without CUDA graphs (vLLM's `enforce_eager`): 46.9 us per layer,
+    what vLLM measured when it first captured graphs (github.com/vllm-project/vllm pull 1440: Llama 2
+    7B at batch 1, 5 prompt and 100 output tokens, 1.20 s eager against 1.05 s graphed, over its 32
+    layers), a launch cost per layer that does not shrink with the model's size."""
+    return float(profile.model_facts["num_layers"]) * EAGER_LAYER_S
 
 
 def forward_flops(profile: Profile, seq_lens: np.ndarray) -> float:

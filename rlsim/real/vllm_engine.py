@@ -306,6 +306,7 @@ def create_engine(
         # and the CPU platform turns it off (rlsim's `async_scheduling`)
         "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
         "scheduler": cfg.scheduler_config.get_scheduler_cls().__name__,
+        "enforce_eager": bool(cfg.model_config.enforce_eager),
         "max_model_len": int(cfg.model_config.max_model_len),
         "vocab_size": int(cfg.model_config.get_vocab_size()),
         "vllm_version": vllm.__version__,
