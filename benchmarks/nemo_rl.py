@@ -67,18 +67,8 @@ def load_rows() -> pd.DataFrame:
     return d.assign(prompt_len=d.model.map(prompt).fillna(d.prompt_tokens).round().astype(int))
 
 
-def rescaled(
-    preset: str,
-    prompts_per_step: int,
-    samples: int,
-    steps: int,
-    cap: int,
-    mean: float,
-    prompts: pd.DataFrame | None = None,
-    lo: float = 0.01,
-    hi: float = 4.0,
-    iters: int = 30,
-):  # noqa: ANN201
+def rescaled(preset: str, prompts_per_step: int, samples: int, steps: int, cap: int, mean: float,
+             prompts: pd.DataFrame | None = None, lo: float = 0.01, hi: float = 4.0, iters: int = 30):  # noqa: ANN201
     """The preset rescaled (`length_scale`, bisection over [lo, hi]) so that its capped mean response is `mean`."""
 
     def make(scale: float):  # noqa: ANN202

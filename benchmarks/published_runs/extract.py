@@ -124,15 +124,8 @@ def annotate(row: dict, repo: Path) -> dict:
     train_gpus = row["gpus"] - gen_gpus if gen_gpus < row["gpus"] else row["gpus"]
     source = "table"
     if train_gpus % (tp * cp * pp) or (train_gpus // pp) % ep:  # the table's layout cannot run there: the recipe's
-        tp, cp, ep, pp = (
-            int(mc.get(k) or 1)
-            for k in (
-                "tensor_model_parallel_size",
-                "context_parallel_size",
-                "expert_model_parallel_size",
-                "pipeline_model_parallel_size",
-            )
-        )
+        tp, cp, ep, pp = (int(mc.get(k) or 1) for k in ("tensor_model_parallel_size", "context_parallel_size",
+                                                         "expert_model_parallel_size", "pipeline_model_parallel_size"))
         source = "recipe (the table's does not divide the training GPUs)"
     prompts = _get(cfg, "grpo", "num_prompts_per_step") or ""
     samples = _get(cfg, "grpo", "num_generations_per_prompt") or ""
