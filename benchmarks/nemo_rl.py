@@ -156,3 +156,14 @@ def fit(rows: pd.DataFrame) -> tuple[Terms, float]:
     x0 = np.log([2e-4, 1e-5, 5e-4, 0.35])
     best = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 0.02, "fatol": 1e-4, "maxfev": 240})
     return terms_of(best.x), float(best.fun)
+
+
+def parts(res: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The rows by role: the fit half (both sets), the test half as a whole, and its two sets apart
+    (the first split's, and the rows generation across nodes added, which no analysis had seen)."""
+    ok = res[res.error.notna()]
+    added = ok.added.fillna("").astype(str) != ""
+    test = ok[ok.half == "test"]
+    return [("fit half", ok[ok.half == "fit"]), ("test half", test),
+            ("test half, first split", test[~added[test.index]]),
+            ("test half, added (generation across nodes)", test[added[test.index]])]  # fmt: skip

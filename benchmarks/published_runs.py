@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 
 import pandas as pd
-from nemo_rl import FITTED, Terms, fit, load_rows, policy_of, run
+from nemo_rl import FITTED, Terms, fit, load_rows, parts, policy_of, run
 from readme_tables import emit
 
 
@@ -39,7 +39,8 @@ def main() -> None:
         FITTED.write_text(json.dumps({
             "terms": asdict(terms), "fit_loss_mean_sq_log_error": round(loss, 5),
             "fitted_on": "the fit half of benchmarks/published_runs/rows.csv (configurations alternating within each "
-            "model, committed before fitting), mean squared log error of the mean step time over steps 2-5",
+            "model, committed before fitting; the configurations generation across nodes added alternate among "
+            "themselves), mean squared log error of the mean step time over steps 2-5",
             "rows": int(((d.half == "fit") & d.expressible).sum()),
             "source": "NeMo RL performance summary v0.4, v0.5, v0.6 (github.com/NVIDIA-NeMo/RL, "
             "docs/about/performance-summary.md)",
@@ -58,17 +59,16 @@ def main() -> None:
             f"| {r.release} | {r.gpu}{' fp8' if r.precision == 'fp8' else ''} | {r.model} | {r.policy} | {r.gpus} | "
             f"{r.gen_tp} | {r.train_tp}/{r.train_cp}/{r.train_ep}/{r.train_pp} | {r.step_s:.1f} | "
             f"{r.derived_simulated_s:.1f} | {r.simulated_s:.1f} | {r.gen:.0f} / {r.old_log_prob:.0f} / "
-            f"{r.update_actor:.0f} / {r.update_weights:.1f} | {r.derived_error:+.0%} | {r.error:+.0%} | {r.half} |"
+            f"{r.update_actor:.0f} / {r.update_weights:.1f} | {r.derived_error:+.0%} | {r.error:+.0%} | {r.half}"
+            f"{' (added)' if isinstance(r.added, str) and r.added else ''} |"
         )
-    summary = [f"Terms ({FITTED.name}): {', '.join(f'{k} {v:.4g}' for k, v in asdict(terms).items() if v is not None)}"]
-    for half in ("fit", "test"):
-        part = res[(res.half == half) & res.error.notna()]
-        if len(part):
-            summary.append(
-                f"{half} half: {len(part)} rows; fitted: median |error| {part.error.abs().median():.0%}, worst "
-                f"{part.error.abs().max():.0%}; derived, no term fitted: median "
-                f"{part.derived_error.abs().median():.0%}, worst {part.derived_error.abs().max():.0%}"
-            )
+    summary = [f"Terms ({FITTED.name}): {', '.join(f'{k} {v:.4g}' for k, v in asdict(terms).items() if v)}"]
+    for name, part in parts(res):
+        summary.append(
+            f"{name}: {len(part)} rows; fitted: median |error| {part.error.abs().median():.0%}, worst "
+            f"{part.error.abs().max():.0%}; derived, no term fitted: median "
+            f"{part.derived_error.abs().median():.0%}, worst {part.derived_error.abs().max():.0%}"
+        )
     excluded = d[~d.expressible].reason.str.split(":").str[0].value_counts()
     summary.append(f"{len(d)} published rows, {int(d.expressible.sum())} expressible; excluded: "
                    + "; ".join(f"{n} x {why}" for why, n in excluded.items()))  # fmt: skip
@@ -103,14 +103,13 @@ def main() -> None:
 
 def accuracy_summary(res: pd.DataFrame, apart: pd.DataFrame | None) -> str:
     """Mean step time against NeMo RL's published runs, by role: the half the four terms were
-    fitted on, the half they predict, and the rows that came in after the fit."""
+    fitted on, the half they predict (and its two sets apart), and the rows that came in after the fit."""
     lines = ["| NeMo RL published rows | role | rows | median abs error, fitted terms | worst | median abs error, "
              "derived (no term fitted) | worst |", "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    parts = [("fit half", "fitted on", res[(res.half == "fit") & res.error.notna()]),
-             ("test half", "predicted", res[(res.half == "test") & res.error.notna()])]  # fmt: skip
+    roles = [(name, "fitted on" if name == "fit half" else "predicted", part) for name, part in parts(res)]
     if apart is not None and len(apart):
-        parts.append(("k-step off-policy, after the fit", "predicted", apart))
-    for name, role, part in parts:
+        roles.append(("k-step off-policy, after the fit", "predicted", apart))
+    for name, role, part in roles:
         lines.append(
             f"| {name} | {role} | {len(part)} | {part.error.abs().median():.0%} | {part.error.abs().max():.0%} | "
             f"{part.derived_error.abs().median():.0%} | {part.derived_error.abs().max():.0%} |"

@@ -7,8 +7,9 @@ rollout.n 16, ppo_mini_batch_size 32, 28K-token responses) times a colocated syn
 against `fully_async` with require_batches 4, trigger_parameter_sync_step 4, staleness_threshold
 0.5 and partial rollout, at 32, 64 and 128 GPUs split half and half; its "step" is 512 prompts in
 both (four local updates of 128). rlsim sets up the same: `rlsim profile derive` of Qwen2.5-7B
-(the Math variant's shape) on the H20 at TP 1 with vLLM's defaults and FSDP2's published MFU, no
-term fitted; P0 512 x R0 16; `sync` colocated against
+(the Math variant's shape) on the H20 at the scripts' TP 4 with their vLLM settings and FSDP2's
+published MFU with what the scripts set around it (Ulysses 4, gradient checkpointing, dynamic
+batch size: `verl_phases.DENSE_TRAINER`), no term fitted; P0 512 x R0 16; `sync` colocated against
 `fully_async(require_batches=4,trigger_parameter_sync_step=4,staleness_threshold=0.5,ppo_mini_batch_size=32)`
 on the published split. What it cannot match: the lengths. The published run's responses are
 Qwen2.5-Math-7B's under a 28K cap, which the README does not give; rlsim replays the bundled
@@ -25,10 +26,10 @@ import tempfile
 from pathlib import Path
 
 from readme_tables import emit
+from verl_phases import DENSE_ENGINE, DENSE_TRAINER
 
-from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+from rlsim.config import ClusterConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
-from rlsim.derive.train import Trainer
 from rlsim.paths import default_trace
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import load
@@ -68,12 +69,12 @@ def predict(gpus: int, profile: Path) -> dict[str, float]:
 
 
 def main() -> int:
-    raw = derive_profile(setup("qwen2.5-7b", "h20", 1, 1, "bf16"), EngineConfig(), Trainer("fsdp2"))
+    raw = derive_profile(setup("qwen2.5-7b", "h20", 4, 1, "bf16"), DENSE_ENGINE, DENSE_TRAINER)
     lines = ["| GPUs (fully_async split) | sync step (s) | sync gen / train (s) | fully_async per 512 prompts (s) "
              "| its update_actor (s) | speedup (step; 400 steps) | rlsim speedup | error |",
              "|---|---|---|---|---|---|---:|---:|"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "h20-qwen2.5-7b-tp1.json"
+        path = Path(tmp) / "h20-qwen2.5-7b-tp4.json"
         path.write_text(json.dumps(raw))
         for gpus, pub in PUBLISHED.items():
             got = predict(gpus, path)

@@ -28,19 +28,17 @@ from rlsim.trace.synth import SynthConfig, synthesize
 
 def test_weight_sync_crosses_the_scale_up_link_within_a_domain_and_scale_out_beyond() -> None:
     """The whole model's bf16 bytes over NVLink (900 GB/s) on one 8-GPU node, over the 50 GB/s
-    per-GPU scale-out link on 16 GPUs, plus the profile's cost per tensor either way (5 ms in this
-    shipped profile, written before it was derived as a 35 us resharding collective); on a GB200
-    NVL72 rack 64 GPUs still exchange over NVLink."""
+    per-GPU scale-out link on 16 GPUs, plus each tensor's resharding collective (35 us) either way;
+    on a GB200 NVL72 rack 64 GPUs still exchange over NVLink."""
     p = load_profile("h100-qwen2.5-7b-tp1")
-    weights, tensors = p.model_facts["num_params"] * 2, p.model_facts["num_tensors"] * 5e-3
+    weights, tensors = p.model_facts["num_params"] * 2, p.model_facts["num_tensors"] * 35e-6
     assert weight_sync_s(p, 8) == pytest.approx(weights / 900e9 + tensors)
     assert weight_sync_s(p, 16) == pytest.approx(weights / 50e9 + tensors)
     assert p.weight_sync_s == round(weight_sync_s(p, 1), 3)
     cost = step_cost(p, np.array([1000.0]), 8, False, False, gpus=16)
     assert cost.update_weights == pytest.approx(weight_sync_s(p, 16))
     gb200 = profile_from_dict(derive_profile(setup("qwen2.5-7b", "gb200", 1)))
-    collectives = p.model_facts["num_tensors"] * 35e-6
-    assert weight_sync_s(gb200, 64) == pytest.approx(weights / gb200.gpu_facts["nvlink_bytes_per_s"] + collectives)
+    assert weight_sync_s(gb200, 64) == pytest.approx(weights / gb200.gpu_facts["nvlink_bytes_per_s"] + tensors)
 
 
 def test_trainer_backends_default_to_their_published_mfu() -> None:
