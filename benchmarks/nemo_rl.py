@@ -49,6 +49,7 @@ from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.terms import Terms
 from rlsim.derive.train import Trainer
+from rlsim.framework_costs import FrameworkSettings
 from rlsim.sim.simulate import simulate
 from rlsim.trace.synth import SynthConfig, synthesize
 
@@ -105,7 +106,7 @@ def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms()) -> dict:
     engine = EngineConfig(gpu_memory_utilization=float(row.gpu_memory_utilization), **NEMO_ENGINE)
     layout = {k: int(row[f"train_{k}"]) for k in ("tp", "pp", "ep", "cp")}
     vpp = int(row.train_vpp) if pd.notna(row.train_vpp) and int(layout["pp"]) > 1 else 1
-    trainer = Trainer("megatron", **layout, vpp=vpp, recompute=str(row.recompute))
+    trainer = Trainer("megatron", **layout, framework=FrameworkSettings(vpp=vpp, recompute=str(row.recompute)))
     gen = setup(row.rlsim_model, row.gpu, int(row.gen_tp), 1, row.precision)
     raw = terms.apply(derive_profile(gen, engine, trainer))
     path = workdir / f"{raw['name']}-{row.name}.json"

@@ -39,6 +39,7 @@ from readme_tables import emit
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.train import Trainer
+from rlsim.framework_costs import FrameworkSettings
 from rlsim.profile import profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.step_costs import weight_sync_s
@@ -64,10 +65,11 @@ class Run:
     published: dict
 
 
-MOE_TRAINER = Trainer("megatron", tp=2, cp=2, ep=8, param_offload=True, grad_offload=True,
-                      optimizer_offload_fraction=1.0, ref_offload=True, max_token_len=10240,
-                      log_prob_max_token_len=10240)  # fmt: skip
-DENSE_TRAINER = Trainer("fsdp2", cp=4, recompute="full", max_token_len=61440, log_prob_max_token_len=92160)
+MOE_TRAINER = Trainer("megatron", tp=2, cp=2, ep=8, framework=FrameworkSettings(
+    param_offload=True, grad_offload=True, optimizer_offload_fraction=1.0, ref_offload=True, max_token_len=10240,
+    log_prob_max_token_len=10240))  # fmt: skip
+DENSE_TRAINER = Trainer("fsdp2", cp=4, framework=FrameworkSettings(recompute="full", max_token_len=61440,
+                                                                   log_prob_max_token_len=92160))  # fmt: skip
 DENSE_ENGINE = EngineConfig(gpu_memory_utilization=0.8, max_num_batched_tokens=30720)
 RUNS = (
     Run("Qwen3-30B-A3B, 128 H20", "qwen3-30b-a3b", 128, 4, 8192,

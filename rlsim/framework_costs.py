@@ -50,15 +50,90 @@ profile's facts (the model's parameters, the GPU's datasheet in `gpus.json`), no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import numpy as np
 
 from rlsim import model_facts
+from rlsim.errors import RlsimError
 
 BF16_BYTES, FP32_BYTES = 2, 4
 ADAM_HOST_BYTES_PER_PARAM = 16 + 12  # CPU Adam: read param, grad, m, v (fp32); write param, m, v
 RECOMPUTE_KINDS = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkSettings:
+    """What a training framework does around the FLOPs (the module docstring): one object that a
+    `--trainer` carries and a profile's `train` block records (flat, only what differs from these
+    defaults, which do nothing)."""
+
+    recompute: str = "none"  # none, selective or full activation recompute
+    recompute_layers: int = 0  # layers it covers (0: all)
+    vpp: int = 1  # virtual pipeline stages per rank
+    micro_batch_size: int = 0  # samples a micro-batch without dynamic batch size
+    max_token_len: int = 0  # dynamic batch size: tokens a micro-batch a GPU (0: veRL's 16,384, packed)
+    log_prob_max_token_len: int = 0  # the same for the forward-only passes (0: max_token_len)
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload_fraction: float = 0.0
+    ref_offload: bool = False
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_KINDS:
+            kinds = ", ".join(RECOMPUTE_KINDS)
+            raise RlsimError(f"recompute must be one of {kinds}, got {self.recompute!r}")
+        if not 0 <= self.optimizer_offload_fraction <= 1:
+            raise RlsimError(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
+        for name in ("recompute_layers", "micro_batch_size", "max_token_len", "log_prob_max_token_len"):
+            if getattr(self, name) < 0:
+                raise RlsimError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.vpp < 1:
+            raise RlsimError(f"vpp (virtual pipeline stages per rank) must be >= 1, got {self.vpp}")
+
+    def stated(self) -> dict[str, Any]:
+        """The settings that differ from the defaults (what a profile records)."""
+        default = FrameworkSettings()
+        return {k: v for k, v in asdict(self).items() if v != getattr(default, k)}
+
+    @property
+    def offloads(self) -> bool:
+        return bool(self.param_offload or self.grad_offload or self.optimizer_offload_fraction or self.ref_offload)
+
+    @classmethod
+    def from_values(cls, raw: dict[str, Any], text: bool = False) -> FrameworkSettings:
+        """The settings among `raw`'s keys, each checked against its default's type (`text`: values
+        written as text, as `--trainer` gives them); other keys are left to the caller."""
+        out: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in raw:
+                out[f.name] = _typed(f.name, raw[f.name], getattr(cls(), f.name), text)
+        return cls(**out)
+
+
+def _typed(name: str, value: Any, like: Any, text: bool) -> Any:  # noqa: ANN401 - the setting's own type
+    """`value` as the type of the default `like`, or one sentence."""
+    if isinstance(like, bool):
+        if text:
+            if str(value).lower() not in ("true", "false", "1", "0"):
+                raise RlsimError(f"{name} must be true or false, got {value!r}")
+            return str(value).lower() in ("true", "1")
+        if not isinstance(value, bool):
+            raise RlsimError(f"{name} must be true or false")
+        return value
+    if isinstance(like, str):
+        if not isinstance(value, str):
+            raise RlsimError(f"{name} must be text")
+        return value
+    if text:
+        try:
+            return float(value) if isinstance(like, float) else int(value)
+        except ValueError:
+            raise RlsimError(f"{name} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RlsimError(f"{name} must be a finite number")
+    return type(like)(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
-from rlsim.framework_costs import RECOMPUTE_KINDS
+from rlsim.framework_costs import FrameworkSettings
 from rlsim.roofline import check_roofline
 
 # The engine settings a profile file records, as top-level fields.
@@ -44,12 +44,6 @@ MAX_ITERATION_S = 60.0  # a profile's iteration of one sequence above this is a 
 
 
 TRAINER_DEFAULTS = {"backend": "", "tp": 1, "pp": 1, "ep": 1, "cp": 1}  # TrainCost's trainer, when not stated
-# What the training framework does around the FLOPs (rlsim.framework_costs), when not stated
-FRAMEWORK_DEFAULTS: dict[str, Any] = {
-    "recompute": "none", "recompute_layers": 0, "vpp": 1, "micro_batch_size": 0, "max_token_len": 0,
-    "log_prob_max_token_len": 0, "param_offload": False, "grad_offload": False, "optimizer_offload_fraction": 0.0,
-    "ref_offload": False,
-}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,38 +74,14 @@ class TrainCost:
     pp: int = 1
     ep: int = 1
     cp: int = 1
-    # What the framework does around the FLOPs (rlsim.framework_costs; FRAMEWORK_DEFAULTS: nothing):
-    # activation recompute (none, selective, full) over `recompute_layers` layers (0: all), virtual
-    # pipeline stages, micro-batches of `micro_batch_size` samples or, with dynamic batch size, of
-    # `max_token_len` tokens per GPU (`log_prob_max_token_len` for the forward-only passes; 0 both:
-    # veRL's 16,384-token default), offload of parameters, gradients, a fraction of the optimizer,
-    # and the reference model
-    recompute: str = "none"
-    recompute_layers: int = 0
-    vpp: int = 1
-    micro_batch_size: int = 0
-    max_token_len: int = 0
-    log_prob_max_token_len: int = 0
-    param_offload: bool = False
-    grad_offload: bool = False
-    optimizer_offload_fraction: float = 0.0
-    ref_offload: bool = False
+    # What the framework does around the FLOPs (recompute, virtual stages, micro-batches, offload):
+    # `rlsim.framework_costs`; written flat in the train block, only what differs from its defaults
+    framework: FrameworkSettings = FrameworkSettings()
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, (str, bool)) and not math.isfinite(value):
+            if f.name not in ("backend", "framework") and not math.isfinite(getattr(self, f.name)):
                 raise RlsimError(f"field 'train.{f.name}' must be a finite number")
-        if self.recompute not in RECOMPUTE_KINDS:
-            kinds = ", ".join(RECOMPUTE_KINDS)
-            raise RlsimError(f"field 'train.recompute' must be one of {kinds}, got {self.recompute!r}")
-        if not 0 <= self.optimizer_offload_fraction <= 1:
-            raise RlsimError(
-                f"field 'train.optimizer_offload_fraction' must be in [0, 1], got {self.optimizer_offload_fraction}"
-            )
-        for name in ("recompute_layers", "micro_batch_size", "max_token_len", "log_prob_max_token_len"):
-            if getattr(self, name) < 0:
-                raise RlsimError(f"field 'train.{name}' must be >= 0, got {getattr(self, name)}")
         if self.peak_flops_per_gpu <= 0:
             raise RlsimError(f"field 'train.peak_flops_per_gpu' must be positive, got {self.peak_flops_per_gpu}")
         if self.flops_per_token < 0:
@@ -121,7 +91,7 @@ class TrainCost:
         for name in ("fixed_s", "forward_fixed_s", "forward_s_per_token", "padded_micro_batch_tokens"):
             if getattr(self, name) < 0:
                 raise RlsimError(f"field 'train.{name}' must be >= 0, got {getattr(self, name)}")
-        for name in ("tp", "pp", "ep", "cp", "vpp"):
+        for name in ("tp", "pp", "ep", "cp"):
             if getattr(self, name) < 1:
                 raise RlsimError(f"field 'train.{name}' must be >= 1, got {getattr(self, name)}")
 
@@ -263,31 +233,14 @@ class Profile:
         """The profile's JSON: its engine's recorded settings as top-level fields."""
         out = asdict(self)
         engine = out.pop("engine")
-        for name, default in (TRAINER_DEFAULTS | FRAMEWORK_DEFAULTS).items():  # a train block stays as written
+        for name, default in TRAINER_DEFAULTS.items():  # a fitted profile's train block stays as it was written
             if out["train"][name] == default:
                 del out["train"][name]
+        out["train"].pop("framework")
+        out["train"] |= self.train.framework.stated()
         if not out["prefill_request_s"]:  # a profile without the per-request term is written as before it
             del out["prefill_request_s"]
         return out | {k: engine[k] for k in PROFILE_ENGINE_FIELDS}
-
-
-def _framework(train: dict[str, Any]) -> dict[str, Any]:
-    """The framework fields a train block states, each of its default's type."""
-    out: dict[str, Any] = {}
-    for name, default in FRAMEWORK_DEFAULTS.items():
-        if name not in train:
-            continue
-        value = train[name]
-        if isinstance(default, bool) or isinstance(default, str):
-            if not isinstance(value, type(default)):
-                kind = "true or false" if isinstance(default, bool) else "text"
-                raise RlsimError(f"field 'train.{name}' must be {kind}")
-            out[name] = value
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RlsimError(f"field 'train.{name}' must be a number")
-        else:
-            out[name] = type(default)(value)
-    return out
 
 
 def shipped_profiles() -> list[str]:
@@ -345,7 +298,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
             padded_micro_batch_tokens=int(train.get("padded_micro_batch_tokens", 0)),
             backend=str(train.get("backend", "")),
             **{k: int(train[k]) for k in ("tp", "pp", "ep", "cp") if k in train},
-            **_framework(train),
+            framework=FrameworkSettings.from_values(train),
         )
     except (TypeError, ValueError) as exc:
         raise RlsimError(f"{where}: a field has the wrong type ({exc})") from None

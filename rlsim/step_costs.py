@@ -194,12 +194,12 @@ def micro_batches_of(
     `log_prob_max_token_len` for a forward-only pass), `micro_batch_size` samples each without it,
     and by default veRL's 16,384 tokens a micro-batch, perfectly packed
     (`rlsim.framework_costs.micro_batch_count`)."""
-    tc = profile.train
+    tc, fw = profile.train, profile.train.framework
     dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
     lens = np.asarray(seq_lens, dtype=float)
-    budget = (tc.log_prob_max_token_len if forward_only else 0) or tc.max_token_len
-    if budget or tc.micro_batch_size:
-        return framework_costs.micro_batch_count(lens[::dp] / tc.cp, budget, tc.micro_batch_size)
+    budget = (fw.log_prob_max_token_len if forward_only else 0) or fw.max_token_len
+    if budget or fw.micro_batch_size:
+        return framework_costs.micro_batch_count(lens[::dp] / tc.cp, budget, fw.micro_batch_size)
     tokens = float(np.sum(lens)) / (dp * tc.cp)
     return max(1, math.ceil(tokens / (tc.padded_micro_batch_tokens or PP_MICRO_BATCH_TOKENS))), 1.0
 
@@ -219,13 +219,13 @@ def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int, forward_only:
         a2a = mf["experts_per_token"] * act / tc.tp * (tc.ep - 1) / tc.ep / link_bytes_per_s(profile, tc.ep)
         comm += 2 * mf["moe_layers"] / tc.pp * a2a
     micro, _ = micro_batches_of(profile, seq_lens, gpus, forward_only)
-    return comm, framework_costs.bubble_factor(micro, tc.pp, tc.vpp)
+    return comm, framework_costs.bubble_factor(micro, tc.pp, tc.framework.vpp)
 
 
 def offload_costs(profile: Profile, gpus: int) -> dict[str, float]:
     """Seconds of offload per update on `gpus` training GPUs (`rlsim.framework_costs.offload_s`),
     and `ref`: the reference model's load before its pass."""
-    tc, mf, gf = profile.train, profile.model_facts, profile.gpu_facts
+    tc, mf, gf, fw = profile.train, profile.model_facts, profile.gpu_facts, profile.train.framework
     dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
     shard = framework_costs.shards(mf, tc.tp, tc.pp, tc.ep, dp)
     if tc.backend == "fsdp2":  # FSDP shards the parameters too, over every rank
@@ -233,9 +233,9 @@ def offload_costs(profile: Profile, gpus: int) -> dict[str, float]:
     link = float(gf.get("host_link_bytes_per_s") or HOST_LINK_FALLBACK_BPS)
     memory = float(gf.get("host_memory_bytes_per_s") or HOST_MEMORY_FALLBACK_BPS)
     out = framework_costs.offload_s(
-        shard, link, memory, tc.param_offload, tc.grad_offload, tc.optimizer_offload_fraction, tc.backend == "fsdp2"
+        shard, link, memory, fw.param_offload, fw.grad_offload, fw.optimizer_offload_fraction, tc.backend == "fsdp2"
     )
-    out["ref"] = shard.weights * framework_costs.BF16_BYTES / link if tc.ref_offload else 0.0  # bf16 reference
+    out["ref"] = shard.weights * framework_costs.BF16_BYTES / link if fw.ref_offload else 0.0  # bf16 reference
     return out
 
 
@@ -307,11 +307,11 @@ def derived_training(profile: Profile, seq_lens: np.ndarray, train_gpus: int, us
     fwd, lp = body * bubble, body * lp_bubble
     t = np.asarray(seq_lens, dtype=float)
     attention = 2.0 * mf["num_layers"] * mf["hidden_size"] * float(np.sum(t * t)) / flops if flops else 0.0
-    covered = min(1.0, tc.recompute_layers / mf["num_layers"]) if tc.recompute_layers else 1.0
-    again = framework_costs.recompute_forwards(tc.recompute, covered, attention)
-    off = offload_costs(profile, train_gpus) if (tc.param_offload or tc.grad_offload or tc.optimizer_offload_fraction
-                                                 or tc.ref_offload) else {"params": 0.0, "grads": 0.0,
-                                                                          "optimizer": 0.0, "ref": 0.0}  # fmt: skip
+    fw = tc.framework
+    covered = min(1.0, fw.recompute_layers / mf["num_layers"]) if fw.recompute_layers else 1.0
+    again = framework_costs.recompute_forwards(fw.recompute, covered, attention)
+    none = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "ref": 0.0}
+    off = offload_costs(profile, train_gpus) if fw.offloads else none
     old = lp + off["params"]
     ref = lp + off["ref"] if use_kl_loss else 0.0
     update = tc.fixed_s + (3 + again) * fwd + off["params"] + off["grads"] + off["optimizer"]

@@ -16,7 +16,8 @@ from rlsim.config import EngineConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
-from rlsim.profile import FRAMEWORK_DEFAULTS, load_profile, profile_from_dict
+from rlsim.framework_costs import FrameworkSettings
+from rlsim.profile import load_profile, profile_from_dict
 from rlsim.step_costs import micro_batches_of, offload_costs, step_cost, with_engine
 
 
@@ -27,16 +28,20 @@ def _profile(model: str = "qwen3-32b", gpu: str = "h100", trainer: Trainer | Non
 LENS = np.full(256, 2048.0)
 
 
+def _megatron(pp: int = 1, **framework) -> Trainer:  # noqa: ANN003 - FrameworkSettings' fields
+    return Trainer("megatron", tp=4, pp=pp, framework=FrameworkSettings(**framework))
+
+
 def test_full_recompute_adds_one_forward_to_the_update_and_selective_its_attention() -> None:
     base = _profile()
     plain = step_cost(base, LENS, 32, False, False)
     fwd = plain.old_log_prob
-    full = step_cost(_profile(trainer=Trainer("megatron", tp=4, recompute="full")), LENS, 32, False, False)
+    full = step_cost(_profile(trainer=_megatron(recompute="full")), LENS, 32, False, False)
     assert full.update_actor - base.train.fixed_s == pytest.approx(4 * fwd)
     assert plain.update_actor - base.train.fixed_s == pytest.approx(3 * fwd)
-    half = _profile(trainer=Trainer("megatron", tp=4, recompute="full", recompute_layers=32))  # of 64 layers
+    half = _profile(trainer=_megatron(recompute="full", recompute_layers=32))  # of 64 layers
     assert step_cost(half, LENS, 32, False, False).update_actor - base.train.fixed_s == pytest.approx(3.5 * fwd)
-    sel = step_cost(_profile(trainer=Trainer("megatron", tp=4, recompute="selective")), LENS, 32, False, False)
+    sel = step_cost(_profile(trainer=_megatron(recompute="selective")), LENS, 32, False, False)
     mf = base.model_facts
     flops = 2 * mf["num_active_params"] * 2048 + 2 * mf["num_layers"] * mf["hidden_size"] * 2048**2
     share = 2 * mf["num_layers"] * mf["hidden_size"] * 2048**2 / flops
@@ -49,7 +54,9 @@ def test_virtual_stages_shrink_the_pipeline_bubble() -> None:
     assert fc.bubble_factor(8, 4, vpp=3) == pytest.approx((8 + 1) / 8)
     deep = Trainer("megatron", tp=4, pp=4)
     plain = step_cost(_profile(trainer=deep), LENS, 32, False, False)
-    inter = step_cost(_profile(trainer=dataclasses.replace(deep, vpp=2)), LENS, 32, False, False)
+    inter = step_cost(
+        _profile(trainer=dataclasses.replace(deep, framework=FrameworkSettings(vpp=2))), LENS, 32, False, False
+    )
     # 256 x 2048 tokens over dp = 2 ranks: 262,144 tokens a rank, 16 micro-batches of 16,384
     assert inter.old_log_prob / plain.old_log_prob == pytest.approx((16 + 1.5) / (16 + 3))
 
@@ -58,14 +65,14 @@ def test_dynamic_batch_size_packs_micro_batches_to_its_token_budget() -> None:
     lens = np.array([3000, 3000, 3000, 1000, 500])
     assert fc.micro_batch_count(lens, 4096, 0) == (4, pytest.approx(10500 / (4 * 4096)))
     assert fc.micro_batch_count(lens, 0, 2) == (3, 1.0)
-    p = _profile(trainer=Trainer("megatron", tp=4, pp=4, max_token_len=8192, log_prob_max_token_len=32768))
+    p = _profile(trainer=_megatron(4, max_token_len=8192, log_prob_max_token_len=32768))
     # dp = 32 / 16 = 2: a rank holds 128 samples of 2,048 tokens: 4 a micro-batch of 8,192, 16 of 32,768
     assert micro_batches_of(p, LENS, 32) == (32, 1.0)
     assert micro_batches_of(p, LENS, 32, forward_only=True) == (8, 1.0)
     cost = step_cost(p, LENS, 32, False, False)
     assert cost.update_actor > cost.old_log_prob * 3  # more micro-batches, a smaller bubble: (32 + 3) / 32
     with pytest.raises(RlsimError, match="max_token_len must be >= 0"):
-        Trainer("megatron", max_token_len=-1)
+        Trainer("megatron", framework=FrameworkSettings(max_token_len=-1))
 
 
 def test_offload_moves_bytes_over_the_gpus_host_link_and_steps_adam_on_the_host() -> None:
@@ -73,7 +80,7 @@ def test_offload_moves_bytes_over_the_gpus_host_link_and_steps_adam_on_the_host(
     optimizer shard 1/32. The hybrid CPU optimizer at fraction 1 sends fp32 gradients down and
     bf16 parameters back over PCIe Gen5 (64 GB/s a direction) and runs Adam at the rank's share
     of DGX H100's host memory (76.8 GB/s): 28 bytes a parameter."""
-    tr = Trainer("megatron", tp=4, optimizer_offload_fraction=1.0, param_offload=True, grad_offload=True)
+    tr = _megatron(optimizer_offload_fraction=1.0, param_offload=True, grad_offload=True)
     p = _profile(trainer=tr)
     n = p.model_facts["num_params"]
     off = offload_costs(p, 32)
@@ -91,7 +98,8 @@ def test_offload_moves_bytes_over_the_gpus_host_link_and_steps_adam_on_the_host(
     # veRL's FSDP moves its two fp32 moments instead of stepping on the host; its parameters are fp32
     fsdp = profile_from_dict(
         derive_profile(
-            setup("qwen3-32b", "h100", 4), trainer=Trainer(optimizer_offload_fraction=1.0, param_offload=True)
+            setup("qwen3-32b", "h100", 4),
+            trainer=Trainer(framework=FrameworkSettings(optimizer_offload_fraction=1.0, param_offload=True)),
         )
     )
     got = offload_costs(fsdp, 32)
@@ -100,7 +108,7 @@ def test_offload_moves_bytes_over_the_gpus_host_link_and_steps_adam_on_the_host(
 
 
 def test_the_reference_models_offload_is_paid_on_its_pass_only() -> None:
-    tr = Trainer("megatron", tp=4, ref_offload=True)
+    tr = _megatron(ref_offload=True)
     p = _profile(trainer=tr)
     plain = step_cost(_profile(), LENS, 32, True, False)
     cost = step_cost(p, LENS, 32, True, False)
@@ -134,7 +142,7 @@ def test_framework_settings_travel_from_the_command_line_to_the_profile(tmp_path
     written = back.to_dict()["train"]  # what loads back writes back (a default layout field left out)
     assert all(written.get(k, v) == v for k, v in train.items()) and written["recompute"] == "full"
     plain = derive_profile(setup("qwen3-32b", "h100", 4), trainer=Trainer("megatron", tp=4))["train"]
-    assert not set(plain) & set(FRAMEWORK_DEFAULTS)
+    assert not set(plain) & {f.name for f in dataclasses.fields(FrameworkSettings)}
     for bad, message in (("megatron(recompute=most)", "recompute must be one of"),
                          ("megatron(vpp=2)", "needs pp > 1"),
                          ("megatron(param_offload=maybe)", "must be true or false")):  # fmt: skip
@@ -142,7 +150,7 @@ def test_framework_settings_travel_from_the_command_line_to_the_profile(tmp_path
         assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.output, r.output
     raw = json.loads(out.read_text())
     raw["train"]["recompute"] = 3
-    with pytest.raises(RlsimError, match="train.recompute' must be text"):
+    with pytest.raises(RlsimError, match="recompute must be text"):
         profile_from_dict(raw)
 
 

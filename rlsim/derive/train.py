@@ -34,14 +34,14 @@ from typing import Any
 from rlsim.derive.gpus import GpuSpec
 from rlsim.derive.models import Model, load_model
 from rlsim.errors import RlsimError
-from rlsim.framework_costs import RECOMPUTE_KINDS
-from rlsim.profile import FRAMEWORK_DEFAULTS
+from rlsim.framework_costs import FrameworkSettings
 
 H100_BF16_FLOPS_PER_S = 989e12  # the published runs' GPU (gpus.json, h100)
 TORCHTITAN_TOKENS_PER_S_PER_GPU, TORCHTITAN_SEQ_LEN = 5762, 8192  # Llama 3.1 8B, 1D FSDP, eager
 MEGATRON_MFU = 0.47
 TRAIN_FIXED_S = 5.0  # assumed
 BACKENDS = ("fsdp2", "megatron")
+FRAMEWORK_NAMES = {f.name for f in fields(FrameworkSettings)}
 
 
 def flops_per_token(model: Model, seq_len: int) -> float:
@@ -71,17 +71,7 @@ class Trainer:
     pp: int = 1
     ep: int = 1
     cp: int = 1
-    # what the framework does around the FLOPs (rlsim.framework_costs; rlsim.profile.FRAMEWORK_DEFAULTS)
-    recompute: str = "none"
-    recompute_layers: int = 0
-    vpp: int = 1
-    micro_batch_size: int = 0
-    max_token_len: int = 0
-    log_prob_max_token_len: int = 0
-    param_offload: bool = False
-    grad_offload: bool = False
-    optimizer_offload_fraction: float = 0.0
-    ref_offload: bool = False
+    framework: FrameworkSettings = FrameworkSettings()  # what it does around the FLOPs (rlsim.framework_costs)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -91,21 +81,9 @@ class Trainer:
         for name in ("tp", "pp", "ep", "cp"):
             if getattr(self, name) < 1:
                 raise RlsimError(f"--trainer: {name} must be at least 1, got {getattr(self, name)}")
-        if self.recompute not in RECOMPUTE_KINDS:
-            raise RlsimError(
-                f"--trainer: recompute must be one of {', '.join(RECOMPUTE_KINDS)}, got {self.recompute!r}"
-            )
-        if not 0 <= self.optimizer_offload_fraction <= 1:
-            raise RlsimError(
-                f"--trainer: optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}"
-            )
-        for name in ("recompute_layers", "micro_batch_size", "max_token_len", "log_prob_max_token_len"):
-            if getattr(self, name) < 0:
-                raise RlsimError(f"--trainer: {name} must be >= 0, got {getattr(self, name)}")
-        if self.vpp < 1 or (self.vpp > 1 and self.pp == 1):
-            raise RlsimError(
-                f"--trainer: vpp (virtual pipeline stages per rank) needs pp > 1 and must be >= 1, got {self.vpp}"
-            )
+        if self.framework.vpp > 1 and self.pp == 1:
+            vpp = self.framework.vpp
+            raise RlsimError(f"--trainer: vpp (virtual pipeline stages per rank) needs pp > 1, got vpp {vpp}")
         if self.backend == "fsdp2" and max(self.tp, self.pp, self.ep) > 1:
             raise RlsimError(
                 "--trainer: veRL's FSDP backend shards data-parallel only (Ulysses sequence parallelism is cp): "
@@ -118,15 +96,26 @@ class Trainer:
         m = re.fullmatch(r"\s*([a-z0-9_]+)\s*(?:\((.*)\))?\s*", text or "")
         if m is None:
             raise RlsimError(f"--trainer {text!r}: write a backend and its settings, e.g. megatron(tp=2,pp=4)")
-        known = {f.name for f in fields(cls)} - {"backend"}
+        known = ({f.name for f in fields(cls)} - {"backend", "framework"}) | FRAMEWORK_NAMES
         kwargs: dict[str, Any] = {}
         for item in filter(None, (x.strip() for x in (m.group(2) or "").split(","))):
             key, _, value = item.partition("=")
             key = key.strip()
             if key not in known:
                 raise RlsimError(f"--trainer: unknown setting {key!r}; known: {', '.join(sorted(known))}")
-            kwargs[key] = _value(key, value.strip(), FRAMEWORK_DEFAULTS.get(key, 0.0 if key == "mfu" else 1))
-        return cls(m.group(1), **kwargs)
+            kwargs[key] = value.strip()
+        framework = {k: kwargs.pop(k) for k in list(kwargs) if k in FRAMEWORK_NAMES}
+        layout: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            try:
+                layout[key] = float(value) if key == "mfu" else int(value)
+            except ValueError:
+                raise RlsimError(f"--trainer: {key} must be a number, got {value!r}") from None
+        try:
+            settings = FrameworkSettings.from_values(framework, text=True)
+        except RlsimError as exc:
+            raise RlsimError(f"--trainer: {exc}") from None
+        return cls(m.group(1), **layout, framework=settings)
 
     def check(self, model: Model) -> None:
         if self.ep > 1 and not model.is_moe:
@@ -138,10 +127,6 @@ class Trainer:
         if self.pp > model.num_layers:
             raise RlsimError(f"--trainer: pp={self.pp} exceeds {model.name}'s {model.num_layers} layers")
 
-    def framework(self) -> dict[str, Any]:
-        """The framework settings that differ from `FRAMEWORK_DEFAULTS` (what the profile records)."""
-        return {k: getattr(self, k) for k, v in FRAMEWORK_DEFAULTS.items() if getattr(self, k) != v}
-
     def block(self, model: Model, gpu: GpuSpec) -> dict[str, Any]:
         """The profile's `train` object."""
         self.check(model)
@@ -149,7 +134,7 @@ class Trainer:
             "flops_per_token": 6 * model.num_active_params, "peak_flops_per_gpu": gpu.bf16_flops_per_s,
             "mfu": self.mfu or published_mfu(self.backend), "fixed_s": TRAIN_FIXED_S,
             "backend": self.backend, "tp": self.tp, "pp": self.pp, "ep": self.ep, "cp": self.cp,
-            **self.framework(),
+            **self.framework.stated(),
         }  # fmt: skip
 
     def provenance(self) -> str:
@@ -159,24 +144,10 @@ class Trainer:
             if self.backend == "fsdp2" else "Megatron-LM's published 'up to 47% MFU on H100'"
         )  # fmt: skip
         mfu = self.mfu or published_mfu(self.backend)
-        framework = ", ".join(f"{k}={v}" for k, v in self.framework().items())
+        framework = ", ".join(f"{k}={v}" for k, v in self.framework.stated().items())
         return (
             f"{self.backend}: forward 2N T + 2 L d T^2 FLOPs, update 3 forwards, at {mfu:.1%} MFU of the GPU's dense "
             f"bf16 peak ({source}); layout TP {self.tp} PP {self.pp} EP {self.ep} CP {self.cp} "
             f"(rlsim.step_costs.layout_cost); {TRAIN_FIXED_S:.0f} s fixed per update (assumed)"
             + (f"; framework: {framework} (rlsim.framework_costs)" if framework else "")
         )
-
-
-def _value(key: str, text: str, like: Any) -> Any:  # noqa: ANN401 - the setting's own type
-    """A `--trainer` setting's value, of the type of its default `like`."""
-    if isinstance(like, bool):
-        if text.lower() not in ("true", "false", "1", "0"):
-            raise RlsimError(f"--trainer: {key} must be true or false, got {text!r}")
-        return text.lower() in ("true", "1")
-    if isinstance(like, str):
-        return text
-    try:
-        return float(text) if isinstance(like, float) else int(text)
-    except ValueError:
-        raise RlsimError(f"--trainer: {key} must be a number, got {text!r}") from None
