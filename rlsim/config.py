@@ -58,13 +58,14 @@ class ClusterConfig:
     def training_gpus(self) -> int:
         return self.train_gpus if self.placement == "disaggregated" else self.num_gpus
 
-    def num_instances(self, tensor_parallel_size: int) -> int:
-        if self.rollout_gpus % tensor_parallel_size:
+    def num_instances(self, instance_gpus: int) -> int:
+        """Rollout instances of `instance_gpus` GPUs each (a profile's TP group, times its pipeline stages)."""
+        if self.rollout_gpus % instance_gpus:
             raise RlsimError(
-                f"{self.rollout_gpus} rollout GPUs are not divisible by the profile's tensor "
-                f"parallel size {tensor_parallel_size}"
+                f"{self.rollout_gpus} rollout GPUs are not divisible by the profile's {instance_gpus} GPUs an instance "
+                "(its tensor parallel size, times its pipeline stages)"
             )
-        return self.rollout_gpus // tensor_parallel_size
+        return self.rollout_gpus // instance_gpus
 
 
 def _knob(default: Any, help: str, flag: str | None = None) -> Any:  # noqa: A002 - the CLI's word

@@ -145,6 +145,9 @@ class Profile:
     decode_residual_s: tuple[tuple[float, float], ...] = ()
     # Seconds per request an iteration prefills, beyond its tokens (the module docstring)
     prefill_request_s: float = 0.0
+    # Pipeline stages of one instance (vLLM's pipeline_parallel_size): the instance takes
+    # TP x PP GPUs, each holding a stage's layers (`rlsim.derive.derive`); 1 in a profile without it
+    pipeline_parallel_size: int = 1
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -159,7 +162,7 @@ class Profile:
         ):
             if getattr(self, name) < 0:
                 raise RlsimError(f"profile {self.name}: {name} must be >= 0")
-        for name in ("tensor_parallel_size", "kv_capacity_tokens"):
+        for name in ("tensor_parallel_size", "kv_capacity_tokens", "pipeline_parallel_size"):
             if getattr(self, name) <= 0:
                 raise RlsimError(f"profile {self.name}: {name} must be positive")
         engine = self.engine
@@ -225,6 +228,11 @@ class Profile:
         (x1, y1), (x0, y0) = knots[i], knots[i - 1] if i else (0.0, 0.0)
         return y1 if x1 == x0 else y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
+    @property
+    def instance_gpus(self) -> int:
+        """GPUs one instance takes: its TP group times its pipeline stages."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
     def decode_throughput(self, batch: int, context_per_seq: int) -> float:
         """Output tokens per second of a steady decode batch (docs/calibrate.md's sanity line)."""
         return batch / self.iteration_s(batch, batch * context_per_seq, batch)
@@ -240,6 +248,8 @@ class Profile:
         out["train"] |= self.train.framework.stated()
         if not out["prefill_request_s"]:  # a profile without the per-request term is written as before it
             del out["prefill_request_s"]
+        if out["pipeline_parallel_size"] == 1:  # nor one without pipeline stages
+            del out["pipeline_parallel_size"]
         return out | {k: engine[k] for k in PROFILE_ENGINE_FIELDS}
 
 
@@ -263,6 +273,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     optional = (
         "spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization", "block_size",
         "linear_t0_s", "async_scheduling", "schema_version", "decode_residual_s", "prefill_request_s",
+        "pipeline_parallel_size",
     )  # fmt: skip
     version = raw.get("schema_version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -328,8 +339,15 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         linear_t0_s=_optional_seconds(raw.get("linear_t0_s"), f"{where}: field 'linear_t0_s'"),
         decode_residual_s=_knots(raw.get("decode_residual_s", []), f"{where}: field 'decode_residual_s'"),
         prefill_request_s=_optional_seconds(raw.get("prefill_request_s"), f"{where}: field 'prefill_request_s'") or 0.0,
+        pipeline_parallel_size=_positive_int(raw.get("pipeline_parallel_size", 1), f"{where}: field 'pipeline_parallel_size'"),  # noqa: E501
         **kwargs,
     )
+
+
+def _positive_int(value: Any, where: str) -> int:  # noqa: ANN401 - a JSON value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RlsimError(f"{where} must be a positive integer, got {value!r}")
+    return value
 
 
 def default_async_scheduling(hardware: str) -> bool:

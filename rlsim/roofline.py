@@ -50,10 +50,13 @@ def has_roofline(profile: Profile) -> bool:
 def roofline_s(profile: Profile, batch: int, context: int) -> float:
     """Lower bound on one decode iteration of `batch` sequences of `context` tokens each: one
     rank reads its share of the weights the batch uses (of an MoE model's routed experts, those its
-    tokens hit) and of the batch's KV."""
-    facts, tp = profile.model_facts, profile.tensor_parallel_size
-    weights = model_facts.weights_read_params(facts, batch) * facts["dtype_bytes"] / tp
-    kv = batch * context * model_facts.kv_bytes_per_token(facts) / model_facts.kv_shards(facts, tp)
+    tokens hit) and of the batch's KV. With p pipeline stages, an iteration is p micro-batches of
+    batch / p through every stage: each stage reads its weights once a micro-batch (a rank: the
+    weights over TP in all) and its layers' share of the KV."""
+    facts, tp, pp = profile.model_facts, profile.tensor_parallel_size, profile.pipeline_parallel_size
+    micro = max(batch / pp, min(batch, 1))  # with pipeline stages, each reads its weights once a micro-batch
+    weights = model_facts.weights_read_params(facts, micro) * facts["dtype_bytes"] / tp
+    kv = batch * context * model_facts.kv_bytes_per_token(facts) / model_facts.kv_shards(facts, tp) / pp
     return (weights + kv) / profile.gpu_facts["hbm_bytes_per_s"]
 
 

@@ -86,17 +86,19 @@ def kv_bytes_per_token(profile: Profile) -> float:
 
 
 def kv_capacity(profile: Profile, gpu_memory_utilization: float) -> int:
-    """KV tokens one instance holds at this memory utilisation (see the module docstring)."""
-    tp = profile.tensor_parallel_size
+    """KV tokens one instance holds at this memory utilisation (see the module docstring); with
+    pipeline stages each GPU holds its stage's layers, so a token's KV is spread over them too."""
+    tp, pp, gpus = profile.tensor_parallel_size, profile.pipeline_parallel_size, profile.instance_gpus
     memory = float(profile.gpu_facts["memory_bytes"])
-    free = gpu_memory_utilization * memory - weight_bytes(profile) / tp
+    free = gpu_memory_utilization * memory - weight_bytes(profile) / gpus
     if free <= 0:
+        where = f"TP{tp}" + (f" x PP{pp}" if pp > 1 else "")
         raise RlsimError(
-            f"profile {profile.name}: the weights ({weight_bytes(profile) / tp / 1e9:.1f} GB per GPU at TP{tp}) do "
+            f"profile {profile.name}: the weights ({weight_bytes(profile) / gpus / 1e9:.1f} GB per GPU at {where}) do "
             f"not fit in gpu_memory_utilization={gpu_memory_utilization} of {memory / 1e9:.0f} GB"
         )
     shards = model_facts.kv_shards(profile.model_facts, tp)  # MLA: every rank holds the whole latent
-    return int(free * shards / kv_bytes_per_token(profile))
+    return int(free * shards * pp / kv_bytes_per_token(profile))
 
 
 def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
@@ -148,7 +150,7 @@ def link_bytes_per_s(profile: Profile, gpus: int) -> float:
 
 
 def weight_sync_s(profile: Profile, gpus: int | None = None, bucket_bytes: float | None = None) -> float:
-    """`update_weights` on a cluster of `gpus` GPUs (default: one instance's TP group).
+    """`update_weights` on a cluster of `gpus` GPUs (default: one instance's GPUs).
     `bucket_bytes`: the weights move in buckets of this size (a checkpoint engine, as veRL's
     fully-async `checkpoint_engine` with its `device_buffer_size_M`), so the per-tensor cost is
     paid once a bucket rather than once a tensor."""
@@ -160,7 +162,7 @@ def weight_sync_s(profile: Profile, gpus: int | None = None, bucket_bytes: float
     if "weight_sync_bytes_per_s" in gf:  # an older profile's one effective bandwidth
         return weight_bytes(profile) / gf["weight_sync_bytes_per_s"] + per_tensor
     if "nvlink_bytes_per_s" in gf:
-        return weight_bytes(profile) / link_bytes_per_s(profile, gpus or profile.tensor_parallel_size) + per_tensor
+        return weight_bytes(profile) / link_bytes_per_s(profile, gpus or profile.instance_gpus) + per_tensor
     return profile.weight_sync_s
 
 
@@ -244,7 +246,7 @@ def sleep_s(profile: Profile) -> float:
     link = profile.gpu_facts.get("host_link_bytes_per_s")
     if not (profile.model_facts and link):
         return 0.0
-    return weight_bytes(profile) / profile.tensor_parallel_size / link
+    return weight_bytes(profile) / profile.instance_gpus / link
 
 
 def micro_batches(lengths, budget: int) -> list[list[int]]:  # noqa: ANN001 - a sequence of ints

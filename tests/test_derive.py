@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -20,7 +21,11 @@ from rlsim.derive.derive import (
     allreduce_s,
     derive_profile,
     iteration_s,
+    p2p_s,
     setup,
+)
+from rlsim.derive.derive import (
+    _linear_s as linear_s,
 )
 from rlsim.derive.gpus import load_gpu, shipped_gpus
 from rlsim.derive.models import load_model, shipped_models
@@ -241,3 +246,34 @@ def test_generation_across_nodes_derives_and_takes_whole_nodes(tmp_path: Path) -
     path.write_text(json.dumps(gpu))
     r = runner.invoke(app, ["profile", "derive", "--model", "qwen3-8b", "--gpu", str(path), "--tp", "8"])
     assert r.exit_code == 2 and "takes whole nodes" in r.stderr, r.output
+
+
+def test_pipeline_stages_split_layers_kv_and_tokens(tmp_path: Path, small_trace_path: Path) -> None:
+    """An instance of TP 2 x PP 2 takes 4 GPUs: each holds half the layers, so a token's KV is
+    spread over twice the GPUs (twice the KV capacity at the same memory left), an iteration's
+    tokens go through the stages as 2 micro-batches (its linear layers cost what TP 2 pays for
+    half the tokens), fewer sequences than stages leave stages idle (a micro-batch is at least one
+    token), and a stage boundary beyond the node crosses the NIC."""
+    fit = linear_fit()
+    one, two = setup("qwen3-32b", "h100", 2), setup("qwen3-32b", "h100", 2, pp=2)
+    half = float(linear_s(one, fit, np.array([256.0]))[0])
+    assert float(linear_s(two, fit, np.array([512.0]))[0]) == pytest.approx(half)
+    assert two.micro_tokens(np.array([1.0, 2.0, 8.0])).tolist() == [1.0, 1.0, 4.0]
+    u = 0.6
+    p1 = profile_from_dict(derive_profile(one, EngineConfig(gpu_memory_utilization=u)))
+    p2 = profile_from_dict(derive_profile(two, EngineConfig(gpu_memory_utilization=u)))
+    assert (p2.name, p2.instance_gpus, p1.instance_gpus) == ("h100-qwen3-32b-tp2-pp2", 4, 2)
+    weights = p1.model_facts["num_params"] * 2
+    per_token = p1.model_facts["kv_bytes_per_token"] / 2  # GQA: split over the 2 TP ranks
+    assert p2.kv_capacity_tokens == int((u * 80e9 - weights / 4) * 2 / per_token)
+    assert p2.kv_capacity_tokens > 2 * p1.kv_capacity_tokens
+    inside, across = setup("deepseek-v3", "h100", 8, pp=1), setup("deepseek-v3", "h100", 8, pp=4)
+    hop = float(p2p_s(across, np.array([64.0]))[0])
+    assert hop == pytest.approx(35e-6 + 5e-6 + 64 * 7168 * 2 / 50e9)  # 32 GPUs: the stages cross nodes
+    assert inside.pipeline_parallel_size == 1
+    args = ["simulate", "--trace", str(small_trace_path), "--model", "qwen3-32b", "--gpu", "h100", "--tp", "2",
+            "--pp", "2", "--max-steps", "1"]  # fmt: skip
+    r = runner.invoke(app, [*args, "--gpus", "6", "--out", str(tmp_path / "a")])
+    assert r.exit_code == 2 and "4 GPUs an instance" in r.stderr, r.output
+    r = runner.invoke(app, [*args, "--gpus", "8", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output

@@ -211,7 +211,7 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "gpus not divisible": (
             ["compare", *common, "--gpus", "7"],
-            "not divisible by the profile's tensor parallel size 4",
+            "not divisible by the profile's 4 GPUs an instance",
         ),
         "too many samples": (
             ["compare", "--trace", path, "--prompts-per-step", "16", "--samples-per-prompt", "8"],

@@ -42,6 +42,7 @@ def register_compare(app: typer.Typer) -> None:
         gpu: str | None = derive_opts.GPU,
         tp: int = derive_opts.TP,
         ep: int = derive_opts.EP,
+        pp: int = derive_opts.PP,
         dtype: str = derive_opts.DTYPE,
         trainer: str = derive_opts.TRAINER,
         terms: str | None = derive_opts.TERMS,
@@ -79,7 +80,7 @@ def register_compare(app: typer.Typer) -> None:
             check_plot_file(plot)  # before minutes of simulation, not after
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms)
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp)
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         tools = tool_config(opts, tr)

@@ -22,6 +22,10 @@ MODEL = typer.Option(
 GPU = typer.Option(None, help="With --model: a GPU name (rlsim profile list) or a JSON file of its datasheet facts.")
 TP = typer.Option(1, "--tp", help="With --model: tensor-parallel size of each rollout instance.")
 EP = typer.Option(1, "--ep", help="With --model: expert-parallel size (1, or --tp for vLLM's enable_expert_parallel).")
+PP = typer.Option(
+    1, "--pp", help="With --model: pipeline stages of each rollout instance (vLLM's pipeline_parallel_size; the "
+    "instance takes TP x PP GPUs, its stages across nodes where they must be).",
+)
 DTYPE = typer.Option("bf16", "--dtype", help="With --model: weights and KV cache in bf16 or fp8.")
 TERMS = typer.Option(
     None, "--terms", help="With --model: framework terms fitted to published runs laid over the derivation: nemo-rl "
@@ -37,7 +41,8 @@ TRAINER = typer.Option(
 
 
 def derived_profile_path(
-    model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", trainer: str = "fsdp2", terms: str | None = None
+    model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", trainer: str = "fsdp2", terms: str | None = None,
+    pp: int = 1,
 ) -> str:
     """Derive the profile and write it under ~/.cache/rlsim/profiles (or $RLSIM_CACHE_DIR); its path.
     The folder is keyed by everything the profile's name leaves out (the model's config, the GPU's
@@ -48,7 +53,7 @@ def derived_profile_path(
     from rlsim.derive.train import Trainer
     from rlsim.files import atomic_write_text
 
-    s, parsed = setup(model, gpu, tp, ep, dtype), Trainer.parse(trainer)
+    s, parsed = setup(model, gpu, tp, ep, dtype, pp=pp), Trainer.parse(trainer)
     raw = derive_profile(s, trainer=parsed)
     fitted = None
     if terms:
@@ -72,15 +77,18 @@ def profile_or_derived(
     dtype: str,
     trainer: str = "fsdp2",
     terms: str | None = None,
+    pp: int = 1,
 ) -> str:
     """`--profile`, or the profile `--model/--gpu/--tp` derive (the two are exclusive)."""
     if model is None and gpu is None:
-        if trainer != "fsdp2" or terms:
-            raise RlsimError("--trainer and --terms go with --model and --gpu: a given --profile states its own costs")
+        if trainer != "fsdp2" or terms or pp != 1:
+            raise RlsimError(
+                "--trainer, --terms and --pp go with --model and --gpu: a given --profile states its own costs"
+            )
         return profile
     if model is None or gpu is None:
         raise RlsimError("--model and --gpu go together (with --tp): they derive the profile")
-    return derived_profile_path(model, gpu, tp, ep, dtype, trainer, terms)
+    return derived_profile_path(model, gpu, tp, ep, dtype, trainer, terms, pp)
 
 
 def derive_family(
@@ -117,6 +125,7 @@ def register_derive(profile_app: typer.Typer) -> None:
         gpu: str = typer.Option(..., help="A GPU name (rlsim profile list) or a JSON file of its datasheet facts."),
         tp: int = typer.Option(1, "--tp", help="Tensor-parallel size of one rollout instance."),
         ep: int = EP,
+        pp: int = typer.Option(1, "--pp", help="Pipeline stages of one rollout instance (it takes TP x PP GPUs)."),
         dtype: str = DTYPE,
         kv_cache_dtype: str | None = typer.Option(None, help="KV cache dtype, bf16 or fp8 (default: --dtype)."),
         gpu_memory_utilization: float | None = typer.Option(
@@ -140,7 +149,7 @@ def register_derive(profile_app: typer.Typer) -> None:
         if out is not None:
             refuse_overwrite(out, force)
         engine = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)
-        raw = derive_profile(setup(model, gpu, tp, ep, dtype, kv_cache_dtype), engine, Trainer.parse(trainer))
+        raw = derive_profile(setup(model, gpu, tp, ep, dtype, kv_cache_dtype, pp), engine, Trainer.parse(trainer))
         if terms:
             fitted, provenance = load_terms(terms)
             raw = fitted.apply(raw, provenance)

@@ -58,6 +58,7 @@ def register(app: typer.Typer) -> None:
         gpu: str | None = derive_opts.GPU,
         tp: int = derive_opts.TP,
         ep: int = derive_opts.EP,
+        pp: int = derive_opts.PP,
         dtype: str = derive_opts.DTYPE,
         trainer: str = derive_opts.TRAINER,
         terms: str | None = derive_opts.TERMS,
@@ -88,7 +89,7 @@ def register(app: typer.Typer) -> None:
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         tr = load_trace(trace, [policy])
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms)
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp)
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)

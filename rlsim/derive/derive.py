@@ -31,10 +31,14 @@ folds measured tables: a line over 1..512 decode tokens gives `t_w_s` and `gamma
 layers' own intercept `linear_t0_s`, where the compute knee starts), a line over 1,024..4,096
 prefill tokens `prefill_s_per_token`. An MoE model's iteration time is concave in the batch (it
 reads more experts as the batch grows, up to all of them), which a line cannot follow: its error
-against `iteration_s` is in the profile's `fit_error`. Not modelled, and refused in one sentence: a
-TP group beyond the scale-up domain that is not a whole number of domains, expert parallelism
-other than within one instance (data-parallel attention), pipeline-parallel generation;
-DeepSeek's MTP draft layer is not loaded.
+against `iteration_s` is in the profile's `fit_error`. Pipeline stages (`pp`: vLLM's
+pipeline_parallel_size) run an iteration as pp micro-batches of 1/pp of its tokens through pp
+stages of L/pp layers: the linear layers and links at the micro-batch's tokens (at least one:
+fewer sequences than stages idle the rest, the pipeline's bubble), each GPU's share of the KV
+divided by pp, a hand-over between stages per micro-batch (`p2p_s`), and the framework step and
+LM head once a micro-batch. Not modelled, and refused in one sentence: a TP group beyond the
+scale-up domain that is not a whole number of domains, expert parallelism other than within one
+instance (data-parallel attention); DeepSeek's MTP draft layer is not loaded.
 """
 
 from __future__ import annotations
@@ -84,11 +88,14 @@ class Setup:
     expert_parallel_size: int = 1
     dtype: str = "bf16"
     kv_cache_dtype: str = "bf16"
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        m, tp, ep = self.model, self.tensor_parallel_size, self.expert_parallel_size
-        if tp <= 0 or ep <= 0:
-            raise RlsimError(f"--tp and --ep must be positive, got {tp} and {ep}")
+        m, tp, ep, pp = self.model, self.tensor_parallel_size, self.expert_parallel_size, self.pipeline_parallel_size
+        if tp <= 0 or ep <= 0 or pp <= 0:
+            raise RlsimError(f"--tp, --ep and --pp must be positive, got {tp}, {ep} and {pp}")
+        if pp > m.num_layers:
+            raise RlsimError(f"--pp {pp} exceeds {m.name}'s {m.num_layers} layers")
         if m.num_heads % tp:
             raise RlsimError(f"--tp {tp} does not divide {m.name}'s {m.num_heads} attention heads")
         if tp > self.gpu.scale_up_domain and tp % self.gpu.scale_up_domain:
@@ -121,15 +128,25 @@ class Setup:
 
     @property
     def kv_bytes_per_rank_per_token(self) -> float:
+        """One token's KV on one GPU: its TP shard of its stage's layers."""
         f = self.facts
-        return f["kv_bytes_per_token"] / kv_shards(f, self.tensor_parallel_size)
+        return f["kv_bytes_per_token"] / kv_shards(f, self.tensor_parallel_size) / self.pipeline_parallel_size
+
+    def micro_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        """Tokens of each of the pipeline's micro-batches when an iteration's `tokens` are spread
+        over its stages (at least one, while there are any: fewer sequences than stages leave
+        stages idle, the pipeline's bubble)."""
+        n = np.asarray(tokens, dtype=float)
+        pp = self.pipeline_parallel_size
+        return n if pp == 1 else np.maximum(n / pp, np.minimum(n, 1.0))
 
 
 def _linear_s(s: Setup, fit: LinearFit, tokens: np.ndarray) -> np.ndarray:
-    """All layers' linear time on one rank over `tokens` tokens (an array)."""
+    """All layers' linear time on one rank over `tokens` tokens (an array); with pipeline stages,
+    every layer once per micro-batch of `Setup.micro_tokens` (p stages of L / p layers, p micro-batches)."""
     m, tp, wb = s.model, s.tensor_parallel_size, s.weight_bytes
     hbm, peak = s.gpu.hbm_bytes_per_s, s.gpu.peak_flops(s.dtype)
-    n = np.asarray(tokens, dtype=float)
+    n = s.micro_tokens(tokens)
     dense_params = m.attn_params + m.dense_mlp_params
     total = m.num_dense_layers * fit.layer_s(dense_params * wb / tp, 2 * dense_params / tp, n, m.hidden_size, hbm, peak)
     if m.moe_layers:
@@ -171,16 +188,28 @@ def all_to_all_s(gpu: GpuSpec, group: int, nbytes: np.ndarray) -> np.ndarray:
 
 
 def _links_s(s: Setup, tokens: np.ndarray) -> np.ndarray:
-    """All-reduce (and, with EP, all-to-all) time of one iteration over `tokens` tokens."""
-    m, tp = s.model, s.tensor_parallel_size
-    n = np.asarray(tokens, dtype=float)
+    """All-reduce (and, with EP, all-to-all) time of one iteration over `tokens` tokens, and with
+    pipeline stages each micro-batch's hand-over to the next stage."""
+    m, tp, pp = s.model, s.tensor_parallel_size, s.pipeline_parallel_size
+    n = s.micro_tokens(tokens)
+    hops = pp * p2p_s(s, n) if pp > 1 else np.zeros_like(n)
     if tp == 1:
-        return np.zeros_like(n)
+        return hops
     allreduce = allreduce_s(s.gpu, tp, n * m.hidden_size * ACTIVATION_BYTES)
     if s.expert_parallel_size == 1:
-        return 2 * m.num_layers * allreduce
+        return 2 * m.num_layers * allreduce + hops
     a2a = all_to_all_s(s.gpu, s.expert_parallel_size, n * m.experts_per_token * m.hidden_size * ACTIVATION_BYTES)
-    return 2 * m.num_dense_layers * allreduce + m.moe_layers * (allreduce + 2 * a2a)
+    return 2 * m.num_dense_layers * allreduce + m.moe_layers * (allreduce + 2 * a2a) + hops
+
+
+def p2p_s(s: Setup, micro: np.ndarray) -> np.ndarray:
+    """One micro-batch's activations sent to the next pipeline stage: over the scale-up link
+    while the instance fits in one scale-up domain, else over the NIC (a stage boundary then
+    crosses nodes), at the collective latency plus a network hop."""
+    nbytes = micro * s.model.hidden_size * ACTIVATION_BYTES
+    if s.tensor_parallel_size * s.pipeline_parallel_size <= s.gpu.scale_up_domain:
+        return ALLREDUCE_LATENCY_S + nbytes / s.gpu.scale_up_bytes_per_s
+    return ALLREDUCE_LATENCY_S + NET_HOP_LATENCY_S + nbytes / s.gpu.scale_out_bytes_per_s
 
 
 @functools.cache
@@ -199,10 +228,17 @@ def iteration_s(s: Setup, batch: float, context: float, decode_tokens: float, pr
     """One iteration, term by term (the reference the closed form is fitted to)."""
     fit = linear_fit()
     tokens = np.array([decode_tokens + prefill_tokens], dtype=float)
-    lm_head = s.model.lm_head_params * s.weight_bytes / s.tensor_parallel_size / s.gpu.hbm_bytes_per_s
     attn = context * s.kv_bytes_per_rank_per_token / (ATTN_BW_FRACTION * s.gpu.hbm_bytes_per_s)
     body = float(_linear_s(s, fit, tokens)[0] + _links_s(s, tokens)[0]) if tokens[0] > 0 else 0.0
-    return framework_s() + lm_head + SLIME_ALPHA_S * batch + attn + body
+    return _fixed_s(s) + SLIME_ALPHA_S * batch + attn + body
+
+
+def _fixed_s(s: Setup) -> float:
+    """An iteration's time whatever its batch: the framework's step (scheduling, input
+    preparation, sampling) and the LM head's weights, once per micro-batch with pipeline stages:
+    the one engine core schedules each micro-batch in turn, and the last stage reads the head for each."""
+    lm_head = s.model.lm_head_params * s.weight_bytes / s.tensor_parallel_size / s.gpu.hbm_bytes_per_s
+    return s.pipeline_parallel_size * (framework_s() + lm_head)
 
 
 def _knee(coeffs: dict[str, Any], tokens: float) -> float:
@@ -214,8 +250,7 @@ def closed_form(s: Setup) -> tuple[dict[str, Any], float]:
     knots the line misses), and their mean relative error against `iteration_s` over decode
     batches 1..512 at contexts of 1K-16K tokens."""
     fit = linear_fit()
-    lm_head = s.model.lm_head_params * s.weight_bytes / s.tensor_parallel_size / s.gpu.hbm_bytes_per_s
-    fixed = framework_s() + lm_head
+    fixed = _fixed_s(s)
     lin = _linear_s(s, fit, DECODE_TOKENS)
     body = lin + _links_s(s, DECODE_TOKENS)
     gamma, t0 = np.polyfit(DECODE_TOKENS, body, 1)
@@ -247,25 +282,29 @@ def closed_form(s: Setup) -> tuple[dict[str, Any], float]:
     return coeffs, float(np.mean(errors))
 
 
-def setup(model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", kv_cache_dtype: str | None = None) -> Setup:
+def setup(
+    model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", kv_cache_dtype: str | None = None, pp: int = 1
+) -> Setup:
     """The `Setup` of a model name or config path on a GPU name or JSON file."""
     spec = load_gpu(gpu)
     key = gpu.lower() if gpu.lower() in shipped_gpus() else spec.name.lower()
-    return Setup(load_model(model), spec, key, tp, ep, dtype, kv_cache_dtype or dtype)
+    return Setup(load_model(model), spec, key, tp, ep, dtype, kv_cache_dtype or dtype, pp)
 
 
 def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Trainer | None = None) -> dict[str, Any]:
     """The profile (as its JSON dict) of `s`, under veRL's rollout defaults unless `engine` sets
     `gpu_memory_utilization`, `max_num_seqs` or `max_num_batched_tokens`, trained by `trainer`
     (default: veRL's FSDP backend at its published MFU)."""
-    m, g, tp = s.model, s.gpu, s.tensor_parallel_size
+    m, g, tp, pp = s.model, s.gpu, s.tensor_parallel_size, s.pipeline_parallel_size
     trainer = trainer or Trainer()
     fit = linear_fit()
     coeffs, err = closed_form(s)
     engine = engine or EngineConfig()
     util = engine.gpu_memory_utilization or VERL_GPU_MEMORY_UTILIZATION
-    suffix = (f"-ep{s.expert_parallel_size}" if s.expert_parallel_size > 1 else "") + (
-        f"-{s.dtype}" if s.dtype != "bf16" else ""
+    suffix = (
+        (f"-pp{pp}" if pp > 1 else "")
+        + (f"-ep{s.expert_parallel_size}" if s.expert_parallel_size > 1 else "")
+        + (f"-{s.dtype}" if s.dtype != "bf16" else "")
     )
     facts = s.facts
     gpu_facts = {
@@ -279,9 +318,10 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
     prof: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "name": f"{s.gpu_key}-{m.name}-tp{tp}{suffix}",
-        "hardware": f"{tp}x {g.name}",
+        "hardware": f"{tp * pp}x {g.name}",
         "model": m.name,
         "tensor_parallel_size": tp,
+        **({"pipeline_parallel_size": pp} if pp > 1 else {}),
         **coeffs,
         "kv_capacity_tokens": 16,
         "max_num_seqs": engine.max_num_seqs or VERL_MAX_NUM_SEQS,
@@ -324,15 +364,19 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
             f"({g.scale_out_bytes_per_s / 1e9:,.0f} GB/s per GPU) beyond it, + {SYNC_PER_TENSOR_S * 1e6:.0f} us per "
             "tensor (its resharding collective, Vidur's median collective latency; a framework's own per-tensor "
             "overhead is a framework term, --terms); weight_sync_s is one instance's",
-            "not_modelled": "pipeline-parallel generation, data-parallel attention, MTP draft layers",
+            **({"pipeline": f"{pp} stages of {m.num_layers / pp:.1f} layers: each iteration p micro-batches of 1/p "
+                "of the tokens through every stage, a hand-over between stages (35 us + bytes over the link, + 5 us "
+                "across nodes), the framework step and LM head once a micro-batch"} if pp > 1 else {}),
+            "not_modelled": "data-parallel attention, MTP draft layers",
         },
         "fit_error": {"closed_form_vs_terms_mape": round(err, 4), "linear_layers_fit_mape": round(fit.mape, 4)},
     }
-    weights = facts["num_params"] * facts["dtype_bytes"] / tp
+    weights = facts["num_params"] * facts["dtype_bytes"] / (tp * pp)
     if weights >= util * g.memory_bytes:
+        where = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
         raise RlsimError(
-            f"{m.name}'s weights take {weights / 1e9:.1f} GB per GPU at TP {tp}, more than "
-            f"gpu_memory_utilization {util} of {g.name}'s {g.memory_bytes / 1e9:.0f} GB: raise --tp or "
+            f"{m.name}'s weights take {weights / 1e9:.1f} GB per GPU at {where}, more than "
+            f"gpu_memory_utilization {util} of {g.name}'s {g.memory_bytes / 1e9:.0f} GB: raise --tp or --pp or "
             "--gpu-memory-utilization, or use --dtype fp8"
         )
     placeholder = profile_from_dict(prof, "derived profile")

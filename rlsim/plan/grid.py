@@ -167,7 +167,7 @@ def point_configs(point: dict[str, Any], where: str = "grid"):  # noqa: ANN202
         engine = EngineConfig(**{k: point[k] for k in ENGINE_FIELDS if k in point})
         parse_policy(policy_string(point))
         prof = with_engine(load_profile(cluster.profile), engine)
-        cluster.num_instances(prof.tensor_parallel_size)
+        cluster.num_instances(prof.instance_gpus)
     except RlsimError as exc:
         raise RlsimError(f"{where}: point {point_label(point)}: {exc}") from None
     return cluster, rl, engine

@@ -68,7 +68,7 @@ def simulate(
     rl = rl or RLConfig()
     prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
     prof = with_engine(prof, engine_cfg or EngineConfig())  # prof.engine: the run's one engine configuration
-    n = cluster.num_instances(prof.tensor_parallel_size)
+    n = cluster.num_instances(prof.instance_gpus)
     parsed = parse_policy(policy)
     spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
     check_engine_fits(prof, trace, rl)
