@@ -107,7 +107,8 @@ def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms()) -> dict:
     layout = {k: int(row[f"train_{k}"]) for k in ("tp", "pp", "ep", "cp")}
     vpp = int(row.train_vpp) if pd.notna(row.train_vpp) and int(layout["pp"]) > 1 else 1
     trainer = Trainer("megatron", **layout, framework=FrameworkSettings(vpp=vpp, recompute=str(row.recompute)))
-    gen = setup(row.rlsim_model, row.gpu, int(row.gen_tp), 1, row.precision)
+    gen_pp = int(re.findall(r"\d+", row.gen_tp_pp)[1])  # the table's generation [TP, PP]
+    gen = setup(row.rlsim_model, row.gpu, int(row.gen_tp), 1, row.precision, pp=gen_pp)
     raw = terms.apply(derive_profile(gen, engine, trainer))
     path = workdir / f"{raw['name']}-{row.name}.json"
     path.write_text(json.dumps(raw))

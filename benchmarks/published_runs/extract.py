@@ -111,7 +111,7 @@ def annotate(row: dict, repo: Path) -> dict:
     path = f"{RECIPES}/{name}.yaml"
     cfg = recipe(repo, row["commit"], path) or {}
     gen = _get(cfg, "policy", "generation") or {}
-    gen_tp, gen_pp = (int(x) for x in re.findall(r"\d+", row["gen_tp_pp"])[:2])
+    gen_tp = int(re.findall(r"\d+", row["gen_tp_pp"])[0])
     layout = [x.strip() for x in row["train_layout"].strip("[]").split(",")]
     mc = _get(cfg, "policy", "megatron_cfg") or {}
     gen_gpus = row["gpus"]
@@ -131,7 +131,7 @@ def annotate(row: dict, repo: Path) -> dict:
     samples = _get(cfg, "grpo", "num_generations_per_prompt") or ""
     dynamic = bool(_get(cfg, "grpo", "use_dynamic_sampling"))
     generated = int(prompts) * int(samples) if prompts and samples else row["g_gbs"]
-    reason = reason_of(rlsim_model, row["algorithm"], row["policy"], gen_pp, bool(cfg), f"{name}.yaml", row["commit"],
+    reason = reason_of(rlsim_model, row["algorithm"], row["policy"], bool(cfg), f"{name}.yaml", row["commit"],
                        generated, row["t_gbs"], dynamic)  # fmt: skip
     vpp = layout[4] if len(layout) > 4 and layout[4].isdigit() else ""
     return row | {
@@ -155,7 +155,6 @@ def reason_of(
     rlsim_model: str,
     algorithm: str,
     policy: str,
-    gen_pp: int,
     recipe_found: bool,
     recipe: str,
     commit: str,
@@ -164,7 +163,8 @@ def reason_of(
     dynamic: bool = False,
 ) -> str:
     """Why rlsim cannot express a row ("" where it can). Generation TP beyond the scale-up domain
-    is expressible since rlsim derives generation across nodes (`rlsim.derive.derive`)."""
+    and generation with pipeline stages are expressible since rlsim derives them
+    (`rlsim.derive.derive`; no published row uses pipeline stages to generate)."""
     off = re.match(r"(\d+)-step Off", policy)
     if not rlsim_model:
         return "hybrid Mamba model (Nemotron): out of scope"
@@ -172,8 +172,6 @@ def reason_of(
         return "agentic multi-turn SWE rollouts: the agentic issue"
     if off and int(off.group(1)) > 1:
         return f"{off.group(1)}-step off-policy: predicted apart as k_step_off (outside the fit and its halves)"
-    if gen_pp > 1:
-        return "pipeline-parallel generation is not modelled"
     if not recipe_found:
         return f"recipe {recipe} not found at {commit}"
     if dynamic and generated != trained:
@@ -218,10 +216,9 @@ def update(path: Path) -> list[dict]:
         rows = list(csv.DictReader(f))
     halves = committed_halves(path)
     for r in rows:
-        gen_pp = int(re.findall(r"\d+", r["gen_tp_pp"])[1])
         prompts, samples = r.get("num_prompts_per_step") or "", r.get("samples_per_prompt") or ""
         generated = int(float(prompts)) * int(float(samples)) if prompts and samples else int(r["g_gbs"])
-        r["reason"] = reason_of(r["rlsim_model"], r["algorithm"], r["policy"], gen_pp, bool(r["recipe"]),
+        r["reason"] = reason_of(r["rlsim_model"], r["algorithm"], r["policy"], bool(r["recipe"]),
                                 r["recipe"], r["commit"], generated, int(r["t_gbs"]),
                                 r.get("dynamic_sampling") == "True")  # fmt: skip
         r["expressible"] = not r["reason"]
