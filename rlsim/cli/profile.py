@@ -52,7 +52,9 @@ def show(
         return
     con = make_console()
     con.print(
-        f"[bold]{profile.name}[/]  {profile.hardware}, {profile.model}, TP {profile.tensor_parallel_size}, "
+        f"[bold]{profile.name}[/]  {profile.hardware}, {profile.model}, TP {profile.tensor_parallel_size}"
+        + (f" x PP {profile.pipeline_parallel_size}" if profile.pipeline_parallel_size > 1 else "")
+        + ", "
         f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.engine.max_num_seqs}",
         highlight=False,
     )
@@ -68,7 +70,9 @@ def show(
         domain = int(profile.gpu_facts.get("scale_up_domain", 8))
         con.print(
             f"training: {tc.backend} at {tc.mfu:.1%} MFU of {tc.peak_flops_per_gpu / 1e12:,.0f} TFLOP/s per GPU, "
-            f"layout TP {tc.tp} PP {tc.pp} EP {tc.ep} CP {tc.cp}; weight sync {weight_sync_s(profile, domain):.2f} s "
+            f"layout TP {tc.tp} PP {tc.pp} EP {tc.ep} CP {tc.cp}"
+            + "".join(f", {k} {v}" for k, v in tc.framework.stated().items())
+            + f"; weight sync {weight_sync_s(profile, domain):.2f} s "
             f"within a scale-up domain ({domain} GPUs), {weight_sync_s(profile, domain + 1):.2f} s beyond",
             highlight=False,
         )
