@@ -33,7 +33,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from readme_tables import emit
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
@@ -144,5 +143,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     sys.exit(main())

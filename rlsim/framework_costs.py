@@ -20,9 +20,9 @@ profile's facts (the model's parameters, the GPU's datasheet in `gpus.json`), no
 - **Micro-batches**: with dynamic batch size (veRL's `use_dynamic_bsz`) samples are packed in
   order into micro-batches of at most `max_token_len` tokens per GPU (`ppo_max_token_len_per_gpu`;
   the old-log-prob and reference passes at `log_prob_max_token_len`); without it, each
-  micro-batch is `micro_batch_size` samples. The packing's efficiency (tokens over micro-batches x
-  budget) is reported; padding is removed in either case (veRL's `use_remove_padding`), so it
-  costs no FLOPs, but m sets the pipeline's bubble.
+  micro-batch is `micro_batch_size` samples. Padding is removed in either case (veRL's
+  `use_remove_padding`), so how well the budget is filled costs no FLOPs; the micro-batches'
+  count m sets the pipeline's bubble.
 - **Offload**, bytes over the GPU's host link (`gpus.json` `host_link_bytes_per_s`, one
   direction; GB200's NVLink-C2C is several times PCIe), per rank:
   - `param_offload`: the rank's parameter shard (bf16, 2 bytes a parameter) loaded before each
@@ -108,7 +108,7 @@ class FrameworkSettings:
         out: dict[str, Any] = {}
         for f in fields(cls):
             if f.name in raw:
-                out[f.name] = _typed(f.name, raw[f.name], getattr(cls(), f.name), text)
+                out[f.name] = _typed(f.name, raw[f.name], f.default, text)
         return cls(**out)
 
 
@@ -169,21 +169,31 @@ def bubble_factor(micro: int, pp: int, vpp: int = 1) -> float:
     return (m + (pp - 1) / max(1, vpp)) / m
 
 
-def micro_batch_count(lengths: np.ndarray, budget: int, samples: int) -> tuple[int, float]:
-    """(micro-batches, packing efficiency) of one rank's samples: packed in order to `budget`
-    tokens where `budget` > 0 (dynamic batch size), else `samples` a micro-batch."""
-    n = len(lengths)
-    if n == 0:
-        return 1, 1.0
+def micro_batches(lengths, budget: int) -> list[list[int]]:  # noqa: ANN001 - a sequence of ints
+    """Sample indices packed in order into micro-batches of at most `budget` tokens (a longer
+    sample alone): how `rlsim.real.trainer.Trainer` splits a batch (veRL's `ppo_max_token_len_per_gpu`)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    tokens = 0
+    for i, n in enumerate(lengths):
+        if cur and tokens + n > budget:
+            out.append(cur)
+            cur, tokens = [], 0
+        cur.append(i)
+        tokens += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def micro_batch_count(lengths: np.ndarray, budget: int, samples: int) -> int:
+    """Micro-batches of one rank's samples: packed in order to `budget` tokens where `budget` > 0
+    (dynamic batch size, `micro_batches`), else `samples` a micro-batch."""
+    if len(lengths) == 0:
+        return 1
     if budget > 0:
-        count, tokens = 1, 0
-        for t in lengths:
-            if tokens and tokens + t > budget:
-                count, tokens = count + 1, 0
-            tokens += int(t)
-        return count, float(np.sum(lengths)) / (count * budget)
-    count = math.ceil(n / max(1, samples))
-    return count, 1.0
+        return len(micro_batches(lengths, budget))
+    return math.ceil(len(lengths) / max(1, samples))
 
 
 def offload_s(shard: Shards, host_link: float, host_memory: float, param: bool, grad: bool, optimizer: float,

@@ -339,7 +339,9 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         linear_t0_s=_optional_seconds(raw.get("linear_t0_s"), f"{where}: field 'linear_t0_s'"),
         decode_residual_s=_knots(raw.get("decode_residual_s", []), f"{where}: field 'decode_residual_s'"),
         prefill_request_s=_optional_seconds(raw.get("prefill_request_s"), f"{where}: field 'prefill_request_s'") or 0.0,
-        pipeline_parallel_size=_positive_int(raw.get("pipeline_parallel_size", 1), f"{where}: field 'pipeline_parallel_size'"),  # noqa: E501
+        pipeline_parallel_size=_positive_int(
+            raw.get("pipeline_parallel_size", 1), f"{where}: field 'pipeline_parallel_size'"
+        ),
         **kwargs,
     )
 

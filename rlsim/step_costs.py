@@ -54,6 +54,7 @@ import numpy as np
 from rlsim import framework_costs, model_facts
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
+from rlsim.framework_costs import micro_batches
 from rlsim.profile import Profile
 
 
@@ -188,10 +189,8 @@ def check_layout(profile: Profile, gpus: int) -> None:
         raise RlsimError(f"training PP {tc.pp} exceeds the model's {mf['num_layers']} layers")
 
 
-def micro_batches_of(
-    profile: Profile, seq_lens: np.ndarray, gpus: int, forward_only: bool = False
-) -> tuple[int, float]:
-    """(micro-batches, packing efficiency) of one data-parallel rank's share of these samples:
+def micro_batches_of(profile: Profile, seq_lens: np.ndarray, gpus: int, forward_only: bool = False) -> int:
+    """Micro-batches of one data-parallel rank's share of these samples:
     packed to the trainer's token budget with dynamic batch size (`max_token_len`, or
     `log_prob_max_token_len` for a forward-only pass), `micro_batch_size` samples each without it,
     and by default veRL's 16,384 tokens a micro-batch, perfectly packed
@@ -203,12 +202,12 @@ def micro_batches_of(
     if budget or fw.micro_batch_size:
         return framework_costs.micro_batch_count(lens[::dp] / tc.cp, budget, fw.micro_batch_size)
     tokens = float(np.sum(lens)) / (dp * tc.cp)
-    return max(1, math.ceil(tokens / (tc.padded_micro_batch_tokens or PP_MICRO_BATCH_TOKENS))), 1.0
+    return max(1, math.ceil(tokens / (tc.padded_micro_batch_tokens or PP_MICRO_BATCH_TOKENS)))
 
 
-def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int, forward_only: bool = False) -> tuple[float, float]:
-    """(seconds of tensor- and expert-parallel traffic in one forward pass, the pipeline's bubble
-    factor) of training on samples of these lengths on `gpus` GPUs (the module docstring)."""
+def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int) -> float:
+    """Seconds of tensor- and expert-parallel traffic in one forward pass of training on samples
+    of these lengths on `gpus` GPUs (the module docstring; the pipeline's bubble is the caller's)."""
     tc, mf = profile.train, profile.model_facts
     dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
     tokens = float(np.sum(seq_lens)) / (dp * tc.cp)  # what one rank of a data-parallel replica computes on
@@ -220,8 +219,7 @@ def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int, forward_only:
         # each TP rank sending its sequence-parallel share, within the EP group
         a2a = mf["experts_per_token"] * act / tc.tp * (tc.ep - 1) / tc.ep / link_bytes_per_s(profile, tc.ep)
         comm += 2 * mf["moe_layers"] / tc.pp * a2a
-    micro, _ = micro_batches_of(profile, seq_lens, gpus, forward_only)
-    return comm, framework_costs.bubble_factor(micro, tc.pp, tc.framework.vpp)
+    return comm
 
 
 def offload_costs(profile: Profile, gpus: int) -> dict[str, float]:
@@ -247,23 +245,6 @@ def sleep_s(profile: Profile) -> float:
     if not (profile.model_facts and link):
         return 0.0
     return weight_bytes(profile) / profile.instance_gpus / link
-
-
-def micro_batches(lengths, budget: int) -> list[list[int]]:  # noqa: ANN001 - a sequence of ints
-    """Sample indices packed in order into micro-batches of at most `budget` tokens (a longer
-    sample alone): how `rlsim.real.trainer.Trainer` splits a batch (veRL's `ppo_max_token_len_per_gpu`)."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    tokens = 0
-    for i, n in enumerate(lengths):
-        if cur and tokens + n > budget:
-            out.append(cur)
-            cur, tokens = [], 0
-        cur.append(i)
-        tokens += n
-    if cur:
-        out.append(cur)
-    return out
 
 
 def padded_tokens(lengths, budget: int) -> int:  # noqa: ANN001
@@ -295,12 +276,14 @@ def derived_training(profile: Profile, seq_lens: np.ndarray, train_gpus: int, us
     tc, mf, gf = profile.train, profile.model_facts, profile.gpu_facts
     rate = train_gpus * tc.peak_flops_per_gpu * tc.mfu
     flops = forward_flops(profile, seq_lens)
-    comm, bubble = layout_cost(profile, seq_lens, train_gpus)
-    _, lp_bubble = layout_cost(profile, seq_lens, train_gpus, forward_only=True)
+    comm = layout_cost(profile, seq_lens, train_gpus)
+    micro = micro_batches_of(profile, seq_lens, train_gpus)
+    lp_micro = micro_batches_of(profile, seq_lens, train_gpus, forward_only=True)
+    bubble = framework_costs.bubble_factor(micro, tc.pp, tc.framework.vpp)
+    lp_bubble = framework_costs.bubble_factor(lp_micro, tc.pp, tc.framework.vpp)
     floor = 0.0
-    if model_facts.is_moe(mf) and "hbm_bytes_per_s" in gf:
+    if model_facts.is_moe(mf) and "hbm_bytes_per_s" in gf:  # the update's micro-batches bound it
         dp = max(1, train_gpus // (tc.tp * tc.pp * tc.cp))
-        micro, _ = micro_batches_of(profile, seq_lens, train_gpus)
         per_micro = float(np.sum(seq_lens)) / (dp * tc.cp * tc.tp) / micro
         floor = framework_costs.expert_floor_s(
             mf, per_micro, micro, tc.ep, tc.pp, float(gf["hbm_bytes_per_s"]), tc.peak_flops_per_gpu * tc.mfu

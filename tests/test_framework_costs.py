@@ -17,7 +17,7 @@ from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
-from rlsim.profile import load_profile, profile_from_dict
+from rlsim.profile import profile_from_dict
 from rlsim.step_costs import micro_batches_of, offload_costs, step_cost, with_engine
 
 
@@ -63,12 +63,12 @@ def test_virtual_stages_shrink_the_pipeline_bubble() -> None:
 
 def test_dynamic_batch_size_packs_micro_batches_to_its_token_budget() -> None:
     lens = np.array([3000, 3000, 3000, 1000, 500])
-    assert fc.micro_batch_count(lens, 4096, 0) == (4, pytest.approx(10500 / (4 * 4096)))
-    assert fc.micro_batch_count(lens, 0, 2) == (3, 1.0)
+    assert fc.micro_batch_count(lens, 4096, 0) == 4 == len(fc.micro_batches(lens, 4096))
+    assert fc.micro_batch_count(lens, 0, 2) == 3
     p = _profile(trainer=_megatron(4, max_token_len=8192, log_prob_max_token_len=32768))
     # dp = 32 / 16 = 2: a rank holds 128 samples of 2,048 tokens: 4 a micro-batch of 8,192, 16 of 32,768
-    assert micro_batches_of(p, LENS, 32) == (32, 1.0)
-    assert micro_batches_of(p, LENS, 32, forward_only=True) == (8, 1.0)
+    assert micro_batches_of(p, LENS, 32) == 32
+    assert micro_batches_of(p, LENS, 32, forward_only=True) == 8
     cost = step_cost(p, LENS, 32, False, False)
     assert cost.update_actor > cost.old_log_prob * 3  # more micro-batches, a smaller bubble: (32 + 3) / 32
     with pytest.raises(RlsimError, match="max_token_len must be >= 0"):
@@ -163,9 +163,8 @@ def test_eager_mode_adds_a_launch_cost_per_layer_to_every_iteration(small_trace_
     eager = with_engine(p, EngineConfig(enforce_eager=True))
     assert eager.t_w_s - p.t_w_s == pytest.approx(36 * 0.15 / 100 / 32)
     assert with_engine(p, EngineConfig(enforce_eager=False)).t_w_s == p.t_w_s
-    calibrated = load_profile("h200-llama-8b")
-    if not calibrated.model_facts:
-        assert with_engine(calibrated, EngineConfig(enforce_eager=True)).t_w_s == calibrated.t_w_s
+    calibrated = dataclasses.replace(p, model_facts={})  # as `rlsim calibrate` writes one: costs measured whole
+    assert with_engine(calibrated, EngineConfig(enforce_eager=True)).t_w_s == calibrated.t_w_s
     args = ["simulate", "--trace", str(small_trace_path), "--model", "qwen3-8b", "--gpu", "h100", "--gpus", "8",
             "--max-steps", "1", "--json"]  # fmt: skip
     times = []

@@ -11,13 +11,13 @@ from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.train import Trainer, published_mfu
 from rlsim.errors import RlsimError
+from rlsim.framework_costs import micro_batches
 from rlsim.profile import TrainCost, load_profile, profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.step_costs import (
     check_layout,
     forward_flops,
     kv_capacity,
-    micro_batches,
     padded_tokens,
     step_cost,
     weight_sync_s,

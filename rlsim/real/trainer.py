@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from rlsim.errors import RlsimError
+from rlsim.framework_costs import micro_batches
 from rlsim.real.grpo import (
     LOSS_AGG_MODES,
     agg_loss,
@@ -48,7 +49,6 @@ from rlsim.real.grpo import (
     kl_penalty,
     logprobs_from_logits,
 )
-from rlsim.step_costs import micro_batches
 
 OLD_LOG_PROB_MODES = ("recompute", "rollout")
 
