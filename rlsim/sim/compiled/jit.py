@@ -12,16 +12,28 @@ included, reassignable inside compiled code, so tables can grow there); on the p
 slotted class with the same fields; build records inside a compiled function, so that their
 constructor is cached with it. `int_dict()` and `float_dict()` are the matching mappings (numba
 typed dicts, or dicts).
+
+Machine code ships with the package: `shipped/<python>-numba<version>/` holds the cache of the
+functions `CompiledEngine` calls, compiled for the generic x86-64 CPU (`NUMBA_CPU_NAME=generic`,
+which this module sets unless the user set it) by `python benchmarks/ship_core.py`, and dated by
+the core's digest, not by file times, so a fresh clone or a wheel loads it instead of compiling
+for a minute. Where it does not fit (another CPython, numba, platform or CPU setting, or a changed
+core) the core compiles once, into the cache beside its source, as any numba cache does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+# Generic x86-64 machine code, so that the shipped cache (and a cache copied between machines)
+# loads on any x86-64 CPU; numba reads this when it is imported, or at its next compile.
+os.environ.setdefault("NUMBA_CPU_NAME", "generic")
 
 try:
     import numba
@@ -47,16 +59,26 @@ def _core_digest() -> str:
     return h.hexdigest()
 
 
+SHIPPED = _CORE / "shipped"
+
+
+def shipped_dir() -> Path:
+    """Where the shipped machine code for this CPython and numba lives (it may not exist)."""
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}-numba{numba.__version__ if numba else 'none'}"
+    return SHIPPED / tag
+
+
 if not PURE:
     from numba.core import caching
 
     _DIGEST = _core_digest()
 
     class _Dated:
-        """A locator mixin: the source stamp is the core's digest with the function's own file's."""
+        """A locator mixin: the source stamp is the core's digest (its code, not its files' times,
+        so the cache of one checkout is as fresh in another: a clone, a wheel)."""
 
         def get_source_stamp(self):  # noqa: ANN202 - numba's hook
-            return _DIGEST, super().get_source_stamp()
+            return _DIGEST
 
     class _InTree(_Dated, caching.InTreeCacheLocator):
         pass
@@ -68,7 +90,21 @@ if not PURE:
         _locator_classes = [_InTree, _UserWide]
 
     class _CoreCache(caching.FunctionCache):
+        """numba's function cache, with the shipped machine code read (never written) after it."""
+
         _impl_class = _CoreCacheImpl
+
+        def __init__(self, py_func: Callable) -> None:
+            super().__init__(py_func)
+            self.shipped = caching.IndexDataCacheFile(str(shipped_dir()), self._impl.filename_base, _DIGEST)
+
+        def _load_overload(self, sig, target_context):  # noqa: ANN001, ANN202 - numba's hook
+            data = super()._load_overload(sig, target_context)
+            if data is None and self._enabled:
+                found = self.shipped.load(self._index_key(sig, target_context.codegen()))
+                if found is not None:
+                    data = self._impl.rebuild(target_context, found)
+            return data
 
 
 def njit(fn: Callable) -> Callable:
@@ -90,11 +126,19 @@ def njit(fn: Callable) -> Callable:
 
 
 def cached(*dispatchers: Callable) -> bool:
-    """Whether the on-disk cache holds machine code of this core's source for every one of these
-    compiled functions (else their first call compiles: about a minute for the engine's entry points)."""
+    """Whether the on-disk cache or the shipped machine code holds this core's source, compiled for
+    this CPU setting, for every one of these compiled functions (else their first call compiles:
+    about a minute for the engine's entry points)."""
     if PURE:
         return True
-    return all(d._cache._cache_file._load_index() for d in dispatchers)
+    from numba.core.registry import cpu_target
+
+    magic = cpu_target.target_context.codegen().magic_tuple()
+
+    def fits(index: dict) -> bool:
+        return any(key[1] == magic for key in index)
+
+    return all(fits(d._cache._cache_file._load_index()) or fits(d._cache.shipped._load_index()) for d in dispatchers)
 
 
 if PURE:

@@ -45,9 +45,24 @@ _new_aborted = partial(tuple.__new__, Aborted)
 _NO_PROMPTS = np.zeros(0, np.int64)  # `step` watching no prompt (never written)
 
 
+def entry_points() -> dict[str, object]:
+    """The core's compiled functions that Python calls, by name: each `ce.<name>(` of this module that
+    is compiled, and the compiled functions that a plain-Python one of them calls (`new_engine`).
+    Each holds the machine code of everything it calls, so these are what the package ships."""
+    import inspect
+    import re
+
+    found = {}
+    for name in re.findall(r"\bce\.(\w+)\(", inspect.getsource(inspect.getmodule(entry_points))):
+        fn = getattr(ce, name)
+        inner = [] if hasattr(fn, "_cache") else re.findall(r"\b(_?\w+)\(", inspect.getsource(fn))
+        found.update({n: getattr(ce, n) for n in [name, *inner] if hasattr(getattr(ce, n, None), "_cache")})
+    return dict(sorted(found.items()))
+
+
 def core_compiled() -> bool:
     """Whether the compiled core's entry points load from the cache (else the first run compiles them)."""
-    return cached(ce.submit, ce.step, ce.take_outbox)
+    return cached(ce.submit, ce.step, ce.take_outbox, ce._make_engine)
 
 
 def _events(rows: np.ndarray, times: np.ndarray, new) -> list:  # noqa: ANN001 - _new_finished or _new_aborted
