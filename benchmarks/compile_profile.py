@@ -4,11 +4,13 @@ the size of the machine code library it builds.
     python benchmarks/compile_profile.py [--top N]
 
 Copies the checkout's tracked files into a temporary folder (no compiled cache), runs a one-step
-`rlsim simulate` there in a child process with a listener on numba's compile events, and prints
-per compilation its own seconds (those of the compilations it triggers taken out), its library's
-functions and LLVM instructions (a numba library holds the code of every function it calls), a
-least-squares fit of seconds on instructions, and the instructions the entry points' libraries
-hold against all libraries'. docs/speed.md quotes one run of it.
+`rlsim simulate` there, with numba set to this machine's own CPU (so that the shipped generic code
+does not fit, and the core compiles as where it is not shipped), in a child process with a
+listener on numba's compile events, and prints per compilation its own seconds (those of the
+compilations it triggers taken out), its library's functions and LLVM instructions (a numba
+library holds the code of every function it calls), a least-squares fit of seconds on
+instructions, and the instructions the entry points' libraries hold against all libraries'.
+docs/speed.md quotes one run of it.
 """
 
 from __future__ import annotations
@@ -21,15 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import llvmlite.binding as ll
 import numpy as np
 from first_run import fresh_clone
 
 from rlsim.hostload import LoadMeter, describe
-
-# the compiled core's functions Python calls (rlsim.sim.compiled.sim_engine); the rest are called
-# from compiled code only
-ENTRY_POINTS = ("submit", "step", "take_outbox", "abort", "call_at", "pause", "resume", "_make_engine", "counters",
-                "turn_counts_of", "instance_times", "segments", "prefix_hit_tokens")  # fmt: skip
+from rlsim.sim.compiled.sim_engine import entry_points
 
 CHILD = r"""
 import json, sys, time
@@ -73,7 +72,8 @@ def main() -> None:
     meter = LoadMeter()
     with tempfile.TemporaryDirectory() as tmp:
         clone = fresh_clone(Path(tmp))
-        env = dict(os.environ, PYTHONPATH=str(clone))
+        # numba set to this machine's CPU, so that the shipped generic code does not fit: the core compiles
+        env = dict(os.environ, PYTHONPATH=str(clone), NUMBA_CPU_NAME=ll.get_host_cpu_name())
         proc = subprocess.run([sys.executable, "-c", CHILD, str(Path(tmp) / "out")], cwd=clone, env=env,
                               capture_output=True, text=True)  # fmt: skip
     line = next((x for x in proc.stdout.splitlines() if x.startswith("ROWS")), None)
@@ -84,7 +84,7 @@ def main() -> None:
     insts = np.array([r["instructions"] for r in rows], float)
     fixed, per = np.linalg.lstsq(np.c_[np.ones_like(insts), insts], own, rcond=None)[0]
     core = [r for r in rows if r["module"].startswith("rlsim.sim.compiled")]
-    entry = [r for r in core if r["name"] in ENTRY_POINTS]
+    entry = [r for r in core if r["name"] in entry_points()]
     print(f"{len(rows)} compilations ({len(core)} of the core's functions), {own.sum():.1f} s of their own time")
     print(f"fit: {fixed:.3f} s per compilation + {per * 1e6:.0f} us per LLVM instruction of its library")
     print(f"instructions in all libraries: {int(insts.sum()):,}; in the core's entry points' libraries: "
