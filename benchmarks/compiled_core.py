@@ -30,7 +30,7 @@ from rlsim.profile import load_profile
 from rlsim.protocol import Request
 from rlsim.sim.compiled import scheduler as cs
 from rlsim.sim.compiled.jit import PURE, njit
-from rlsim.sim.scheduler import InstanceScheduler
+from rlsim.sim.scheduler import vllm_scheduler
 from rlsim.sim.seq import Seq
 from rlsim.trace.format import load
 
@@ -50,7 +50,7 @@ def _workload(n: int) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
 
 
 def run_python(kw: dict, pid: np.ndarray, npt: np.ndarray, tgt: np.ndarray) -> tuple[int, int, int]:
-    s = InstanceScheduler(**kw)
+    s = vllm_scheduler(**kw)
     for i in range(len(pid)):
         s.add(Seq(Request(i, int(pid[i]), 0, 0, int(npt[i]), 20480, int(tgt[i]), 0, 0), int(tgt[i])))
     finished = steps = 0

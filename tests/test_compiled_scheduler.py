@@ -11,14 +11,14 @@ import pytest
 from rlsim.protocol import Request
 from rlsim.sim.compiled import scheduler as cs
 from rlsim.sim.compiled.jit import PURE
-from rlsim.sim.scheduler import InstanceScheduler
+from rlsim.sim.scheduler import vllm_scheduler
 from rlsim.sim.seq import Seq
 from tests.pure_path import run_pure
 
 
 class _Twin:
     def __init__(self, rng: np.random.Generator, spec: float, **kw: object) -> None:
-        self.py, self.c = InstanceScheduler(**kw), cs.new_scheduler(**kw)
+        self.py, self.c = vllm_scheduler(**kw), cs.new_scheduler(**kw)
         self.rng, self.b, self.spec = rng, kw["block_size"], spec  # spec: the share of speculating requests
         self.slot: dict[int, int] = {}  # request id -> compiled slot
         self.seqs: dict[int, Seq] = {}

@@ -4,8 +4,10 @@ same driver and policy objects as real mode.
 Entry points: `rlsim.sim.simulate.simulate` (one policy on one trace and cluster, a `Result`),
 `rlsim.sim.compare` (every policy side by side), `rlsim.sim.engine.SimEngine` (the `Engine` of
 `rlsim.protocol`; its event jumping in `rlsim.sim.jump`, its replay of measured iteration times in
-`rlsim.sim.replay`), `rlsim.sim.scheduler.InstanceScheduler` (vLLM 0.32's scheduler, ported, with
-`seq`, `running`, `jump_plan` and the block pool of `kv_blocks`), `rlsim.sim.sched_parity` (that
+`rlsim.sim.replay`), `rlsim.sim.rollout_scheduler` (the seam: what the engine asks of an instance's
+scheduler, and `make_scheduler`), `rlsim.sim.scheduler.InstanceScheduler` and
+`AsyncInstanceScheduler` (vLLM 0.32's `Scheduler` and `AsyncScheduler`, ported, with `seq`,
+`running`, `jump_plan` and the block pool of `kv_blocks`), `rlsim.sim.sched_parity` (that
 port checked against vLLM's own `Scheduler`) and `rlsim.sim.compiled` (the same engine compiled,
 what `simulate` runs). Imports the core, `rlsim.trace` and `rlsim.spec`;
 never real mode, the planner or the CLI.

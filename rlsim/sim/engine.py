@@ -1,8 +1,9 @@
 """SimEngine: a SimPy rollout cluster whose instances schedule as vLLM's v1 scheduler does.
 
-One SimPy process per rollout instance (one vLLM engine on TP GPUs). The scheduling rules live in
-`rlsim.sim.scheduler.InstanceScheduler`, a port of vLLM 0.32's `Scheduler` checked iteration by
-iteration against it (`rlsim.sim.sched_parity`): running requests first in running-list order,
+One SimPy process per rollout instance (one vLLM engine on TP GPUs). The scheduling rules live
+behind one seam (`rlsim.sim.rollout_scheduler.RolloutScheduler`, built by `make_scheduler` for the
+engine): vLLM's are `rlsim.sim.scheduler.InstanceScheduler`, a port of vLLM 0.32's `Scheduler`
+checked iteration by iteration against it (`rlsim.sim.sched_parity`): running requests first in running-list order,
 then waiting ones under `max_num_seqs` and `max_num_batched_tokens` (chunked prefill, or not);
 KV in blocks of `block_size`; a waiting or preempted request admitted only if its whole sequence
 fits; preemption from the back of the running list when a request's next slots do not fit, and no
@@ -58,7 +59,7 @@ from rlsim.profile import Profile
 from rlsim.protocol import EventBatch, Finished, Request
 from rlsim.sim.jump import iters_done, jump_cost
 from rlsim.sim.replay import Replay
-from rlsim.sim.scheduler import InstanceScheduler
+from rlsim.sim.rollout_scheduler import RolloutScheduler, make_scheduler
 from rlsim.sim.seq import Seq
 
 
@@ -82,7 +83,7 @@ def head_too_large(instance: int, cap: int) -> RlsimError:
 @dataclass(slots=True)
 class _Instance:
     idx: int
-    sched: InstanceScheduler
+    sched: RolloutScheduler
     aborts: set = field(default_factory=set)
     proc: simpy.Process | None = None
     wake: simpy.Event | None = None
@@ -139,16 +140,7 @@ class SimEngine:
         self._watch_hit = False
         self.first_token: dict[int, float] = {}
         num_blocks = profile.kv_capacity_tokens // engine.block_size
-        self.instances = [
-            _Instance(
-                i,
-                InstanceScheduler(
-                    num_blocks, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
-                    engine.enable_chunked_prefill, engine.enable_prefix_caching, engine.async_scheduling,
-                ),
-            )
-            for i in range(num_instances)
-        ]
+        self.instances = [_Instance(i, make_scheduler(engine, num_blocks)) for i in range(num_instances)]
         for inst in self.instances:
             inst.proc = self.env.process(self._run(inst))
 

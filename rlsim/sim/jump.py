@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 
 from rlsim.profile import Profile
-from rlsim.sim.scheduler import InstanceScheduler
+from rlsim.sim.rollout_scheduler import RolloutScheduler
 
 
-def jump_cost(p: Profile, s: InstanceScheduler, draft_s: float, k: int) -> tuple[float, float]:
+def jump_cost(p: Profile, s: RolloutScheduler, draft_s: float, k: int) -> tuple[float, float]:
     """(Seconds of the next k decode iterations of `s`'s fixed batch, the per-iteration increment)."""
     a = p.t_w_s + p.alpha_s * s.num_decoding + p.gamma_s * s.verify_sum + p.beta_s * (s.ctx + s.rate_sum)
     a += p.compute_excess_s(s.verify_sum) + draft_s * len(s.spec)
@@ -28,7 +28,7 @@ def jump_cost(p: Profile, s: InstanceScheduler, draft_s: float, k: int) -> tuple
     return a * k + q * k * (k - 1) / 2, q  # (total, per-iteration increment)
 
 
-def iters_done(p: Profile, s: InstanceScheduler, draft_s: float, elapsed: float, k: int) -> int:
+def iters_done(p: Profile, s: RolloutScheduler, draft_s: float, elapsed: float, k: int) -> int:
     """Whole iterations of a jump completed after `elapsed` seconds (at most k)."""
     a, q = jump_cost(p, s, draft_s, 1)
     if q == 0:

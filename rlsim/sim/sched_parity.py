@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from rlsim.protocol import Request
-from rlsim.sim.scheduler import InstanceScheduler
+from rlsim.sim.scheduler import vllm_scheduler
 from rlsim.sim.seq import Seq
 
 VLLM_VERSION = "0.32.0"  # the scheduler these rules were ported from
@@ -104,7 +104,7 @@ class Log:
 
 # ---- rlsim side -------------------------------------------------------------------------------
 def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) -> Log:
-    sched = InstanceScheduler(
+    sched = vllm_scheduler(
         cfg.num_blocks, cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens,
         cfg.enable_chunked_prefill, cfg.enable_prefix_caching, cfg.async_scheduling,
     )

@@ -21,13 +21,15 @@ for a plain decoder (vLLM 0.32), with time left out (`rlsim.sim.engine` prices i
   finishes in the iteration that samples its `target`-th token, and its blocks are freed in
   running order.
 
-With `async_scheduling` (vLLM's `AsyncScheduler`, driven by the engine core's batch queue of two:
-the next batch is scheduled before the last one's tokens are known) a finished request keeps its
+`AsyncInstanceScheduler` is vLLM's `AsyncScheduler` (a subclass there as here; the engine runs it
+where the profile's `async_scheduling` is on), driven by the engine core's batch queue of two:
+the next batch is scheduled before the last one's tokens are known. A finished request keeps its
 place for one more schedule: one that stops on an end-of-sequence token (`target < max_tokens`,
 which the scheduler cannot foresee) decodes one more token that nobody reads, and one that reached
 `max_tokens` is skipped but holds its blocks and its running slot; both are freed after that
 schedule, in running order, and one preempted meanwhile is dropped, not requeued (its last token
 finishes it while it waits). Everything else, placeholders included, schedules as without it.
+`vllm_scheduler()` picks the class for the engine's `async_scheduling`.
 
 `rlsim.sim.sched_parity` runs this class and vLLM's `Scheduler` side by side on the same workload and
 compares the iteration logs. Between events a batch of decoding requests is fixed, so
@@ -52,7 +54,10 @@ _ORDER = attrgetter("order")  # running-list position
 
 
 class InstanceScheduler:
-    """vLLM's waiting queue, running list, budget, block pool and preemption for one instance."""
+    """vLLM's `Scheduler`: its waiting queue, running list, budget, block pool and preemption for
+    one instance (a `rlsim.sim.rollout_scheduler.RolloutScheduler`)."""
+
+    async_scheduling = False
 
     def __init__(
         self,
@@ -62,7 +67,6 @@ class InstanceScheduler:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = True,
-        async_scheduling: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -92,7 +96,6 @@ class InstanceScheduler:
         self.verify_sum = 0.0
         self.prefix_hit_tokens = 0
         self.turn_tokens = self.turn_hit_tokens = 0  # later turns of trajectories: context, prefix hits
-        self.async_scheduling = async_scheduling
         self.finishing: list[Seq] = []  # async: reported finished, freed after the next schedule
 
     # ---- queue changes ---------------------------------------------------------------------
@@ -327,16 +330,17 @@ class InstanceScheduler:
             due.append(seq)
         if len(due) > 1:
             due.sort(key=_ORDER)
-        if self.async_scheduling:
-            for seq in due:  # reported now, freed after the next schedule
-                seq.reported = True
-                if seq.target >= seq.req.max_tokens:  # vLLM knows it is done: it schedules it no more
-                    self._stop_decoding(seq)
-            self.finishing.extend(due)
-            return due
+        return self._report(due)
+
+    def _report(self, due: list[Seq]) -> list[Seq]:
+        """The finished requests, freed in running order as vLLM applies the iteration's output."""
         for seq in due:
             self._free(seq, "finish")
         return due
+
+    def _hash_lag(self, seq: Seq) -> bool:
+        """Whether the newest token of this running request is a placeholder vLLM has not hashed."""
+        return False
 
     def release_finishing(self) -> None:
         """Async scheduling: free the requests reported finished before the last schedule, in
@@ -425,7 +429,7 @@ class InstanceScheduler:
         placeholder, so vLLM has hashed its blocks only up to the token before it."""
         if how == "finish" and seq.req.more_turns:  # the trajectory's next turn hits its KV while cached
             how = "turn"
-        lag = self.async_scheduling and seq.decoding and self.iters > seq.start_iter
+        lag = self._hash_lag(seq)
         if seq.decoding:
             self._stop_decoding(seq)
         del self.running[seq.req.request_id]
@@ -456,8 +460,6 @@ class InstanceScheduler:
         return seq.generated
 
     def preempt(self, seq: Seq) -> int:
-        if seq.reported:  # async: already finished; its last token ends it while it would wait
-            return self._free(seq, "finish")
         gen = self._free(seq, "preempt")
         self.waiting.appendleft(seq)
         return gen
@@ -543,3 +545,43 @@ class InstanceScheduler:
         self.pool.take(self.decode_blocks(k))
         self.iters += k
         self.ctx += k * self.rate_sum
+
+
+class AsyncInstanceScheduler(InstanceScheduler):
+    """vLLM's `AsyncScheduler`: a finished request is reported at once but keeps its place for one
+    more schedule (its blocks and running slot, freed by `release_finishing` after it), and a
+    running request's newest token is a placeholder that its block hashes do not cover yet."""
+
+    async_scheduling = True
+
+    def _report(self, due: list[Seq]) -> list[Seq]:
+        for seq in due:  # reported now, freed after the next schedule
+            seq.reported = True
+            if seq.target >= seq.req.max_tokens:  # vLLM knows it is done: it schedules it no more
+                self._stop_decoding(seq)
+        self.finishing.extend(due)
+        return due
+
+    def _hash_lag(self, seq: Seq) -> bool:
+        return seq.decoding and self.iters > seq.start_iter
+
+    def preempt(self, seq: Seq) -> int:
+        if seq.reported:  # already finished: its last token ends it while it would wait
+            return self._free(seq, "finish")
+        return super().preempt(seq)
+
+
+def vllm_scheduler(
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    enable_chunked_prefill: bool = True,
+    enable_prefix_caching: bool = True,
+    async_scheduling: bool = False,
+) -> InstanceScheduler:
+    """vLLM's scheduler for one instance under these settings: `AsyncInstanceScheduler` where
+    `async_scheduling` is on (as vLLM picks `AsyncScheduler`), else `InstanceScheduler`."""
+    cls = AsyncInstanceScheduler if async_scheduling else InstanceScheduler
+    return cls(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
+               enable_prefix_caching)  # fmt: skip

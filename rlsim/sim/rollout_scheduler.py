@@ -1,0 +1,88 @@
+"""The seam between the simulated engine and a rollout engine's scheduling rules: what `SimEngine`
+asks of one instance's scheduler, and which scheduler an engine configuration gets.
+
+`SimEngine` (`rlsim.sim.engine`) keeps time, events, submits, aborts and sleep; everything an
+engine decides per iteration sits behind `RolloutScheduler`: which requests an iteration runs and
+how many tokens each (`schedule`), what the iteration finished (`complete`, `finish_due`), the
+KV blocks and prefix cache it holds, and how far a fixed decode batch may run before its next
+event (`jump_plan`, `advance`; `rlsim.sim.jump` prices the jump from the batch's sums). vLLM's
+rules sit behind it as vLLM separates them: `InstanceScheduler` is its `Scheduler` and
+`AsyncInstanceScheduler` its `AsyncScheduler` (`rlsim.sim.scheduler`); `make_scheduler` picks one
+for an engine configuration. The compiled core (`rlsim.sim.compiled`) is the accelerator of the
+same vLLM rules, held equal to them by tests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+from rlsim.sim.scheduler import vllm_scheduler
+from rlsim.sim.seq import Scheduled, Seq
+
+if TYPE_CHECKING:
+    from rlsim.config import EngineConfig
+
+
+class RolloutScheduler(Protocol):
+    """One instance's scheduling state and rules, as the engine drives them each iteration."""
+
+    num_blocks: int  # KV blocks of the instance
+    block_size: int  # KV tokens per block
+    waiting: deque[Seq]  # requests not running, in admission order
+    running: dict[int, Seq]  # request id -> running request, in running order
+    finishing: list[Seq]  # finished requests that still hold their place (async scheduling)
+    iters: int  # iterations run
+    # the fixed decode batch a jump prices (`rlsim.sim.jump.jump_cost`)
+    num_decoding: int  # requests decoding
+    ctx: float  # KV context tokens of the running requests
+    rate_sum: float  # tokens the decoding requests add a step (their number, without speculation)
+    verify_sum: float  # tokens they verify a step
+    spec: dict[int, Seq]  # decoding requests under speculation
+    # counters the run reports
+    prefix_hit_tokens: int  # prompt tokens the prefix cache saved
+    turn_tokens: int  # later turns' context tokens (multi-turn)
+    turn_hit_tokens: int  # of which the prefix cache held
+
+    def add(self, seq: Seq) -> None:
+        """Queue a request (at the back of the waiting queue)."""
+
+    def remove_waiting(self, rids: set[int]) -> list[Seq]:
+        """Take these requests out of the waiting queue, in order; return them."""
+
+    def schedule(self) -> Scheduled:
+        """The next iteration's batch, with its blocks allocated and its preemptions done."""
+
+    def complete(self, out: Scheduled) -> list[Seq]:
+        """The iteration `out` ran: apply its tokens; return the requests it finished."""
+
+    def finish_due(self) -> list[Seq]:
+        """Finish the requests whose last token the iterations so far produced; return them."""
+
+    def release_finishing(self) -> None:
+        """Free the finished requests that held their place for one more schedule."""
+
+    def generated(self, seq: Seq) -> int:
+        """Tokens this request has generated so far."""
+
+    def abort(self, seq: Seq) -> int:
+        """Take a running request out, its KV freed; return its generated tokens."""
+
+    def free_all(self) -> list[Seq]:
+        """Sleep: free all KV and the prefix cache; running requests wait again, first, with their
+        tokens; return them."""
+
+    def jump_plan(self) -> int:
+        """Iterations the fixed decode batch may run before its next event (0: run one)."""
+
+    def advance(self, k: int) -> None:
+        """Commit k iterations of the fixed decode batch (`jump_plan` said they fit)."""
+
+
+def make_scheduler(engine: EngineConfig, num_blocks: int) -> RolloutScheduler:
+    """The scheduler of one instance of this engine, with `num_blocks` KV blocks: vLLM's, or its
+    async variant where the engine schedules asynchronously (vLLM's default on GPU executors)."""
+    return vllm_scheduler(
+        num_blocks, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
+        engine.enable_chunked_prefill, engine.enable_prefix_caching, bool(engine.async_scheduling),
+    )  # fmt: skip
