@@ -59,6 +59,7 @@ def h200_llama_8b() -> dict[str, Any]:
             "141 GB when --gpu-memory-utilization is given",
         },
         "fit_error": {"published_error": "0.7-1.9% at 8k-32k response caps"},
+        "rollout_engine": "sglang",  # slime rolls out with SGLang
     }
     for key in ("linear_layers", "attention", "per_sequence", "framework", "links"):
         prof["provenance"].pop(key, None)  # the fit replaces these terms

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rlsim.config import EngineConfig
+from rlsim.config import ROLLOUT_ENGINES, EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
 from rlsim.roofline import check_roofline
@@ -148,6 +148,9 @@ class Profile:
     # Pipeline stages of one instance (vLLM's pipeline_parallel_size): the instance takes
     # TP x PP GPUs, each holding a stage's layers (`rlsim.derive.derive`); 1 in a profile without it
     pipeline_parallel_size: int = 1
+    # The rollout engine the costs were measured on (`ROLLOUT_ENGINES`): vLLM for every derived or
+    # calibrated profile, SGLang for the slime fit; written only where it is not vLLM
+    rollout_engine: str = "vllm"
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -250,6 +253,8 @@ class Profile:
             del out["prefill_request_s"]
         if out["pipeline_parallel_size"] == 1:  # nor one without pipeline stages
             del out["pipeline_parallel_size"]
+        if out["rollout_engine"] == "vllm":  # nor one measured on vLLM
+            del out["rollout_engine"]
         return out | {k: engine[k] for k in PROFILE_ENGINE_FIELDS}
 
 
@@ -273,7 +278,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     optional = (
         "spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization", "block_size",
         "linear_t0_s", "async_scheduling", "schema_version", "decode_residual_s", "prefill_request_s",
-        "pipeline_parallel_size",
+        "pipeline_parallel_size", "rollout_engine",
     )  # fmt: skip
     version = raw.get("schema_version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -342,6 +347,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
         pipeline_parallel_size=_positive_int(
             raw.get("pipeline_parallel_size", 1), f"{where}: field 'pipeline_parallel_size'"
         ),
+        rollout_engine=_rollout_engine(raw.get("rollout_engine", "vllm"), f"{where}: field 'rollout_engine'"),
         **kwargs,
     )
 
@@ -349,6 +355,12 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
 def _positive_int(value: Any, where: str) -> int:  # noqa: ANN401 - a JSON value
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise RlsimError(f"{where} must be a positive integer, got {value!r}")
+    return value
+
+
+def _rollout_engine(value: Any, where: str) -> str:  # noqa: ANN401 - a JSON value
+    if value not in ROLLOUT_ENGINES:
+        raise RlsimError(f"{where} must be one of {', '.join(ROLLOUT_ENGINES)}, got {value!r}")
     return value
 
 
@@ -401,12 +413,6 @@ def _optional_seconds(value: Any, what: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise RlsimError(f"{what} must be a finite number >= 0, got {value!r}")
     return float(value)
-
-
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise RlsimError(f"{what} must be a positive integer, got {value!r}")
-    return value
 
 
 def load_profile(name_or_path: str | Path) -> Profile:

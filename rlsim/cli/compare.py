@@ -18,6 +18,7 @@ from rlsim.cli.options import (
     from_trace,
     load_trace,
     say_if_compiling,
+    say_if_measured_on_another_engine,
     split_policies,
     tool_config,
 )
@@ -84,6 +85,7 @@ def register_compare(app: typer.Typer) -> None:
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         tools = tool_config(opts, tr)
+        say_if_measured_on_another_engine(profile)
         say_if_compiling()
         check_len(tr, rl.max_response_len)
         prog = Progress(

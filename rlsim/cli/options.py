@@ -154,6 +154,21 @@ def say_if_compiling() -> None:
         )
 
 
+def say_if_measured_on_another_engine(profile: str) -> None:
+    """Say so, in one line on stderr, when the profile's costs were measured on another rollout
+    engine than the one whose rules the run schedules with (vLLM's: rlsim has no other's yet)."""
+    from rlsim.config import ENGINE_NAMES
+    from rlsim.profile import load_profile
+
+    measured = load_profile(profile).rollout_engine
+    if measured != "vllm":
+        make_console(sys.stderr).print(
+            f"profile {profile}: its costs were measured on {ENGINE_NAMES[measured]}; this run schedules with "
+            "vLLM's rules, the only engine rlsim simulates so far",
+            highlight=False,
+        )
+
+
 def step_progress(total_steps: int, label: str, auto_refresh: bool = True, file=None):  # noqa: ANN001, ANN202
     """A step progress bar and its callback. Real runs pass `auto_refresh=False`: the bar then
     redraws only when a step ends, since a refresh thread would compete with the engine for the

@@ -42,6 +42,7 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print the grid as JSON."),
 ) -> None:
     """Decode tok/s over batch x context and each cell's fraction of the memory roofline."""
+    from rlsim.config import ENGINE_NAMES
     from rlsim.profile import load_profile
     from rlsim.roofline import BATCHES, CONTEXTS, grid, has_roofline
 
@@ -55,7 +56,8 @@ def show(
         f"[bold]{profile.name}[/]  {profile.hardware}, {profile.model}, TP {profile.tensor_parallel_size}"
         + (f" x PP {profile.pipeline_parallel_size}" if profile.pipeline_parallel_size > 1 else "")
         + ", "
-        f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.engine.max_num_seqs}",
+        f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.engine.max_num_seqs}, "
+        f"measured on {ENGINE_NAMES[profile.rollout_engine]}",
         highlight=False,
     )
     con.print(

@@ -1,0 +1,80 @@
+"""The seam between the simulated engine and an engine's scheduling rules
+(`rlsim.sim.rollout_scheduler`): `make_scheduler` gives vLLM's `Scheduler` or, where the engine
+schedules asynchronously, its `AsyncScheduler`, each with every member the engine asks of a
+scheduler, and `SimEngine` builds its instances through it. That both schedule as vLLM does is
+`tests/test_scheduler_parity.py`'s."""
+
+from __future__ import annotations
+
+from typing import get_type_hints
+
+import pytest
+
+from rlsim.config import EngineConfig
+from rlsim.profile import load_profile
+from rlsim.sim.engine import SimEngine
+from rlsim.sim.rollout_scheduler import RolloutScheduler, make_scheduler
+from rlsim.sim.scheduler import AsyncInstanceScheduler, InstanceScheduler
+from rlsim.step_costs import with_engine
+
+ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=256, block_size=16, enable_chunked_prefill=False,
+                      enable_prefix_caching=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_make_scheduler_gives_vllms_scheduler_for_the_engine(async_scheduling: bool) -> None:
+    from dataclasses import replace
+
+    sched = make_scheduler(replace(ENGINE, async_scheduling=async_scheduling), 100)
+    assert type(sched) is (AsyncInstanceScheduler if async_scheduling else InstanceScheduler)
+    assert sched.async_scheduling is async_scheduling
+    assert (sched.num_blocks, sched.block_size, sched.max_num_seqs, sched.max_num_batched_tokens) == (100, 16, 8, 256)
+    assert not sched.enable_chunked_prefill and not sched.enable_prefix_caching
+    # every member the engine asks of a scheduler
+    members = set(get_type_hints(RolloutScheduler)) | {
+        n for n in vars(RolloutScheduler) if not n.startswith("_") and callable(vars(RolloutScheduler)[n])
+    }
+    assert {"schedule", "complete", "jump_plan", "advance", "running", "num_decoding"} <= members
+    missing = [n for n in sorted(members) if not hasattr(sched, n)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_engine_builds_its_instances_through_the_seam(async_scheduling: bool) -> None:
+    profile = with_engine(load_profile("h100-qwen2.5-7b-tp1"), EngineConfig(async_scheduling=async_scheduling))
+    engine = SimEngine(profile, num_instances=3)
+    kinds = {type(inst.sched) for inst in engine.instances}
+    assert kinds == {AsyncInstanceScheduler if async_scheduling else InstanceScheduler}
+
+
+def test_a_profile_records_the_engine_its_costs_were_measured_on(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from rlsim.errors import RlsimError
+    from rlsim.profile import profile_from_dict
+
+    slime = load_profile("h200-llama-8b")  # slime's fit of real SGLang decode logs
+    assert slime.rollout_engine == "sglang" and load_profile("h100-qwen2.5-7b-tp1").rollout_engine == "vllm"
+    assert profile_from_dict(slime.to_dict()) == slime
+    assert "rollout_engine" not in load_profile("h100-qwen2.5-7b-tp1").to_dict()  # vLLM's: written as before
+    with pytest.raises(RlsimError, match="field 'rollout_engine' must be one of vllm, sglang, got 'trt'"):
+        profile_from_dict(slime.to_dict() | {"rollout_engine": "trt"})
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(slime.to_dict() | {"rollout_engine": "vllm"}))
+    assert load_profile(path).rollout_engine == "vllm"
+
+
+def test_a_run_on_a_profile_measured_on_another_engine_says_so(small_trace_path, tmp_path) -> None:  # noqa: ANN001
+    from typer.testing import CliRunner
+
+    from rlsim.cli.app import app
+
+    args = ["--trace", str(small_trace_path), "--gpus", "2", "--max-steps", "1"]
+    note = "its costs were measured on SGLang; this run schedules with vLLM's rules"
+    r = CliRunner().invoke(app, ["simulate", *args, "--profile", "h200-llama-8b", "-o", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert note in " ".join(r.stderr.split())
+    r = CliRunner().invoke(app, ["simulate", *args, "--profile", "h100-qwen2.5-7b-tp1", "-o", str(tmp_path / "b")])
+    assert r.exit_code == 0 and "measured on" not in r.stderr
+    r = CliRunner().invoke(app, ["profile", "show", "h200-llama-8b"])
+    assert r.exit_code == 0 and "measured on SGLang" in r.output
