@@ -68,10 +68,10 @@ class ClusterConfig:
         return self.rollout_gpus // instance_gpus
 
 
-# Rollout engines whose costs a profile can record (`Profile.rollout_engine`), by their packages'
-# names; the simulator schedules with vLLM's rules (`rlsim.sim.rollout_scheduler`)
-ROLLOUT_ENGINES = ("vllm", "sglang")
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+# Rollout engines whose costs a profile can record (`Profile.rollout_engine`): their packages'
+# names, and how they are written; the simulator schedules with vLLM's rules
+# (`rlsim.sim.rollout_scheduler`)
+ROLLOUT_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def _knob(default: Any, help: str, flag: str | None = None) -> Any:  # noqa: A002 - the CLI's word

@@ -157,13 +157,13 @@ def say_if_compiling() -> None:
 def say_if_measured_on_another_engine(profile: str) -> None:
     """Say so, in one line on stderr, when the profile's costs were measured on another rollout
     engine than the one whose rules the run schedules with (vLLM's: rlsim has no other's yet)."""
-    from rlsim.config import ENGINE_NAMES
+    from rlsim.config import ROLLOUT_ENGINES
     from rlsim.profile import load_profile
 
     measured = load_profile(profile).rollout_engine
     if measured != "vllm":
         make_console(sys.stderr).print(
-            f"profile {profile}: its costs were measured on {ENGINE_NAMES[measured]}; this run schedules with "
+            f"profile {profile}: its costs were measured on {ROLLOUT_ENGINES[measured]}; this run schedules with "
             "vLLM's rules, the only engine rlsim simulates so far",
             highlight=False,
         )

@@ -42,7 +42,7 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print the grid as JSON."),
 ) -> None:
     """Decode tok/s over batch x context and each cell's fraction of the memory roofline."""
-    from rlsim.config import ENGINE_NAMES
+    from rlsim.config import ROLLOUT_ENGINES
     from rlsim.profile import load_profile
     from rlsim.roofline import BATCHES, CONTEXTS, grid, has_roofline
 
@@ -57,7 +57,7 @@ def show(
         + (f" x PP {profile.pipeline_parallel_size}" if profile.pipeline_parallel_size > 1 else "")
         + ", "
         f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.engine.max_num_seqs}, "
-        f"measured on {ENGINE_NAMES[profile.rollout_engine]}",
+        f"measured on {ROLLOUT_ENGINES[profile.rollout_engine]}",
         highlight=False,
     )
     con.print(

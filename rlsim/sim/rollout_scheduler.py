@@ -84,5 +84,5 @@ def make_scheduler(engine: EngineConfig, num_blocks: int) -> RolloutScheduler:
     async variant where the engine schedules asynchronously (vLLM's default on GPU executors)."""
     return vllm_scheduler(
         num_blocks, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
-        engine.enable_chunked_prefill, engine.enable_prefix_caching, bool(engine.async_scheduling),
+        engine.enable_chunked_prefill, engine.enable_prefix_caching, async_scheduling=bool(engine.async_scheduling),
     )  # fmt: skip

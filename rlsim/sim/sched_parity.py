@@ -106,7 +106,7 @@ class Log:
 def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) -> Log:
     sched = vllm_scheduler(
         cfg.num_blocks, cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-        cfg.enable_chunked_prefill, cfg.enable_prefix_caching, cfg.async_scheduling,
+        cfg.enable_chunked_prefill, cfg.enable_prefix_caching, async_scheduling=cfg.async_scheduling,
     )
     work = sorted(workload(cfg), key=lambda w: (w.arrive, w.request_id))
     log = Log([], [], {})

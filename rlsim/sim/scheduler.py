@@ -571,17 +571,7 @@ class AsyncInstanceScheduler(InstanceScheduler):
         return super().preempt(seq)
 
 
-def vllm_scheduler(
-    num_blocks: int,
-    block_size: int,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    enable_chunked_prefill: bool = True,
-    enable_prefix_caching: bool = True,
-    async_scheduling: bool = False,
-) -> InstanceScheduler:
-    """vLLM's scheduler for one instance under these settings: `AsyncInstanceScheduler` where
-    `async_scheduling` is on (as vLLM picks `AsyncScheduler`), else `InstanceScheduler`."""
-    cls = AsyncInstanceScheduler if async_scheduling else InstanceScheduler
-    return cls(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
-               enable_prefix_caching)  # fmt: skip
+def vllm_scheduler(*settings: int | bool, async_scheduling: bool = False, **named: int | bool) -> InstanceScheduler:
+    """vLLM's scheduler for one instance under `InstanceScheduler`'s settings: `AsyncInstanceScheduler`
+    where `async_scheduling` is on (as vLLM picks `AsyncScheduler`), else `InstanceScheduler`."""
+    return (AsyncInstanceScheduler if async_scheduling else InstanceScheduler)(*settings, **named)
