@@ -68,10 +68,13 @@ class ClusterConfig:
         return self.rollout_gpus // instance_gpus
 
 
-# Rollout engines whose costs a profile can record (`Profile.rollout_engine`): their packages'
-# names, and how they are written; the simulator schedules with vLLM's rules
-# (`rlsim.sim.rollout_scheduler`)
+# Rollout engines: their packages' names, and how they are written. A run schedules with one's
+# rules (`EngineConfig.rollout_engine`, `rlsim.sim.rollout_scheduler`); a profile records the one
+# its costs were measured on (`Profile.rollout_engine`)
 ROLLOUT_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
+# settings only one engine has, refused under the other's rules: SGLang's KV page is one token and
+# its overlap scheduler is its own (always on, as SGLang's default)
+VLLM_ONLY = ("block_size", "async_scheduling")
 
 
 def _knob(default: Any, help: str, flag: str | None = None) -> Any:  # noqa: A002 - the CLI's word
@@ -121,6 +124,12 @@ class EngineConfig:
         "cost per layer (default: off, vLLM's).",
         "enforce-eager",
     )
+    rollout_engine: str = _knob(
+        "vllm",
+        "Whose scheduling rules the rollout instances follow: vllm (0.32) or sglang (0.5.23). Under sglang, "
+        "gpu_memory_utilization is mem_fraction_static, max_num_seqs max_running_requests, max_num_batched_tokens "
+        "chunked_prefill_size, prefix caching the radix cache, enforce_eager disable_cuda_graph.",
+    )
 
     def __post_init__(self) -> None:
         u = self.gpu_memory_utilization
@@ -132,6 +141,19 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise RlsimError(f"{name} must be positive, got {v}")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise RlsimError(f"unknown rollout engine {self.rollout_engine!r}: use {' or '.join(ROLLOUT_ENGINES)}")
+
+    def check_settings_for_engine(self) -> None:
+        """Refuse a run's setting that its rollout engine does not have (call before `over`: a
+        profile's own settings are vLLM's names for what both engines share)."""
+        if self.rollout_engine == "sglang":
+            for name in VLLM_ONLY:
+                if getattr(self, name) is not None:
+                    raise RlsimError(
+                        f"{name} is a vLLM setting that SGLang does not have (its KV page is one token, its overlap "
+                        "scheduler always on): drop it or use --rollout-engine vllm"
+                    )
 
     def over(self, base: EngineConfig) -> EngineConfig:
         """These settings, with each unset (`None`) one taken from `base`."""

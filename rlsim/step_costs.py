@@ -106,6 +106,7 @@ def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
     """The profile under this run's engine: `engine` laid over the profile's own (`None` keeps
     the profile's setting), the KV capacity re-derived for another `gpu_memory_utilization`.
     The result's `engine` is the one configuration every part of the run reads."""
+    engine.check_settings_for_engine()
     merged = engine.over(profile.engine)
     changes: dict = {"engine": merged}
     if merged.enforce_eager and not profile.engine.enforce_eager and profile.model_facts:

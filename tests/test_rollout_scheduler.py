@@ -25,7 +25,7 @@ ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=256, block_size=16,
 def test_make_scheduler_gives_vllms_scheduler_for_the_engine(async_scheduling: bool) -> None:
     from dataclasses import replace
 
-    sched = make_scheduler(replace(ENGINE, async_scheduling=async_scheduling), 100)
+    sched = make_scheduler(replace(ENGINE, async_scheduling=async_scheduling), 1600)
     assert type(sched) is (AsyncInstanceScheduler if async_scheduling else InstanceScheduler)
     assert sched.async_scheduling is async_scheduling
     assert (sched.num_blocks, sched.block_size, sched.max_num_seqs, sched.max_num_batched_tokens) == (100, 16, 8, 256)

@@ -139,8 +139,7 @@ class SimEngine:
         self._watch: dict[int, int] = {}  # `step(prompts=...)`: finishes each watched prompt may still have
         self._watch_hit = False
         self.first_token: dict[int, float] = {}
-        num_blocks = profile.kv_capacity_tokens // engine.block_size
-        self.instances = [_Instance(i, make_scheduler(engine, num_blocks)) for i in range(num_instances)]
+        self.instances = [_Instance(i, make_scheduler(engine, profile.kv_capacity_tokens)) for i in range(num_instances)]
         for inst in self.instances:
             inst.proc = self.env.process(self._run(inst))
 
@@ -156,7 +155,7 @@ class SimEngine:
 
     def submit(self, requests: Sequence[Request]) -> None:
         touched = set()
-        cap = self.instances[0].sched.num_blocks * self.block_size if self.instances else 0
+        cap = self.instances[0].sched.num_blocks * self.instances[0].sched.block_size if self.instances else 0
         for req in requests:
             inst = self.instances[req.instance]
             target = min(req.target_tokens, req.max_tokens)

@@ -7,9 +7,11 @@ how many tokens each (`schedule`), what the iteration finished (`complete`, `fin
 KV blocks and prefix cache it holds, and how far a fixed decode batch may run before its next
 event (`jump_plan`, `advance`; `rlsim.sim.jump` prices the jump from the batch's sums). vLLM's
 rules sit behind it as vLLM separates them: `InstanceScheduler` is its `Scheduler` and
-`AsyncInstanceScheduler` its `AsyncScheduler` (`rlsim.sim.scheduler`); `make_scheduler` picks one
-for an engine configuration. The compiled core (`rlsim.sim.compiled`) is the accelerator of the
-same vLLM rules, held equal to them by tests.
+`AsyncInstanceScheduler` its `AsyncScheduler` (`rlsim.sim.scheduler`); SGLang's are
+`SGLangScheduler` (`rlsim.sim.sglang_scheduler`, its radix cache in `rlsim.sim.radix_cache`);
+`make_scheduler` picks one for an engine configuration (`EngineConfig.rollout_engine`). The
+compiled core (`rlsim.sim.compiled`) is the accelerator of vLLM's rules, held equal to them by
+tests; SGLang's run on `SimEngine`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
 from rlsim.sim.scheduler import vllm_scheduler
+from rlsim.sim.sglang_scheduler import SGLangScheduler
 from rlsim.sim.seq import Scheduled, Seq
 
 if TYPE_CHECKING:
@@ -79,10 +82,16 @@ class RolloutScheduler(Protocol):
         """Commit k iterations of the fixed decode batch (`jump_plan` said they fit)."""
 
 
-def make_scheduler(engine: EngineConfig, num_blocks: int) -> RolloutScheduler:
-    """The scheduler of one instance of this engine, with `num_blocks` KV blocks: vLLM's, or its
-    async variant where the engine schedules asynchronously (vLLM's default on GPU executors)."""
+def make_scheduler(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
+    """The scheduler of one instance of this engine, holding `kv_tokens` KV tokens: SGLang's where
+    the engine names it, else vLLM's, or its async variant where the engine schedules
+    asynchronously (vLLM's default on GPU executors)."""
+    if engine.rollout_engine == "sglang":
+        return SGLangScheduler(
+            kv_tokens, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
+            engine.enable_prefix_caching,
+        )  # fmt: skip
     return vllm_scheduler(
-        num_blocks, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
+        kv_tokens // engine.block_size, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
         engine.enable_chunked_prefill, engine.enable_prefix_caching, async_scheduling=bool(engine.async_scheduling),
     )  # fmt: skip

@@ -20,6 +20,7 @@ from rlsim.errors import RlsimError
 from rlsim.profile import Profile, load_profile
 from rlsim.result import Result, summarize
 from rlsim.sim.engine import SimEngine
+from rlsim.sim.sglang_scheduler import SGLANG_VERSION
 from rlsim.spec.speculation import SpecModel
 from rlsim.step_costs import check_layout, with_engine
 from rlsim.trace.format import Trace
@@ -41,6 +42,13 @@ def check_engine_fits(prof: Profile, trace: Trace, rl: RLConfig) -> None:
             f"with chunked prefill off, max_num_batched_tokens ({prof.engine.max_num_batched_tokens}) must "
             f"hold the longest request ({longest} tokens), as vLLM requires of max_model_len"
         )
+
+
+def scheduler_name(engine_cfg: EngineConfig, impl: str) -> str:
+    """Whose rules scheduled the run, and which implementation ran them."""
+    if engine_cfg.rollout_engine == "sglang":
+        return f"SGLang {SGLANG_VERSION} rules (SimEngine)"
+    return f"vLLM 0.32 rules ({'compiled core' if impl == 'compiled' else 'SimEngine'})"
 
 
 def simulate(
@@ -76,6 +84,8 @@ def simulate(
     impl = engine or os.environ.get("RLSIM_ENGINE") or "compiled"
     if impl not in ("compiled", "simpy"):
         raise RlsimError(f"unknown engine {impl!r}: use compiled or simpy")
+    if prof.engine.rollout_engine != "vllm":
+        impl = "simpy"  # the compiled core accelerates vLLM's rules only
     if impl == "compiled" and iteration_times is None:
         # imported here: numba's llvmlite, once imported, breaks vLLM's kernel scan when a real run
         # starts its engines in this process (`vllm.triton_utils.dispatcher`), so real mode never
@@ -108,6 +118,7 @@ def simulate(
     summary["prefix_hit_tokens"] = engine.prefix_hit_tokens
     summary["wake_reprefill_tokens"] = engine.wake_reprefill_tokens
     summary["pause_interrupts"] = engine.pause_interrupts
+    summary["scheduler"] = scheduler_name(prof.engine, "simpy" if isinstance(engine, SimEngine) else "compiled")
     if records.multi_turn is not None:
         summary["multi_turn"] = records.multi_turn
     if iteration_times is not None:

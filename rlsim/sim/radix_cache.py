@@ -1,0 +1,165 @@
+"""RadixCache: SGLang's token pool and radix prefix cache (page size 1), counted in tokens.
+
+A port of `sglang.srt.mem_cache.radix_cache.RadixCache` (sglang 0.5.23) for what a trace knows of
+its tokens: a request's sequence is its prompt's shared tokens (keyed by `prompt_id`, the first
+`prompt_len or num_prompt_tokens` positions) and then its own (keyed by its request id: a later
+turn's context, its output). A node holds positions `[lo, hi)` of one key and the KV slots of
+those tokens; nodes are split where a match ends, as SGLang splits them, and never span the
+shared/own boundary (SGLang's can, when a request inserts prompt and output in one piece and no
+other request shares the prompt: only which leaf eviction frees first differs).
+
+- `match` walks a request's sequence from the root (at most all its tokens but the last, as
+  `Req.init_next_round_input` asks) and touches the nodes it passes (`last_access`);
+- `lock`/`unlock` count the requests a node's path serves (`inc_lock_ref`, `dec_lock_ref`): an
+  unlocked node is evictable;
+- `insert` adds a request's computed tokens past what the tree holds; the tokens the tree already
+  held are duplicates its slots give back (`cache_unfinished_req`, `cache_finished_req`);
+- `evict(n)` frees the least recently used unlocked leaves, whole, until `n` tokens are freed
+  (`RadixCache.evict`: a parent left childless and unlocked becomes a leaf in turn);
+- `free` is the allocator's free slots; `available()` plus `evictable` is what admission counts.
+"""
+
+from __future__ import annotations
+
+import heapq
+from itertools import count
+
+
+class Node:
+    __slots__ = ("key", "lo", "hi", "parent", "children", "lock", "last_access", "alive")
+
+    def __init__(self, key: object, lo: int, hi: int, parent: Node | None) -> None:
+        self.key, self.lo, self.hi, self.parent = key, lo, hi, parent
+        self.children: dict[tuple, Node] = {}  # (key, lo) of the child's first token -> child
+        self.lock = 0
+        self.last_access = 0
+        self.alive = True
+
+    @property
+    def size(self) -> int:
+        return self.hi - self.lo
+
+
+class RadixCache:
+    """One instance's KV token slots and the radix tree that caches them."""
+
+    def __init__(self, num_tokens: int, enabled: bool = True) -> None:
+        self.num_tokens = num_tokens
+        self.enabled = enabled
+        self.reset()
+
+    def reset(self) -> None:
+        """Every slot free, the tree empty (a flush, or sleep)."""
+        self.free = self.num_tokens
+        self.root = Node(None, 0, 0, None)
+        self.root.lock = 1  # never evicted
+        self.evictable = 0  # tokens in unlocked nodes
+        self._clock = count(1)
+        self._leaves: list = []  # (last_access, seq, node): candidates, checked when popped
+        self._seq = count()
+
+    # ---- a request's path --------------------------------------------------------------------
+    @staticmethod
+    def key_at(pos: int, prompt_id: int, shared: int, rid: int) -> object:
+        return prompt_id if pos < shared else ("own", rid)
+
+    def match(self, prompt_id: int, shared: int, rid: int, limit: int) -> tuple[Node, int]:
+        """(Deepest node of the longest cached prefix of at most `limit` tokens, its length)."""
+        node, pos = self.root, 0
+        if not self.enabled:
+            return node, 0
+        while pos < limit:
+            end = min(limit, shared) if pos < shared else limit  # a node never spans the boundary
+            child = node.children.get((self.key_at(pos, prompt_id, shared, rid), pos))
+            if child is None:
+                break
+            if child.hi > end:
+                child = self._split(child, end)
+            node, pos = child, child.hi
+            node.last_access = next(self._clock)
+            self._maybe_leaf(node)
+        return node, pos
+
+    def _split(self, child: Node, at: int) -> Node:
+        """Cut `child` at position `at`; return the new upper part [lo, at) (its old tail below it)."""
+        top = Node(child.key, child.lo, at, child.parent)
+        top.lock, top.last_access = child.lock, child.last_access
+        del child.parent.children[(child.key, child.lo)]
+        child.parent.children[(top.key, top.lo)] = top
+        child.lo, child.parent = at, top
+        top.children[(child.key, child.lo)] = child
+        return top
+
+    def insert(self, node: Node, pos: int, prompt_id: int, shared: int, rid: int, end: int) -> tuple[Node, int]:
+        """Cache positions [pos, end) below `node` (the request's path so far); return (its new
+        deepest node, tokens the tree already held, whose slots the request gives back)."""
+        dup = 0
+        if not self.enabled:
+            return node, 0
+        while pos < end:
+            stop = min(end, shared) if pos < shared else end
+            key = self.key_at(pos, prompt_id, shared, rid)
+            child = node.children.get((key, pos))
+            if child is None:
+                child = Node(key, pos, stop, node)
+                node.children[(key, pos)] = child
+                child.last_access = next(self._clock)
+                self.evictable += child.size  # unlocked until the caller locks it
+                self._maybe_leaf(child)
+                node, pos = child, stop
+                continue
+            if child.hi > stop:
+                child = self._split(child, stop)
+            dup += child.size
+            child.last_access = next(self._clock)
+            self._maybe_leaf(child)
+            node, pos = child, child.hi
+        return node, dup
+
+    # ---- locks and eviction ------------------------------------------------------------------
+    def lock(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock == 0:
+                self.evictable -= node.size
+            node.lock += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node is not self.root:
+            node.lock -= 1
+            if node.lock == 0:
+                self.evictable += node.size
+                self._maybe_leaf(node)
+            node = node.parent
+
+    def _maybe_leaf(self, node: Node) -> None:
+        if not node.children and node.lock == 0 and node is not self.root:
+            heapq.heappush(self._leaves, (node.last_access, next(self._seq), node))
+
+    def evict(self, num_tokens: int) -> int:
+        """Free least recently used unlocked leaves until `num_tokens` are freed; return the freed."""
+        freed, leaves = 0, self._leaves
+        while freed < num_tokens and leaves:
+            at, _, node = heapq.heappop(leaves)
+            if not node.alive or node.children or node.lock or at != node.last_access:
+                continue  # stale: evicted, grown, locked or touched since it was pushed
+            node.alive = False
+            freed += node.size
+            self.evictable -= node.size
+            self.free += node.size
+            parent = node.parent
+            del parent.children[(node.key, node.lo)]
+            self._maybe_leaf(parent)
+        return freed
+
+    def evict_to_free(self, num_tokens: int) -> bool:
+        """The allocator's `evict_to_free_tokens`: evict so `num_tokens` slots are free, if it can."""
+        if self.free < num_tokens:
+            self.evict(num_tokens - self.free)
+        return self.free >= num_tokens
+
+    def alloc(self, n: int) -> None:
+        """Take n slots (the caller checked they fit after eviction), evicting as needed."""
+        if self.free < n:
+            self.evict(n - self.free)
+        self.free -= n

@@ -1,0 +1,458 @@
+"""SGLangScheduler: SGLang's scheduling rules for one rollout instance, iteration by iteration.
+
+A port of what sglang 0.5.23's `Scheduler` (`sglang/srt/managers/scheduler.py`) decides for a
+plain decoder with its defaults (schedule policy `fcfs`, page size 1, mixed chunks off, overlap
+scheduler on), time left out (`rlsim.sim.engine` prices iterations). Each rule, and where it is:
+
+- **Prefill first** (`get_next_batch_to_run`): a prefill batch, when one can be formed, runs on
+  its own; the running requests decode only in iterations without one.
+- **Admission** (`_get_new_batch_prefill_raw`, `PrefillAdder.add_one_req` in
+  `schedule_policy.py`, `PrefillBudget` in `mem_cache/prefill_budget.py`): waiting requests in
+  order, each matched against the radix cache, while fewer than `max_running_requests` run and
+  the pass has input budget (`max_prefill_tokens`, 16384) and chunk budget
+  (`chunked_prefill_size`, vLLM's `max_num_batched_tokens` here). A request needs
+  `extend + min(max_new_tokens - output, 4096) + 1` tokens below the free and evictable slots
+  less what the pass reserved: every running request's
+  `min(max_new_tokens - output, 4096) * new_token_ratio`, and each request it admitted
+  `extend + 1 + min(max_new_tokens, 4096)`. A request whose prompt exceeds the chunk budget left
+  is cut there and reserves nothing for its output; it continues first in the next pass
+  (`add_chunked_req`). A refusal for memory marks the batch full: no admission is tried again
+  until a request leaves the running batch (`batch_is_full`).
+- **new_token_ratio** (`scheduler_components/new_token_ratio_tracker.py`): starts at 0.7
+  (`SGLANG_INIT_NEW_TOKEN_RATIO` times `schedule_conservativeness` 1.0), falls by
+  `(0.7 - 0.098) / 600` at every decode step without a retraction down to 0.098 (factor 0.14).
+- **Retraction** (`update_running_batch`; `ScheduleBatch.check_decode_mem`, `retract_decode` in
+  `schedule_batch.py`): a decode step needs one slot per request; when the free and evictable
+  slots fall short, requests are retracted fewest output tokens first, the longer prompt first
+  among equals, at least one and until the rest fit, keeping one; each frees its KV without
+  inserting its output into the cache and goes to the back of the queue, to re-prefill prompt and
+  output. The ratio becomes `min(1, (output + 20 * n) / (max_new_tokens + 1))` summed over the
+  n requests left.
+- **Radix cache** (`rlsim.sim.radix_cache`): page size 1, LRU eviction of unlocked leaves; a
+  prefilled chunk is inserted at once, a finished request's whole sequence when it finishes.
+  A group's samples prefill their shared prompt once: a request admitted in the same pass as an
+  earlier one of its prompt takes that one's prompt tokens as cached, as SGLang's tokenizer
+  manager arranges for `n > 1` by prefilling the prompt alone first (a pass earlier there).
+- **Overlap scheduler** (`event_loop_overlap`): the next batch is scheduled before the last
+  one's results are processed, so a finished request keeps its slots and place one more schedule:
+  one that stopped on an end-of-sequence token decodes one more token, one that reached
+  `max_new_tokens` is left out of the batch (`_reqs_finishing_inflight`); output counts read at
+  a schedule lag the batch in flight, and a retracted request loses that batch's token. A decode
+  step that does not fit while such a request still holds its slots waits for them.
+
+The engine drives it as it drives vLLM's (`rlsim.sim.rollout_scheduler.RolloutScheduler`): a
+decoding request's tokens are counted from the decode step it started at, and between events a
+fixed decode batch jumps to its next finish or slot shortage (`jump_plan`, `advance`), held equal
+to the step-by-step path by tests.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from rlsim.errors import RlsimError
+from rlsim.sim.radix_cache import Node, RadixCache
+from rlsim.sim.seq import Scheduled, Seq
+
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (times schedule_conservativeness 1.0)
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens
+SGLANG_VERSION = "0.5.23"
+
+
+class SGLangScheduler:
+    """SGLang's `Scheduler` for one instance: waiting queue, running batch, radix cache, prefill
+    admission, retraction and `new_token_ratio` (a `rlsim.sim.rollout_scheduler.RolloutScheduler`)."""
+
+    block_size = 1  # page size: KV is counted in token slots
+
+    def __init__(
+        self,
+        num_tokens: int,
+        max_running_requests: int,
+        chunked_prefill_size: int,
+        enable_chunked_prefill: bool = True,
+        enable_radix_cache: bool = True,
+        overlap: bool = True,
+        max_prefill_tokens: int = MAX_PREFILL_TOKENS,
+    ) -> None:
+        self.num_blocks = num_tokens
+        self.max_running_requests = max_running_requests
+        self.chunked_prefill_size = chunked_prefill_size if enable_chunked_prefill else None
+        self.max_prefill_tokens = max_prefill_tokens
+        self.overlap = overlap
+        self.cache = RadixCache(num_tokens, enable_radix_cache)
+        self.waiting: deque[Seq] = deque()
+        self.running: dict[int, Seq] = {}  # request id -> Seq: the running batch, then the chunked request
+        self.chunked: Seq | None = None  # the request whose prompt is being prefilled in chunks
+        self.finishing: list[Seq] = []  # overlap: finished, their slots held until the next schedule
+        self.batch_is_full = False
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.iters = 0  # iterations run
+        self.dsteps = 0  # decode steps run: a decoding request's clock
+        self.heap: list = []  # (finish decode step, rid) of decoding requests
+        self.num_decoding = 0
+        self.ctx = 0.0  # KV tokens of the running requests (the cost model's C)
+        self.rate_sum = self.verify_sum = 0.0  # one token a step per decoding request
+        self.spec: dict[int, Seq] = {}  # speculative decoding is modelled for vLLM only
+        self._hold: dict[int, tuple[Node, int, int]] = {}  # rid -> (locked node, tokens it covers, shared ones not allocated)
+        self._last_prefill: set[int] | None = set()  # rids the last iteration prefilled (None: it decoded)
+        self._order = 0
+        self.prefix_hit_tokens = 0
+        self.turn_tokens = self.turn_hit_tokens = 0
+        self.retractions = 0
+
+    # ---- queue changes -----------------------------------------------------------------------
+    def add(self, seq: Seq) -> None:
+        if seq.rate != 1.0:
+            raise RlsimError("speculative decoding is modelled under vLLM's rules only: use --rollout-engine vllm")
+        self.waiting.append(seq)
+
+    def remove_waiting(self, rids: set[int]) -> list[Seq]:
+        gone = [seq for seq in self.waiting if seq.req.request_id in rids]
+        if gone:
+            self.waiting = deque(seq for seq in self.waiting if seq.req.request_id not in rids)
+        return gone
+
+    # ---- token counts ------------------------------------------------------------------------
+    def generated(self, seq: Seq) -> int:
+        if not seq.decoding:
+            return seq.generated
+        return seq.generated + min(self.dsteps - seq.start_iter, seq.target - seq.generated)
+
+    def computed(self, seq: Seq) -> int:
+        return seq.computed + (self.dsteps - seq.start_iter if seq.decoding else 0)
+
+    def _lag(self, seq: Seq) -> int:
+        """1 where the overlap scheduler has not processed the batch in flight for this request."""
+        if not self.overlap or not seq.decoding:
+            return 0
+        last = self._last_prefill
+        return 1 if last is None or seq.req.request_id in last else 0
+
+    def _output_len(self, seq: Seq) -> int:
+        """`len(req.output_ids)` as the scheduler reads it at a schedule."""
+        return self.generated(seq) - self._lag(seq)
+
+    # ---- one iteration -----------------------------------------------------------------------
+    def schedule(self) -> Scheduled:
+        out = Scheduled()
+        if not self._running_batch():
+            self.batch_is_full = False
+        if self.chunked is not None or (self.waiting and not self.batch_is_full):
+            self._prefill(out)
+        if not out.chunks:
+            self._decode(out)
+        if out.chunks or out.num_decodes:  # what the next schedule's output counts lag by
+            self._last_prefill = {seq.req.request_id for seq, _ in out.chunks} if out.chunks else None
+        return out
+
+    def _running_batch(self) -> list[Seq]:
+        """The running batch as the scheduler sees it: every running request but the chunked one."""
+        return [s for s in self.running.values() if s is not self.chunked]
+
+    def _budget(self, offset: float) -> float:
+        """`PrefillBudget.remaining_total` (`remaining_current`) under this offset."""
+        return self.cache.free + self.cache.evictable - offset
+
+    def _no_token(self, total: float, current: float) -> bool:
+        return self._budget(total) <= 0 or self._budget(current) <= 0
+
+    @staticmethod
+    def _out_of_input(rem_input: int, rem_chunk: int | None) -> bool:
+        return rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0)
+
+    def _prefill(self, out: Scheduled) -> None:
+        batch = self._running_batch()
+        allocatable = self.max_running_requests - len(batch)
+        if allocatable <= 0 and self.chunked is None:
+            self.batch_is_full = True
+            return
+        ratio = self.new_token_ratio
+        total = sum(min(s.req.max_tokens - self._output_len(s), CLIP_MAX_NEW_TOKENS) * ratio for s in batch)
+        current = 0.0
+        rem_input, rem_chunk = self.max_prefill_tokens, self.chunked_prefill_size
+        admitted: list[tuple[Seq, int]] = []
+        cache = self.cache
+        if self.chunked is not None:  # the chunked request continues first
+            seq = self.chunked
+            cand = seq.req.num_prompt_tokens + seq.generated - seq.computed
+            room = min(rem_chunk, int(self._budget(total))) if rem_chunk is not None else cand
+            take = min(cand, room if room > 0 else rem_chunk)
+            done = take >= cand
+            res = min(seq.req.max_tokens, CLIP_MAX_NEW_TOKENS) if done else 0
+            total += take + 1 + res
+            current += take + 1
+            rem_input -= take
+            if rem_chunk is not None:
+                rem_chunk -= take
+            admitted.append((seq, take))
+            if done:
+                self.chunked = None
+        group_end: dict[int, int] = {}  # prompt -> shared tokens a request admitted in this pass computes
+        for seq in list(self.waiting):
+            if self._out_of_input(rem_input, rem_chunk) and not self._no_token(total, current):
+                break  # `budget_state() == OTHER`: the continuing chunk spent the pass
+            if len(admitted) >= allocatable:  # (a continuing chunk keeps its row, and counts)
+                self.batch_is_full = True
+                break
+            req = seq.req
+            rid = req.request_id
+            ntok = req.num_prompt_tokens + seq.generated
+            shared = req.prompt_len or req.num_prompt_tokens
+            node, hit = cache.match(req.prompt_id, shared, rid, ntok - 1)  # `init_next_round_input`
+            virt = 0
+            if hit < shared and req.prompt_id in group_end:  # the group's prompt, computed earlier in this pass
+                virt = max(0, min(group_end[req.prompt_id], shared, ntok - 1) - hit)
+            # `add_one_req`
+            max_new = min(max(req.max_tokens - seq.generated, 0), CLIP_MAX_NEW_TOKENS)
+            extend = 1 if seq.transfer else ntok - hit - virt
+            cache.lock(node)  # the match is pinned while the request is weighed
+            if not extend + max_new + 1 < self._budget(total):
+                cache.unlock(node)
+                self.batch_is_full = bool(admitted) or bool(batch)  # NO_TOKEN
+                break
+            if rem_chunk is None and admitted and extend >= rem_input:
+                cache.unlock(node)
+                break
+            res = min(req.max_tokens, CLIP_MAX_NEW_TOKENS)
+            chunked = rem_chunk is not None and extend > rem_chunk
+            if chunked:
+                extend, res = rem_chunk, 0
+                if extend <= 0:
+                    cache.unlock(node)
+                    break
+            total += extend + 1 + res
+            current += extend + 1
+            rem_input -= extend
+            if rem_chunk is not None:
+                rem_chunk -= extend
+            self.waiting.remove(seq)
+            self._admit(seq, node, hit, virt)
+            admitted.append((seq, extend))
+            group_end[req.prompt_id] = max(group_end.get(req.prompt_id, 0), hit + virt + extend)
+            if chunked:
+                self.chunked = seq
+            if self._no_token(total, current):  # the verdict `add_one_req` returns
+                self.batch_is_full = True
+                break
+            if self._out_of_input(rem_input, rem_chunk):
+                break
+        for seq, take in admitted:  # `prepare_for_extend`: their slots, evicting as needed
+            cache.alloc(take)
+            out.chunks.append((seq, take))
+            out.prefill_tokens += take
+            self.ctx += take
+
+    def _admit(self, seq: Seq, node: Node, hit: int, virt: int) -> None:
+        """A waiting request joins: it holds its matched prefix (locked) and the group's shared tokens."""
+        self._hold[seq.req.request_id] = (node, hit, virt)
+        seq.computed = hit + virt
+        seq.order = self._order
+        self._order += 1
+        self.running[seq.req.request_id] = seq
+        self.ctx += seq.computed
+        self.prefix_hit_tokens += seq.computed
+        if seq.req.prompt_len and not seq.transfer:  # a later turn starting: its context, and how much hit
+            self.turn_tokens += seq.req.num_prompt_tokens + seq.generated
+            self.turn_hit_tokens += seq.computed
+        if seq.transfer:  # its KV was moved here: all but the last token are in place
+            last = seq.req.num_prompt_tokens + seq.generated - 1
+            self.cache.alloc(last - seq.computed)
+            self.ctx += last - seq.computed
+            seq.computed, seq.transfer = last, False
+
+    def _decode(self, out: Scheduled) -> None:
+        """`update_running_batch`: one token for every decoding request, retracting on shortage."""
+        batch = [s for s in self._running_batch() if s.decoding]
+        if not batch:
+            self.batch_is_full = False
+            return
+        holding = len(batch) < len(self._running_batch())  # overlap: finished at max tokens, slots still held
+        if not self.cache.evict_to_free(len(batch)):
+            if holding:
+                self.batch_is_full = False
+                return
+            self._retract(batch, out)
+            batch = [s for s in batch if s.decoding]
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        self.cache.alloc(len(batch))
+        out.decode_tokens = out.num_decodes = len(batch)
+        self.ctx += len(batch)
+
+    def _retract(self, batch: list[Seq], out: Scheduled) -> None:
+        keep = sorted(batch, key=lambda s: (self._output_len(s), -(s.req.num_prompt_tokens)), reverse=True)
+        first = True
+        while first or not self.cache.evict_to_free(len(keep)):
+            if len(keep) == 1:
+                break
+            first = False
+            seq = keep.pop()
+            lag = self._lag(seq)
+            self._release(seq, insert=False)
+            seq.generated -= lag  # the batch in flight's token is dropped with it
+            self.cache.evict_to_free(len(keep) * RETRACT_DECODE_STEPS)
+            self.waiting.append(seq)
+            out.preempted.append(seq)
+            self.retractions += 1
+        if not self.cache.evict_to_free(len(keep)):
+            raise RlsimError(
+                f"a request of {self.computed(keep[0])} KV tokens cannot decode in a pool of {self.num_blocks}: "
+                "raise --gpu-memory-utilization or lower --max-response-len"
+            )
+        self.new_token_ratio = min(
+            1.0,
+            (sum(self._output_len(s) for s in keep) + RETRACT_DECODE_STEPS * len(keep))
+            / (sum(s.req.max_tokens for s in keep) + 1),
+        )
+        self.batch_is_full = False
+
+    def complete(self, out: Scheduled) -> list[Seq]:
+        self.iters += 1
+        if out.num_decodes:
+            self.dsteps += 1
+        self.release_finishing()
+        cache = self.cache
+        for seq, take in out.chunks:
+            rid = seq.req.request_id
+            node, covered, virt = self._hold[rid]
+            seq.computed += take
+            end = seq.req.num_prompt_tokens + seq.generated
+            # `cache_unfinished_req`: the computed prompt enters the tree; duplicates give their slots back
+            shared = seq.req.prompt_len or seq.req.num_prompt_tokens
+            new_node, dup = cache.insert(node, covered, seq.req.prompt_id, shared, rid, seq.computed)
+            cache.free += max(dup - virt, 0)
+            cache.lock(new_node)
+            cache.unlock(node)
+            self._hold[rid] = (new_node, seq.computed if cache.enabled else 0, 0)
+            if seq.computed >= end:
+                seq.generated += 1  # the prefill samples the first token
+                self._start_decoding(seq)
+        return self.finish_due()
+
+    def finish_due(self) -> list[Seq]:
+        heap, now = self.heap, self.dsteps
+        due = []
+        while heap and heap[0][0] <= now:
+            rid = heapq.heappop(heap)[1]
+            seq = self.running.get(rid)
+            if seq is None or not seq.decoding or seq.finish_iter != now or seq.reported:
+                continue
+            due.append(seq)
+        if len(due) > 1:
+            due.sort(key=lambda s: s.order)
+        if not self.overlap:
+            for seq in due:
+                self._release(seq, insert=True)
+            return due
+        for seq in due:  # reported now, their slots freed after the next schedule
+            seq.reported = True
+            if seq.target >= seq.req.max_tokens:  # known finished: left out of the next batch
+                self._stop_decoding(seq)
+        self.finishing.extend(due)
+        return due
+
+    def release_finishing(self) -> None:
+        if self.finishing:
+            done, self.finishing = self.finishing, []
+            for seq in done:
+                if seq.req.request_id in self.running:
+                    self._release(seq, insert=True)
+
+    # ---- decoding and freeing ----------------------------------------------------------------
+    def _start_decoding(self, seq: Seq) -> None:
+        seq.decoding = True
+        seq.start_iter = self.dsteps
+        seq.finish_iter = self.dsteps + seq.target - seq.generated
+        self.num_decoding += 1
+        self.rate_sum += 1.0
+        self.verify_sum += 1.0
+        heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
+
+    def _stop_decoding(self, seq: Seq) -> None:
+        ran = self.dsteps - seq.start_iter
+        seq.generated += min(ran, seq.target - seq.generated)
+        seq.computed += ran
+        seq.decoding = False
+        self.num_decoding -= 1
+        self.rate_sum -= 1.0
+        self.verify_sum -= 1.0
+
+    def _release(self, seq: Seq, insert: bool) -> int:
+        """Take a running request out: with `insert` (finished, aborted) its sequence enters the
+        tree (`cache_finished_req`), else (retracted) its uncached tokens are freed outright."""
+        if seq.decoding:
+            self._stop_decoding(seq)
+        rid = seq.req.request_id
+        del self.running[rid]
+        if seq is self.chunked:
+            self.chunked = None
+        node, covered, _ = self._hold.pop(rid)
+        cache, c = self.cache, seq.computed
+        self.ctx -= c
+        if insert and cache.enabled:
+            shared = seq.req.prompt_len or seq.req.num_prompt_tokens
+            new_node, dup = cache.insert(node, covered, seq.req.prompt_id, shared, rid, c)
+            cache.free += dup
+        else:
+            cache.free += c - covered
+        cache.unlock(node)
+        self.batch_is_full = False
+        seq.computed = 0
+        return seq.generated
+
+    def abort(self, seq: Seq) -> int:
+        return self._release(seq, insert=True)
+
+    def free_all(self) -> list[Seq]:
+        """Sleep (`release_memory_occupation`, the radix cache flushed): running requests wait
+        again, first, with their tokens."""
+        self.release_finishing()
+        carried = list(self.running.values())
+        for seq in carried:
+            if seq.decoding:
+                self._stop_decoding(seq)
+            seq.computed = 0
+        self.running.clear()
+        self._hold.clear()
+        self.heap.clear()
+        self.chunked = None
+        self.ctx = 0.0
+        self.cache.reset()
+        self.batch_is_full = False
+        self.waiting.extendleft(reversed(carried))
+        return carried
+
+    # ---- event jumping -----------------------------------------------------------------------
+    def jump_plan(self) -> int:
+        """Decode steps the fixed batch runs before its next finish or slot shortage (0: run one).
+        Nothing is admitted meanwhile: the queue is empty or the batch is full."""
+        if not self.heap or self.chunked is not None or self.finishing:
+            return 0
+        if self.waiting and not self.batch_is_full:
+            return 0
+        n = self.num_decoding
+        if n != len(self.running):
+            return 0
+        k_finish = self.heap[0][0] - self.dsteps
+        k_kv = (self.cache.free + self.cache.evictable) // n
+        return max(0, min(k_finish, k_kv))
+
+    def advance(self, k: int) -> None:
+        n = self.num_decoding
+        self.cache.alloc(k * n)
+        self.iters += k
+        self.dsteps += k
+        self.ctx += k * n
+        self._last_prefill = None
+        r = self.new_token_ratio
+        for _ in range(k):
+            r = max(r - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            if r == MIN_NEW_TOKEN_RATIO:
+                break
+        self.new_token_ratio = r
