@@ -118,7 +118,8 @@ def simulate(
     summary["prefix_hit_tokens"] = engine.prefix_hit_tokens
     summary["wake_reprefill_tokens"] = engine.wake_reprefill_tokens
     summary["pause_interrupts"] = engine.pause_interrupts
-    summary["scheduler"] = scheduler_name(prof.engine, "simpy" if isinstance(engine, SimEngine) else "compiled")
+    if prof.engine.rollout_engine != "vllm":  # (vLLM's rules, the default, leave the summary as it was)
+        summary["scheduler"] = scheduler_name(prof.engine, "simpy" if isinstance(engine, SimEngine) else "compiled")
     if records.multi_turn is not None:
         summary["multi_turn"] = records.multi_turn
     if iteration_times is not None:

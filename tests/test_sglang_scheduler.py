@@ -1,0 +1,229 @@
+"""SGLang's scheduling rules (`rlsim.sim.sglang_scheduler`, `rlsim.sim.radix_cache`): each rule on a
+case small enough to work out by hand, the event jumps against the step-by-step path on a workload
+that retracts and aborts, and the settings refused for SGLang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rlsim.config import EngineConfig
+from rlsim.errors import RlsimError
+from rlsim.profile import load_profile
+from rlsim.protocol import Aborted, Finished, Preempted, Request
+from rlsim.sim.engine import SimEngine
+from rlsim.sim.radix_cache import RadixCache
+from rlsim.sim.rollout_scheduler import make_scheduler
+from rlsim.sim.seq import Seq
+from rlsim.sim.sglang_scheduler import (
+    INIT_NEW_TOKEN_RATIO,
+    MIN_NEW_TOKEN_RATIO,
+    NEW_TOKEN_RATIO_DECAY,
+    RETRACT_DECODE_STEPS,
+    SGLangScheduler,
+)
+from rlsim.step_costs import with_engine
+
+
+def _req(rid: int, prompt: int, target: int, max_tokens: int = 2000, prompt_id: int | None = None) -> Request:
+    return Request(rid, rid if prompt_id is None else prompt_id, 0, 0, prompt, max_tokens, target, 0, 0)
+
+
+def _seq(rid: int, prompt: int, target: int, **kw) -> Seq:
+    req = _req(rid, prompt, target, **kw)
+    return Seq(req, min(target, req.max_tokens))
+
+
+def _run(s: SGLangScheduler, iters: int) -> list:
+    """Run up to `iters` iterations step by step; return the finished requests' ids."""
+    done = []
+    for _ in range(iters):
+        out = s.schedule()
+        if not out.chunks and not out.num_decodes:
+            s.release_finishing()
+            if not s.running and not s.waiting:
+                break
+            continue
+        done += [seq.req.request_id for seq in s.complete(out)]
+    return done
+
+
+def test_admission_reserves_each_new_requests_output_and_marks_the_batch_full() -> None:
+    """3,000 slots: the first request needs 50 + 2,000 + 1 < 3,000 and reserves 50 + 1 + 2,000;
+    the second needs the same 2,051 of the 949 left, so the batch is full, and no admission is
+    tried again until a request leaves, even after the ratio falls."""
+    s = SGLangScheduler(3000, max_running_requests=64, chunked_prefill_size=8192, overlap=False)
+    for i in range(3):
+        s.add(_seq(i, 50, 100))
+    out = s.schedule()
+    assert [(seq.req.request_id, take) for seq, take in out.chunks] == [(0, 50)]
+    assert s.batch_is_full and len(s.waiting) == 2
+    s.complete(out)
+    for _ in range(98):  # request 0 decodes; the queue waits though the ratio decays
+        out = s.schedule()
+        assert not out.chunks and out.num_decodes == 1
+        s.complete(out)
+    assert s.new_token_ratio == pytest.approx(INIT_NEW_TOKEN_RATIO - 98 * NEW_TOKEN_RATIO_DECAY)
+    out = s.schedule()  # its 100th token
+    assert [seq.req.request_id for seq in s.complete(out)] == [0]
+    assert not s.batch_is_full  # it left: the next schedule admits
+    out = s.schedule()
+    assert [seq.req.request_id for seq, _ in out.chunks] == [1]
+
+
+def test_running_requests_reserve_their_remaining_output_times_the_ratio() -> None:
+    """Once the ratio has decayed, the running request's reservation is (max_new - output) * ratio,
+    so a second request fits beside it."""
+    s = SGLangScheduler(3000, max_running_requests=64, chunked_prefill_size=8192, overlap=False)
+    s.add(_seq(0, 50, 1500))
+    s.complete(s.schedule())
+    for _ in range(700):  # the ratio reaches its floor after 600 decode steps
+        s.complete(s.schedule())
+    assert s.new_token_ratio == MIN_NEW_TOKEN_RATIO
+    s.add(_seq(1, 50, 10))
+    out = s.schedule()
+    # 3,000 - 750 slots used - (2,000 - 701) * 0.098 = 2,122.7 > 2,051
+    assert [seq.req.request_id for seq, _ in out.chunks] == [1]
+
+
+def test_a_prompt_longer_than_the_chunk_budget_is_cut_and_continues_first() -> None:
+    s = SGLangScheduler(20000, max_running_requests=64, chunked_prefill_size=1000, overlap=False)
+    s.add(_seq(0, 2500, 5))
+    s.add(_seq(1, 100, 5))
+    takes = []
+    for _ in range(3):
+        out = s.schedule()
+        takes.append([(seq.req.request_id, take) for seq, take in out.chunks])
+        s.complete(out)
+    assert takes == [[(0, 1000)], [(0, 1000)], [(0, 500), (1, 100)]]
+
+
+def test_a_groups_samples_prefill_their_shared_prompt_once() -> None:
+    """Four samples of one 300-token prompt admitted in one pass: the prompt is computed once,
+    each other sample extends its last token; a later sample hits the cached prompt."""
+    s = SGLangScheduler(50000, max_running_requests=64, chunked_prefill_size=8192, overlap=False)
+    for i in range(4):
+        s.add(_seq(i, 300, 20, prompt_id=7))
+    out = s.schedule()
+    assert out.prefill_tokens == 300 + 3 * 1
+    s.complete(out)
+    assert s.cache.free == 50000 - 303 + 3  # the 3 duplicates of the last prompt token are given back
+    s.add(_seq(9, 300, 20, prompt_id=7))
+    out = s.schedule()
+    assert [(seq.req.request_id, take) for seq, take in out.chunks] == [(9, 1)]
+    assert s.prefix_hit_tokens == 3 * 299 + 299
+
+
+def test_retraction_takes_the_fewest_outputs_first_and_resets_the_ratio() -> None:
+    """A decodes alone; with the ratio at 0 its reservation is nothing, so B (120 + 600 + 1 <
+    1,200 - 101) joins it, and C, for which B's own reservation leaves no room, marks the batch
+    full. A and B outgrow the 1,200 slots: B, with the fewest output tokens, is retracted, its
+    output freed, and the ratio becomes (output + 20) / (max_new + 1) over A."""
+    s = SGLangScheduler(1200, max_running_requests=64, chunked_prefill_size=8192, overlap=False)
+    a, b, c = _seq(0, 100, 900, max_tokens=600), _seq(1, 120, 900, max_tokens=600), _seq(2, 100, 900, max_tokens=600)
+    s.add(a)
+    s.complete(s.schedule())
+    s.complete(s.schedule())  # A decodes one step
+    s.new_token_ratio = 0.0  # (as if long decayed)
+    s.add(b)
+    s.add(c)
+    out = s.schedule()
+    assert [seq.req.request_id for seq, _ in out.chunks] == [1] and s.batch_is_full
+    s.complete(out)
+    retracted = []
+    for _ in range(600):
+        out = s.schedule()
+        retracted += [seq.req.request_id for seq in out.preempted]
+        if retracted:
+            break
+        s.complete(out)
+    assert retracted == [1]
+    assert list(s.running) == [0] and not s.batch_is_full
+    assert 100 + s.computed(a) - 100 + 120 + b.generated > 1200 - 1  # they did outgrow the pool
+    expect = (s.generated(a) + RETRACT_DECODE_STEPS) / (600 + 1)
+    assert s.new_token_ratio == pytest.approx(min(1.0, expect))
+    assert list(s.waiting) == [c, b] and b.computed == 0 and b.generated > 0
+
+
+def test_radix_cache_evicts_least_recently_used_unlocked_leaves_whole() -> None:
+    c = RadixCache(1000)
+    nodes = []
+    for pid in range(3):  # three prompts of 100 tokens, each inserted then released
+        node, dup = c.insert(c.root, 0, pid, 100, pid, 100)
+        c.free -= 100
+        assert dup == 0
+        nodes.append(node)
+    assert c.evictable == 300 and c.free == 700
+    # prompt 0 matched to its last token but one: split there, the upper 99 touched, the 1-token
+    # tail keeping its old access time, so the tail, prompt 1 and prompt 2 are the oldest leaves
+    c.match(0, 100, 0, 99)
+    assert c.evict(150) == 1 + 100 + 100  # whole leaves until 150 are freed
+    assert c.match(0, 100, 0, 99)[1] == 99 and c.match(1, 100, 1, 99)[1] == 0 and c.match(2, 100, 2, 99)[1] == 0
+    node, hit = c.match(0, 100, 0, 50)  # split at 50; the request locks the upper half
+    c.lock(node)
+    assert hit == 50 and c.evictable == 49
+    assert c.evict(1000) == 49 and c.free == 950
+    c.unlock(node)
+    assert c.evict(1000) == 50 and c.free == 1000
+
+
+def _workload(n_groups: int = 16, group: int = 8, seed: int = 0) -> list[Request]:
+    """Groups sharing a prompt, heavy-tailed lengths (median 1,100 tokens, many at the 3,000 cap)."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for g in range(n_groups):
+        prompt = int(rng.integers(100, 600))
+        for k in range(group):
+            target = int(min(3000, rng.lognormal(7.0, 1.0)))
+            reqs.append(Request(g * group + k, g, k, 0, prompt, 3000, max(target, 1), 0, 0))
+    return reqs
+
+
+def _engine_run(exact: bool) -> tuple[list, SimEngine]:
+    prof = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), kv_capacity_tokens=12000)
+    prof = with_engine(prof, EngineConfig(rollout_engine="sglang"))
+    eng = SimEngine(prof, 1, exact=exact)
+    reqs = _workload()
+    eng.submit(reqs[:96])
+    events = list(eng.step(finishes=20))
+    eng.abort([r.request_id for r in reqs[80:96]])  # an abort wave over part of the batch
+    eng.submit(reqs[96:])
+    while batch := eng.step():
+        events += batch
+    return events, eng
+
+
+def test_event_jumps_equal_the_step_by_step_path_with_retractions_and_aborts() -> None:
+    fast, eng = _engine_run(exact=False)
+    exact, _ = _engine_run(exact=True)
+    assert len(fast) == len(exact)
+    for a, b in zip(fast, exact, strict=True):
+        assert type(a) is type(b) and a.request_id == b.request_id and a.num_output_tokens == b.num_output_tokens
+        assert a.time == pytest.approx(b.time, rel=1e-9)
+    retracted = sum(isinstance(e, Preempted) for e in fast)
+    assert retracted > 0 and eng.instances[0].sched.retractions == retracted  # the workload retracts
+    assert sum(isinstance(e, Aborted) for e in fast) > 0  # and aborts
+    finished = {e.request_id for e in fast if isinstance(e, Finished)}
+    aborted = {e.request_id for e in fast if isinstance(e, Aborted)}
+    assert finished | aborted == set(range(128))
+
+
+def test_make_scheduler_gives_sglangs_for_sglang() -> None:
+    s = make_scheduler(EngineConfig(rollout_engine="sglang", max_num_seqs=8, max_num_batched_tokens=256), 1600)
+    assert type(s) is SGLangScheduler
+    assert (s.num_blocks, s.block_size, s.max_running_requests, s.chunked_prefill_size) == (1600, 1, 8, 256)
+
+
+@pytest.mark.parametrize("setting", [{"block_size": 16}, {"async_scheduling": True}])
+def test_vllm_only_settings_are_refused_under_sglang(setting: dict) -> None:
+    prof = load_profile("h100-qwen2.5-7b-tp1")
+    with pytest.raises(RlsimError, match="vLLM setting that SGLang does not have"):
+        with_engine(prof, EngineConfig(rollout_engine="sglang", **setting))
+
+
+def test_unknown_rollout_engine_is_refused() -> None:
+    with pytest.raises(RlsimError, match="unknown rollout engine 'trtllm'"):
+        EngineConfig(rollout_engine="trtllm")
