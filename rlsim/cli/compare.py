@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -18,21 +19,65 @@ from rlsim.cli.options import (
     from_trace,
     load_trace,
     say_if_compiling,
-    say_if_measured_on_another_engine,
+    say_which_rules,
     split_policies,
     tool_config,
 )
 from rlsim.cli.ui import console as make_console
-from rlsim.config import EngineConfig
+from rlsim.config import ROLLOUT_ENGINES, EngineConfig
+from rlsim.errors import RlsimError
+
+
+def engine_policies(names: list[str], rollout_engine: str) -> list[str]:
+    """The policies a comparison runs under this engine's rules: speculative decoding (HistoSpec,
+    Seer's grouped drafts) is modelled under vLLM's only, so under SGLang's its policies are left
+    out, said in one line."""
+    if rollout_engine == "vllm":
+        return names
+    from policies.registry import parse_policy
+
+    kept = [n for n in names if parse_policy(n).histospec is None]
+    if len(kept) < len(names):
+        left = ", ".join(n for n in names if n not in kept)
+        make_console(sys.stderr).print(
+            f"left out under {ROLLOUT_ENGINES[rollout_engine]}'s rules (speculative decoding is modelled under "
+            f"vLLM's only): {left}",
+            highlight=False,
+        )
+    if not kept:
+        raise RlsimError("every policy asked for speculates (HistoSpec): run them with --rollout-engine vllm")
+    return kept
+
+
+def split_engines(value: str, engine: EngineConfig) -> list[EngineConfig]:
+    """`--rollout-engine vllm,sglang`: the run's engine configuration under each, in order."""
+    from dataclasses import replace
+
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise RlsimError("--rollout-engine is empty: use vllm, sglang or vllm,sglang")
+    if len(set(names)) < len(names):
+        raise RlsimError(f"--rollout-engine names an engine twice: {value}")
+    for name in names:
+        if name not in ROLLOUT_ENGINES:
+            raise RlsimError(f"unknown rollout engine {name!r}: use {' or '.join(ROLLOUT_ENGINES)}")
+    out = [replace(engine, rollout_engine=name) for name in names]
+    for e in out:
+        e.check_settings_for_engine()
+    return out
 
 
 def register_compare(app: typer.Typer) -> None:
     """Add `rlsim compare` to the top-level app."""
 
     @app.command()
-    @engine_options()
+    @engine_options(exclude=("rollout_engine",))
     def compare(
         engine: EngineConfig,
+        rollout_engine: str = typer.Option(
+            "vllm", help="Whose scheduling rules: vllm, sglang, or both ('vllm,sglang': every policy under each, "
+            "side by side, each speedup against sync under the same engine).",
+        ),
         policies: str = typer.Option(
             "", help="Comma-separated policy strings, e.g. 'sync,rollpacker(eta_p=1.5)+histospec' (default: all)."
         ),
@@ -85,25 +130,34 @@ def register_compare(app: typer.Typer) -> None:
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         tools = tool_config(opts, tr)
-        say_if_measured_on_another_engine(profile)
+        engines = split_engines(rollout_engine, engine)
+        say_which_rules(profile, [e.rollout_engine for e in engines])
         say_if_compiling()
         check_len(tr, rl.max_response_len)
         prog = Progress(
             TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
             TextColumn("{task.description}"), TimeElapsedColumn(), console=make_console(), transient=True,
         )  # fmt: skip
-        task = prog.add_task("", total=len(names) * seeds)
 
         def done(name: str) -> None:
             prog.update(task, advance=1, description=f"(last: {name})")
 
+        rows = []
+        per_engine = {e.rollout_engine: engine_policies(names, e.rollout_engine) for e in engines}
+        task = prog.add_task("", total=sum(map(len, per_engine.values())) * seeds)
         with prog:
-            if seeds > 1:
-                rows = compare_seeds(
-                    tr, names, cluster, rl, seeds, workers or None, on_done=done, engine_cfg=engine, tools=tools
-                )
-            else:
-                rows = run_all(tr, names, cluster, rl, workers or None, on_done=done, engine_cfg=engine, tools=tools)
+            for eng in engines:
+                these = per_engine[eng.rollout_engine]
+                if seeds > 1:
+                    got = compare_seeds(
+                        tr, these, cluster, rl, seeds, workers or None, on_done=done, engine_cfg=eng, tools=tools
+                    )
+                else:
+                    got = run_all(tr, these, cluster, rl, workers or None, on_done=done, engine_cfg=eng, tools=tools)
+                if len(engines) > 1:  # (one engine's rows stay as they were)
+                    for r in got:
+                        r["rollout_engine"] = eng.rollout_engine
+                rows += got
         if plot is not None:
             plot_compare(rows, plot)
         if as_json:
@@ -130,8 +184,10 @@ def _compact(n: int) -> str:
 def _cells(rows) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
     """The comparison's column names and cells, for the terminal table and for --markdown."""
     epochs = sorted({e for r in rows for e in r["epoch_time_s"]})
+    engines = any("rollout_engine" in r for r in rows)  # --rollout-engine vllm,sglang
     cols = [
         "policy",
+        *(["engine"] if engines else []),
         *[f"epoch {e} (h)" for e in epochs],
         "speedup",
         "rollout",
@@ -163,6 +219,7 @@ def _cells(rows) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
             name += f" #{min(ranks)}-{max(ranks)} tie" if r["tie"] else f" #{ranks[0]}"
         cells.append([
             name,
+            *([ROLLOUT_ENGINES[r["rollout_engine"]]] if engines else []),
             *[pm(r["epoch_time_s"].get(e, float("nan")), ranges.get(e), 3600) for e in epochs],
             sp,
             f"{r['rollout_share']:.0%}",

@@ -154,19 +154,28 @@ def say_if_compiling() -> None:
         )
 
 
-def say_if_measured_on_another_engine(profile: str) -> None:
-    """Say so, in one line on stderr, when the profile's costs were measured on another rollout
-    engine than the one whose rules the run schedules with (vLLM's: rlsim has no other's yet)."""
+def say_which_rules(profile: str, rollout_engines: list[str]) -> None:
+    """One line on stderr for each engine whose rules the run schedules with where it is not
+    vLLM's (which implementation runs them), and one where the profile's costs were measured on
+    another engine than those rules."""
     from rlsim.config import ROLLOUT_ENGINES
     from rlsim.profile import load_profile
+    from rlsim.sim.sglang_scheduler import SGLANG_VERSION
 
+    err = make_console(sys.stderr)
     measured = load_profile(profile).rollout_engine
-    if measured != "vllm":
-        make_console(sys.stderr).print(
-            f"profile {profile}: its costs were measured on {ROLLOUT_ENGINES[measured]}; this run schedules with "
-            "vLLM's rules, the only engine rlsim simulates so far",
-            highlight=False,
-        )
+    for engine in rollout_engines:
+        if engine == "sglang":
+            err.print(
+                f"scheduling with SGLang {SGLANG_VERSION}'s rules, on SimEngine (the compiled core runs vLLM's rules only)",
+                highlight=False,
+            )
+        if measured != engine:
+            err.print(
+                f"profile {profile}: its costs were measured on {ROLLOUT_ENGINES[measured]}; this run schedules with "
+                f"{ROLLOUT_ENGINES[engine]}'s rules on them",
+                highlight=False,
+            )
 
 
 def step_progress(total_steps: int, label: str, auto_refresh: bool = True, file=None):  # noqa: ANN001, ANN202

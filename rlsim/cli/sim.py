@@ -17,7 +17,7 @@ from rlsim.cli.options import (
     from_trace,
     load_trace,
     say_if_compiling,
-    say_if_measured_on_another_engine,
+    say_which_rules,
     step_progress,
     tool_config,
 )
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)
         tools = tool_config(opts, tr)
-        say_if_measured_on_another_engine(profile)
+        say_which_rules(profile, [engine.rollout_engine])
         say_if_compiling()
         prog, cb = step_progress(expected_steps(tr, rl), f"simulating {policy}")
         with prog:
