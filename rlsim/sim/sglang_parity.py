@@ -154,6 +154,8 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
         )  # fmt: skip
         if proc.returncode != 0:
             raise RlsimError(f"{cfg.name}: SGLang's scheduler failed:\n{proc.stderr[-3000:]}")
+        if os.environ.get("RLSIM_PARITY_DEBUG"):  # the driver's state dumps (its stderr lines that start with one)
+            print("\n".join(ln for ln in proc.stderr.splitlines() if ln[:1].isdigit()))
         return json.loads(proc.stdout)
 
 

@@ -55,19 +55,23 @@ def main() -> None:
     s = Scheduler(sa, PortArgs.init_new(sa))
 
     work = sorted(cfg["requests"], key=lambda w: (w[4], w[0]))  # (rid, prompt, prompt len, output len, arrive)
-    target = {str(w[0]): w[3] for w in work}
+    # request ids SGLang sees: fixed width, since it aborts every request whose id starts with the one named
+    name = "r{:07d}".format
+    target = {name(w[0]): w[3] for w in work}
     inflight: dict[str, int] = {}  # tokens sampled in forwards whose results are not processed yet
+    launched: deque[list[str]] = deque()  # per forward not processed yet, the requests it sampled for
 
     def forward(batch, **_kw):  # noqa: ANN001, ANN202 - sglang's ScheduleBatch, its GenerationBatchResult
-        toks = []
+        toks, counted = [], []
         for req in batch.reqs:
-            partial = batch.forward_mode.is_extend() and req.extend_end < len(req.full_untruncated_fill_ids)
-            if partial:
+            if batch.forward_mode.is_extend() and req is s.chunked_req:  # a partial chunk: its token is dropped
                 toks.append(0)
                 continue
-            n = len(req.output_ids) + inflight.get(req.rid, 0) + 1
+            n = len(req.output_ids) + inflight.get(req.rid, 0) + 1  # the index of the token it samples now
             inflight[req.rid] = inflight.get(req.rid, 0) + 1
+            counted.append(req.rid)
             toks.append(EOS if cfg["eos"] and n >= target[req.rid] else 100 + n % 50)
+        launched.append(counted)
         return GenerationBatchResult(next_token_ids=torch.tensor(toks, dtype=torch.int64), can_run_cuda_graph=False)
 
     s.model_worker.forward_batch_generation = forward
@@ -86,9 +90,9 @@ def main() -> None:
 
     def process(batch, result, it: int) -> None:  # noqa: ANN001
         s.process_batch_result(batch, result)
+        for rid in launched.popleft():  # (results are processed in launch order)
+            inflight[rid] -= 1
         for req in batch.reqs:
-            if req.rid in inflight and not (batch.forward_mode.is_extend() and req.extend_end < len(req.full_untruncated_fill_ids)):
-                inflight[req.rid] -= 1
             if req.finished() and req.rid not in finish and type(req.finished_reason).__name__ != "FINISH_ABORT":
                 finish[req.rid] = it
 
@@ -101,7 +105,7 @@ def main() -> None:
         s.handle_generate_request(TokenizedGenerateReqInput(
             input_text=None, input_ids=ids, input_embeds=None, mm_inputs=None, token_type_ids=None, sampling_params=sp,
             return_logprob=False, logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False,
-            rid=str(rid),
+            rid=name(rid),
         ))  # fmt: skip
 
     if overlap:
@@ -109,23 +113,30 @@ def main() -> None:
         s.result_queue = deque()
     s.result_queue_len = lambda: len(s.result_queue) if overlap else 0
     i, it, idle = 0, 0, 0
-    abort_at, abort_rids = cfg.get("abort_at"), set(map(str, cfg.get("abort_rids", [])))
+    abort_at, abort_rids = cfg.get("abort_at"), {name(r) for r in cfg.get("abort_rids", [])}
     while i < len(work) or s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req or (overlap and s.result_queue):
         if abort_at is not None and it >= abort_at:
             abort_at = None
-            for rid in sorted(abort_rids, key=int):
+            for rid in sorted(abort_rids):
                 if rid not in finish:
                     s.abort_request(AbortReq(rid=rid))
         while i < len(work) and work[i][4] <= it:
             submit(work[i])
             i += 1
         retracted.clear()
+        if os.environ.get("RLSIM_PARITY_DEBUG") and it in map(int, os.environ["RLSIM_PARITY_DEBUG"].split(",")):
+            tc = s.tree_cache
+            print(it, "running", [(r.rid, len(r.output_ids), r.finished()) for r in s.running_batch.reqs],
+                  "full", s.running_batch.batch_is_full, "waiting", len(s.waiting_queue),
+                  "avail", s.token_to_kv_pool_allocator.available_size(), "evictable", tc.evictable_size(),
+                  "ratio", s.new_token_ratio_tracker.current, "last", s.last_batch and s.last_batch.forward_mode,
+                  file=sys.stderr)  # fmt: skip
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
-        row = {"at": it, "retracted": [int(r) for r in retracted]}
+        row = {"at": it, "retracted": [int(r[1:]) for r in retracted]}
         if batch and batch.forward_mode.is_extend():
-            row["extend"] = [[int(r.rid), int(n)] for r, n in zip(batch.reqs, batch.extend_lens, strict=True)]
+            row["extend"] = [[int(r.rid[1:]), int(n)] for r, n in zip(batch.reqs, batch.extend_lens, strict=True)]
         elif batch:
             row["decode"] = len(batch.reqs)
         if overlap:  # `event_loop_overlap`'s order
@@ -156,6 +167,7 @@ def main() -> None:
         idle = 0
         log.append(row)
         it += 1
+    finish = {str(int(r[1:])): it for r, it in finish.items()}
     json.dump({"iterations": log, "finish": finish, "kv_tokens": s.token_to_kv_pool_allocator.size}, sys.stdout)
 
 

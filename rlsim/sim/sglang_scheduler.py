@@ -102,6 +102,7 @@ class SGLangScheduler:
         self.rate_sum = self.verify_sum = 0.0  # one token a step per decoding request
         self.spec: dict[int, Seq] = {}  # speculative decoding is modelled for vLLM only
         self._hold: dict[int, tuple[Node, int]] = {}  # rid -> (its locked node, the tokens that node's path covers)
+        self._aborting: set[int] = set()  # aborted requests that still run their last decode step
         self._pending_insert: list[Seq] = []  # overlap: prefills whose tree insert waits for their result
         self._last_prefill: set[int] | None = set()  # rids the last iteration prefilled (None: it decoded)
         self._order = 0
@@ -291,11 +292,12 @@ class SGLangScheduler:
                 break
             first = False
             seq = keep.pop()
-            lag = self._lag(seq)
+            lag, aborting = self._lag(seq), seq.req.request_id in self._aborting
             self._release(seq, insert=False)
             seq.generated -= lag  # the batch in flight's token is dropped with it
             self.cache.evict_to_free(len(keep) * RETRACT_DECODE_STEPS)
-            self.waiting.append(seq)
+            if not aborting:  # (an aborted one is not requeued: the engine has reported it)
+                self.waiting.append(seq)
             out.preempted.append(seq)
             self.retractions += 1
         if not self.cache.evict_to_free(len(keep)):
@@ -345,25 +347,31 @@ class SGLangScheduler:
         self._hold[rid] = (new_node, c if self.cache.enabled else 0)
 
     def finish_due(self) -> list[Seq]:
+        """The requests whose last token the decode steps so far sampled (an aborted one's last
+        step finishes it too, unreported: the engine reported it when it aborted it)."""
         heap, now = self.heap, self.dsteps
-        due = []
+        due, ended = [], []
         while heap and heap[0][0] <= now:
             rid = heapq.heappop(heap)[1]
             seq = self.running.get(rid)
-            if seq is None or not seq.decoding or seq.finish_iter != now or seq.reported:
+            if seq is None or not seq.decoding or seq.finish_iter != now:
                 continue
-            due.append(seq)
-        if len(due) > 1:
-            due.sort(key=lambda s: s.order)
+            if rid in self._aborting:
+                ended.append(seq)
+            elif not seq.reported:
+                due.append(seq)
+                ended.append(seq)
+        if len(ended) > 1:
+            ended.sort(key=lambda s: s.order)
         if not self.overlap:
-            for seq in due:
+            for seq in ended:  # freed in batch order as their results are processed
                 self._release(seq, insert=True)
             return due
-        for seq in due:  # reported now, their slots freed after the next schedule
+        for seq in ended:  # reported now, their slots freed after the next schedule
             seq.reported = True
-            if seq.target >= seq.req.max_tokens:  # known finished: left out of the next batch
-                self._stop_decoding(seq)
-        self.finishing.extend(due)
+            if seq.target >= seq.req.max_tokens and seq.req.request_id not in self._aborting:
+                self._stop_decoding(seq)  # known finished: left out of the next batch
+        self.finishing.extend(ended)
         return due
 
     def release_finishing(self) -> None:
@@ -399,6 +407,7 @@ class SGLangScheduler:
             self._stop_decoding(seq)
         rid = seq.req.request_id
         del self.running[rid]
+        self._aborting.discard(rid)
         if seq is self.chunked:
             self.chunked = None
         node, covered = self._hold.pop(rid)
@@ -416,13 +425,32 @@ class SGLangScheduler:
         return seq.generated
 
     def abort(self, seq: Seq) -> int:
-        return self._release(seq, insert=True)
+        """`abort_request`: a decoding request gets `to_finish`, which finishes it when the next
+        result is processed, and it is freed as a finished one: the result of its next decode step
+        without the overlap scheduler, the result in flight with it (after the next schedule, so
+        it decodes once more meanwhile). A request in prefill is freed at once. Returns the tokens
+        it had (what the engine reports now)."""
+        gen = self.generated(seq)
+        if not seq.decoding:
+            self._release(seq, insert=True)
+            return gen
+        if self.overlap:
+            seq.reported = True
+            self.finishing.append(seq)
+            return gen
+        self._stop_decoding(seq)
+        seq.target = seq.generated + 1
+        seq.reported = True
+        self._aborting.add(seq.req.request_id)
+        self._start_decoding(seq)
+        return gen
 
     def free_all(self) -> list[Seq]:
         """Sleep (`release_memory_occupation`, the radix cache flushed): running requests wait
         again, first, with their tokens."""
         self.release_finishing()
-        carried = list(self.running.values())
+        carried = [q for q in self.running.values() if q.req.request_id not in self._aborting]
+        self._aborting.clear()
         for seq in carried:
             if seq.decoding:
                 self._stop_decoding(seq)
