@@ -66,6 +66,30 @@ class SGLangParityConfig:
         ))  # fmt: skip
 
 
+_RETRACT = SGLangParityConfig(
+    "retract", num_prompts=32, samples_per_prompt=4, output_tokens=(50, 3000), kv_tokens=12_000,
+    max_running_requests=128, eos=True,
+)  # fmt: skip
+# the grid of record (`benchmarks/sglang_parity.py` runs each under both loops); CI runs CI_GRID
+GRID = {
+    "loose KV": SGLangParityConfig("loose KV", num_prompts=16, samples_per_prompt=4, output_tokens=(20, 400),
+                                   kv_tokens=40_000, max_running_requests=32, chunked_prefill_size=1024),
+    "tight KV, heavy tail": SGLangParityConfig("tight KV, heavy tail", num_prompts=16, samples_per_prompt=4,
+                                               output_tokens=(50, 1500), output_dist="lognormal", kv_tokens=8000,
+                                               chunked_prefill_size=1024),
+    "tight KV, EOS stops": SGLangParityConfig("tight KV, EOS stops", num_prompts=16, samples_per_prompt=4,
+                                              output_tokens=(50, 1500), output_dist="lognormal", kv_tokens=8000,
+                                              chunked_prefill_size=1024, eos=True),
+    "retractions": _RETRACT,
+    "abort wave": SGLangParityConfig("abort wave", num_prompts=16, samples_per_prompt=4, output_tokens=(50, 1000),
+                                     kv_tokens=12_000, chunked_prefill_size=1024, waves=2, wave_gap=100, abort_at=150),
+    "veRL scale": SGLangParityConfig("veRL scale", num_prompts=64, samples_per_prompt=16, output_tokens=(50, 20_480),
+                                     output_dist="lognormal", kv_tokens=400_000, max_running_requests=1024,
+                                     chunked_prefill_size=8192, eos=True),
+}  # fmt: skip
+CI_GRID = (("retractions", True), ("abort wave", True), ("tight KV, EOS stops", False))  # (name, overlap)
+
+
 def _abort_rids(cfg: SGLangParityConfig) -> list[int]:
     return [w.request_id for w in cfg.work() if w.request_id % 3 == 0] if cfg.abort_at is not None else []
 
@@ -147,7 +171,8 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
             "requests": [[w.request_id, w.prompt_id, w.prompt_tokens, w.output_tokens, w.arrive] for w in cfg.work()],
             "abort_at": cfg.abort_at, "abort_rids": _abort_rids(cfg),
         }  # fmt: skip
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.environ.get("RLSIM_SGLANG_STUBS", "")}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env.pop("PYTHONPATH", None)  # (nothing of this environment's packages)
         proc = subprocess.run(
             [sglang_python(), str(DRIVER)], input=json.dumps(payload), capture_output=True, text=True,
             timeout=timeout_s, env=env, cwd=tmp,

@@ -12,8 +12,8 @@ layers built with dummy weights, the memory pools, the radix cache), and every i
 is replaced (`model_worker.forward_batch_generation`): it answers each request with its next
 scripted token, the end-of-sequence token at its drawn length (or, without `eos`, any token up to
 `max_new_tokens` = that length). Requests are handed to `handle_generate_request` as the
-tokenizer manager would, one per sample; each prompt's tokens start with a token of its own, so
-only a group's samples share a prefix.
+tokenizer manager would, one per sample; each prompt's tokens start with a token of its own and
+each request's output tokens are its own, so only a group's samples share a prefix, their prompt.
 
 Stubs, and why none can change a scheduling decision:
 - `torchvision` (an empty package, version 0.0.0): imported by sglang's multimodal processors at
@@ -70,7 +70,8 @@ def main() -> None:
             n = len(req.output_ids) + inflight.get(req.rid, 0) + 1  # the index of the token it samples now
             inflight[req.rid] = inflight.get(req.rid, 0) + 1
             counted.append(req.rid)
-            toks.append(EOS if cfg["eos"] and n >= target[req.rid] else 100 + n % 50)
+            # each request's own tokens (its samples diverge at once, as sampled outputs do)
+            toks.append(EOS if cfg["eos"] and n >= target[req.rid] else 10_000 + (int(req.rid[1:]) * 7919 + n * 104_729) % 100_000)
         launched.append(counted)
         return GenerationBatchResult(next_token_ids=torch.tensor(toks, dtype=torch.int64), can_run_cuda_graph=False)
 

@@ -51,6 +51,7 @@ to the step-by-step path by tests.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 
 from rlsim.errors import RlsimError
@@ -62,6 +63,8 @@ INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (times schedule_conser
 MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+WAITING_PREFIX_REFRESH_INTERVAL = 32  # schedule_policy.py (SGLANG_ENABLE_WAITING_PREFIX_REFRESH on)
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens
 SGLANG_VERSION = "0.5.23"
 
@@ -102,6 +105,8 @@ class SGLangScheduler:
         self.rate_sum = self.verify_sum = 0.0  # one token a step per decoding request
         self.spec: dict[int, Seq] = {}  # speculative decoding is modelled for vLLM only
         self._hold: dict[int, tuple[Node, int]] = {}  # rid -> (its locked node, the tokens that node's path covers)
+        self._refresh_calls = 0  # prefill passes that reached the policy (`_waiting_prefix_refresh_calls`)
+        self._takes_last_batch = False  # the next schedule takes this prefill batch as the running batch
         self._aborting: set[int] = set()  # aborted requests that still run their last decode step
         self._pending_insert: list[Seq] = []  # overlap: prefills whose tree insert waits for their result
         self._last_prefill: set[int] | None = set()  # rids the last iteration prefilled (None: it decoded)
@@ -145,6 +150,11 @@ class SGLangScheduler:
     # ---- one iteration -----------------------------------------------------------------------
     def schedule(self) -> Scheduled:
         out = Scheduled()
+        if self._takes_last_batch:
+            # the last prefill batch became the running batch (`get_next_batch_to_run` merges it into
+            # an empty one by taking it whole), and a new batch is not full
+            self._takes_last_batch = False
+            self.batch_is_full = False
         if not self._running_batch():
             self.batch_is_full = False
         if self.chunked is not None or (self.waiting and not self.batch_is_full):
@@ -176,6 +186,7 @@ class SGLangScheduler:
         if allocatable <= 0 and self.chunked is None:
             self.batch_is_full = True
             return
+        self._touch_waiting_prefixes()
         ratio = self.new_token_ratio
         total = sum(min(s.req.max_tokens - self._output_len(s), CLIP_MAX_NEW_TOKENS) * ratio for s in batch)
         current = 0.0
@@ -241,11 +252,25 @@ class SGLangScheduler:
                 break
             if self._out_of_input(rem_input, rem_chunk):
                 break
+        self._takes_last_batch = not batch and any(seq is not self.chunked for seq, _ in admitted)
         for seq, take in admitted:  # `prepare_for_extend`: their slots, evicting as needed
             cache.alloc(take)
             out.chunks.append((seq, take))
             out.prefill_tokens += take
             self.ctx += take
+
+    def _touch_waiting_prefixes(self) -> None:
+        """`SchedulePolicy._touch_waiting_prefixes` (fcfs): every 32nd pass walks the cached paths
+        of the first 128 waiting requests, the head last, so LRU eviction takes the queue's back first."""
+        refresh = self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
+        self._refresh_calls += 1
+        if not refresh or not self.waiting or not self.cache.enabled:
+            return
+        head = list(itertools.islice(self.waiting, WAITING_QUEUE_PREFIX_MATCH_MAX))
+        for seq in reversed(head):
+            req = seq.req
+            self.cache.match(req.prompt_id, req.prompt_len or req.num_prompt_tokens, req.request_id,
+                             req.num_prompt_tokens + seq.generated)  # fmt: skip
 
     def _admit(self, seq: Seq, node: Node, hit: int) -> None:
         """A waiting request joins, holding its matched prefix (locked)."""
@@ -470,7 +495,7 @@ class SGLangScheduler:
     def jump_plan(self) -> int:
         """Decode steps the fixed batch runs before its next finish or slot shortage (0: run one).
         Nothing is admitted meanwhile: the queue is empty or the batch is full."""
-        if not self.heap or self.chunked is not None or self.finishing or self._pending_insert:
+        if not self.heap or self.chunked is not None or self.finishing or self._pending_insert or self._takes_last_batch:
             return 0
         if self.waiting and not self.batch_is_full:
             return 0

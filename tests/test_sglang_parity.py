@@ -1,0 +1,36 @@
+"""rlsim's SGLang rules against SGLang's own `Scheduler`, iteration by iteration (the CI subset of
+`rlsim.sim.sglang_parity.GRID`; `benchmarks/sglang_parity.py` runs the whole grid).
+
+SGLang runs in its own environment (`.ci/sglang-env`), named by `RLSIM_SGLANG_PYTHON`; without it
+the test skips, unless `RLSIM_REQUIRE_SGLANG=1` (`.ci/run`), where a skip fails. Each case asserts
+that its workload exercises what it claims (retractions, aborts, EOS stops) before it compares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from rlsim.sim.sglang_parity import CI_GRID, GRID, counts, first_difference, run_rlsim, run_sglang
+
+REQUIRED = os.environ.get("RLSIM_REQUIRE_SGLANG") == "1"
+if not os.environ.get("RLSIM_SGLANG_PYTHON") and not REQUIRED:
+    pytest.skip("SGLang's environment is not built (.ci/sglang-env; set RLSIM_SGLANG_PYTHON)", allow_module_level=True)
+
+
+@pytest.mark.parametrize(("name", "overlap"), CI_GRID, ids=[f"{n}-{'overlap' if o else 'normal'}" for n, o in CI_GRID])
+def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool) -> None:
+    cfg = dataclasses.replace(GRID[name], overlap=overlap)
+    ours = run_rlsim(cfg)
+    assert first_difference(ours, run_rlsim(cfg, fast=False)) is None  # the jumps equal the steps
+    theirs = run_sglang(cfg)
+    got = counts(theirs)
+    assert got["finished"] > 0 and got["prefills"] > 1
+    if name == "retractions":
+        assert got["retractions"] > 0
+    if cfg.abort_at is not None:
+        assert got["finished"] < cfg.num_prompts * cfg.samples_per_prompt  # the wave took some
+    assert first_difference(ours, theirs) is None
+    assert counts(ours) == got
