@@ -101,20 +101,22 @@ def test_a_prompt_longer_than_the_chunk_budget_is_cut_and_continues_first() -> N
     assert takes == [[(0, 1000)], [(0, 1000)], [(0, 500), (1, 100)]]
 
 
-def test_a_groups_samples_prefill_their_shared_prompt_once() -> None:
-    """Four samples of one 300-token prompt admitted in one pass: the prompt is computed once,
-    each other sample extends its last token; a later sample hits the cached prompt."""
+def test_a_groups_samples_admitted_together_each_prefill_the_prompt() -> None:
+    """Four samples of one 300-token prompt, sent one per sample as RL frameworks send them and
+    admitted in one pass: matching happens at admission, so each prefills the prompt; when they
+    are inserted the tree keeps one copy and the other three give their slots back. A sample
+    admitted later hits the cached prompt, all but its last token."""
     s = SGLangScheduler(50000, max_running_requests=64, chunked_prefill_size=8192, overlap=False)
     for i in range(4):
         s.add(_seq(i, 300, 20, prompt_id=7))
     out = s.schedule()
-    assert out.prefill_tokens == 300 + 3 * 1
+    assert out.prefill_tokens == 4 * 300
     s.complete(out)
-    assert s.cache.free == 50000 - 303 + 3  # the 3 duplicates of the last prompt token are given back
+    assert s.cache.free == 50000 - 300
     s.add(_seq(9, 300, 20, prompt_id=7))
     out = s.schedule()
     assert [(seq.req.request_id, take) for seq, take in out.chunks] == [(9, 1)]
-    assert s.prefix_hit_tokens == 3 * 299 + 299
+    assert s.prefix_hit_tokens == 299
 
 
 def test_retraction_takes_the_fewest_outputs_first_and_resets_the_ratio() -> None:
