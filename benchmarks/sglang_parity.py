@@ -48,7 +48,8 @@ def main() -> None:
             f"{platform.machine()} CPU, {os.cpu_count()} cores, load {load:.1f}")  # fmt: skip
     lines = [
         head, "",
-        "| workload | loop | requests | KV tokens | iterations | prefills | retractions | finished | equal | rlsim s | SGLang s |",
+        "| workload | loop | requests | KV tokens | iterations | prefills | retractions | finished | equal | rlsim s "
+        "| SGLang s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]  # fmt: skip
     for name, loop, n, kv, c, diff, t_ours, t_theirs in rows:

@@ -191,7 +191,8 @@ def plot_compare(rows: list[dict[str, Any]], out: Path) -> Path:
     width = 0.8 / max(1, len(rows))
     for k, r in enumerate(rows):
         x = np.arange(len(epochs)) + k * width
-        ax.bar(x, [r["epoch_time_s"].get(e, 0) / 3600 for e in epochs], width, label=r["policy"] + (f" ({r['rollout_engine']})" if "rollout_engine" in r else ""))
+        label = r["policy"] + (f" ({r['rollout_engine']})" if "rollout_engine" in r else "")
+        ax.bar(x, [r["epoch_time_s"].get(e, 0) / 3600 for e in epochs], width, label=label)
     ax.set_xticks(np.arange(len(epochs)) + width * (len(rows) - 1) / 2, [f"epoch {e}" for e in epochs])
     ax.set_ylabel("epoch wall time (hours)")
     ax.set_title("Epoch time per policy")

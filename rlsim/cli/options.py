@@ -167,7 +167,8 @@ def say_which_rules(profile: str, rollout_engines: list[str]) -> None:
     for engine in rollout_engines:
         if engine == "sglang":
             err.print(
-                f"scheduling with SGLang {SGLANG_VERSION}'s rules, on SimEngine (the compiled core runs vLLM's rules only)",
+                f"scheduling with SGLang {SGLANG_VERSION}'s rules, on SimEngine (the compiled core runs vLLM's rules "
+                "only)",
                 highlight=False,
             )
         if measured != engine:

@@ -139,7 +139,8 @@ class SimEngine:
         self._watch: dict[int, int] = {}  # `step(prompts=...)`: finishes each watched prompt may still have
         self._watch_hit = False
         self.first_token: dict[int, float] = {}
-        self.instances = [_Instance(i, make_scheduler(engine, profile.kv_capacity_tokens)) for i in range(num_instances)]
+        kv = profile.kv_capacity_tokens
+        self.instances = [_Instance(i, make_scheduler(engine, kv)) for i in range(num_instances)]
         for inst in self.instances:
             inst.proc = self.env.process(self._run(inst))
 

@@ -20,8 +20,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
 from rlsim.sim.scheduler import vllm_scheduler
-from rlsim.sim.sglang_scheduler import SGLangScheduler
 from rlsim.sim.seq import Scheduled, Seq
+from rlsim.sim.sglang_scheduler import SGLangScheduler
 
 if TYPE_CHECKING:
     from rlsim.config import EngineConfig

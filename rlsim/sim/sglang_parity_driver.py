@@ -71,7 +71,8 @@ def main() -> None:
             inflight[req.rid] = inflight.get(req.rid, 0) + 1
             counted.append(req.rid)
             # each request's own tokens (its samples diverge at once, as sampled outputs do)
-            toks.append(EOS if cfg["eos"] and n >= target[req.rid] else 10_000 + (int(req.rid[1:]) * 7919 + n * 104_729) % 100_000)
+            own = 10_000 + (int(req.rid[1:]) * 7919 + n * 104_729) % 100_000
+            toks.append(EOS if cfg["eos"] and n >= target[req.rid] else own)
         launched.append(counted)
         return GenerationBatchResult(next_token_ids=torch.tensor(toks, dtype=torch.int64), can_run_cuda_graph=False)
 
@@ -115,7 +116,10 @@ def main() -> None:
     s.result_queue_len = lambda: len(s.result_queue) if overlap else 0
     i, it, idle = 0, 0, 0
     abort_at, abort_rids = cfg.get("abort_at"), {name(r) for r in cfg.get("abort_rids", [])}
-    while i < len(work) or s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req or (overlap and s.result_queue):
+    def busy() -> bool:
+        return bool(s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req or (overlap and s.result_queue))
+
+    while i < len(work) or busy():
         if abort_at is not None and it >= abort_at:
             abort_at = None
             for rid in sorted(abort_rids):

@@ -155,7 +155,7 @@ class SGLangScheduler:
             # an empty one by taking it whole), and a new batch is not full
             self._takes_last_batch = False
             self.batch_is_full = False
-        if not self._running_batch():
+        if not self._batch_size():
             self.batch_is_full = False
         if self.chunked is not None or (self.waiting and not self.batch_is_full):
             self._prefill(out)
@@ -169,6 +169,30 @@ class SGLangScheduler:
         """The running batch as the scheduler sees it: every running request but the chunked one."""
         return [s for s in self.running.values() if s is not self.chunked]
 
+    def _running_offset(self, ratio: float) -> float:
+        """`PrefillAdder`'s offset for the running batch: each request's
+        `min(max_new_tokens - output, 4096) * ratio`, summed in batch order (as SGLang sums them).
+        `_output_len` inlined: this runs at every prefill pass, over the whole batch."""
+        d, chunked, clip = self.dsteps, self.chunked, CLIP_MAX_NEW_TOKENS
+        last = self._last_prefill
+        lag_all = self.overlap and last is None
+        lag_some = last if self.overlap and last else ()
+        parts = []
+        for q in self.running.values():
+            if q is chunked:
+                continue
+            if q.decoding:
+                g = q.generated + min(d - q.start_iter, q.target - q.generated)
+                if lag_all or q.req.request_id in lag_some:
+                    g -= 1
+            else:
+                g = q.generated
+            parts.append(min(q.req.max_tokens - g, clip) * ratio)
+        return sum(parts)
+
+    def _batch_size(self) -> int:
+        return len(self.running) - (self.chunked is not None)
+
     def _budget(self, offset: float) -> float:
         """`PrefillBudget.remaining_total` (`remaining_current`) under this offset."""
         return self.cache.free + self.cache.evictable - offset
@@ -181,14 +205,14 @@ class SGLangScheduler:
         return rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0)
 
     def _prefill(self, out: Scheduled) -> None:
-        batch = self._running_batch()
-        allocatable = self.max_running_requests - len(batch)
+        size = self._batch_size()
+        allocatable = self.max_running_requests - size
         if allocatable <= 0 and self.chunked is None:
             self.batch_is_full = True
             return
         self._touch_waiting_prefixes()
         ratio = self.new_token_ratio
-        total = sum(min(s.req.max_tokens - self._output_len(s), CLIP_MAX_NEW_TOKENS) * ratio for s in batch)
+        total = self._running_offset(ratio)
         current = 0.0
         rem_input, rem_chunk = self.max_prefill_tokens, self.chunked_prefill_size
         admitted: list[tuple[Seq, int]] = []
@@ -225,7 +249,7 @@ class SGLangScheduler:
             cache.lock(node)  # the match is pinned while the request is weighed
             if not extend + max_new + 1 < self._budget(total):
                 cache.unlock(node)
-                self.batch_is_full = bool(admitted) or bool(batch)  # NO_TOKEN
+                self.batch_is_full = bool(admitted) or size > 0  # NO_TOKEN
                 break
             if rem_chunk is None and admitted and extend >= rem_input:
                 cache.unlock(node)
@@ -252,7 +276,7 @@ class SGLangScheduler:
                 break
             if self._out_of_input(rem_input, rem_chunk):
                 break
-        self._takes_last_batch = not batch and any(seq is not self.chunked for seq, _ in admitted)
+        self._takes_last_batch = not size and any(seq is not self.chunked for seq, _ in admitted)
         for seq, take in admitted:  # `prepare_for_extend`: their slots, evicting as needed
             cache.alloc(take)
             out.chunks.append((seq, take))
@@ -292,22 +316,22 @@ class SGLangScheduler:
 
     def _decode(self, out: Scheduled) -> None:
         """`update_running_batch`: one token for every decoding request, retracting on shortage."""
-        batch = [s for s in self._running_batch() if s.decoding]
-        if not batch:
+        n = self.num_decoding  # (every decoding request is in the running batch; the chunked one is not)
+        if not n:
             self.batch_is_full = False
             return
-        holding = len(batch) < len(self._running_batch())  # overlap: finished at max tokens, slots still held
-        if not self.cache.evict_to_free(len(batch)):
+        holding = n < self._batch_size()  # overlap: finished at max tokens, slots still held
+        if not self.cache.evict_to_free(n):
             if holding:
                 self.batch_is_full = False
                 return
-            self._retract(batch, out)
-            batch = [s for s in batch if s.decoding]
+            self._retract([s for s in self.running.values() if s.decoding], out)
+            n = self.num_decoding
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-        self.cache.alloc(len(batch))
-        out.decode_tokens = out.num_decodes = len(batch)
-        self.ctx += len(batch)
+        self.cache.alloc(n)
+        out.decode_tokens = out.num_decodes = n
+        self.ctx += n
 
     def _retract(self, batch: list[Seq], out: Scheduled) -> None:
         keep = sorted(batch, key=lambda s: (self._output_len(s), -(s.req.num_prompt_tokens)), reverse=True)
@@ -351,6 +375,11 @@ class SGLangScheduler:
             if seq.computed >= seq.req.num_prompt_tokens + seq.generated:
                 seq.generated += 1  # the prefill samples the first token
                 self._start_decoding(seq)
+                # it joins the running batch at its end, in the prefill batch's order (a chunked
+                # request's final chunk first), as `merge_batch` appends the last batch
+                self.running[seq.req.request_id] = self.running.pop(seq.req.request_id)
+                seq.order = self._order
+                self._order += 1
                 if self.overlap:  # its result, and the tree insert with it, come after the next schedule
                     self._pending_insert.append(seq)
                     continue
@@ -495,7 +524,9 @@ class SGLangScheduler:
     def jump_plan(self) -> int:
         """Decode steps the fixed batch runs before its next finish or slot shortage (0: run one).
         Nothing is admitted meanwhile: the queue is empty or the batch is full."""
-        if not self.heap or self.chunked is not None or self.finishing or self._pending_insert or self._takes_last_batch:
+        if not self.heap or self.chunked is not None or self.finishing or self._pending_insert:
+            return 0
+        if self._takes_last_batch:
             return 0
         if self.waiting and not self.batch_is_full:
             return 0
