@@ -269,3 +269,29 @@ def test_bad_rollout_engine_is_one_line_and_exit_2(extra: list, says: str) -> No
     res = CliRunner().invoke(app, ["compare", "--policies", "sync", "--max-steps", "1", *extra])
     assert res.exit_code == 2
     assert says in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_running_offsets_sum_to_the_bit_as_sglang_sums_them(overlap: bool) -> None:
+    """At every prefill pass of a workload that retracts and aborts, the vectorised offset
+    (`RunningOffsets`) equals the one summed request by request in batch order, as a float."""
+    from rlsim.sim.sglang_parity import GRID, run_rlsim
+
+    checked = []
+    real = SGLangScheduler._touch_waiting_prefixes
+
+    def check(self: SGLangScheduler) -> None:
+        ratio = self.new_token_ratio
+        fast = self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, 4096)
+        assert fast == self.running_offset_reference(ratio)
+        checked.append(fast)
+        real(self)
+
+    SGLangScheduler._touch_waiting_prefixes = check
+    try:
+        cfg = dataclasses.replace(GRID["retractions"], overlap=overlap, abort_at=3000)
+        log = run_rlsim(cfg, fast=False)
+    finally:
+        SGLangScheduler._touch_waiting_prefixes = real
+    assert sum(len(r["retracted"]) for r in log["iterations"]) > 0
+    assert len(checked) > 50 and any(checked)

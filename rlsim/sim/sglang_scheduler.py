@@ -56,6 +56,7 @@ from collections import deque
 
 from rlsim.errors import RlsimError
 from rlsim.sim.radix_cache import Node, RadixCache
+from rlsim.sim.running_offsets import RunningOffsets
 from rlsim.sim.seq import Scheduled, Seq
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
@@ -107,6 +108,7 @@ class SGLangScheduler:
         self._hold: dict[int, tuple[Node, int]] = {}  # rid -> (its locked node, the tokens that node's path covers)
         self._refresh_calls = 0  # prefill passes that reached the policy (`_waiting_prefix_refresh_calls`)
         self._takes_last_batch = False  # the next schedule takes this prefill batch as the running batch
+        self._offsets = RunningOffsets()  # the running batch's reservations, summed at each prefill pass
         self._aborting: set[int] = set()  # aborted requests that still run their last decode step
         self._pending_insert: list[Seq] = []  # overlap: prefills whose tree insert waits for their result
         self._last_prefill: set[int] | None = set()  # rids the last iteration prefilled (None: it decoded)
@@ -169,10 +171,16 @@ class SGLangScheduler:
         """The running batch as the scheduler sees it: every running request but the chunked one."""
         return [s for s in self.running.values() if s is not self.chunked]
 
-    def _running_offset(self, ratio: float) -> float:
-        """`PrefillAdder`'s offset for the running batch: each request's
-        `min(max_new_tokens - output, 4096) * ratio`, summed in batch order (as SGLang sums them).
-        `_output_len` inlined: this runs at every prefill pass, over the whole batch."""
+    def _lag_mode(self) -> str:
+        """Which running requests' output counts lag the batch in flight (`RunningOffsets.total`)."""
+        if not self.overlap:
+            return "none"
+        return "decoding" if self._last_prefill is None else "joined"
+
+    def running_offset_reference(self, ratio: float) -> float:
+        """`PrefillAdder`'s offset for the running batch, one request at a time: each one's
+        `min(max_new_tokens - output, 4096) * ratio`, summed in batch order (what
+        `RunningOffsets` computes at once; tests hold the two equal to the bit)."""
         d, chunked, clip = self.dsteps, self.chunked, CLIP_MAX_NEW_TOKENS
         last = self._last_prefill
         lag_all = self.overlap and last is None
@@ -212,7 +220,7 @@ class SGLangScheduler:
             return
         self._touch_waiting_prefixes()
         ratio = self.new_token_ratio
-        total = self._running_offset(ratio)
+        total = self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, CLIP_MAX_NEW_TOKENS)
         current = 0.0
         rem_input, rem_chunk = self.max_prefill_tokens, self.chunked_prefill_size
         admitted: list[tuple[Seq, int]] = []
@@ -380,6 +388,7 @@ class SGLangScheduler:
                 self.running[seq.req.request_id] = self.running.pop(seq.req.request_id)
                 seq.order = self._order
                 self._order += 1
+                self._offsets.join(seq, self.iters)
                 if self.overlap:  # its result, and the tree insert with it, come after the next schedule
                     self._pending_insert.append(seq)
                     continue
@@ -444,6 +453,7 @@ class SGLangScheduler:
         self.rate_sum += 1.0
         self.verify_sum += 1.0
         heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
+        self._offsets.update(seq)
 
     def _stop_decoding(self, seq: Seq) -> None:
         ran = self.dsteps - seq.start_iter
@@ -453,6 +463,7 @@ class SGLangScheduler:
         self.num_decoding -= 1
         self.rate_sum -= 1.0
         self.verify_sum -= 1.0
+        self._offsets.update(seq)
 
     def _release(self, seq: Seq, insert: bool) -> int:
         """Take a running request out: with `insert` (finished, aborted) its sequence enters the
@@ -461,6 +472,7 @@ class SGLangScheduler:
             self._stop_decoding(seq)
         rid = seq.req.request_id
         del self.running[rid]
+        self._offsets.drop(rid)
         self._aborting.discard(rid)
         if seq is self.chunked:
             self.chunked = None
@@ -510,6 +522,7 @@ class SGLangScheduler:
                 self._stop_decoding(seq)
             seq.computed = 0
         self.running.clear()
+        self._offsets.reset()
         self._hold.clear()
         self._pending_insert.clear()
         self.heap.clear()
