@@ -48,7 +48,7 @@ from operator import attrgetter
 import numpy as np
 
 from rlsim.sim.kv_blocks import BlockPool
-from rlsim.sim.seq import Scheduled, Seq
+from rlsim.sim.seq import Scheduled, Seq, count_hits
 
 _ORDER = attrgetter("order")  # running-list position
 
@@ -287,11 +287,7 @@ class InstanceScheduler:
             seq.hashed = pool.acquire(hit) if hit else []
             seq.num_hashed_blocks = num_hit_blocks
             seq.computed = num_hit_blocks * self.block_size
-            self.ctx += seq.computed
-            self.prefix_hit_tokens += seq.computed
-            if seq.req.prompt_len and not seq.transfer:  # a later turn starting: its context, and how much hit
-                self.turn_tokens += seq.req.num_prompt_tokens + seq.generated
-                self.turn_hit_tokens += seq.computed
+            count_hits(self, seq)
             if seq.transfer:  # its KV was moved here: all but the last token are in place
                 last = seq.req.num_prompt_tokens + seq.generated - 1
                 pool.take(self._blocks(last) - self._blocks(seq.computed))

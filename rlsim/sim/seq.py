@@ -32,6 +32,16 @@ class Seq:
     reported: bool = False  # async scheduling: finished and reported, its slot held until the next schedule
 
 
+def count_hits(sched, seq: Seq) -> None:  # noqa: ANN001 - a RolloutScheduler
+    """A request admitted with `seq.computed` tokens from the prefix cache: the counters a run
+    reports (prompt tokens saved; a later turn's context and how much of it hit)."""
+    sched.ctx += seq.computed
+    sched.prefix_hit_tokens += seq.computed
+    if seq.req.prompt_len and not seq.transfer:
+        sched.turn_tokens += seq.req.num_prompt_tokens + seq.generated
+        sched.turn_hit_tokens += seq.computed
+
+
 @dataclass(slots=True)
 class Scheduled:
     """One iteration's batch."""

@@ -57,7 +57,7 @@ from collections import deque
 from rlsim.errors import RlsimError
 from rlsim.sim.radix_cache import Node, RadixCache
 from rlsim.sim.running_offsets import RunningOffsets
-from rlsim.sim.seq import Scheduled, Seq
+from rlsim.sim.seq import Scheduled, Seq, count_hits
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (times schedule_conservativeness 1.0)
@@ -311,11 +311,7 @@ class SGLangScheduler:
         seq.order = self._order
         self._order += 1
         self.running[seq.req.request_id] = seq
-        self.ctx += seq.computed
-        self.prefix_hit_tokens += seq.computed
-        if seq.req.prompt_len and not seq.transfer:  # a later turn starting: its context, and how much hit
-            self.turn_tokens += seq.req.num_prompt_tokens + seq.generated
-            self.turn_hit_tokens += seq.computed
+        count_hits(self, seq)
         if seq.transfer:  # its KV was moved here: all but the last token are in place
             last = seq.req.num_prompt_tokens + seq.generated - 1
             self.cache.alloc(last - seq.computed)
