@@ -8,7 +8,8 @@ were equal, and what the run exercised. SGLang runs in its own environment (`.ci
     bash .ci/sglang-env .sglang-venv
     RLSIM_SGLANG_PYTHON=.sglang-venv/bin/python python benchmarks/sglang_parity.py [--markdown]
 
-`--markdown` prints the table docs/simulate.md quotes. CI runs a subset (tests/test_sglang_parity.py).
+`--markdown` prints the table docs/simulate.md holds, `--readme` writes it there. CI runs a subset
+(tests/test_sglang_parity.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import os
 import platform
 import time
 
+from readme_tables import emit
+
 from rlsim.sim.sglang_parity import GRID, counts, first_difference, run_rlsim, run_sglang
 from rlsim.sim.sglang_scheduler import SGLANG_VERSION
 
@@ -26,6 +29,7 @@ from rlsim.sim.sglang_scheduler import SGLANG_VERSION
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--readme", action="store_true", help="write the table into docs/simulate.md")
     ap.add_argument("--only", default="", help="comma-separated workload names")
     args = ap.parse_args()
     names = [n for n in GRID if not args.only or n in args.only.split(",")]
@@ -57,7 +61,12 @@ def main() -> None:
             f"| {name} | {loop} | {n:,} | {kv:,} | {c['iterations']:,} | {c['prefills']:,} | {c['retractions']:,} | "
             f"{c['finished']:,} | {'yes' if diff is None else 'no: ' + diff[:60]} | {t_ours:.2f} | {t_theirs:.0f} |"
         )
-    print("\n".join(lines) if args.markdown else "\n".join(lines[:1] + lines[2:]))
+    body = "\n".join([*lines[2:], "", f"Written by `python benchmarks/sglang_parity.py --readme`: {head}; the "
+                      "seconds are each side's run (SGLang's includes its 15 s start)."])
+    if args.markdown or args.readme:
+        emit("sglang_parity", body, ["--readme"] if args.readme else ["--markdown"])
+    else:
+        print("\n".join(lines[:1] + lines[2:]))
 
 
 if __name__ == "__main__":

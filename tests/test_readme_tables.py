@@ -43,11 +43,12 @@ TIMING = {
     "predict_real": ["predict_real"],
     "validate_train": ["train_tiny", "validate_train"],
 }
-OTHER = {"scheduler_parity": ["scheduler_parity"]}  # checked row by row in tests/test_scheduler_parity.py
+# checked row by row in tests/test_scheduler_parity.py, and a subset in tests/test_sglang_parity.py
+OTHER = {"scheduler_parity": ["scheduler_parity"], "sglang_parity": ["sglang_parity"]}
 # tables written by hand: reference, not measurement (their header lines; among them the README's
 # statement of what was fitted on what, and the records' columns in docs/architecture.md)
 REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it does |", "| column | type | meaning |",
-             "| figure | fitted on | role |", "| column | holds |")
+             "| figure | fitted on | role |", "| column | holds |", "| rule | rlsim | where in sglang 0.5.23 |")
 
 
 def _markdown(script: str) -> dict[str, str]:
