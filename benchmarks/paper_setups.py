@@ -110,13 +110,15 @@ def rollpacker_figure11(trace, periods: int) -> list[dict]:  # noqa: ANN001
     return out
 
 
-def april(model: str, steps: int = 12) -> dict[str, float]:
-    """Rollout throughput (trained tokens per rollout second) of sync and 2x-over-provisioned partial rollout."""
+def april(model: str, steps: int = 12, rollout_engine: str = "vllm") -> dict[str, float]:
+    """Rollout throughput (trained tokens per rollout second) of sync and 2x-over-provisioned partial
+    rollout, under vLLM's scheduling rules or SGLang's (APRIL's engine)."""
     tr = load(default_trace(), columns=[])
     prof = record_profile(model, "mi300x", 2, (2, 1, 1))
     rl = RLConfig(prompts_per_step=32, samples_per_prompt=8, epochs=1, max_response_len=16384, max_steps=steps)
     cl = ClusterConfig(num_gpus=8, profile=prof)
-    return {n: simulate(tr, p, cl, rl).summary["rollout_tokens_per_s"]
+    eng = EngineConfig(rollout_engine=rollout_engine)
+    return {n: simulate(tr, p, cl, rl, engine_cfg=eng).summary["rollout_tokens_per_s"]
             for n, p in (("sync", "sync"), ("april", "async_partial(over_sample_rate=2.0)"))}  # fmt: skip
 
 
@@ -127,15 +129,19 @@ SEER = (
 )
 
 
-def seer(model: str, gpus: int, tp: int, prompts: int, samples: int, cap: int, mean: float, steps: int = 5) -> dict:
-    """Seer (grouped drafting on) and veRL's baseline in Seer's Table 3 setup: throughput and rollout seconds."""
+def seer(model: str, gpus: int, tp: int, prompts: int, samples: int, cap: int, mean: float, steps: int = 5,
+         rollout_engine: str = "vllm") -> dict:  # fmt: skip
+    """Seer (grouped drafting on; under SGLang's rules, which rlsim models without speculation,
+    its scheduling alone) and veRL's baseline in Seer's Table 3 setup: throughput and rollout seconds."""
     tr = rescaled("reasoning-32k", prompts, samples, steps, cap, mean, lo=0.05, hi=8.0, iters=25)
     prof = record_profile(model, "h800", tp)
     rl = RLConfig(prompts_per_step=prompts, samples_per_prompt=samples, epochs=1, max_response_len=cap, max_steps=steps)
+    eng = EngineConfig(rollout_engine=rollout_engine)
+    seer_policy = "seer+grouped_spec" if rollout_engine == "vllm" else "seer"
     out = {}
     for name, policy, dispatch in (("verl", "sync", "per_prompt"), ("least_loaded", "sync", "least_loaded"),
-                                   ("seer", "seer+grouped_spec", "least_loaded")):  # fmt: skip
-        res = simulate(tr, policy, ClusterConfig(num_gpus=gpus, profile=prof, dispatch=dispatch), rl)
+                                   ("seer", seer_policy, "least_loaded")):  # fmt: skip
+        res = simulate(tr, policy, ClusterConfig(num_gpus=gpus, profile=prof, dispatch=dispatch), rl, engine_cfg=eng)
         out[name] = {"tok_s": res.summary["rollout_tokens_per_s"], "gen_s": float(res.steps["timing_s/gen"].mean())}
     out["mean_len"] = float(tr.table["num_output_tokens"].clip(upper=cap).mean())
     return out

@@ -75,6 +75,7 @@ ROLLOUT_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 # settings only one engine has, refused under the other's rules: SGLang's KV page is one token and
 # its overlap scheduler is its own (always on, as SGLang's default)
 VLLM_ONLY = ("block_size", "async_scheduling")
+SGLANG_ONLY = ("schedule_policy",)
 
 
 def _knob(default: Any, help: str, flag: str | None = None) -> Any:  # noqa: A002 - the CLI's word
@@ -124,6 +125,10 @@ class EngineConfig:
         "cost per layer (default: off, vLLM's).",
         "enforce-eager",
     )
+    schedule_policy: str | None = _knob(
+        None, "SGLang --schedule-policy (rollout engine sglang only): fcfs (SGLang's default) or lpm, longest cached "
+        "prefix first, which SGLang turns back into fcfs over a queue of more than 128.",
+    )
     rollout_engine: str = _knob(
         "vllm",
         "Whose scheduling rules the rollout instances follow: vllm (0.32) or sglang (0.5.23). Under sglang, "
@@ -147,6 +152,12 @@ class EngineConfig:
     def check_settings_for_engine(self) -> None:
         """Refuse a run's setting that its rollout engine does not have (call before `over`: a
         profile's own settings are vLLM's names for what both engines share)."""
+        if self.rollout_engine == "vllm":
+            for name in SGLANG_ONLY:
+                if getattr(self, name) is not None:
+                    raise RlsimError(
+                        f"{name} is an SGLang setting that vLLM does not have: drop it or use --rollout-engine sglang"
+                    )
         if self.rollout_engine == "sglang":
             for name in VLLM_ONLY:
                 if getattr(self, name) is not None:

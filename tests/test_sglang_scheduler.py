@@ -226,6 +226,28 @@ def test_vllm_only_settings_are_refused_under_sglang(setting: dict) -> None:
         with_engine(prof, EngineConfig(rollout_engine="sglang", **setting))
 
 
+def test_sglang_only_settings_are_refused_under_vllm() -> None:
+    with pytest.raises(RlsimError, match="SGLang setting that vLLM does not have"):
+        with_engine(load_profile("h100-qwen2.5-7b-tp1"), EngineConfig(schedule_policy="lpm"))
+
+
+def test_lpm_takes_the_longest_cached_prefix_first_and_defers_a_groups_duplicates() -> None:
+    """Prompt 7 is cached (a finished sample); of the waiting queue [8a, 8b, 7, 9], lpm puts 7
+    (its prompt cached) first, then 8a and 9 (nothing cached, each the first of its prompt), and
+    8b last: it shares 8a's prompt, which one prefill should cache first (in-batch prefix caching)."""
+    s = SGLangScheduler(50000, max_running_requests=64, chunked_prefill_size=8192, overlap=False,
+                        schedule_policy="lpm")  # fmt: skip
+    s.add(_seq(0, 300, 1, prompt_id=7))
+    s.complete(s.schedule())  # it finishes at its prefill: prompt 7 stays in the tree
+    assert not s.running
+    for rid, prompt in ((1, 8), (2, 8), (3, 7), (4, 9)):
+        s.add(_seq(rid, 300, 20, prompt_id=prompt))
+    s.max_running_requests = 1  # (admit one, to see the order)
+    out = s.schedule()
+    assert [q.req.request_id for q, _ in out.chunks] == [3] and out.prefill_tokens == 1
+    assert [q.req.request_id for q in s.waiting] == [1, 4, 2]
+
+
 def test_unknown_rollout_engine_is_refused() -> None:
     with pytest.raises(RlsimError, match="unknown rollout engine 'trtllm'"):
         EngineConfig(rollout_engine="trtllm")

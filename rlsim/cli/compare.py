@@ -24,7 +24,7 @@ from rlsim.cli.options import (
     tool_config,
 )
 from rlsim.cli.ui import console as make_console
-from rlsim.config import ROLLOUT_ENGINES, EngineConfig
+from rlsim.config import ROLLOUT_ENGINES, SGLANG_ONLY, VLLM_ONLY, EngineConfig
 from rlsim.errors import RlsimError
 
 
@@ -61,7 +61,9 @@ def split_engines(value: str, engine: EngineConfig) -> list[EngineConfig]:
     for name in names:
         if name not in ROLLOUT_ENGINES:
             raise RlsimError(f"unknown rollout engine {name!r}: use {' or '.join(ROLLOUT_ENGINES)}")
-    out = [replace(engine, rollout_engine=name) for name in names]
+    both = len(names) > 1  # (a setting only one engine has then goes to that engine's runs only)
+    other = {"vllm": SGLANG_ONLY, "sglang": VLLM_ONLY}
+    out = [replace(engine, rollout_engine=name, **dict.fromkeys(other[name] if both else (), None)) for name in names]
     for e in out:
         e.check_settings_for_engine()
     return out

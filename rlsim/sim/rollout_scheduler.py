@@ -89,7 +89,7 @@ def make_scheduler(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
     if engine.rollout_engine == "sglang":
         return SGLangScheduler(
             kv_tokens, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
-            engine.enable_prefix_caching,
+            engine.enable_prefix_caching, schedule_policy=engine.schedule_policy or "fcfs",
         )  # fmt: skip
     return vllm_scheduler(
         kv_tokens // engine.block_size, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,

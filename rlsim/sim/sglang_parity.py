@@ -56,6 +56,7 @@ class SGLangParityConfig:
     overlap: bool = False  # the overlap scheduler (SGLang's default: on)
     eos: bool = False  # stop on the end-of-sequence token at the drawn length (max_new_tokens = the cap)
     abort_at: int | None = None  # at this iteration, abort every third request not yet finished
+    schedule_policy: str = "fcfs"
     seed: int = 0
 
     def work(self) -> list[sched_parity.Work]:
@@ -83,11 +84,15 @@ GRID = {
     "retractions": _RETRACT,
     "abort wave": SGLangParityConfig("abort wave", num_prompts=16, samples_per_prompt=4, output_tokens=(50, 1000),
                                      kv_tokens=12_000, chunked_prefill_size=1024, waves=2, wave_gap=100, abort_at=150),
+    "lpm, arrival waves": SGLangParityConfig("lpm, arrival waves", num_prompts=24, samples_per_prompt=4,
+                                             output_tokens=(50, 1500), output_dist="lognormal", kv_tokens=12_000,
+                                             chunked_prefill_size=1024, waves=3, wave_gap=150, eos=True,
+                                             schedule_policy="lpm"),
     "veRL scale": SGLangParityConfig("veRL scale", num_prompts=64, samples_per_prompt=16, output_tokens=(50, 20_480),
                                      output_dist="lognormal", kv_tokens=400_000, max_running_requests=1024,
                                      chunked_prefill_size=8192, eos=True),
 }  # fmt: skip
-CI_GRID = (("retractions", True), ("abort wave", True), ("tight KV, EOS stops", False))  # (name, overlap)
+CI_GRID = (("retractions", True), ("abort wave", True), ("tight KV, EOS stops", False), ("lpm, arrival waves", True))
 
 
 def _abort_rids(cfg: SGLangParityConfig) -> list[int]:
@@ -98,7 +103,7 @@ def _abort_rids(cfg: SGLangParityConfig) -> list[int]:
 def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000_000) -> dict:
     """rlsim's log of the workload: {"iterations": [...], "finish": {rid: iteration}}."""
     s = SGLangScheduler(cfg.kv_tokens, cfg.max_running_requests, cfg.chunked_prefill_size,
-                        enable_radix_cache=cfg.radix_cache, overlap=cfg.overlap)  # fmt: skip
+                        enable_radix_cache=cfg.radix_cache, overlap=cfg.overlap, schedule_policy=cfg.schedule_policy)
     work = sorted(cfg.work(), key=lambda w: (w.arrive, w.request_id))
     rows: list[dict] = []
     finish: dict[str, int] = {}
@@ -167,7 +172,7 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
         payload = {
             "model_path": str(model), "kv_tokens": cfg.kv_tokens, "max_running_requests": cfg.max_running_requests,
             "chunked_prefill_size": cfg.chunked_prefill_size, "radix_cache": cfg.radix_cache, "overlap": cfg.overlap,
-            "schedule_policy": "fcfs", "eos": cfg.eos, "max_tokens": cfg.output_tokens[1],
+            "schedule_policy": cfg.schedule_policy, "eos": cfg.eos, "max_tokens": cfg.output_tokens[1],
             "requests": [[w.request_id, w.prompt_id, w.prompt_tokens, w.output_tokens, w.arrive] for w in cfg.work()],
             "abort_at": cfg.abort_at, "abort_rids": _abort_rids(cfg),
         }  # fmt: skip

@@ -65,9 +65,12 @@ MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
 WAITING_PREFIX_REFRESH_INTERVAL = 32  # schedule_policy.py (SGLANG_ENABLE_WAITING_PREFIX_REFRESH on)
-WAITING_QUEUE_PREFIX_MATCH_MAX = 128
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # lpm over a longer queue falls back to fcfs
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
 MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens
 SGLANG_VERSION = "0.5.23"
+SCHEDULE_POLICIES = ("fcfs", "lpm")  # --schedule-policy (SGLang's default: fcfs)
 
 
 class SGLangScheduler:
@@ -85,7 +88,13 @@ class SGLangScheduler:
         enable_radix_cache: bool = True,
         overlap: bool = True,
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
+        schedule_policy: str = "fcfs",
     ) -> None:
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise RlsimError(
+                f"unknown SGLang schedule policy {schedule_policy!r}: use {' or '.join(SCHEDULE_POLICIES)}"
+            )
+        self.schedule_policy = schedule_policy
         self.num_blocks = num_tokens
         self.max_running_requests = max_running_requests
         self.chunked_prefill_size = chunked_prefill_size if enable_chunked_prefill else None
@@ -218,7 +227,7 @@ class SGLangScheduler:
         if allocatable <= 0 and self.chunked is None:
             self.batch_is_full = True
             return
-        self._touch_waiting_prefixes()
+        self._calc_priority()
         ratio = self.new_token_ratio
         total = self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, CLIP_MAX_NEW_TOKENS)
         current = 0.0
@@ -291,12 +300,45 @@ class SGLangScheduler:
             out.prefill_tokens += take
             self.ctx += take
 
+    def _calc_priority(self) -> None:
+        """`SchedulePolicy.calc_priority`: `lpm` over a queue of at most 128 sorts it by the longest
+        cached prefix, else (`fcfs`, or `lpm` over a longer queue) the order stays and the waiting
+        prefixes are refreshed."""
+        lpm = self.schedule_policy == "lpm" and self.cache.enabled  # (lpm without a cache is fcfs)
+        if lpm and len(self.waiting) <= WAITING_QUEUE_PREFIX_MATCH_MAX:
+            self._sort_by_longest_prefix()
+        else:
+            self._touch_waiting_prefixes()
+
+    def _sort_by_longest_prefix(self) -> None:
+        """`_compute_prefix_matches` and `_sort_by_longest_prefix`: each waiting request matched
+        whole against the cache (at most all its tokens but the last count); one whose cached prefix
+        is at most 32 tokens and that shares 32 or more with an earlier such request of the queue
+        goes last (in-batch prefix caching: one of them prefills the shared part first)."""
+        matched: dict[int, float] = {}
+        seen: set[int] = set()  # prompts of the requests checked in so far (the simulated waiting tree)
+        for seq in self.waiting:
+            req = seq.req
+            ntok = req.num_prompt_tokens + seq.generated
+            shared = req.prompt_len or req.num_prompt_tokens
+            _, hit = self.cache.match(req.prompt_id, shared, req.request_id, ntok)
+            key: float = -min(hit, ntok - 1)
+            if hit <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
+                if req.prompt_id in seen and shared >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
+                    key = float("inf")  # deprioritized (its own tokens shared with no one)
+                else:
+                    seen.add(req.prompt_id)
+            matched[req.request_id] = key
+        self.waiting = deque(sorted(self.waiting, key=lambda q: matched[q.req.request_id]))
+
     def _touch_waiting_prefixes(self) -> None:
         """`SchedulePolicy._touch_waiting_prefixes` (fcfs): every 32nd pass walks the cached paths
         of the first 128 waiting requests, the head last, so LRU eviction takes the queue's back first."""
+        if not self.waiting or not self.cache.enabled:
+            return
         refresh = self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
         self._refresh_calls += 1
-        if not refresh or not self.waiting or not self.cache.enabled:
+        if not refresh:
             return
         head = list(itertools.islice(self.waiting, WAITING_QUEUE_PREFIX_MATCH_MAX))
         for seq in reversed(head):
