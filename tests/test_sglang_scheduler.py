@@ -317,3 +317,23 @@ def test_running_offsets_sum_to_the_bit_as_sglang_sums_them(overlap: bool) -> No
         SGLangScheduler._touch_waiting_prefixes = real
     assert sum(len(r["retracted"]) for r in log["iterations"]) > 0
     assert len(checked) > 50 and any(checked)
+
+
+def test_a_sweep_grid_lists_both_rollout_engines(tmp_path) -> None:  # noqa: ANN001
+    """`rollout_engine: [vllm, sglang]` in a sweep grid: one row per engine, each under its rules."""
+    import pandas as pd
+    import yaml
+    from typer.testing import CliRunner
+
+    from rlsim.cli.app import app
+
+    fixed = {"num_prompts": 32, "trace_epochs": 1, "epochs": 1, "prompts_per_step": 16, "samples_per_prompt": 4,
+             "gpus": 8, "policy": "sync"}  # fmt: skip
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"fixed": fixed, "grid": {"rollout_engine": ["vllm", "sglang"]}}))
+    out = tmp_path / "sweep.parquet"
+    res = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(out), "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    df = pd.read_parquet(out)
+    assert list(df["rollout_engine"]) == ["vllm", "sglang"]
+    assert df["total_time_s"].iloc[0] != df["total_time_s"].iloc[1]

@@ -20,7 +20,8 @@ def register(app: typer.Typer) -> None:
     from rlsim.cli.options import DISPATCH, PLACEMENT, SEED, TRACE, TRAIN_GPUS, step_progress
 
     @app.command()
-    @engine_options(exclude=("free_cache_engine",))  # real engines keep their KV through training
+    # real engines keep their KV through training; they are vLLM's (SGLang's real engine is not built)
+    @engine_options(exclude=("free_cache_engine", "rollout_engine", "schedule_policy"))
     def run(
         engine: EngineConfig,
         real: bool = typer.Option(False, "--real", help="Drive real vLLM engines (the only mode of this command)."),
