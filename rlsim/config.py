@@ -173,8 +173,11 @@ class EngineConfig:
         })  # fmt: skip
 
     def set_values(self) -> dict[str, Any]:
-        """The settings that are not `None`, by name (what a vLLM engine is given)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """The vLLM settings that are not `None`, by name (what a vLLM engine is given): not which
+        engine's rules the simulator follows, nor a setting only SGLang has."""
+        skip = ("rollout_engine", *SGLANG_ONLY)
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        return {k: v for k, v in values.items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True)
