@@ -18,7 +18,8 @@ of whether those terms transfer to another framework.
 - **APRIL** (arXiv 2509.18521): Qwen3-4B and Qwen3-8B on one node of 8 MI300X, colocated, 2 GPUs
   per engine, Megatron TP 2; 32 prompts x 8, 16,384-token cap, 2x over-provisioning
   (`async_partial(over_sample_rate=2.0)`) against the same run without partial rollout (`sync`),
-  on the bundled DAPO-Math-17k trace capped at 16k. APRIL runs SGLang; rlsim schedules as vLLM.
+  on the bundled DAPO-Math-17k trace capped at 16k. APRIL runs SGLang; these checks schedule as
+  vLLM does, and `benchmarks/sglang_setups.py` re-runs APRIL and Seer under SGLang's rules.
 - **Seer** (arXiv 2511.14617 v3, Table 3): Moonlight-16B-A3B on 32 H800s (one per instance),
   400 x 8, cap 65,536, mean 22,386; Qwen2-VL-72B (its language model) on 128 H800s at TP 8, 600 x 16,
   cap 40,960, mean 7,615; 5 iterations. The `reasoning-32k` preset rescaled to each mean and cap
