@@ -18,7 +18,7 @@ import json
 import os
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlsim.errors import RlsimError
@@ -184,8 +184,6 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
         )  # fmt: skip
         if proc.returncode != 0:
             raise RlsimError(f"{cfg.name}: SGLang's scheduler failed:\n{proc.stderr[-3000:]}")
-        if os.environ.get("RLSIM_PARITY_DEBUG"):  # the driver's state dumps (its stderr lines that start with one)
-            print("\n".join(ln for ln in proc.stderr.splitlines() if ln[:1].isdigit()))
         return json.loads(proc.stdout)
 
 
@@ -213,6 +211,3 @@ def counts(log: dict) -> dict:
         "finished": len(log["finish"]),
     }
 
-
-def config_json(cfg: SGLangParityConfig) -> dict:
-    return asdict(cfg)

@@ -113,9 +113,9 @@ def main() -> None:
     if overlap:
         s.enable_skip_finishing_decode = True
         s.result_queue = deque()
-    s.result_queue_len = lambda: len(s.result_queue) if overlap else 0
     i, it, idle = 0, 0, 0
     abort_at, abort_rids = cfg.get("abort_at"), {name(r) for r in cfg.get("abort_rids", [])}
+
     def busy() -> bool:
         return bool(s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req or (overlap and s.result_queue))
 
@@ -129,13 +129,6 @@ def main() -> None:
             submit(work[i])
             i += 1
         retracted.clear()
-        if os.environ.get("RLSIM_PARITY_DEBUG") and it in map(int, os.environ["RLSIM_PARITY_DEBUG"].split(",")):
-            tc = s.tree_cache
-            print(it, "running", [(r.rid, len(r.output_ids), r.finished()) for r in s.running_batch.reqs],
-                  "full", s.running_batch.batch_is_full, "waiting", len(s.waiting_queue),
-                  "avail", s.token_to_kv_pool_allocator.available_size(), "evictable", tc.evictable_size(),
-                  "ratio", s.new_token_ratio_tracker.current, "last", s.last_batch and s.last_batch.forward_mode,
-                  file=sys.stderr)  # fmt: skip
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
@@ -164,7 +157,7 @@ def main() -> None:
         s.last_batch = batch
         if not batch:
             idle += 1
-            if i < len(work) and not s.waiting_queue and s.running_batch.is_empty() and not s.result_queue_len():
+            if i < len(work) and not busy():
                 it = work[i][4]  # idle until the next arrival
             elif idle > 1000:
                 raise RuntimeError("sglang's scheduler runs nothing while requests remain")

@@ -176,10 +176,6 @@ class SGLangScheduler:
             self._last_prefill = {seq.req.request_id for seq, _ in out.chunks} if out.chunks else None
         return out
 
-    def _running_batch(self) -> list[Seq]:
-        """The running batch as the scheduler sees it: every running request but the chunked one."""
-        return [s for s in self.running.values() if s is not self.chunked]
-
     def _lag_mode(self) -> str:
         """Which running requests' output counts lag the batch in flight (`RunningOffsets.total`)."""
         if not self.overlap:
