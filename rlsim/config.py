@@ -166,6 +166,24 @@ class EngineConfig:
                         "scheduler always on): drop it or use --rollout-engine vllm"
                     )
 
+    def per_rollout_engine(self, value: str) -> list[EngineConfig]:
+        """`--rollout-engine vllm,sglang`: these settings under each engine named, in order. Under
+        more than one, a setting only one engine has goes to that engine's runs only."""
+        names = [v.strip() for v in value.split(",") if v.strip()]
+        if not names:
+            raise RlsimError("--rollout-engine is empty: use vllm, sglang or vllm,sglang")
+        if len(set(names)) < len(names):
+            raise RlsimError(f"--rollout-engine names an engine twice: {value}")
+        for name in names:
+            if name not in ROLLOUT_ENGINES:
+                raise RlsimError(f"unknown rollout engine {name!r}: use {' or '.join(ROLLOUT_ENGINES)}")
+        other = {"vllm": SGLANG_ONLY, "sglang": VLLM_ONLY}
+        both = len(names) > 1
+        out = [replace(self, rollout_engine=n, **dict.fromkeys(other[n] if both else (), None)) for n in names]
+        for e in out:
+            e.check_settings_for_engine()
+        return out
+
     def over(self, base: EngineConfig) -> EngineConfig:
         """These settings, with each unset (`None`) one taken from `base`."""
         return replace(self, **{

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlsim.cli.app import app
-from rlsim.config import RLConfig
+from rlsim.config import EngineConfig, RLConfig
 from rlsim.errors import RlsimError
 from rlsim.plan.cache import PlanCache
 from rlsim.plan.planner import PlanConfig, epoch_estimate_s, pareto, plan, rungs
@@ -208,3 +208,38 @@ def test_a_local_update_policy_is_planned_over_its_whole_epoch(small_trace_path:
     assert local["steps_per_epoch"] == 4 * sync_like["steps_per_epoch"]
     assert len(local["step_s"]) == 4 * len(sync_like["step_s"]) == 8
     assert local["steps_simulated"] == sync_like["steps_simulated"] == 2  # the rung, as the halving counts it
+
+
+def test_both_rollout_engines_are_searched_each_with_its_own_settings(small_trace_path: Path) -> None:
+    """--rollout-engine vllm,sglang: every candidate under each engine's rules, a setting only one
+    engine has on that engine's candidates only, speculation under vLLM's only; the vLLM
+    candidates keep the keys a vLLM-only plan gives them (the cache still answers them)."""
+    space = SearchSpace(("sync", "sync+histospec"), (16,), rollout_engines=("vllm", "sglang"))
+    engine = EngineConfig(schedule_policy="lpm", block_size=32)
+    cands = candidates(space, "h100-qwen2.5-32b-tp4", engine=engine)
+    by = {(c.policy, c.engine.get("rollout_engine", "vllm")): c for c in cands}
+    assert set(by) == {("sync", "vllm"), ("sync+histospec", "vllm"), ("sync", "sglang")}
+    assert by["sync", "sglang"].engine == {"rollout_engine": "sglang", "schedule_policy": "lpm"}
+    assert by["sync", "vllm"].engine == {"block_size": 32}
+    assert by["sync", "sglang"].label().startswith("SGLang, 16 GPUs") and by["sync", "vllm"].label().startswith("16")
+    alone = candidates(SearchSpace(("sync",), (16,)), "h100-qwen2.5-32b-tp4", engine=EngineConfig(block_size=32))
+    assert [c.key() for c in alone] == [by["sync", "vllm"].key()]
+    with pytest.raises(RlsimError, match="speculates .HistoSpec., which is modelled under vLLM's rules only"):
+        candidates(SearchSpace(("sync+histospec",), (16,), rollout_engines=("sglang",)), "h100-qwen2.5-32b-tp4")
+    # the command, both engines on a small question
+    args = ["plan", "--gpu-budget", "8", "--trace", str(small_trace_path), "--gpus", "8", "--profile",
+            "h100-qwen2.5-7b-tp1", "--policies", "sync", "--prompts-per-step", "16", "--samples-per-prompt", "4",
+            "--max-response-len", "4096", "--steps", "1", "--min-steps", "1", "--seeds", "1", "--workers", "1",
+            "--no-cache", "--rollout-engine", "vllm,sglang", "--json"]  # fmt: skip
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output[res.output.index("{"):])
+    assert sorted(r["engine"].get("rollout_engine", "vllm") for r in data["rows"]) == ["sglang", "vllm"]
+    table = runner.invoke(app, args[:-1])
+    assert table.exit_code == 0, table.output
+    assert "SGLang, 8 GPUs" in table.output and "scheduling with SGLang 0.5.23's rules" in table.output
+    assert sorted(a["label"].split(",")[0] for a in data["answers"]) == ["8 GPUs", "SGLang"]  # a finalist each
+    assert "--rollout-engine is empty" in _err([*args[:-3], "--rollout-engine", ","])
+    assert "is a vLLM setting that SGLang does not have" in _err(
+        [*args[:-3], "--rollout-engine", "sglang", "--block-size", "32"]
+    )

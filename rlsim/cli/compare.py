@@ -24,7 +24,7 @@ from rlsim.cli.options import (
     tool_config,
 )
 from rlsim.cli.ui import console as make_console
-from rlsim.config import ROLLOUT_ENGINES, SGLANG_ONLY, VLLM_ONLY, EngineConfig
+from rlsim.config import ROLLOUT_ENGINES, EngineConfig
 from rlsim.errors import RlsimError
 
 
@@ -47,26 +47,6 @@ def engine_policies(names: list[str], rollout_engine: str) -> list[str]:
     if not kept:
         raise RlsimError("every policy asked for speculates (HistoSpec): run them with --rollout-engine vllm")
     return kept
-
-
-def split_engines(value: str, engine: EngineConfig) -> list[EngineConfig]:
-    """`--rollout-engine vllm,sglang`: the run's engine configuration under each, in order."""
-    from dataclasses import replace
-
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    if not names:
-        raise RlsimError("--rollout-engine is empty: use vllm, sglang or vllm,sglang")
-    if len(set(names)) < len(names):
-        raise RlsimError(f"--rollout-engine names an engine twice: {value}")
-    for name in names:
-        if name not in ROLLOUT_ENGINES:
-            raise RlsimError(f"unknown rollout engine {name!r}: use {' or '.join(ROLLOUT_ENGINES)}")
-    both = len(names) > 1  # (a setting only one engine has then goes to that engine's runs only)
-    other = {"vllm": SGLANG_ONLY, "sglang": VLLM_ONLY}
-    out = [replace(engine, rollout_engine=name, **dict.fromkeys(other[name] if both else (), None)) for name in names]
-    for e in out:
-        e.check_settings_for_engine()
-    return out
 
 
 def register_compare(app: typer.Typer) -> None:
@@ -132,7 +112,7 @@ def register_compare(app: typer.Typer) -> None:
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         tools = tool_config(opts, tr)
-        engines = split_engines(rollout_engine, engine)
+        engines = engine.per_rollout_engine(rollout_engine)
         say_which_rules(profile, [e.rollout_engine for e in engines])
         say_if_compiling()
         check_len(tr, rl.max_response_len)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from rlsim.cli import derive as derive_opts
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.options import PROFILE, say_if_compiling
+from rlsim.cli.options import PROFILE, say_if_compiling, say_which_rules
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
 from rlsim.plan.space import SEARCHED_ENGINE_FIELDS
@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         make_console().print(f"{len(rows)} points in {out} ({new} simulated in {dt:.1f} s{rate})")
 
     @app.command()
-    @engine_options(exclude=SEARCHED_ENGINE_FIELDS)  # searched: lists of values to try, below
+    @engine_options(exclude=(*SEARCHED_ENGINE_FIELDS, "rollout_engine"))  # searched: lists of values, below
     def plan(
         engine: EngineConfig,
         target_epoch_hours: float | None = typer.Option(
@@ -108,6 +108,10 @@ def register(app: typer.Typer) -> None:
             "areal's max_head_offpolicyness), e.g. 0.1,0.5,1."
         ),
         policies: str = typer.Option("", help="Comma-separated policies (default: every registered one but oracle)."),
+        rollout_engine: str = typer.Option(
+            "vllm", help="Whose scheduling rules to try: vllm, sglang, or both (vllm,sglang: each candidate under "
+            "each; speculating policies under vLLM's only)."
+        ),
         prompts_per_step: int = typer.Option(512, help="P0: prompts per step."),
         samples_per_prompt: int = typer.Option(16, help="R0: samples per prompt."),
         steps: int = typer.Option(6, help="Steps simulated per finalist (0: the whole epoch)."),
@@ -162,11 +166,13 @@ def register(app: typer.Typer) -> None:
             gpu_memory_utilization=parse_list(gpu_memory_utilization, float, "--gpu-memory-utilization") or (None,),
             max_response_len=parse_list(max_response_len, int, "--max-response-len"),
             staleness=parse_list(staleness, float, "--staleness"),
+            rollout_engines=tuple(e.rollout_engine for e in engine.per_rollout_engine(rollout_engine)),
         )  # fmt: skip
         rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, epochs=1)
         path = trace or default_trace()
         load(path, columns=[])  # a bad trace fails here, in one sentence, before a pool starts
         candidates(space, profile, gpu_budget, engine)  # and a bad search space
+        say_which_rules(profile, list(space.rollout_engines))
         prog, task = _bar("planning", 0)
         total, done = [0], [0]
 

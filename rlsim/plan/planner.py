@@ -19,7 +19,9 @@ in the last) and the mean of the others for the n - 2 between (k = 1: n d_0; k =
 A policy whose step is a local update on part of P0 (`fully_async`, `updates_per_step`) is
 simulated for that many times the steps and its epoch has that many times the steps. For the
 policies with a staleness bound, the search also tries each `staleness` value (`rlsim.plan.space`),
-and a policy's candidates at every bound compete as that policy's.
+and a policy's candidates at every bound compete as that policy's. Searched under both rollout
+engines (`--rollout-engine vllm,sglang`), a policy under each engine is searched as a policy of its
+own ("sync under sglang"), so the answer gives each engine's best configuration side by side.
 
 Every estimate is cached by its configuration (candidate, RL step, steps, seed, and digests of the
 trace file, the profile and rlsim's own source) in a JSON-lines file, so a second question over an
@@ -178,8 +180,16 @@ def plan(
     for p in space.policies:
         parse_policy(p)
     cands = candidates(space, profile, config.gpu_budget, engine)
-    # a policy's candidates at every staleness bound compete as one policy's
-    group = {v: p for p in space.policies for v in with_staleness(p, space.staleness)}
+    # a policy's candidates at every staleness bound compete as one policy's; searched under more than
+    # one rollout engine, a policy under each engine competes on its own (each gets its finalist)
+    by_policy = {v: p for p in space.policies for v in with_staleness(p, space.staleness)}
+    several = len(space.rollout_engines) > 1
+
+    def group_of(c: Candidate) -> str:
+        p = by_policy[c.policy]
+        return f"{p} under {c.engine.get('rollout_engine', 'vllm')}" if several else p
+
+    names = list(dict.fromkeys(map(group_of, cands)))
     trace_path = str(trace_path)
     trace = _trace_for(json.dumps({"trace": trace_path}))
     for cap in space.max_response_len:
@@ -191,7 +201,7 @@ def plan(
     n_steps = steps_per_epoch(trace, rl.prompts_per_step)
     steps_at = rungs(config, n_steps)
     if on_start:
-        per_policy = [sum(group[c.policy] == p for c in cands) for p in space.policies]
+        per_policy = [sum(group_of(c) == p for c in cands) for p in names]
         planned = 0
         for _ in steps_at:  # every candidate, then the best 1/eta per policy each round
             planned += sum(per_policy)
@@ -231,15 +241,15 @@ def plan(
                 on_done(row)
         return [r for r in out if r is not None]
 
-    alive: dict[str, list[Candidate]] = {p: [c for c in cands if group[c.policy] == p] for p in space.policies}
+    alive: dict[str, list[Candidate]] = {p: [c for c in cands if group_of(c) == p] for p in names}
     latest: dict[str, dict[str, Any]] = {}
     for k, steps in enumerate(steps_at):
-        jobs = [(c, steps, rl.seed) for p in space.policies for c in alive[p]]
+        jobs = [(c, steps, rl.seed) for p in names for c in alive[p]]
         rows = run(jobs)
         for (c, _, _), row in zip(jobs, rows, strict=True):
             latest[c.key()] = row
         if k < len(steps_at) - 1:
-            for p in space.policies:
+            for p in names:
                 ranked = sorted(alive[p], key=lambda c: score(latest[c.key()], config))
                 ranked = [c for c in ranked if not latest[c.key()].get("error")]
                 alive[p] = ranked[: max(1, math.ceil(len(ranked) / config.eta))] if ranked else []
@@ -255,9 +265,9 @@ def plan(
         promoted += len(early)
         for c, row in zip(early, run([(c, steps_at[-1], rl.seed) for c in early]), strict=True):
             latest[c.key()] = row
-            alive[group[c.policy]].append(c)
+            alive[group_of(c)].append(c)
     finalists: dict[str, Candidate] = {}
-    for p in space.policies:
+    for p in names:
         ok = [c for c in alive[p] if not latest[c.key()].get("error")]
         if ok:
             finalists[p] = min(ok, key=lambda c: score(latest[c.key()], config))
@@ -280,7 +290,7 @@ def plan(
         "rungs": steps_at, "seeds": seeds, "steps_per_epoch": n_steps,
         "num_candidates": len(cands), "simulated": simulated[0], "promoted": promoted,
         "cache_hits": cache.hits, "answers": answers, "best": best, "pareto": front, "rows": rows_all,
-        "no_answer": [p for p in space.policies if p not in finalists],
+        "no_answer": [p for p in names if p not in finalists],
     }  # fmt: skip
 
 

@@ -12,6 +12,10 @@ cap) a user asks about, checked and expanded into candidates before anything is 
   profile has no family: only its own TP can be searched.
 - **Engine knobs**: `max_num_seqs` and `gpu_memory_utilization` (None keeps the profile's); the
   engine's other settings are held fixed, as given (`Candidate.engine`).
+- **Rollout engine**: whose scheduling rules the instances follow, `vllm`, `sglang` or both
+  (`EngineConfig.per_rollout_engine`: a setting only one engine has goes to that engine's
+  candidates only). Speculating policies (HistoSpec) are searched under vLLM's rules only, where
+  speculative decoding is modelled.
 - **Response cap**: `max_response_len`, each with the clip ratio it implies on the user's trace
   (the share of the trace's samples longer than the cap, which are then cut).
 - **Staleness**: for the policies with a staleness knob (`fully_async`'s `staleness_threshold`,
@@ -36,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from rlsim.config import MAX_GPUS, PLACEMENTS, EngineConfig
+from rlsim.config import MAX_GPUS, PLACEMENTS, ROLLOUT_ENGINES, EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.profile import PROFILE_DIR, load_profile, shipped_profiles
 
@@ -73,9 +77,13 @@ class Candidate:
         return json.dumps(asdict(self), sort_keys=True)
 
     def label(self) -> str:
-        """Short and readable: `64 GPUs, disagg 48+16, TP 4, seqs 256, mem 0.8, cap 16384`."""
+        """Short and readable: `64 GPUs, disagg 48+16, TP 4, seqs 256, mem 0.8` (led by the rollout
+        engine where it is not vLLM: `SGLang, 64 GPUs, ...`)."""
         place = "coloc" if self.placement == "colocated" else f"disagg {self.rollout_gpus}+{self.train_gpus}"
         parts = [f"{self.num_gpus} GPUs", place, f"TP {self.tp}"]
+        rollout = self.engine.get("rollout_engine", "vllm")
+        if rollout != "vllm":
+            parts.insert(0, ROLLOUT_ENGINES[rollout])
         if self.max_num_seqs is not None:
             parts.append(f"seqs {self.max_num_seqs}")
         if self.gpu_memory_utilization is not None:
@@ -96,9 +104,12 @@ class SearchSpace:
     gpu_memory_utilization: tuple[float | None, ...] = (None,)
     max_response_len: tuple[int, ...] = (20480,)
     staleness: tuple[float, ...] = ()  # empty: each policy's own
+    rollout_engines: tuple[str, ...] = ("vllm",)
 
     def __post_init__(self) -> None:
-        for name in ("policies", "gpus", "placements", "max_num_seqs", "gpu_memory_utilization", "max_response_len"):
+        names = ("policies", "gpus", "placements", "max_num_seqs", "gpu_memory_utilization", "max_response_len",
+                 "rollout_engines")  # fmt: skip
+        for name in names:
             if not getattr(self, name):
                 raise RlsimError(f"the search space is empty: no {name.replace('_', ' ')} to try")
         for p in self.placements:
@@ -215,6 +226,13 @@ def with_staleness(policy: str, values: Sequence[float]) -> list[str]:
     return out or [policy]
 
 
+def speculates(policy: str) -> bool:
+    """Whether the policy drafts tokens (HistoSpec), which only vLLM's rules model."""
+    from policies.registry import parse_policy
+
+    return parse_policy(policy).histospec is not None
+
+
 def disaggregated_only(policy: str) -> bool:
     """Whether the policy runs only on a disaggregated cluster (its class says `placement`)."""
     from policies.registry import parse_policy, policy_class
@@ -227,8 +245,11 @@ def candidates(
 ) -> list[Candidate]:
     """Every candidate of the space (GPU counts above `gpu_budget` left out), in a fixed order,
     each under `engine` with the searched max_num_seqs and gpu_memory_utilization."""
-    fixed = {k: v for k, v in asdict(engine or EngineConfig()).items() if k not in SEARCHED_ENGINE_FIELDS}
-    fixed = {k: v for k, v in fixed.items() if v != getattr(EngineConfig(), k)}  # defaults left out of the key
+    base, default = engine or EngineConfig(), EngineConfig()
+    fixed_by_engine = {}  # per rollout engine: the settings held fixed, defaults left out of the key
+    for e in base.per_rollout_engine(",".join(space.rollout_engines)):
+        held = {k: v for k, v in asdict(e).items() if k not in SEARCHED_ENGINE_FIELDS}
+        fixed_by_engine[e.rollout_engine] = {k: v for k, v in held.items() if v != getattr(default, k)}
     family = tp_family(profile)
     tps = space.tps or tuple(t for t, name in family.items() if name == profile)
     missing = [t for t in tps if t not in family]
@@ -248,6 +269,12 @@ def candidates(
         if "disaggregated" not in space.placements and disaggregated_only(pol):
             raise RlsimError(f"{pol} runs only disaggregated: add --placement disaggregated")
     policies = [v for pol in space.policies for v in with_staleness(pol, space.staleness)]
+    speculating = {pol for pol in policies if speculates(pol)}
+    if speculating and "vllm" not in space.rollout_engines:
+        raise RlsimError(
+            f"{sorted(speculating)[0]} speculates (HistoSpec), which is modelled under vLLM's rules only: add "
+            "--rollout-engine vllm"
+        )
     out = []
     for g in gpus:
         for tp in tps:
@@ -273,11 +300,15 @@ def candidates(
                     if ("disaggregated", g - rollout) not in places:
                         places.append(("disaggregated", g - rollout))
             knobs = itertools.product(
-                places, space.max_num_seqs, space.gpu_memory_utilization, space.max_response_len, policies
-            )
-            for (place, train), seqs, util, cap, pol in knobs:
+                places, space.max_num_seqs, space.gpu_memory_utilization, space.max_response_len, policies,
+                space.rollout_engines,
+            )  # fmt: skip
+            for (place, train), seqs, util, cap, pol, rollout in knobs:
                 if place == "colocated" and disaggregated_only(pol):
                     continue
+                if rollout != "vllm" and pol in speculating:
+                    continue
+                fixed = fixed_by_engine[rollout]
                 out.append(Candidate(pol, g, place, train, tp, family[tp], seqs, util, cap, dict(fixed)))
     if not out:
         raise RlsimError("the search space is empty")
