@@ -337,3 +337,41 @@ def test_a_sweep_grid_lists_both_rollout_engines(tmp_path) -> None:  # noqa: ANN
     df = pd.read_parquet(out)
     assert list(df["rollout_engine"]) == ["vllm", "sglang"]
     assert df["total_time_s"].iloc[0] != df["total_time_s"].iloc[1]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_weight_update_flushes_the_radix_cache_retracting_what_runs(exact: bool) -> None:
+    """SGLang flushes its radix cache at a weight update (with nothing running: what runs is
+    retracted first, as frameworks pause it). Idle: the cache empties. Mid-run: the running
+    requests wait again, re-prefill prompt and output, and still finish with their full length.
+    vLLM's rules keep their state."""
+    prof = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), kv_capacity_tokens=60000)
+    reqs = _workload(n_groups=4, group=4)
+    eng = SimEngine(with_engine(prof, EngineConfig(rollout_engine="sglang")), 1, exact=exact)
+    eng.submit(reqs[:8])
+    while eng.step():
+        pass
+    cache = eng.instances[0].sched.cache
+    assert cache.evictable > 0  # the finished groups' prompts and outputs are cached
+    eng.weights_updated()
+    assert cache.evictable == 0 and cache.free == cache.num_tokens and eng.wake_reprefill_tokens == 0
+    eng.submit(reqs[8:])
+    events = list(eng.step(finishes=2))  # mid-run: some finished, the rest running
+    sched = eng.instances[0].sched
+    assert any(not q.reported for q in sched.running.values())  # running, not yet finished
+    eng.weights_updated()
+    while batch := eng.step():
+        events += batch
+    assert eng.wake_reprefill_tokens > 0  # they were retracted and prefilled again
+    finished = {e.request_id: e.num_output_tokens for e in events if isinstance(e, Finished)}
+    assert finished == {r.request_id: r.target_tokens for r in reqs[8:]}
+    vllm = SimEngine(prof, 1, exact=exact)
+    vllm.submit(reqs[:8])
+    while vllm.step():
+        pass
+    before = vllm.prefix_hit_tokens
+    vllm.weights_updated()
+    vllm.submit(reqs[:8])  # the same prompts again: still cached under vLLM's rules
+    while vllm.step():
+        pass
+    assert vllm.prefix_hit_tokens > before

@@ -598,6 +598,10 @@ class Driver(Launcher):
                 window.sync_begin = self.engine.now
                 self.engine.pause(sleep=getattr(self.engine, "sleeps_for_sync", True))
                 self.engine.call_at(self.engine.now + cost.update_weights, "train_done")
+        if sync != "none":
+            updated = getattr(self.engine, "weights_updated", None)  # (a real engine does its own)
+            if updated is not None:
+                updated()
         self.engine.resume()
         if sync != "none":
             self.rollout_version = self.version + 1

@@ -38,6 +38,13 @@ prefix cache) once its iteration in progress ends. Running requests keep their g
 and go back to the front of the waiting queue, so after `resume()` they re-prefill prompt plus
 generated tokens.
 
+Weight updates (`weights_updated`): under SGLang's rules an update flushes the radix cache
+(`flush_cache_after_weight_update` in sglang's `weight_updater.py`, `flush_cache=True` by
+default), which SGLang does only with nothing running, so RL frameworks pause it first
+(`pause_generation(mode="retract")`): its running requests go back to wait, as a sleep sends
+them. Under vLLM's rules an update changes no scheduling state here (the engines that sleep
+for it have freed their prefix cache already).
+
 Speculative decoding (HistoSpec, `rlsim.spec.speculation`) gives a request a mean of `rate` tokens
 per iteration with `verify` tokens per iteration under verification: the KV context then grows
 by the batch's summed rate per iteration and the iteration charges `gamma` per verified token,
@@ -98,6 +105,7 @@ class _Instance:
     # scheduler one schedule later (`ready`, applied before the next schedule)
     incoming: list = field(default_factory=list)
     ready: list = field(default_factory=list)
+    flush: bool = False  # SGLang: new weights arrived; its radix cache is flushed before its next schedule
 
 
 class SimEngine:
@@ -237,6 +245,22 @@ class SimEngine:
                 inst.jumping = False
                 inst.proc.interrupt()
                 self.pause_interrupts += 1
+
+    def weights_updated(self) -> None:
+        """New weights reached the rollout: under SGLang's rules each instance flushes its radix
+        cache, retracting what runs, once its iteration in progress ends (see the module docstring)."""
+        if self.profile.engine.rollout_engine != "sglang":
+            return
+        for inst in self.instances:
+            if inst.run_start is None:  # idle, paused or between iterations
+                self._flush(inst)
+            else:  # at the end of the iteration in progress (a jump stops after its current one)
+                inst.flush = True
+                self._poke(inst)
+
+    def _flush(self, inst: _Instance) -> None:
+        inst.flush = False
+        self._free_kv(inst)
 
     def resume(self) -> None:
         self._paused = self._sleep = False
@@ -386,6 +410,8 @@ class SimEngine:
                 self._take_arrivals(inst)
             if inst.aborts:
                 self._apply_aborts(inst)
+            if inst.flush:
+                self._flush(inst)
             if self._paused:
                 if self._sleep:
                     self._free_kv(inst)

@@ -35,6 +35,9 @@ scheduler on), time left out (`rlsim.sim.engine` prices iterations). Each rule, 
   given back when they are inserted; a sample admitted later hits the cached prompt. (SGLang's
   tokenizer manager, given one request with `n > 1`, prefills the prompt alone first; that path
   is not modelled.)
+- **Weight updates** (`flush_cache_after_weight_update`, `scheduler_components/weight_updater.py`):
+  the radix cache is flushed (`free_all`, called by `SimEngine.weights_updated`); SGLang flushes
+  only when idle, so frameworks retract what runs first (`pause_generation(mode="retract")`).
 - **Overlap scheduler** (`event_loop_overlap`): the next batch is scheduled before the last
   one's results are processed, so a finished request keeps its slots and place one more schedule:
   one that stopped on an end-of-sequence token decodes one more token, one that reached
