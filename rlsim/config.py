@@ -75,7 +75,7 @@ ROLLOUT_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 # settings only one engine has, refused under the other's rules: SGLang's KV page is one token and
 # its overlap scheduler is its own (always on, as SGLang's default)
 VLLM_ONLY = ("block_size", "async_scheduling")
-SGLANG_ONLY = ("schedule_policy",)
+SGLANG_ONLY = ("schedule_policy", "parallel_sampling")
 
 
 def _knob(default: Any, help: str, flag: str | None = None) -> Any:  # noqa: A002 - the CLI's word
@@ -128,6 +128,13 @@ class EngineConfig:
     schedule_policy: str | None = _knob(
         None, "SGLang --schedule-policy (rollout engine sglang only): fcfs (SGLang's default) or lpm, longest cached "
         "prefix first, which SGLang turns back into fcfs over a queue of more than 128.",
+    )
+    parallel_sampling: bool | None = _knob(
+        None,
+        "SGLang (rollout engine sglang only): send each launch's samples of a prompt as one request with n > 1, "
+        "which SGLang's tokenizer manager turns into a prefill of the prompt alone before the n samples (default: "
+        "off, one request per sample, as veRL, slime and AReaL send them). Needs --dispatch per_prompt.",
+        "parallel-sampling",
     )
     rollout_engine: str = _knob(
         "vllm",

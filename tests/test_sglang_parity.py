@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from rlsim.sim.sglang_parity import CI_GRID, GRID, counts, first_difference, run_rlsim, run_sglang
+from rlsim.sim.sglang_parity import CI_GRID, GRID, WARMUP, counts, first_difference, run_rlsim, run_sglang
 
 REQUIRED = os.environ.get("RLSIM_REQUIRE_SGLANG") == "1"
 if not os.environ.get("RLSIM_SGLANG_PYTHON") and not REQUIRED:
@@ -32,5 +32,10 @@ def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool) -> N
         assert got["retractions"] > 0
     if cfg.abort_at is not None:
         assert got["finished"] < cfg.num_prompts * cfg.samples_per_prompt  # the wave took some
+    if cfg.parallel_sample:  # every group's prompt prefilled alone first, most samples then extending one token
+        extends = [e for r in theirs["iterations"] for e in r.get("extend", [])]
+        assert len({rid for rid, _ in extends if rid >= WARMUP}) == cfg.num_prompts
+        ones = sum(take == 1 for rid, take in extends if rid < WARMUP)
+        assert ones > cfg.num_prompts * cfg.samples_per_prompt // 2, ones  # (the rest: evicted before admission)
     assert first_difference(ours, theirs) is None
     assert counts(ours) == got

@@ -375,3 +375,44 @@ def test_a_weight_update_flushes_the_radix_cache_retracting_what_runs(exact: boo
     while vllm.step():
         pass
     assert vllm.prefix_hit_tokens > before
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_parallel_sampling_prefills_each_groups_prompt_once(exact: bool) -> None:
+    """--parallel-sampling: a launch's samples of one prompt are one request with n > 1; the
+    prompt is prefilled alone first and every sample then matches all of it but its last token.
+    The warm-up is the engine's own: no event names it, and every sample finishes as before."""
+    prof = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), kv_capacity_tokens=200_000)
+    reqs = _workload(n_groups=6, group=8)
+    runs = {}
+    for on in (False, True):
+        eng = SimEngine(with_engine(prof, EngineConfig(rollout_engine="sglang", parallel_sampling=on)), 1, exact=exact)
+        eng.submit(reqs)
+        events = []
+        while batch := eng.step():
+            events += batch
+        runs[on] = (eng, events)
+    for eng, events in runs.values():
+        assert sorted(e.request_id for e in events) == [r.request_id for r in reqs]
+        assert all(isinstance(e, Finished) for e in events)
+        assert {e.request_id: e.num_output_tokens for e in events} == {r.request_id: r.target_tokens for r in reqs}
+    sched = runs[True][0].instances[0].sched
+    assert sched.warmups_run == 6
+    # each sample hits its prompt but the last token; one request a sample hits nothing in its own pass
+    assert sched.prefix_hit_tokens == sum(r.num_prompt_tokens - 1 for r in reqs)
+    assert runs[False][0].instances[0].sched.prefix_hit_tokens < sched.prefix_hit_tokens / 2
+
+
+def test_parallel_sampling_is_sglangs_and_needs_per_prompt_dispatch(small_trace_path, tmp_path) -> None:  # noqa: ANN001
+    from typer.testing import CliRunner
+
+    from rlsim.cli.app import app
+
+    args = ["simulate", "--trace", str(small_trace_path), "--prompts-per-step", "8", "--samples-per-prompt", "4",
+            "--max-steps", "1", "--parallel-sampling", "--out", str(tmp_path / "run")]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "parallel_sampling is an SGLang setting" in res.output
+    res = CliRunner().invoke(app, [*args, "--rollout-engine", "sglang"])
+    assert res.exit_code == 2 and "add --dispatch per_prompt" in res.output
+    res = CliRunner().invoke(app, [*args, "--rollout-engine", "sglang", "--dispatch", "per_prompt"])
+    assert res.exit_code == 0, res.output

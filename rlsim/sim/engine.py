@@ -165,8 +165,11 @@ class SimEngine:
     def submit(self, requests: Sequence[Request]) -> None:
         touched = set()
         cap = self.instances[0].sched.num_blocks * self.instances[0].sched.block_size if self.instances else 0
+        # SGLang with parallel sampling: a launch's samples of one prompt on one instance (consecutive
+        # requests) are one request with n > 1 (`SGLangScheduler.add_call`)
+        calls = self.instances and getattr(self.instances[0].sched, "parallel_sampling", False)
+        call: list[Seq] = []
         for req in requests:
-            inst = self.instances[req.instance]
             target = min(req.target_tokens, req.max_tokens)
             if req.num_prompt_tokens + target > cap:
                 raise request_too_large(req, target, cap)
@@ -177,14 +180,37 @@ class SimEngine:
                 seq.rate, seq.verify = spec
                 if seq.rate != 1.0:
                     seq.lookahead = self.spec.lookahead
-            if self._defer(inst):
-                inst.incoming.append(("submit", seq))
+            if calls and not req.prompt_len and not req.kept_tokens:
+                last = call[-1].req if call else None
+                if last is None or (last.instance, last.epoch, last.prompt_id, last.request_id + 1) != (
+                    req.instance, req.epoch, req.prompt_id, req.request_id
+                ):
+                    self._send(call)
+                    call = []
+                call.append(seq)
             else:
-                inst.sched.add(seq)
+                self._send(call)
+                call = []
+                self._send([seq])
             self._where[req.request_id] = req.instance
             touched.add(req.instance)
+        self._send(call)
         for i in touched:
             self._poke(self.instances[i])
+
+    def _send(self, seqs: list[Seq]) -> None:
+        """Hand one request (or one call of several samples) to its instance, now or, while it is
+        busy under async scheduling, before its schedule after next."""
+        if not seqs:
+            return
+        inst = self.instances[seqs[0].req.instance]
+        item = ("submit", seqs[0]) if len(seqs) == 1 else ("call", seqs)
+        if self._defer(inst):
+            inst.incoming.append(item)
+        elif len(seqs) == 1:
+            inst.sched.add(seqs[0])
+        else:
+            inst.sched.add_call(seqs)
 
     def abort(self, request_ids: Iterable[int]) -> None:
         request_ids = list(request_ids)
@@ -350,6 +376,8 @@ class SimEngine:
         for kind, item in land:
             if kind == "submit":
                 s.add(item)
+            elif kind == "call":
+                s.add_call(item)
             else:
                 aborts.append(item)
         if aborts:
@@ -435,7 +463,7 @@ class SimEngine:
             if k == 0:
                 out = sched.schedule()
                 for seq in out.preempted:
-                    if not seq.reported:  # (async: a finished request's slot, dropped)
+                    if not seq.reported and seq.req.request_id >= 0:  # (async: a finished one's slot; a warm-up)
                         self._outbox.preempted(seq.req.request_id, env.now, inst.idx, seq.generated)
                         inst.emitted = True
                 batch = out.num_decodes + len(out.chunks)
@@ -455,7 +483,7 @@ class SimEngine:
                     inst.seq_time += batch * took
                 done = sched.complete(out)
                 for seq, _ in out.chunks:
-                    if seq.generated:  # its prefill ended: the first token is out
+                    if seq.generated and seq.req.request_id >= 0:  # its prefill ended: the first token is out
                         self.first_token.setdefault(seq.req.request_id, env.now)
                 self._busy(inst, start, env.now)
                 self._finished(inst, done)

@@ -57,6 +57,7 @@ class SGLangParityConfig:
     eos: bool = False  # stop on the end-of-sequence token at the drawn length (max_new_tokens = the cap)
     abort_at: int | None = None  # at this iteration, abort every third request not yet finished
     schedule_policy: str = "fcfs"
+    parallel_sample: bool = False  # a group arriving together is one request with n > 1 (a warm-up first)
     seed: int = 0
 
     def work(self) -> list[sched_parity.Work]:
@@ -91,8 +92,13 @@ GRID = {
     "veRL scale": SGLangParityConfig("veRL scale", num_prompts=64, samples_per_prompt=16, output_tokens=(50, 20_480),
                                      output_dist="lognormal", kv_tokens=400_000, max_running_requests=1024,
                                      chunked_prefill_size=8192, eos=True),
+    "parallel sampling": SGLangParityConfig("parallel sampling", num_prompts=24, samples_per_prompt=8,
+                                            output_tokens=(50, 1500), output_dist="lognormal", kv_tokens=12_000,
+                                            chunked_prefill_size=1024, waves=3, wave_gap=150, eos=True,
+                                            parallel_sample=True),
 }  # fmt: skip
-CI_GRID = (("retractions", True), ("abort wave", True), ("tight KV, EOS stops", False), ("lpm, arrival waves", True))
+CI_GRID = (("retractions", True), ("abort wave", True), ("tight KV, EOS stops", False), ("lpm, arrival waves", True),
+           ("parallel sampling", True))  # fmt: skip
 
 
 def _abort_rids(cfg: SGLangParityConfig) -> list[int]:
@@ -100,10 +106,19 @@ def _abort_rids(cfg: SGLangParityConfig) -> list[int]:
 
 
 # ---- rlsim side -------------------------------------------------------------------------------
+WARMUP = 9_000_000  # a warm-up's request id on SGLang's side: this plus its prompt's (the driver's)
+
+
+def _rid(seq: Seq) -> int:
+    """A request's id as SGLang's side logs it (a warm-up's, negative here, by its prompt)."""
+    rid = seq.req.request_id
+    return rid if rid >= 0 else WARMUP + seq.req.prompt_id
+
 def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000_000) -> dict:
     """rlsim's log of the workload: {"iterations": [...], "finish": {rid: iteration}}."""
     s = SGLangScheduler(cfg.kv_tokens, cfg.max_running_requests, cfg.chunked_prefill_size,
-                        enable_radix_cache=cfg.radix_cache, overlap=cfg.overlap, schedule_policy=cfg.schedule_policy)
+                        enable_radix_cache=cfg.radix_cache, overlap=cfg.overlap, schedule_policy=cfg.schedule_policy,
+                        parallel_sampling=cfg.parallel_sample)  # fmt: skip
     work = sorted(cfg.work(), key=lambda w: (w.arrive, w.request_id))
     rows: list[dict] = []
     finish: dict[str, int] = {}
@@ -115,11 +130,19 @@ def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000
             for rid in sorted(r for r in s.running if r in gone and not s.running[r].reported):
                 s.abort(s.running[rid])
         while i < len(work) and work[i].arrive <= it:
-            w = work[i]
-            cap = cfg.output_tokens[1] if cfg.eos else w.output_tokens
-            req = Request(w.request_id, w.prompt_id, 0, 0, w.prompt_tokens, cap, w.output_tokens, 0, 0)
-            s.add(Seq(req, w.output_tokens))
+            group = [work[i]]  # one request or, with parallel sampling, a group arriving together
             i += 1
+            while cfg.parallel_sample and i < len(work) and (work[i].prompt_id, work[i].arrive) == (
+                group[0].prompt_id, group[0].arrive
+            ):
+                group.append(work[i])
+                i += 1
+            call = []
+            for w in group:
+                cap = cfg.output_tokens[1] if cfg.eos else w.output_tokens
+                req = Request(w.request_id, w.prompt_id, 0, 0, w.prompt_tokens, cap, w.output_tokens, 0, 0)
+                call.append(Seq(req, w.output_tokens))
+            s.add_call(call)
         if not s.running and not s.waiting:  # idle until the next arrival
             it = work[i].arrive
             continue
@@ -138,9 +161,9 @@ def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000
             if not out.chunks and not out.num_decodes:  # overlap: only finished requests held slots
                 s.release_finishing()
                 continue
-            row: dict = {"at": it, "retracted": [q.req.request_id for q in out.preempted]}
+            row: dict = {"at": it, "retracted": [_rid(q) for q in out.preempted]}
             if out.chunks:
-                row["extend"] = [[q.req.request_id, take] for q, take in out.chunks]
+                row["extend"] = [[_rid(q), take] for q, take in out.chunks]
             else:
                 row["decode"] = out.num_decodes
             rows.append(row)
@@ -174,7 +197,7 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
             "chunked_prefill_size": cfg.chunked_prefill_size, "radix_cache": cfg.radix_cache, "overlap": cfg.overlap,
             "schedule_policy": cfg.schedule_policy, "eos": cfg.eos, "max_tokens": cfg.output_tokens[1],
             "requests": [[w.request_id, w.prompt_id, w.prompt_tokens, w.output_tokens, w.arrive] for w in cfg.work()],
-            "abort_at": cfg.abort_at, "abort_rids": _abort_rids(cfg),
+            "abort_at": cfg.abort_at, "abort_rids": _abort_rids(cfg), "parallel_sample": cfg.parallel_sample,
         }  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         env.pop("PYTHONPATH", None)  # (nothing of this environment's packages)

@@ -14,6 +14,10 @@ scripted token, the end-of-sequence token at its drawn length (or, without `eos`
 `max_new_tokens` = that length). Requests are handed to `handle_generate_request` as the
 tokenizer manager would, one per sample; each prompt's tokens start with a token of its own and
 each request's output tokens are its own, so only a group's samples share a prefix, their prompt.
+With `parallel_sample`, a group arriving together is one request with `n > 1`, handed over as
+the tokenizer manager hands it (`TokenizerManager._handle_batch_request`): the prompt alone first,
+with `max_new_tokens` 0 and a request id of its own, then the n samples, at the first loop pass
+after that warm-up's result is processed.
 
 Stubs, and why none can change a scheduling decision:
 - `torchvision` (an empty package, version 0.0.0): imported by sglang's multimodal processors at
@@ -31,6 +35,7 @@ from array import array
 from collections import deque
 
 EOS = 7
+WARMUP = 9_000_000  # a warm-up's request id: this plus its prompt's
 
 
 def main() -> None:
@@ -72,7 +77,7 @@ def main() -> None:
             counted.append(req.rid)
             # each request's own tokens (its samples diverge at once, as sampled outputs do)
             own = 10_000 + (int(req.rid[1:]) * 7919 + n * 104_729) % 100_000
-            toks.append(EOS if cfg["eos"] and n >= target[req.rid] else own)
+            toks.append(EOS if cfg["eos"] and n >= target.get(req.rid, 1) else own)
         launched.append(counted)
         return GenerationBatchResult(next_token_ids=torch.tensor(toks, dtype=torch.int64), can_run_cuda_graph=False)
 
@@ -90,18 +95,23 @@ def main() -> None:
     s._add_request_to_queue = add_to_queue
     batch_iter: dict[int, int] = {}  # id of a launched batch's copy -> its iteration
 
+    warm: dict[str, list] = {}  # a warm-up's request id -> its samples, sent once its result is processed
+    sendable: list[list] = []
+
     def process(batch, result, it: int) -> None:  # noqa: ANN001
         s.process_batch_result(batch, result)
         for rid in launched.popleft():  # (results are processed in launch order)
             inflight[rid] -= 1
         for req in batch.reqs:
-            if req.finished() and req.rid not in finish and type(req.finished_reason).__name__ != "FINISH_ABORT":
+            if req.rid in warm and req.finished():
+                sendable.extend(warm.pop(req.rid))
+            elif req.finished() and req.rid not in finish and type(req.finished_reason).__name__ != "FINISH_ABORT":
                 finish[req.rid] = it
 
-    def submit(w: list) -> None:
+    def submit(w: list, max_new_tokens: int | None = None) -> None:
         rid, prompt, plen, olen, _ = w
         ids = array("q", [1000 + prompt] + [2000 + (prompt * 7919 + j) % 90000 for j in range(plen - 1)])
-        cap = cfg["max_tokens"] if cfg["eos"] else olen
+        cap = max_new_tokens if max_new_tokens is not None else cfg["max_tokens"] if cfg["eos"] else olen
         sp = SamplingParams(max_new_tokens=cap, temperature=0.0)  # (stops on the model's EOS, which only `eos` sends)
         sp.normalize(None)
         s.handle_generate_request(TokenizedGenerateReqInput(
@@ -117,7 +127,8 @@ def main() -> None:
     abort_at, abort_rids = cfg.get("abort_at"), {name(r) for r in cfg.get("abort_rids", [])}
 
     def busy() -> bool:
-        return bool(s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req or (overlap and s.result_queue))
+        return bool(s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req or (overlap and s.result_queue)
+                    or sendable or warm)  # fmt: skip
 
     while i < len(work) or busy():
         if abort_at is not None and it >= abort_at:
@@ -125,9 +136,22 @@ def main() -> None:
             for rid in sorted(abort_rids):
                 if rid not in finish:
                     s.abort_request(AbortReq(rid=rid))
+        for w in sendable:  # the samples of the warm-ups processed since the last pass
+            submit(w)
+        sendable.clear()
         while i < len(work) and work[i][4] <= it:
-            submit(work[i])
+            group = [work[i]]
             i += 1
+            same = (group[0][1], group[0][4])  # (prompt, arrival)
+            while cfg.get("parallel_sample") and i < len(work) and (work[i][1], work[i][4]) == same:
+                group.append(work[i])
+                i += 1
+            if len(group) == 1:
+                submit(group[0])
+                continue
+            rid = WARMUP + group[0][1]  # (one call per prompt and arrival)
+            warm[name(rid)] = group
+            submit([rid, *group[0][1:]], max_new_tokens=0)
         retracted.clear()
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch

@@ -30,11 +30,15 @@ scheduler on), time left out (`rlsim.sim.engine` prices iterations). Each rule, 
   n requests left.
 - **Radix cache** (`rlsim.sim.radix_cache`): page size 1, LRU eviction of unlocked leaves; a
   prefilled chunk is inserted at once, a finished request's whole sequence when it finishes.
-  Requests come one per sample, as veRL and slime send them: a group's samples admitted in the
-  same pass each prefill the prompt (matching happens at admission), and the duplicate slots are
-  given back when they are inserted; a sample admitted later hits the cached prompt. (SGLang's
-  tokenizer manager, given one request with `n > 1`, prefills the prompt alone first; that path
-  is not modelled.)
+  Requests come one per sample by default, as veRL and slime send them: a group's samples
+  admitted in the same pass each prefill the prompt (matching happens at admission), and the
+  duplicate slots are given back when they are inserted; a sample admitted later hits the cached
+  prompt.
+- **Parallel sampling** (`parallel_sampling`; `TokenizerManager._handle_batch_request` in
+  `tokenizer_manager.py`): a group sent as one request with `n > 1` is first sent as a warm-up of
+  its prompt alone (`max_new_tokens` 0, so it finishes at its prefill and its prompt enters the
+  tree), and the n samples are sent once its result is processed; each then matches all of the
+  prompt but its last token, which it computes (`add_call`).
 - **Weight updates** (`flush_cache_after_weight_update`, `scheduler_components/weight_updater.py`):
   the radix cache is flushed (`free_all`, called by `SimEngine.weights_updated`); SGLang flushes
   only when idle, so frameworks retract what runs first (`pause_generation(mode="retract")`).
@@ -58,6 +62,7 @@ import itertools
 from collections import deque
 
 from rlsim.errors import RlsimError
+from rlsim.protocol import Request
 from rlsim.sim.radix_cache import Node, RadixCache
 from rlsim.sim.running_offsets import RunningOffsets
 from rlsim.sim.seq import Scheduled, Seq, count_hits
@@ -92,12 +97,16 @@ class SGLangScheduler:
         overlap: bool = True,
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
         schedule_policy: str = "fcfs",
+        parallel_sampling: bool = False,
     ) -> None:
         if schedule_policy not in SCHEDULE_POLICIES:
             raise RlsimError(
                 f"unknown SGLang schedule policy {schedule_policy!r}: use {' or '.join(SCHEDULE_POLICIES)}"
             )
         self.schedule_policy = schedule_policy
+        self.parallel_sampling = parallel_sampling
+        self._warmups: dict[int, list[Seq]] = {}  # a warm-up's request id (negative) -> the samples it holds back
+        self._warmups_sent = 0
         self.num_blocks = num_tokens
         self.max_running_requests = max_running_requests
         self.chunked_prefill_size = chunked_prefill_size if enable_chunked_prefill else None
@@ -128,6 +137,7 @@ class SGLangScheduler:
         self.prefix_hit_tokens = 0
         self.turn_tokens = self.turn_hit_tokens = 0
         self.retractions = 0
+        self.warmups_run = 0  # parallel sampling: warm-ups finished
 
     # ---- queue changes -----------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
@@ -135,10 +145,29 @@ class SGLangScheduler:
             raise RlsimError("speculative decoding is modelled under vLLM's rules only: use --rollout-engine vllm")
         self.waiting.append(seq)
 
+    def add_call(self, seqs: list[Seq]) -> None:
+        """One request with `n = len(seqs)` samples of one prompt (`parallel_sampling`): the
+        tokenizer manager sends the prompt alone first (`max_new_tokens` 0), and the samples when
+        that warm-up's result is processed (`_release`)."""
+        if len(seqs) == 1 or any(seq.rate != 1.0 for seq in seqs):
+            for seq in seqs:
+                self.add(seq)  # (one sample: no warm-up; a speculating one is refused there)
+            return
+        req = seqs[0].req
+        self._warmups_sent += 1
+        rid = -self._warmups_sent
+        warm = Request(rid, req.prompt_id, -1, req.epoch, req.num_prompt_tokens, 0, 1, req.instance, req.policy_version)
+        self._warmups[rid] = list(seqs)
+        self.waiting.append(Seq(warm, 1))
+
     def remove_waiting(self, rids: set[int]) -> list[Seq]:
         gone = [seq for seq in self.waiting if seq.req.request_id in rids]
         if gone:
             self.waiting = deque(seq for seq in self.waiting if seq.req.request_id not in rids)
+        for held in self._warmups.values():  # samples a warm-up still holds back
+            if any(seq.req.request_id in rids for seq in held):
+                gone += [seq for seq in held if seq.req.request_id in rids]
+                held[:] = [seq for seq in held if seq.req.request_id not in rids]
         return gone
 
     # ---- token counts ------------------------------------------------------------------------
@@ -459,7 +488,8 @@ class SGLangScheduler:
             if rid in self._aborting:
                 ended.append(seq)
             elif not seq.reported:
-                due.append(seq)
+                if rid >= 0:  # (a warm-up's finish goes to the tokenizer manager, not the engine's caller)
+                    due.append(seq)
                 ended.append(seq)
         if len(ended) > 1:
             ended.sort(key=lambda s: s.order)
@@ -525,6 +555,9 @@ class SGLangScheduler:
         cache.unlock(node)
         self.batch_is_full = False
         seq.computed = 0
+        if rid < 0 and insert:  # a warm-up's result is processed: its samples are sent
+            self.warmups_run += 1
+            self.waiting.extend(self._warmups.pop(rid))
         return seq.generated
 
     def abort(self, seq: Seq) -> int:

@@ -81,6 +81,11 @@ def simulate(
     spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
     check_engine_fits(prof, trace, rl)
     check_layout(prof, cluster.training_gpus)
+    if prof.engine.parallel_sampling and cluster.dispatch != "per_prompt":
+        raise RlsimError(
+            "--parallel-sampling sends a prompt's samples as one request, which goes to one instance: add --dispatch "
+            "per_prompt"
+        )
     impl = engine or os.environ.get("RLSIM_ENGINE") or "compiled"
     if impl not in ("compiled", "simpy"):
         raise RlsimError(f"unknown engine {impl!r}: use compiled or simpy")
