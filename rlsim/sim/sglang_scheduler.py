@@ -257,7 +257,11 @@ class SGLangScheduler:
             return
         self._calc_priority()
         ratio = self.new_token_ratio
-        total = self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, CLIP_MAX_NEW_TOKENS)
+        # The running batch's reservations, summed when first needed: a head that does not fit
+        # even with none (they are never negative without warm-ups) is refused without the sum.
+        lazy = self.chunked is None and not self._warmups
+        clip = CLIP_MAX_NEW_TOKENS
+        total = 0.0 if lazy else self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, clip)
         current = 0.0
         rem_input, rem_chunk = self.max_prefill_tokens, self.chunked_prefill_size
         admitted: list[tuple[Seq, int]] = []
@@ -277,7 +281,9 @@ class SGLangScheduler:
             admitted.append((seq, take))
             if done:
                 self.chunked = None
-        for seq in list(self.waiting):
+        waiting = self.waiting
+        while waiting:  # (in queue order, stopping at the first refusal: the admitted are its head)
+            seq = waiting[0]
             if self._out_of_input(rem_input, rem_chunk) and not self._no_token(total, current):
                 break  # `budget_state() == OTHER`: the continuing chunk spent the pass
             if len(admitted) >= allocatable:  # (a continuing chunk keeps its row, and counts)
@@ -292,6 +298,10 @@ class SGLangScheduler:
             max_new = min(max(req.max_tokens - seq.generated, 0), CLIP_MAX_NEW_TOKENS)
             extend = 1 if seq.transfer else ntok - hit
             cache.lock(node)  # the match is pinned while the request is weighed
+            if lazy:
+                lazy = False
+                if extend + max_new + 1 < self._budget(0.0):
+                    total = self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, clip)
             if not extend + max_new + 1 < self._budget(total):
                 cache.unlock(node)
                 self.batch_is_full = bool(admitted) or size > 0  # NO_TOKEN
@@ -311,7 +321,7 @@ class SGLangScheduler:
             rem_input -= extend
             if rem_chunk is not None:
                 rem_chunk -= extend
-            self.waiting.remove(seq)
+            waiting.popleft()
             self._admit(seq, node, hit)
             admitted.append((seq, extend))
             if chunked:
@@ -607,7 +617,7 @@ class SGLangScheduler:
     def jump_plan(self) -> int:
         """Decode steps the fixed batch runs before its next finish or slot shortage (0: run one).
         Nothing is admitted meanwhile: the queue is empty or the batch is full."""
-        if not self.heap or self.chunked is not None or self.finishing or self._pending_insert:
+        if not self.heap or self.chunked is not None or self.finishing:
             return 0
         if self._takes_last_batch:
             return 0
@@ -618,11 +628,17 @@ class SGLangScheduler:
             return 0
         k_finish = self.heap[0][0] - self.dsteps
         k_kv = (self.cache.free + self.cache.evictable) // n
+        if self._pending_insert:  # no eviction before the tree inserts its first step processes
+            k_kv = min(k_kv, self.cache.free // n)
         return max(0, min(k_finish, k_kv))
 
     def advance(self, k: int) -> None:
         n = self.num_decoding
         self.cache.alloc(k * n)
+        pending, self._pending_insert = self._pending_insert, []
+        for seq in pending:  # overlap: the last prefills' inserts, processed at the first step's end
+            if self.running.get(seq.req.request_id) is seq:
+                self._insert_prefix(seq)
         self.iters += k
         self.dsteps += k
         self.ctx += k * n
