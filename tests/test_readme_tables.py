@@ -42,6 +42,8 @@ TIMING = {
     "validate_real": ["calibration_figures", "validate_real", "validate_real_profiles"],
     "predict_real": ["predict_real"],
     "validate_train": ["train_tiny", "validate_train"],
+    "engine_speed": ["engine_speed"],
+    "train_controls": ["train_controls"],
 }
 # checked row by row in tests/test_scheduler_parity.py, and a subset in tests/test_sglang_parity.py
 OTHER = {"scheduler_parity": ["scheduler_parity"], "sglang_parity": ["sglang_parity"]}

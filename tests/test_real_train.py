@@ -5,9 +5,9 @@ running engine generate what a fresh engine built from the saved checkpoint gene
 built-in `stop-within` task the reward rises against a control run whose weights never change
 (`--train none`: a learning rate of 0 is refused as bad input), under `sync` and under the
 partial-rollout policy `async_partial` and under veRL's `fully_async` (local updates and syncs in a
-trainer process beside the rollout); under `sync` a shuffled-reward control does not gain and
-the trained lengths follow each prompt's own target; a killed run resumes from its actor
-checkpoint.
+trainer process beside the rollout); under `sync` a shuffled-reward control does not gain (that
+the trained lengths follow each prompt's own target takes 96 steps: `benchmarks/train_controls.py`);
+a killed run resumes from its actor checkpoint.
 Skipped without vLLM, except under RLSIM_REQUIRE_VLLM=1 (`.ci/run`).
 """
 
@@ -26,7 +26,6 @@ import pandas as pd
 import pytest
 
 from rlsim.real.learn import weights_dir
-from rlsim.trace.format import load
 
 from .conftest import REPO, host_load, run_python, run_python_side_by_side
 
@@ -36,9 +35,10 @@ if os.environ.get("RLSIM_REQUIRE_VLLM") != "1":
 pytestmark = pytest.mark.slow
 
 LR = "1e-3"  # the tiny random model's learning rate (veRL's 1e-6 is for pretrained 7-32B models)
-# sync trains long enough for lengths to follow each prompt's own target (the correlation of the
-# last third: about 0.05 at 12 steps, 0.6-0.8 at 96); async_partial only shows the reward rise
-STEPS = {"sync": 96, "async_partial": 12, "fully_async": 24}
+# long enough for the reward to rise; lengths that follow each prompt's own target take 96 steps of
+# sync (the correlation of the last third: about 0.05 at 12, 0.6-0.8 at 96), which
+# benchmarks/train_controls.py runs
+STEPS = {"sync": 12, "async_partial": 12, "fully_async": 24}
 # fully_async trains beside the rollout, in a trainer process: one rollout instance and one
 # training "GPU"; two prompts a local update, a sync every two (24 updates: 48 prompts, as 12 steps)
 POLICY_ARGS = {
@@ -82,27 +82,16 @@ def test_trainer_and_engine_agree_and_pushed_weights_match_a_fresh_engine(calibr
     assert res["metrics"]["actor/grad_norm"] > 0 and res["update_weights_s"] > 0
 
 
-def _target_corr(late: pd.DataFrame, targets: pd.Series) -> float:
-    """Correlation between each late sample's target length (its prompt's) and its length."""
-    t = targets.loc[late["prompt_id"]].to_numpy(float)
-    n = late["num_output_tokens"].to_numpy(float)
-    return float(np.corrcoef(t, n)[0, 1]) if t.std() > 0 and n.std() > 0 else 0.0
-
-
 @pytest.mark.parametrize("policy", ["sync", "async_partial", "fully_async"])
 def test_reward_rises_against_a_run_that_never_updates(calibrated: dict, task: Path, tmp_path: Path,
                                                        policy: str) -> None:  # fmt: skip
     """Mean reward over the last third of the steps, trained minus control, per seed: every seed
     gains at least half the smallest gain measured here, and the gains are printed. Under `sync`,
-    trained for 96 steps, two more checks over the same seeds. A run whose rewards are permuted
-    within each batch before the update (`--shuffle-rewards`) must not gain (mean gain < 0.02), so
-    the gain comes from the rewards, not from updating as such. And the trained lengths track
-    their own prompt's target, which stopping sooner everywhere would not: the correlation of each
-    late sample's target with its length exceeds 0.3 and the shuffled control's, in every seed
-    (measured 0.63-0.78 trained, about 0.0 shuffled, whose lengths stay at the cap). The runs are
-    independent and time nothing, so they run side by side, a core each."""
-    targets = load(task).table.groupby("prompt_id")["target_len"].first()
-    gains, shuffled, corr = [], [], []
+    a run whose rewards are permuted within each batch before the update (`--shuffle-rewards`)
+    must not gain (mean gain < 0.02), so the gain comes from the rewards, not from updating as such
+    (that the trained lengths then track each prompt's own target is `benchmarks/train_controls.py`'s
+    96-step check). The runs are independent and time nothing, so they run side by side, a core each."""
+    gains, shuffled = [], []
     steps = STEPS[policy]
     modes = ("grpo", "none", "shuffled") if policy == "sync" else ("grpo", "none")
     runs = []  # every seed's runs, independent of each other: side by side, a core each
@@ -122,7 +111,7 @@ def test_reward_rises_against_a_run_that_never_updates(calibrated: dict, task: P
             assert len(st) == steps
             late = rq[rq["trained_step"] >= 2 * steps // 3]
             assert late["reward"].notna().all()
-            scores[mode] = (late["reward"].mean(), late["num_output_tokens"].mean(), _target_corr(late, targets))
+            scores[mode] = (late["reward"].mean(), late["num_output_tokens"].mean())
             if mode == "grpo":
                 for col in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
                             "timing_s/update_actor", "timing_s/update_weights", "training/rollout_probs_diff_max"):
@@ -135,22 +124,17 @@ def test_reward_rises_against_a_run_that_never_updates(calibrated: dict, task: P
                     assert st["training/off_policy_samples"].sum() == (trained["staleness"] > 0).sum()
         gains.append(scores["grpo"][0] - scores["none"][0])
         print(f"\n{policy} seed {seed}: mean reward of the last third {scores['grpo'][0]:+.3f} trained, "
-              f"{scores['none'][0]:+.3f} control; mean length {scores['grpo'][1]:.1f} vs {scores['none'][1]:.1f}; "
-              f"target-length correlation {scores['grpo'][2]:+.2f} vs {scores['none'][2]:+.2f}")
+              f"{scores['none'][0]:+.3f} control; mean length {scores['grpo'][1]:.1f} vs {scores['none'][1]:.1f}")
         if "shuffled" in scores:
             shuffled.append(scores["shuffled"][0] - scores["none"][0])
-            corr.append((scores["grpo"][2], scores["shuffled"][2]))
-            print(f"  shuffled-reward control: reward {scores['shuffled'][0]:+.3f} (gain {shuffled[-1]:+.3f}), "
-                  f"target-length correlation {scores['shuffled'][2]:+.2f}")
+            print(f"  shuffled-reward control: reward {scores['shuffled'][0]:+.3f} (gain {shuffled[-1]:+.3f})")
     print(f"{policy}: reward gain per seed {[round(float(g), 3) for g in gains]} ({host_load()})")
     # measured on this 2-core VM over seeds 0-2: gains 0.10-0.14 for async_partial at 12 steps, 0.26-0.31
     # for fully_async at 24 local updates, 0.7 for sync at 96 (half the smallest, 0.05, is the bar)
     assert all(g > 0.05 for g in gains), gains
     if shuffled:
-        print(f"sync: shuffled-control gain per seed {[round(float(g), 3) for g in shuffled]}; target-length "
-              f"correlation per seed (trained, shuffled) {[(round(t, 2), round(c, 2)) for t, c in corr]}")
+        print(f"sync: shuffled-control gain per seed {[round(float(g), 3) for g in shuffled]}")
         assert float(np.mean(shuffled)) < 0.02, shuffled  # permuted rewards teach nothing
-        assert all(t > 0.3 and t > c for t, c in corr), corr  # each prompt's own target, not just shorter
 
 
 def test_killed_training_run_resumes_from_its_actor_checkpoint(calibrated: dict, task: Path, tmp_path: Path) -> None:

@@ -392,7 +392,7 @@ def test_parallel_sampling_prefills_each_groups_prompt_once(exact: bool) -> None
         while batch := eng.step():
             events += batch
         runs[on] = (eng, events)
-    for eng, events in runs.values():
+    for _, events in runs.values():
         assert sorted(e.request_id for e in events) == [r.request_id for r in reqs]
         assert all(isinstance(e, Finished) for e in events)
         assert {e.request_id: e.num_output_tokens for e in events} == {r.request_id: r.target_tokens for r in reqs}
