@@ -21,15 +21,14 @@ run's in every seed, and a mean shuffled gain below 0.02.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from readme_tables import emit, machine_note
+from side_by_side import run_side_by_side
 from validate_real import sh
 
 from rlsim.hostload import LoadMeter
@@ -41,20 +40,10 @@ MODES = {"grpo": ("--lr", "1e-3"), "none": (), "shuffled": ("--lr", "1e-3", "--s
 
 def side_by_side(commands: list[list[str]]) -> None:
     """Each `python ARGS` run, as many at a time as there are cores, each pinned to a core of its own."""
-    cores = max(1, os.cpu_count() or 1)
-    for start in range(0, len(commands), cores):
-        procs = []
-        for core, args in enumerate(commands[start : start + cores]):
-            env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-            if cores > 1:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
-            procs.append((args, subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                                                 stderr=subprocess.PIPE, text=True)))  # fmt: skip
-        for args, proc in procs:
-            _, err = proc.communicate()
-            if proc.returncode:
-                sys.exit(f"{' '.join(args)} exited {proc.returncode}: {err.strip().splitlines()[-1:]}")
-        print(f"{min(start + cores, len(commands))}/{len(commands)} runs done", file=sys.stderr, flush=True)
+    try:
+        run_side_by_side(commands, done=lambda k, n: print(f"{k}/{n} runs done", file=sys.stderr, flush=True))
+    except RuntimeError as e:
+        sys.exit(str(e))
 
 
 def late_figures(run: Path, targets: pd.Series, steps: int) -> tuple[float, float]:
