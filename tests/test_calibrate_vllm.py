@@ -108,8 +108,8 @@ def test_records_of_another_model_are_refused(calibrated: dict, tmp_path: Path) 
     assert proc.returncode == 2 and "holds records of model" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_grid_larger_than_kv_capacity_is_refused(calibrated: dict, tmp_path: Path) -> None:
-    proc = _run("-m", "rlsim.cli", "calibrate", "decode", "--model", str(calibrated["model"]), "--out",
+def test_grid_larger_than_kv_capacity_is_refused(tiny: dict, tmp_path: Path) -> None:
+    proc = _run("-m", "rlsim.cli", "calibrate", "decode", "--model", str(tiny["model"]), "--out",
                 str(tmp_path / "r"),
                 "--batch-sizes", "1024", "--prompt-lens", "1024", check=False)  # fmt: skip
     assert proc.returncode == 2 and "KV tokens" in proc.stderr and "Traceback" not in proc.stderr

