@@ -51,8 +51,8 @@ EPOCHS = "48"  # 8 prompts, 4 a step: two steps an epoch
 
 
 @pytest.fixture(scope="module")
-def task(calibrated: dict) -> Path:
-    path = calibrated["root"] / "stop-within.parquet"
+def task(tiny: dict) -> Path:
+    path = tiny["root"] / "stop-within.parquet"
     if not path.exists():
         run_python("-m", "rlsim.cli", "trace", "task", "-o", str(path), "--num-prompts", "8", "--samples-per-prompt",
                    "8", "--epochs", EPOCHS, "--max-response-len", "48")  # fmt: skip
@@ -137,11 +137,11 @@ def test_reward_rises_against_a_run_that_never_updates(calibrated: dict, task: P
         assert float(np.mean(shuffled)) < 0.02, shuffled  # permuted rewards teach nothing
 
 
-def test_killed_training_run_resumes_from_its_actor_checkpoint(calibrated: dict, task: Path, tmp_path: Path) -> None:
+def test_killed_training_run_resumes_from_its_actor_checkpoint(tiny: dict, task: Path, tmp_path: Path) -> None:
     """SIGKILL after some steps: the actor checkpoint of the last recorded step's weight version
     is there, and `--resume` loads it, pushes it into fresh engines and trains on to the end."""
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "rlsim.cli", "run", "--real", "--out", str(out), "--model", str(calibrated["model"]),
+    cmd = [sys.executable, "-m", "rlsim.cli", "run", "--real", "--out", str(out), "--model", str(tiny["model"]),
            "--trace", str(task), "--lengths", "free", "--prompts-per-step", "4", "--samples-per-prompt", "8",
            "--epochs", "8", "--steps", "6", "--train", "grpo", "--lr", LR, "--no-enable-prefix-caching"]  # fmt: skip
     env = vllm_env()
