@@ -189,26 +189,35 @@ class SimEngine:
                     call = []
                 call.append(seq)
             else:
-                self._send(call)
-                call = []
-                self._send([seq])
+                if call:
+                    self._send(call)
+                    call = []
+                self._send_one(seq)
             self._where[req.request_id] = req.instance
             touched.add(req.instance)
         self._send(call)
         for i in touched:
             self._poke(self.instances[i])
 
+    def _send_one(self, seq: Seq) -> None:
+        """Hand one request to its instance, now or, while it is busy under async scheduling,
+        before its schedule after next (every request but those of a parallel-sampling call)."""
+        inst = self.instances[seq.req.instance]
+        if self._defer(inst):
+            inst.incoming.append(("submit", seq))
+        else:
+            inst.sched.add(seq)
+
     def _send(self, seqs: list[Seq]) -> None:
         """Hand one request (or one call of several samples) to its instance, now or, while it is
         busy under async scheduling, before its schedule after next."""
-        if not seqs:
+        if len(seqs) <= 1:
+            if seqs:
+                self._send_one(seqs[0])
             return
         inst = self.instances[seqs[0].req.instance]
-        item = ("submit", seqs[0]) if len(seqs) == 1 else ("call", seqs)
         if self._defer(inst):
-            inst.incoming.append(item)
-        elif len(seqs) == 1:
-            inst.sched.add(seqs[0])
+            inst.incoming.append(("call", seqs))
         else:
             inst.sched.add_call(seqs)
 
