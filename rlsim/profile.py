@@ -151,6 +151,12 @@ class Profile:
     # The rollout engine the costs were measured on (`ROLLOUT_ENGINES`): vLLM for every derived or
     # calibrated profile, SGLang for the slime fit; written only where it is not vLLM
     rollout_engine: str = "vllm"
+    # Data-parallel attention with expert parallelism (vLLM's data_parallel_size with
+    # enable_expert_parallel): one instance is one DP rank (TP x PP GPUs, its own scheduler and KV),
+    # `data_parallel_size` ranks step in lockstep, and their MoE layers' routed experts cost
+    # `dp_moe_s` at the group's tokens (`dp_group_s`; `rlsim.derive.derive`); 1 and empty without it
+    data_parallel_size: int = 1
+    dp_moe_s: tuple[tuple[float, float], ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -165,9 +171,14 @@ class Profile:
         ):
             if getattr(self, name) < 0:
                 raise RlsimError(f"profile {self.name}: {name} must be >= 0")
-        for name in ("tensor_parallel_size", "kv_capacity_tokens", "pipeline_parallel_size"):
+        for name in ("tensor_parallel_size", "kv_capacity_tokens", "pipeline_parallel_size", "data_parallel_size"):
             if getattr(self, name) <= 0:
                 raise RlsimError(f"profile {self.name}: {name} must be positive")
+        if (self.data_parallel_size > 1) != bool(self.dp_moe_s):
+            raise RlsimError(
+                f"profile {self.name}: data_parallel_size > 1 and dp_moe_s (the lockstep group's MoE cost) "
+                "go together"
+            )
         engine = self.engine
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "async_scheduling"):
             if getattr(engine, name) is None:
@@ -222,14 +233,17 @@ class Profile:
 
     def decode_residual(self, tokens: float) -> float:
         """`decode_residual_s` interpolated at `tokens` (held past the last knot)."""
-        knots = self.decode_residual_s
-        if tokens <= 0:
+        return _interpolate(self.decode_residual_s, tokens, extend=False)
+
+    def dp_group_s(self, max_tokens: float) -> float:
+        """A data-parallel group's MoE time in one lockstep iteration whose busiest rank runs
+        `max_tokens` tokens: vLLM pads every rank's batch to the busiest one's
+        (`num_tokens_across_dp`), so the experts see `data_parallel_size` x that many tokens
+        (`dp_moe_s` interpolated, extended along its last segment, where the experts are
+        compute-bound); 0 without data-parallel attention."""
+        if not self.dp_moe_s:
             return 0.0
-        i = bisect.bisect_left(knots, (tokens, -math.inf))
-        if i >= len(knots):
-            return knots[-1][1]
-        (x1, y1), (x0, y0) = knots[i], knots[i - 1] if i else (0.0, 0.0)
-        return y1 if x1 == x0 else y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        return _interpolate(self.dp_moe_s, self.data_parallel_size * max(max_tokens, 1.0), extend=True)
 
     @property
     def instance_gpus(self) -> int:
@@ -238,7 +252,7 @@ class Profile:
 
     def decode_throughput(self, batch: int, context_per_seq: int) -> float:
         """Output tokens per second of a steady decode batch (docs/calibrate.md's sanity line)."""
-        return batch / self.iteration_s(batch, batch * context_per_seq, batch)
+        return batch / (self.iteration_s(batch, batch * context_per_seq, batch) + self.dp_group_s(batch))
 
     def to_dict(self) -> dict[str, Any]:
         """The profile's JSON: its engine's recorded settings as top-level fields."""
@@ -255,7 +269,23 @@ class Profile:
             del out["pipeline_parallel_size"]
         if out["rollout_engine"] == "vllm":  # nor one measured on vLLM
             del out["rollout_engine"]
+        if out["data_parallel_size"] == 1:  # nor one without data-parallel attention
+            del out["data_parallel_size"], out["dp_moe_s"]
         return out | {k: engine[k] for k in PROFILE_ENGINE_FIELDS}
+
+
+def _interpolate(knots: tuple[tuple[float, float], ...], x: float, extend: bool) -> float:
+    """Piecewise-linear `knots` at `x`, from (0, 0); past the last knot held, or with `extend`
+    continued along the last segment."""
+    if x <= 0 or not knots:
+        return 0.0
+    i = bisect.bisect_left(knots, (x, -math.inf))
+    if i >= len(knots):
+        if not extend or len(knots) < 2:
+            return knots[-1][1]
+        i = len(knots) - 1
+    (x1, y1), (x0, y0) = knots[i], knots[i - 1] if i else (0.0, 0.0)
+    return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def shipped_profiles() -> list[str]:
@@ -278,7 +308,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     optional = (
         "spec", "provenance", "fit_error", "model_facts", "gpu_facts", "gpu_memory_utilization", "block_size",
         "linear_t0_s", "async_scheduling", "schema_version", "decode_residual_s", "prefill_request_s",
-        "pipeline_parallel_size", "rollout_engine",
+        "pipeline_parallel_size", "rollout_engine", "data_parallel_size", "dp_moe_s",
     )  # fmt: skip
     version = raw.get("schema_version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -348,6 +378,8 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
             raw.get("pipeline_parallel_size", 1), f"{where}: field 'pipeline_parallel_size'"
         ),
         rollout_engine=_rollout_engine(raw.get("rollout_engine", "vllm"), f"{where}: field 'rollout_engine'"),
+        data_parallel_size=_positive_int(raw.get("data_parallel_size", 1), f"{where}: field 'data_parallel_size'"),
+        dp_moe_s=_knots(raw.get("dp_moe_s", []), f"{where}: field 'dp_moe_s'"),
         **kwargs,
     )
 

@@ -52,10 +52,18 @@ def roofline_s(profile: Profile, batch: int, context: int) -> float:
     rank reads its share of the weights the batch uses (of an MoE model's routed experts, those its
     tokens hit) and of the batch's KV. With p pipeline stages, an iteration is p micro-batches of
     batch / p through every stage: each stage reads its weights once a micro-batch (a rank: the
-    weights over TP in all) and its layers' share of the KV."""
+    weights over TP in all) and its layers' share of the KV. With data-parallel attention (every
+    rank of the group at this batch), a GPU reads its rank's own weights over TP and its share
+    over DP x TP of the routed experts the group's tokens hit."""
     facts, tp, pp = profile.model_facts, profile.tensor_parallel_size, profile.pipeline_parallel_size
     micro = max(batch / pp, min(batch, 1))  # with pipeline stages, each reads its weights once a micro-batch
-    weights = model_facts.weights_read_params(facts, micro) * facts["dtype_bytes"] / tp
+    dp = profile.data_parallel_size
+    if dp > 1:
+        own = float(facts["num_params"]) - model_facts.routed_params(facts)
+        hit = model_facts.weights_read_params(facts, dp * batch) - own
+        weights = (own / tp + hit / (dp * tp)) * facts["dtype_bytes"]
+    else:
+        weights = model_facts.weights_read_params(facts, micro) * facts["dtype_bytes"] / tp
     kv = batch * context * model_facts.kv_bytes_per_token(facts) / model_facts.kv_shards(facts, tp) / pp
     return (weights + kv) / profile.gpu_facts["hbm_bytes_per_s"]
 
@@ -74,8 +82,9 @@ class Cell:
 
 
 def cell(profile: Profile, batch: int, context: int) -> Cell:
-    """The profile's steady decode iteration at (batch, context) against the roofline."""
-    t = profile.iteration_s(batch, batch * context, batch) + profile.compute_excess_s(batch)
+    """The profile's steady decode iteration at (batch, context) against the roofline (with
+    data-parallel attention, a lockstep iteration of the group with every rank at this batch)."""
+    t = profile.iteration_s(batch, batch * context, batch) + profile.compute_excess_s(batch) + profile.dp_group_s(batch)
     bound = roofline_s(profile, batch, context)
     fits = batch * context <= profile.kv_capacity_tokens and batch <= profile.engine.max_num_seqs
     return Cell(batch, context, t, batch / t, bound, bound / t if t > 0 else math.inf, fits)

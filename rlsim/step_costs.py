@@ -82,6 +82,21 @@ def weight_bytes(profile: Profile) -> float:
     return float(mf["num_params"]) * float(mf["dtype_bytes"])
 
 
+def rank_weight_bytes(facts: dict, gpus: int, data_parallel_size: int = 1) -> float:
+    """One GPU's share of the weights (`model_facts`): the whole over an instance's `gpus`, but
+    with data-parallel attention the routed experts over all of the group's DP x `gpus` GPUs."""
+    total = float(facts["num_params"]) * float(facts["dtype_bytes"])
+    if data_parallel_size == 1:
+        return total / gpus
+    routed = float(facts["moe_layers"] * facts["num_experts"] * facts["expert_params"]) * float(facts["dtype_bytes"])
+    return (total - routed) / gpus + routed / (gpus * data_parallel_size)
+
+
+def weight_bytes_per_gpu(profile: Profile) -> float:
+    """`rank_weight_bytes` of a profile."""
+    return rank_weight_bytes(profile.model_facts, profile.instance_gpus, profile.data_parallel_size)
+
+
 def kv_bytes_per_token(profile: Profile) -> float:
     return model_facts.kv_bytes_per_token(profile.model_facts)
 
@@ -89,13 +104,14 @@ def kv_bytes_per_token(profile: Profile) -> float:
 def kv_capacity(profile: Profile, gpu_memory_utilization: float) -> int:
     """KV tokens one instance holds at this memory utilisation (see the module docstring); with
     pipeline stages each GPU holds its stage's layers, so a token's KV is spread over them too."""
-    tp, pp, gpus = profile.tensor_parallel_size, profile.pipeline_parallel_size, profile.instance_gpus
+    tp, pp = profile.tensor_parallel_size, profile.pipeline_parallel_size
     memory = float(profile.gpu_facts["memory_bytes"])
-    free = gpu_memory_utilization * memory - weight_bytes(profile) / gpus
+    per_gpu = weight_bytes_per_gpu(profile)
+    free = gpu_memory_utilization * memory - per_gpu
     if free <= 0:
         where = f"TP{tp}" + (f" x PP{pp}" if pp > 1 else "")
         raise RlsimError(
-            f"profile {profile.name}: the weights ({weight_bytes(profile) / gpus / 1e9:.1f} GB per GPU at {where}) do "
+            f"profile {profile.name}: the weights ({per_gpu / 1e9:.1f} GB per GPU at {where}) do "
             f"not fit in gpu_memory_utilization={gpu_memory_utilization} of {memory / 1e9:.0f} GB"
         )
     shards = model_facts.kv_shards(profile.model_facts, tp)  # MLA: every rank holds the whole latent

@@ -172,7 +172,7 @@ def test_derive_writes_a_profile_every_command_takes(tmp_path: Path) -> None:
      (["--model", "nonesuch-7b", "--gpu", "h100"], "unknown model 'nonesuch-7b'"),
      (["--model", "qwen3-8b", "--gpu", "h100", "--tp", "3"], "--tp 3 does not divide qwen3-8b's 32 attention heads"),
      (["--model", "qwen3-32b", "--gpu", "a100-40gb"], "weights take 65.5 GB per GPU at TP 1"),
-     (["--model", "qwen3-30b-a3b", "--gpu", "h100", "--tp", "2", "--ep", "4"], "only expert parallelism within one"),
+     (["--model", "qwen3-30b-a3b", "--gpu", "h100", "--tp", "2", "--ep", "4"], "is modelled within one instance"),
      (["--model", "qwen3-8b", "--gpu", "a100", "--dtype", "fp8"], "has no FP8 tensor cores"),
      (["--model", "qwen3-8b", "--gpu", "h100-pcie", "--tp", "3"], "--tp 3 does not divide")],
 )  # fmt: skip

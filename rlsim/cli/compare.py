@@ -71,6 +71,7 @@ def register_compare(app: typer.Typer) -> None:
         tp: int = derive_opts.TP,
         ep: int = derive_opts.EP,
         pp: int = derive_opts.PP,
+        dp: int = derive_opts.DP,
         dtype: str = derive_opts.DTYPE,
         trainer: str = derive_opts.TRAINER,
         terms: str | None = derive_opts.TERMS,
@@ -108,7 +109,7 @@ def register_compare(app: typer.Typer) -> None:
             check_plot_file(plot)  # before minutes of simulation, not after
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp)
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         tools = tool_config(opts, tr)

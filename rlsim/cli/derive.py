@@ -22,6 +22,10 @@ MODEL = typer.Option(
 GPU = typer.Option(None, help="With --model: a GPU name (rlsim profile list) or a JSON file of its datasheet facts.")
 TP = typer.Option(1, "--tp", help="With --model: tensor-parallel size of each rollout instance.")
 EP = typer.Option(1, "--ep", help="With --model: expert-parallel size (1, or --tp for vLLM's enable_expert_parallel).")
+DP = typer.Option(
+    1, "--dp", help="Data-parallel attention ranks stepping in lockstep (vLLM's data_parallel_size with "
+    "enable_expert_parallel; an MoE model, --ep = --dp x --tp); each rank is one instance of --tp GPUs.",
+)
 PP = typer.Option(
     1, "--pp", help="With --model: pipeline stages of each rollout instance (vLLM's pipeline_parallel_size; the "
     "instance takes TP x PP GPUs, its stages across nodes where they must be).",
@@ -43,6 +47,7 @@ TRAINER = typer.Option(
 def derived_profile_path(
     model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", trainer: str = "fsdp2", terms: str | None = None,
     pp: int = 1,
+    dp: int = 1,
 ) -> str:
     """Derive the profile and write it under ~/.cache/rlsim/profiles (or $RLSIM_CACHE_DIR); its path.
     The folder is keyed by everything the profile's name leaves out (the model's config, the GPU's
@@ -53,7 +58,7 @@ def derived_profile_path(
     from rlsim.derive.train import Trainer
     from rlsim.files import atomic_write_text
 
-    s, parsed = setup(model, gpu, tp, ep, dtype, pp=pp), Trainer.parse(trainer)
+    s, parsed = setup(model, gpu, tp, ep, dtype, pp=pp, dp=dp), Trainer.parse(trainer)
     raw = derive_profile(s, trainer=parsed)
     fitted = None
     if terms:
@@ -78,17 +83,18 @@ def profile_or_derived(
     trainer: str = "fsdp2",
     terms: str | None = None,
     pp: int = 1,
+    dp: int = 1,
 ) -> str:
     """`--profile`, or the profile `--model/--gpu/--tp` derive (the two are exclusive)."""
     if model is None and gpu is None:
-        if trainer != "fsdp2" or terms or pp != 1:
+        if trainer != "fsdp2" or terms or pp != 1 or dp != 1:
             raise RlsimError(
-                "--trainer, --terms and --pp go with --model and --gpu: a given --profile states its own costs"
+                "--trainer, --terms, --pp and --dp go with --model and --gpu: a given --profile states its own costs"
             )
         return profile
     if model is None or gpu is None:
         raise RlsimError("--model and --gpu go together (with --tp): they derive the profile")
-    return derived_profile_path(model, gpu, tp, ep, dtype, trainer, terms, pp)
+    return derived_profile_path(model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
 
 
 def derive_family(
@@ -126,6 +132,7 @@ def register_derive(profile_app: typer.Typer) -> None:
         tp: int = typer.Option(1, "--tp", help="Tensor-parallel size of one rollout instance."),
         ep: int = EP,
         pp: int = typer.Option(1, "--pp", help="Pipeline stages of one rollout instance (it takes TP x PP GPUs)."),
+        dp: int = DP,
         dtype: str = DTYPE,
         kv_cache_dtype: str | None = typer.Option(None, help="KV cache dtype, bf16 or fp8 (default: --dtype)."),
         gpu_memory_utilization: float | None = typer.Option(
@@ -149,7 +156,7 @@ def register_derive(profile_app: typer.Typer) -> None:
         if out is not None:
             refuse_overwrite(out, force)
         engine = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)
-        raw = derive_profile(setup(model, gpu, tp, ep, dtype, kv_cache_dtype, pp), engine, Trainer.parse(trainer))
+        raw = derive_profile(setup(model, gpu, tp, ep, dtype, kv_cache_dtype, pp, dp), engine, Trainer.parse(trainer))
         if terms:
             fitted, provenance = load_terms(terms)
             raw = fitted.apply(raw, provenance)

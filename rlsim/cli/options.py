@@ -163,7 +163,14 @@ def say_which_rules(profile: str, rollout_engines: list[str]) -> None:
     from rlsim.sim.sglang_scheduler import SGLANG_VERSION
 
     err = make_console(sys.stderr)
-    measured = load_profile(profile).rollout_engine
+    loaded = load_profile(profile)
+    measured = loaded.rollout_engine
+    if loaded.data_parallel_size > 1:
+        err.print(
+            f"data-parallel attention: groups of {loaded.data_parallel_size} ranks in lockstep, iteration by iteration "
+            "on SimEngine (the compiled core runs independent instances only)",
+            highlight=False,
+        )
     for engine in rollout_engines:
         if engine == "sglang":
             err.print(

@@ -60,6 +60,7 @@ def register(app: typer.Typer) -> None:
         tp: int = derive_opts.TP,
         ep: int = derive_opts.EP,
         pp: int = derive_opts.PP,
+        dp: int = derive_opts.DP,
         dtype: str = derive_opts.DTYPE,
         trainer: str = derive_opts.TRAINER,
         terms: str | None = derive_opts.TERMS,
@@ -90,7 +91,7 @@ def register(app: typer.Typer) -> None:
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         tr = load_trace(trace, [policy])
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp)
+        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
         opts = from_trace(locals(), tr)
         cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)

@@ -36,9 +36,29 @@ pipeline_parallel_size) run an iteration as pp micro-batches of 1/pp of its toke
 stages of L/pp layers: the linear layers and links at the micro-batch's tokens (at least one:
 fewer sequences than stages idle the rest, the pipeline's bubble), each GPU's share of the KV
 divided by pp, a hand-over between stages per micro-batch (`p2p_s`), and the framework step and
-LM head once a micro-batch. Not modelled, and refused in one sentence: a TP group beyond the
-scale-up domain that is not a whole number of domains, expert parallelism other than within one
-instance (data-parallel attention); DeepSeek's MTP draft layer is not loaded.
+LM head once a micro-batch.
+
+Data-parallel attention with expert parallelism (`dp` > 1: vLLM's `data_parallel_size` with
+`enable_expert_parallel`, EP = DP x TP, as DeepSeek-V3 is served at DP 8-32): each DP rank is an
+instance of its own (TP GPUs, its own scheduler and KV) that runs attention, the dense layers, the
+shared experts and router on its own batch, and the routed experts are split over all DP x TP GPUs.
+The ranks step in lockstep (vLLM runs a dummy batch on a rank with nothing to do while any rank of
+its group runs), and each rank's batch is padded to the busiest rank's tokens
+(`num_tokens_across_dp`, for its CUDA graphs). So a rank's profile holds its own iteration
+without the routed experts, and `dp_moe_s` gives the routed experts' time at the group's padded
+tokens M = DP x the busiest rank's: per MoE layer the experts each GPU holds that M tokens hit,
+E x (1 - (1 - k/E)^M) / EP of them read and M x k / EP token-experts computed, by the fitted
+roofline, and vLLM's default EP exchange (`all2all_backend` allgather_reducescatter): an
+all-gather of the M tokens' activations over the EP group and a reduce-scatter back, the two
+halves of one ring all-reduce of those bytes (`allreduce_s`, hierarchical across domains). The
+simulator steps a group's ranks together at the slowest rank's iteration plus that term
+(`rlsim.sim.engine`). A rank's GPUs hold the attention and dense weights over TP and the routed
+experts over EP.
+
+Not modelled, and refused in one sentence: a TP group beyond the scale-up domain that is not a
+whole number of domains, expert parallelism that is neither within one instance nor over a DP group,
+data-parallel attention with pipeline stages or on a dense model (its DP ranks are independent
+instances); DeepSeek's MTP draft layer is not loaded.
 """
 
 from __future__ import annotations
@@ -57,7 +77,13 @@ from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.model_facts import experts_hit, kv_shards
 from rlsim.profile import SCHEMA_VERSION, profile_from_dict
-from rlsim.step_costs import HOST_LINK_FALLBACK_BPS, HOST_MEMORY_FALLBACK_BPS, kv_capacity, weight_sync_s
+from rlsim.step_costs import (
+    HOST_LINK_FALLBACK_BPS,
+    HOST_MEMORY_FALLBACK_BPS,
+    kv_capacity,
+    rank_weight_bytes,
+    weight_sync_s,
+)
 
 # slime's SGLang fit, DeepSeek-R1-Distill-Llama-8B on an H200-class GPU (module docstring)
 SLIME_T_W_S, SLIME_ALPHA_S, SLIME_BETA_S = 5.595e-3, 23.6e-6, 37.6e-9
@@ -89,11 +115,28 @@ class Setup:
     dtype: str = "bf16"
     kv_cache_dtype: str = "bf16"
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         m, tp, ep, pp = self.model, self.tensor_parallel_size, self.expert_parallel_size, self.pipeline_parallel_size
-        if tp <= 0 or ep <= 0 or pp <= 0:
-            raise RlsimError(f"--tp, --ep and --pp must be positive, got {tp}, {ep} and {pp}")
+        dp = self.data_parallel_size
+        if tp <= 0 or ep <= 0 or pp <= 0 or dp <= 0:
+            raise RlsimError(f"--tp, --ep, --pp and --dp must be positive, got {tp}, {ep}, {pp} and {dp}")
+        if dp > 1:
+            if not m.is_moe:
+                raise RlsimError(
+                    f"--dp {dp}: {m.name} is a dense model; data-parallel attention is modelled with expert "
+                    "parallelism, and a dense model's DP ranks are independent instances (drop --dp)"
+                )
+            if pp > 1:
+                raise RlsimError(
+                    f"--dp {dp} with --pp {pp}: data-parallel attention with pipeline stages is not modelled"
+                )
+            if ep != dp * tp:
+                raise RlsimError(
+                    f"--dp {dp} with --tp {tp} and --ep {ep}: data-parallel attention splits the experts over "
+                    f"all DP x TP GPUs (vLLM's enable_expert_parallel): use --ep {dp * tp}"
+                )
         if pp > m.num_layers:
             raise RlsimError(f"--pp {pp} exceeds {m.name}'s {m.num_layers} layers")
         if m.num_heads % tp:
@@ -103,14 +146,15 @@ class Setup:
                 f"--tp {tp} spans more GPUs than {self.gpu.name}'s scale-up domain of {self.gpu.scale_up_domain} "
                 "but not a whole number of domains: a TP group across nodes takes whole nodes"
             )
-        if ep > 1:
+        if ep > 1 and dp == 1:
             if not m.is_moe:
                 raise RlsimError(f"--ep {ep}: {m.name} is a dense model and has no experts to split")
             if ep != tp:
                 raise RlsimError(
-                    f"--ep {ep} with --tp {tp}: only expert parallelism within one instance (--ep equal to --tp, "
-                    "vLLM's enable_expert_parallel) is modelled, not data-parallel attention"
+                    f"--ep {ep} with --tp {tp}: expert parallelism is modelled within one instance (--ep equal to "
+                    "--tp) or over a data-parallel attention group (--ep equal to --dp x --tp)"
                 )
+        if ep > 1:
             if m.num_experts % ep:
                 raise RlsimError(f"--ep {ep} does not divide {m.name}'s {m.num_experts} routed experts")
         for d in (self.dtype, self.kv_cache_dtype):
@@ -153,8 +197,9 @@ def _linear_s(s: Setup, fit: LinearFit, tokens: np.ndarray) -> np.ndarray:
         attn = fit.layer_s(m.attn_params * wb / tp, 2 * m.attn_params / tp, n, m.hidden_size, hbm, peak)
         hit = np.array([experts_hit(m.num_experts, m.experts_per_token, x) for x in np.atleast_1d(n)]).reshape(n.shape)
         always = m.shared_expert_params + m.router_params
-        read = (hit * m.expert_params + always) * wb / tp
-        used = 2 * (m.experts_per_token * m.expert_params + always) / tp
+        routed = s.data_parallel_size == 1  # with data-parallel attention the group pays them (`dp_moe_s`)
+        read = (hit * m.expert_params * routed + always) * wb / tp
+        used = 2 * (m.experts_per_token * m.expert_params * routed + always) / tp
         experts = fit.roofline_s(read, n * used, hbm, peak)
         total = total + m.moe_layers * (attn + experts)
     return total
@@ -198,8 +243,25 @@ def _links_s(s: Setup, tokens: np.ndarray) -> np.ndarray:
     allreduce = allreduce_s(s.gpu, tp, n * m.hidden_size * ACTIVATION_BYTES)
     if s.expert_parallel_size == 1:
         return 2 * m.num_layers * allreduce + hops
+    if s.data_parallel_size > 1:  # a DP rank's own: its attention's all-reduce (the EP exchange: `dp_moe_s`)
+        return 2 * m.num_dense_layers * allreduce + m.moe_layers * allreduce
     a2a = all_to_all_s(s.gpu, s.expert_parallel_size, n * m.experts_per_token * m.hidden_size * ACTIVATION_BYTES)
     return 2 * m.num_dense_layers * allreduce + m.moe_layers * (allreduce + 2 * a2a) + hops
+
+
+def dp_moe_s(s: Setup, group_tokens: np.ndarray) -> np.ndarray:
+    """A data-parallel attention group's routed experts in one lockstep iteration over
+    `group_tokens` (DP x the busiest rank's tokens), on each of its DP x TP GPUs: the experts it
+    holds that the tokens hit, read and computed by the fitted roofline, and the EP exchange, an
+    all-gather and a reduce-scatter of the tokens' activations (the module docstring)."""
+    m, g, group = s.model, s.gpu, s.expert_parallel_size
+    fit, wb = linear_fit(), s.weight_bytes
+    n = np.asarray(group_tokens, dtype=float)
+    hit = np.array([experts_hit(m.num_experts, m.experts_per_token, x) for x in np.atleast_1d(n)]).reshape(n.shape)
+    read = hit * m.expert_params * wb / group
+    flops = n * 2 * m.experts_per_token * m.expert_params / group
+    experts = fit.c0_s + fit.roofline_s(read, flops, g.hbm_bytes_per_s, g.peak_flops(s.dtype))
+    return m.moe_layers * (experts + allreduce_s(g, group, n * m.hidden_size * ACTIVATION_BYTES))
 
 
 def p2p_s(s: Setup, micro: np.ndarray) -> np.ndarray:
@@ -231,6 +293,13 @@ def iteration_s(s: Setup, batch: float, context: float, decode_tokens: float, pr
     attn = context * s.kv_bytes_per_rank_per_token / (ATTN_BW_FRACTION * s.gpu.hbm_bytes_per_s)
     body = float(_linear_s(s, fit, tokens)[0] + _links_s(s, tokens)[0]) if tokens[0] > 0 else 0.0
     return _fixed_s(s) + SLIME_ALPHA_S * batch + attn + body
+
+
+def iteration_group_s(s: Setup, batch: float, context: float, decode_tokens: float) -> float:
+    """One lockstep iteration of a data-parallel group whose ranks each run this batch, term by
+    term: a rank's own iteration plus the group's routed experts (`dp_moe_s`)."""
+    own = iteration_s(s, batch, context, decode_tokens)
+    return own + float(dp_moe_s(s, np.array([s.data_parallel_size * decode_tokens]))[0])
 
 
 def _fixed_s(s: Setup) -> float:
@@ -272,6 +341,10 @@ def closed_form(s: Setup) -> tuple[dict[str, Any], float]:
             [int(n), float(f"{float(y - (t0 + gamma * n) - _knee(coeffs, n)):.6g}")]
             for n, y in zip(RESIDUAL_TOKENS, ys, strict=True)
         ]
+    if s.data_parallel_size > 1:  # the group's routed experts at its padded tokens, knot by knot
+        group = s.data_parallel_size * RESIDUAL_TOKENS
+        knots = zip(group, dp_moe_s(s, group), strict=True)
+        coeffs["dp_moe_s"] = [[int(n), float(f"{float(y):.6g}")] for n, y in knots]
     residual = dict((n, y) for n, y in coeffs.get("decode_residual_s", []))
     errors = []
     for b in (1, 8, 32, 128, 512):
@@ -283,12 +356,19 @@ def closed_form(s: Setup) -> tuple[dict[str, Any], float]:
 
 
 def setup(
-    model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", kv_cache_dtype: str | None = None, pp: int = 1
+    model: str,
+    gpu: str,
+    tp: int,
+    ep: int = 1,
+    dtype: str = "bf16",
+    kv_cache_dtype: str | None = None,
+    pp: int = 1,
+    dp: int = 1,
 ) -> Setup:
     """The `Setup` of a model name or config path on a GPU name or JSON file."""
     spec = load_gpu(gpu)
     key = gpu.lower() if gpu.lower() in shipped_gpus() else spec.name.lower()
-    return Setup(load_model(model), spec, key, tp, ep, dtype, kv_cache_dtype or dtype, pp)
+    return Setup(load_model(model), spec, key, tp, ep, dtype, kv_cache_dtype or dtype, pp, dp)
 
 
 def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Trainer | None = None) -> dict[str, Any]:
@@ -301,8 +381,10 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
     coeffs, err = closed_form(s)
     engine = engine or EngineConfig()
     util = engine.gpu_memory_utilization or VERL_GPU_MEMORY_UTILIZATION
+    dp = s.data_parallel_size
     suffix = (
-        (f"-pp{pp}" if pp > 1 else "")
+        (f"-dp{dp}" if dp > 1 else "")
+        + (f"-pp{pp}" if pp > 1 else "")
         + (f"-ep{s.expert_parallel_size}" if s.expert_parallel_size > 1 else "")
         + (f"-{s.dtype}" if s.dtype != "bf16" else "")
     )
@@ -322,6 +404,7 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
         "model": m.name,
         "tensor_parallel_size": tp,
         **({"pipeline_parallel_size": pp} if pp > 1 else {}),
+        **({"data_parallel_size": dp} if dp > 1 else {}),
         **coeffs,
         "kv_capacity_tokens": 16,
         "max_num_seqs": engine.max_num_seqs or VERL_MAX_NUM_SEQS,
@@ -353,7 +436,11 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
                 if tp > g.scale_up_domain
                 else ")"
             )
-            + ("; with EP, per MoE layer 1 all-reduce and 2 all-to-alls" if s.expert_parallel_size > 1 else "")
+            + (
+                "; with EP, per MoE layer 1 all-reduce and 2 all-to-alls"
+                if s.expert_parallel_size > 1 and dp == 1
+                else "; per MoE layer 1 all-reduce (the EP exchange: data_parallel)" if dp > 1 else ""
+            )
             if tp > 1
             else "none (TP 1)",
             "engine_limits": "veRL rollout defaults unless given: max_num_seqs 1024, max_num_batched_tokens 8192, "
@@ -367,13 +454,17 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
             **({"pipeline": f"{pp} stages of {m.num_layers / pp:.1f} layers: each iteration p micro-batches of 1/p "
                 "of the tokens through every stage, a hand-over between stages (35 us + bytes over the link, + 5 us "
                 "across nodes), the framework step and LM head once a micro-batch"} if pp > 1 else {}),
-            "not_modelled": "data-parallel attention, MTP draft layers",
+            **({"data_parallel": f"{dp} DP ranks of {tp} GPU(s) in lockstep, experts over EP {dp * tp}: a rank's "
+                "own iteration here, the routed experts in dp_moe_s at DP x the busiest rank's tokens (experts hit "
+                "read, token-experts computed, by the fitted roofline, + 1 c0; vLLM's allgather_reducescatter "
+                "exchange as one ring all-reduce's bytes)"} if dp > 1 else {}),
+            "not_modelled": "MTP draft layers" if dp > 1 else "data-parallel attention, MTP draft layers",
         },
         "fit_error": {"closed_form_vs_terms_mape": round(err, 4), "linear_layers_fit_mape": round(fit.mape, 4)},
     }
-    weights = facts["num_params"] * facts["dtype_bytes"] / (tp * pp)
+    weights = rank_weight_bytes(facts, tp * pp, dp)
     if weights >= util * g.memory_bytes:
-        where = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
+        where = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "") + (f" with EP {dp * tp}" if dp > 1 else "")
         raise RlsimError(
             f"{m.name}'s weights take {weights / 1e9:.1f} GB per GPU at {where}, more than "
             f"gpu_memory_utilization {util} of {g.name}'s {g.memory_bytes / 1e9:.0f} GB: raise --tp or --pp or "

@@ -45,6 +45,15 @@ default), which SGLang does only with nothing running, so RL frameworks pause it
 them. Under vLLM's rules an update changes no scheduling state here (the engines that sleep
 for it have freed their prefix cache already).
 
+Data-parallel attention (a profile's `data_parallel_size` D > 1: vLLM's data_parallel_size with
+enable_expert_parallel): instances i D .. i D + D - 1 are the ranks of one group. Each keeps its
+own scheduler and KV, but the group steps in lockstep: an iteration starts once every rank with
+work has scheduled its batch, and lasts the slowest rank's own iteration plus the group's routed
+experts at D x the busiest rank's tokens (`Profile.dp_group_s`: vLLM pads each rank to the
+busiest one's tokens and runs a dummy batch on a rank with none). A rank that gets work while its
+group is mid-iteration joins at the next one. Ranks run iteration by iteration (no jumps), and the
+engine counts the group iterations and the idle ranks' dummy ones (`dp_counts`).
+
 Speculative decoding (HistoSpec, `rlsim.spec.speculation`) gives a request a mean of `rate` tokens
 per iteration with `verify` tokens per iteration under verification: the KV context then grows
 by the batch's summed rate per iteration and the iteration charges `gamma` per verified token,
@@ -106,6 +115,17 @@ class _Instance:
     incoming: list = field(default_factory=list)
     ready: list = field(default_factory=list)
     flush: bool = False  # SGLang: new weights arrived; its radix cache is flushed before its next schedule
+    group: _Group | None = None  # data-parallel attention: the lockstep group it is a rank of
+
+
+@dataclass(slots=True)
+class _Group:
+    """The ranks of one data-parallel attention group, stepping in lockstep (the module docstring)."""
+
+    ranks: list
+    pending: dict = field(default_factory=dict)  # rank -> (own seconds, tokens, its start event)
+    inflight: bool = False
+    check: bool = False  # a start check is scheduled at this instant
 
 
 class SimEngine:
@@ -149,6 +169,19 @@ class SimEngine:
         self.first_token: dict[int, float] = {}
         kv = profile.kv_capacity_tokens
         self.instances = [_Instance(i, make_scheduler(engine, kv)) for i in range(num_instances)]
+        dp = profile.data_parallel_size
+        # data-parallel attention: group iterations, and rank iterations run as dummies by idle ranks
+        self.dp_counts = {"group_iterations": 0, "idle_rank_iterations": 0}
+        if dp > 1:
+            if num_instances % dp:
+                raise RlsimError(
+                    f"{num_instances} rollout instances are not a whole number of data-parallel groups of {dp} ranks "
+                    f"(profile {profile.name}): give the rollout a multiple of {dp * profile.instance_gpus} GPUs"
+                )
+            for first in range(0, num_instances, dp):
+                group = _Group(self.instances[first : first + dp])
+                for inst in group.ranks:
+                    inst.group = group
         for inst in self.instances:
             inst.proc = self.env.process(self._run(inst))
 
@@ -434,6 +467,42 @@ class SimEngine:
                 left = self._watch[seq.req.prompt_id] = self._watch[seq.req.prompt_id] - 1
                 self._watch_hit = self._watch_hit or not left
 
+    def _lockstep(self, inst: _Instance, own_s: float, tokens: int):  # noqa: ANN202 - SimPy generator
+        """Run a data-parallel rank's scheduled batch as part of its group's next iteration: wait
+        for it to start, then for it to end; (its start, its seconds)."""
+        group, go = inst.group, self.env.event()
+        group.pending[inst.idx] = (own_s, tokens, go)
+        self._group_check(group)
+        took = yield go
+        start = inst.run_start = self.env.now
+        yield self.env.timeout(took)
+        return start, took
+
+    def _group_check(self, group: _Group) -> None:
+        """Start the group's next iteration once everything at this instant has run (every rank
+        that finished the last one has scheduled again, or gone idle)."""
+        if not group.check:
+            group.check = True
+            self.env.timeout(0).callbacks.append(lambda _: self._group_start(group))
+
+    def _group_start(self, group: _Group) -> None:
+        group.check = False
+        if group.inflight or not group.pending:
+            return
+        pending = group.pending.values()
+        took = max(own for own, _, _ in pending) + self.profile.dp_group_s(max(n for _, n, _ in pending))
+        group.inflight = True
+        self.env.timeout(took).callbacks.append(lambda _: self._group_end(group))  # before the ranks' own ends
+        self.dp_counts["group_iterations"] += 1
+        self.dp_counts["idle_rank_iterations"] += len(group.ranks) - len(group.pending)
+        for _, _, go in pending:
+            go.succeed(took)
+        group.pending = {}
+
+    def _group_end(self, group: _Group) -> None:
+        group.inflight = False
+        self._group_check(group)  # ranks that scheduled during the iteration start the next
+
     def _free_kv(self, inst: _Instance) -> None:
         """Sleep: drop every running request's KV and the prefix cache; running requests wait,
         first in their running order, to re-prefill prompt plus generated tokens on wake."""
@@ -467,7 +536,7 @@ class SimEngine:
                 yield hold
                 continue
             # an arrival that lands after the next schedule lets only one iteration run first
-            k = 0 if self.exact or inst.ready else sched.jump_plan()
+            k = 0 if self.exact or inst.ready or inst.group is not None else sched.jump_plan()
             start = inst.run_start = env.now
             if k == 0:
                 out = sched.schedule()
@@ -488,7 +557,10 @@ class SimEngine:
                     if self._replay is not None:
                         took = self._replay.took(inst.idx, out, took)
                     inst.cur_batch = batch
-                    yield env.timeout(took)
+                    if inst.group is None:
+                        yield env.timeout(took)
+                    else:  # its group's iteration, which starts when every rank with work has scheduled
+                        start, took = yield from self._lockstep(inst, took, out.decode_tokens + out.prefill_tokens)
                     inst.seq_time += batch * took
                 done = sched.complete(out)
                 for seq, _ in out.chunks:

@@ -89,8 +89,8 @@ def simulate(
     impl = engine or os.environ.get("RLSIM_ENGINE") or "compiled"
     if impl not in ("compiled", "simpy"):
         raise RlsimError(f"unknown engine {impl!r}: use compiled or simpy")
-    if prof.engine.rollout_engine != "vllm":
-        impl = "simpy"  # the compiled core accelerates vLLM's rules only
+    if prof.engine.rollout_engine != "vllm" or prof.data_parallel_size > 1:
+        impl = "simpy"  # the compiled core accelerates vLLM's rules on independent instances only
     if impl == "compiled" and iteration_times is None:
         # imported here: numba's llvmlite, once imported, breaks vLLM's kernel scan when a real run
         # starts its engines in this process (`vllm.triton_utils.dispatcher`), so real mode never
@@ -129,6 +129,8 @@ def simulate(
         summary["multi_turn"] = records.multi_turn
     if iteration_times is not None:
         summary["replay"] = dict(engine.replay)
+    if prof.data_parallel_size > 1:
+        summary["data_parallel"] = {"size": prof.data_parallel_size, **engine.dp_counts}
     if spec is not None:
         summary["histospec"] = {"source": spec.source, "acceptance_prob": spec.acceptance_prob}
     config = config_dict(cluster, rl, prof.engine) | {
