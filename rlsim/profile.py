@@ -235,15 +235,18 @@ class Profile:
         """`decode_residual_s` interpolated at `tokens` (held past the last knot)."""
         return _interpolate(self.decode_residual_s, tokens, extend=False)
 
-    def dp_group_s(self, max_tokens: float) -> float:
+    def dp_group_s(self, max_tokens: float, total_tokens: float | None = None) -> float:
         """A data-parallel group's MoE time in one lockstep iteration whose busiest rank runs
-        `max_tokens` tokens: vLLM pads every rank's batch to the busiest one's
-        (`num_tokens_across_dp`), so the experts see `data_parallel_size` x that many tokens
-        (`dp_moe_s` interpolated, extended along its last segment, where the experts are
-        compute-bound); 0 without data-parallel attention."""
+        `max_tokens` tokens: vLLM pads every rank's batch to the busiest one's for its CUDA graphs
+        (`coordinate_batch_across_dp`), so the experts see `data_parallel_size` x that many
+        tokens; under `enforce_eager` (no graphs, no padding) they see the ranks' own,
+        `total_tokens` where given. `dp_moe_s` interpolated, extended along its last segment,
+        where the experts are compute-bound; 0 without data-parallel attention."""
         if not self.dp_moe_s:
             return 0.0
-        return _interpolate(self.dp_moe_s, self.data_parallel_size * max(max_tokens, 1.0), extend=True)
+        eager = self.engine.enforce_eager and total_tokens is not None
+        tokens = total_tokens if eager else self.data_parallel_size * max_tokens
+        return _interpolate(self.dp_moe_s, max(tokens, 1.0), extend=True)
 
     @property
     def instance_gpus(self) -> int:

@@ -107,32 +107,36 @@ def _run(engine: SimEngine, requests: list[Request]) -> dict[int, float]:
     return done
 
 
-def test_ranks_step_in_lockstep_at_the_slowest_rank_plus_the_experts() -> None:
+@pytest.mark.parametrize("eager", [False, True])
+def test_ranks_step_in_lockstep_at_the_slowest_rank_plus_the_experts(eager: bool) -> None:
     """Two ranks of one group: rank 0 decodes one sequence, rank 1 thirty-two. Rank 0's request
-    runs at the group's pace (rank 1's own iteration plus the experts at 2 x 32 tokens), not at
-    the pace it would alone; once rank 1 is done, rank 0 steps alone, with rank 1 idle in the
-    group's iterations (counted), and the experts see 2 x its own tokens (vLLM's padding)."""
-    p = dataclasses.replace(_dp_profile(2), prefill_s_per_token=0.0, prefill_request_s=0.0)
+    runs at the group's pace (rank 1's own iteration plus the experts at the group's tokens), not
+    at the pace it would alone; once rank 1 is done, rank 0 steps alone, with rank 1 idle in the
+    group's iterations (counted). With CUDA graphs the experts see 2 x the busiest rank's tokens
+    (vLLM's DP padding); under enforce_eager the ranks' own, an idle rank's dummy one token."""
+    p = dataclasses.replace(_dp_profile(2, enforce_eager=eager), prefill_s_per_token=0.0, prefill_request_s=0.0)
     long, short = 40, 10
     eng = SimEngine(p, 2)
     done = _run(eng, [_req(0, long, 0)] + [_req(1 + i, short, 1) for i in range(32)])
     assert len(done) == 33
-    ctx0 = [100 + i for i in range(long)]  # rank 0's context at each of its iterations
     want = 0.0
-    for it in range(long):
-        own0 = p.iteration_s(1, ctx0[it], 1 if it else 0, 0 if it else 100, 0 if it else 1)
-        own0 += p.compute_excess_s(1 if it else 0)  # (the knee on decode tokens, as the engine charges it)
+    for it in range(long):  # rank 0's context at iteration `it` is 100 + it; the knee on decode tokens alone
+        n0 = 1 if it else 100
+        own0 = p.iteration_s(1, 100 + it, 1 if it else 0, 0 if it else 100, 0 if it else 1)
+        own0 += p.compute_excess_s(1 if it else 0)
         if it < short:  # rank 1 still runs its 32
             n1 = 32 if it else 32 * 100
             own1 = p.iteration_s(32, 32 * (100 + it), 32 if it else 0, 0 if it else 3200, 0 if it else 32)
             own1 += p.compute_excess_s(32 if it else 0)
-            want += max(own0, own1) + p.dp_group_s(max(1 if it else 100, n1))
+            want += max(own0, own1) + p.dp_group_s(max(n0, n1), n0 + n1)
         else:
-            want += own0 + p.dp_group_s(1)
+            want += own0 + p.dp_group_s(n0, n0 + 1)
     assert done[0] == pytest.approx(want, rel=1e-9)
     assert eng.dp_counts == {"group_iterations": long, "idle_rank_iterations": long - short}
     alone = SimEngine(dataclasses.replace(p, data_parallel_size=1, dp_moe_s=()), 1)
     assert _run(alone, [_req(0, long, 0)])[0] < done[0]  # without its group it runs faster
+    # the experts' tokens: 33 (the ranks' own) under enforce_eager, else 2 x 32 (padded)
+    assert p.dp_group_s(32, 33) == pytest.approx(p.dp_group_s(33 / 2) if eager else p.dp_group_s(32))
 
 
 def test_a_rank_that_gets_work_mid_iteration_joins_the_next(tmp_path: Path) -> None:

@@ -50,7 +50,8 @@ enable_expert_parallel): instances i D .. i D + D - 1 are the ranks of one group
 own scheduler and KV, but the group steps in lockstep: an iteration starts once every rank with
 work has scheduled its batch, and lasts the slowest rank's own iteration plus the group's routed
 experts at D x the busiest rank's tokens (`Profile.dp_group_s`: vLLM pads each rank to the
-busiest one's tokens and runs a dummy batch on a rank with none). A rank that gets work while its
+busiest one's tokens for its CUDA graphs, and runs a dummy batch on a rank with none; under
+`enforce_eager` the experts see the ranks' own tokens, a dummy's one each). A rank that gets work while its
 group is mid-iteration joins at the next one. Ranks run iteration by iteration (no jumps), and the
 engine counts the group iterations and the idle ranks' dummy ones (`dp_counts`).
 
@@ -490,11 +491,13 @@ class SimEngine:
         if group.inflight or not group.pending:
             return
         pending = group.pending.values()
-        took = max(own for own, _, _ in pending) + self.profile.dp_group_s(max(n for _, n, _ in pending))
+        idle = len(group.ranks) - len(group.pending)  # each runs a dummy batch of one token
+        tokens = [n for _, n, _ in pending]
+        took = max(own for own, _, _ in pending) + self.profile.dp_group_s(max(tokens), sum(tokens) + idle)
         group.inflight = True
         self.env.timeout(took).callbacks.append(lambda _: self._group_end(group))  # before the ranks' own ends
         self.dp_counts["group_iterations"] += 1
-        self.dp_counts["idle_rank_iterations"] += len(group.ranks) - len(group.pending)
+        self.dp_counts["idle_rank_iterations"] += idle
         for _, _, go in pending:
             go.succeed(took)
         group.pending = {}
