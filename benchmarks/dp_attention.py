@@ -1,6 +1,6 @@
 """Data-parallel attention against TP instances, side by side on the same GPUs (docs/calibrate.md).
 
-    python -m benchmarks.dp_attention [--steps 3]
+    python benchmarks/dp_attention.py [--markdown | --readme]
 
 For each MoE model, the same cluster rolls out with TP instances that hold the experts by expert
 parallelism inside each instance (`--tp G --ep G`), and with data-parallel attention over groups of
@@ -9,26 +9,32 @@ policy on the bundled trace (a stand-in: no published run with DP attention stat
 prints each run's rollout and step seconds, the share of rank iterations a DP rank idled through
 while its group ran (the lockstep's tail), and the simulator's wall time (the DP runs go iteration by
 iteration on the reference engine). Every figure but the wall time is the simulator's output and
-the same on any machine.
+the same on any machine; the table `dp_attention` (docs/calibrate.md) is written with `--readme`,
+with the machine and its load.
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+
+from readme_tables import emit, machine_note
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
+from rlsim.hostload import LoadMeter
 from rlsim.paths import default_trace
 from rlsim.profile import profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import load
 
-# (model, GPU, GPUs, group, dtype, gpu_memory_utilization)
+# (model, GPU, GPUs, group, dtype, gpu_memory_utilization): Qwen3-30B-A3B at bf16; DeepSeek-V3 at fp8,
+# where its weights fit 16 H100s
 CASES = (
     ("qwen3-30b-a3b", "h100", 64, 8, "bf16", 0.8),
     ("deepseek-v3", "h100", 128, 16, "fp8", 0.9),
 )
+STEPS = 3
 
 
 def run(steps: int) -> list[dict]:
@@ -43,25 +49,32 @@ def run(steps: int) -> list[dict]:
             wall = time.perf_counter() - t0
             st, dpc = res.steps, res.summary.get("data_parallel")
             idle = dpc["idle_rank_iterations"] / (dpc["group_iterations"] * g) if dpc else None
+            name = model if dtype == "bf16" else f"{model} ({dtype})"
             rows.append({
-                "model": model, "gpus": f"{gpus}x {gpu}", "rollout": label, "gen_s": st["timing_s/gen"].mean(),
+                "model": name, "gpus": f"{gpus}x {gpu}", "rollout": label, "gen_s": st["timing_s/gen"].mean(),
                 "step_s": st["timing_s/step"].mean(), "idle": idle, "wall_s": wall,
             })  # fmt: skip
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3)
-    args = ap.parse_args()
-    print(f"sync policy, the bundled trace, {args.steps} steps, colocated; mean seconds a step")
-    print("| model | GPUs | rollout | generation s | step s | DP ranks idle | sim wall s |")
-    print("|---|---|---|---:|---:|---:|---:|")
-    for r in run(args.steps):
+def main() -> int:
+    argv = sys.argv[1:]
+    meter = LoadMeter()
+    rows = [
+        "| model | GPUs | rollout | generation s | step s | DP ranks idle | sim wall s |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in run(STEPS):
         idle = "-" if r["idle"] is None else f"{r['idle']:.0%}"
-        print(f"| {r['model']} | {r['gpus']} | {r['rollout']} | {r['gen_s']:.1f} | {r['step_s']:.1f} | {idle} | "
-              f"{r['wall_s']:.1f} |")  # fmt: skip
+        rows.append(f"| {r['model']} | {r['gpus']} | {r['rollout']} | {r['gen_s']:.1f} | {r['step_s']:.1f} | {idle} | "
+                    f"{r['wall_s']:.1f} |")  # fmt: skip
+    rows += ["", f"The synchronous policy, colocated, {STEPS} steps of the bundled trace; mean seconds a step. "
+             f"{machine_note(meter, 'dp_attention.py')}"]  # fmt: skip
+    emit("dp_attention", "\n".join(rows), argv)
+    if not {"--markdown", "--readme"} & set(argv):
+        print("\n".join(rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

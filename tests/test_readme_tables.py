@@ -44,6 +44,7 @@ TIMING = {
     "validate_train": ["train_tiny", "validate_train"],
     "engine_speed": ["engine_speed"],
     "train_controls": ["train_controls"],
+    "dp_attention": ["dp_attention"],
 }
 # checked row by row in tests/test_scheduler_parity.py, and a subset in tests/test_sglang_parity.py
 OTHER = {"scheduler_parity": ["scheduler_parity"], "sglang_parity": ["sglang_parity"]}
