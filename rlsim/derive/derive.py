@@ -45,8 +45,8 @@ shared experts and router on its own batch, and the routed experts are split ove
 The ranks step in lockstep (vLLM runs a dummy batch on a rank with nothing to do while any rank of
 its group runs), and each rank's batch is padded to the busiest rank's tokens for its CUDA
 graphs (`coordinate_batch_across_dp`; not under enforce_eager, `Profile.dp_group_s`). So a
-rank's profile holds its own iteration without the routed experts, and `dp_moe_s` gives the routed experts' time at the group's padded
-tokens M = DP x the busiest rank's: per MoE layer the experts each GPU holds that M tokens hit,
+rank's profile holds its own iteration without the routed experts, and `dp_moe_s` gives the
+routed experts' time at the group's padded tokens M = DP x the busiest rank's: per MoE layer the experts each GPU holds that M tokens hit,
 E x (1 - (1 - k/E)^M) / EP of them read and M x k / EP token-experts computed, by the fitted
 roofline, and vLLM's default EP exchange (`all2all_backend` allgather_reducescatter): an
 all-gather of the M tokens' activations over the EP group and a reduce-scatter back, the two
