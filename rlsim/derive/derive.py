@@ -41,19 +41,19 @@ LM head once a micro-batch.
 Data-parallel attention with expert parallelism (`dp` > 1: vLLM's `data_parallel_size` with
 `enable_expert_parallel`, EP = DP x TP, as DeepSeek-V3 is served at DP 8-32): each DP rank is an
 instance of its own (TP GPUs, its own scheduler and KV) that runs attention, the dense layers, the
-shared experts and router on its own batch, and the routed experts are split over all DP x TP GPUs.
-The ranks step in lockstep (vLLM runs a dummy batch on a rank with nothing to do while any rank of
-its group runs), and each rank's batch is padded to the busiest rank's tokens for its CUDA
-graphs (`coordinate_batch_across_dp`; not under enforce_eager, `Profile.dp_group_s`). So a
-rank's profile holds its own iteration without the routed experts, and `dp_moe_s` gives the
-routed experts' time at the group's padded tokens M = DP x the busiest rank's: per MoE layer the experts each GPU holds that M tokens hit,
-E x (1 - (1 - k/E)^M) / EP of them read and M x k / EP token-experts computed, by the fitted
-roofline, and vLLM's default EP exchange (`all2all_backend` allgather_reducescatter): an
-all-gather of the M tokens' activations over the EP group and a reduce-scatter back, the two
-halves of one ring all-reduce of those bytes (`allreduce_s`, hierarchical across domains). The
-simulator steps a group's ranks together at the slowest rank's iteration plus that term
-(`rlsim.sim.engine`). A rank's GPUs hold the attention and dense weights over TP and the routed
-experts over EP.
+shared experts and router on its own batch, and the routed experts are split over all DP x TP
+GPUs. The ranks step in lockstep (vLLM runs a dummy batch on a rank with nothing to do while any
+rank of its group runs), and each rank's batch is padded to the busiest rank's tokens for its CUDA
+graphs (`coordinate_batch_across_dp`; not under enforce_eager, `Profile.dp_group_s`). So a rank's
+profile holds its own iteration without the routed experts, and `dp_moe_s` gives the routed
+experts' time at the group's padded tokens M = DP x the busiest rank's: per MoE layer the experts
+each GPU holds that M tokens hit, E x (1 - (1 - k/E)^M) / EP of them read and M x k / EP
+token-experts computed, by the fitted roofline, and vLLM's default EP exchange (`all2all_backend`
+allgather_reducescatter): an all-gather of the M tokens' activations over the EP group and a
+reduce-scatter back, the two halves of one ring all-reduce of those bytes (`allreduce_s`,
+hierarchical across domains). The simulator steps a group's ranks together at the slowest rank's
+iteration plus that term (`rlsim.sim.engine`). A rank's GPUs hold the attention and dense weights
+over TP and the routed experts over EP.
 
 Not modelled, and refused in one sentence: a TP group beyond the scale-up domain that is not a
 whole number of domains, expert parallelism that is neither within one instance nor over a DP group,
