@@ -295,13 +295,6 @@ def iteration_s(s: Setup, batch: float, context: float, decode_tokens: float, pr
     return _fixed_s(s) + SLIME_ALPHA_S * batch + attn + body
 
 
-def iteration_group_s(s: Setup, batch: float, context: float, decode_tokens: float) -> float:
-    """One lockstep iteration of a data-parallel group whose ranks each run this batch, term by
-    term: a rank's own iteration plus the group's routed experts (`dp_moe_s`)."""
-    own = iteration_s(s, batch, context, decode_tokens)
-    return own + float(dp_moe_s(s, np.array([s.data_parallel_size * decode_tokens]))[0])
-
-
 def _fixed_s(s: Setup) -> float:
     """An iteration's time whatever its batch: the framework's step (scheduling, input
     preparation, sampling) and the LM head's weights, once per micro-batch with pipeline stages:
