@@ -53,7 +53,8 @@ SLOW = {"sglang_setups": ["sglang_setups"], "compare_engines": ["compare_engines
 # tables written by hand: reference, not measurement (their header lines; among them the README's
 # statement of what was fitted on what, and the records' columns in docs/architecture.md)
 REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it does |", "| column | type | meaning |",
-             "| figure | fitted on | role |", "| column | holds |", "| rule | rlsim | where in sglang 0.5.23 |")
+             "| figure | fitted on | role |", "| column | holds |", "| rule | rlsim | where in sglang 0.5.23 |",
+             "| veRL key | rlsim |")
 
 
 def _markdown(script: str) -> dict[str, str]:

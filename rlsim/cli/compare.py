@@ -13,6 +13,7 @@ from rich.table import Table
 from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
+from rlsim.cli.from_config import FROM, apply_from
 from rlsim.cli.options import (
     check_len,
     configs,
@@ -55,6 +56,7 @@ def register_compare(app: typer.Typer) -> None:
     @app.command()
     @engine_options(exclude=("rollout_engine",))
     def compare(
+        ctx: typer.Context,
         engine: EngineConfig,
         rollout_engine: str = typer.Option(
             "vllm", help="Whose scheduling rules: vllm, sglang, or both ('vllm,sglang': every policy under each, "
@@ -97,6 +99,7 @@ def register_compare(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
         markdown: bool = typer.Option(False, "--markdown", help="Print the table as Markdown."),
         plot: Path | None = typer.Option(None, help="Write a bar chart of epoch time per policy."),
+        from_: str | None = FROM,
     ) -> None:
         """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
         from policies.registry import COMPARE_DEFAULT
@@ -109,8 +112,14 @@ def register_compare(app: typer.Typer) -> None:
             check_plot_file(plot)  # before minutes of simulation, not after
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
-        opts = from_trace(locals(), tr)
+        opts = dict(locals())
+        if from_ is not None:  # the config's cluster, engine and trainer; the policies as asked
+            opts, engine = apply_from(ctx, from_, opts, engine, extra=("rollout_engine",))
+            rollout_engine = engine.rollout_engine
+        else:
+            opts["profile"] = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
+        profile = opts["profile"]
+        opts = from_trace(opts, tr)
         cluster, rl = configs(opts)
         tools = tool_config(opts, tr)
         engines = engine.per_rollout_engine(rollout_engine)

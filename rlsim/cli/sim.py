@@ -10,6 +10,7 @@ from rich.table import Table
 from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
+from rlsim.cli.from_config import FROM, apply_from, given_on_command_line
 from rlsim.cli.options import (
     check_len,
     configs,
@@ -47,6 +48,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @engine_options()
     def simulate(
+        ctx: typer.Context,
         engine: EngineConfig,
         policy: str = typer.Option(
             "sync", help="Policy string: NAME[(knob=value,...)][+histospec], or module:Class (see `rlsim policies`)."
@@ -81,8 +83,10 @@ def register(app: typer.Typer) -> None:
         exact: bool = typer.Option(False, "--exact", help="Iteration-by-iteration reference mode."),
         force: bool = typer.Option(False, "--force", help="Write into an existing run directory."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
+        from_: str | None = FROM,
     ) -> None:
-        """Simulate one policy and write a run directory (tables, summary, timeline, trace.json)."""
+        """Simulate one policy and write a run directory (tables, summary, timeline, trace.json); with --from,
+        the run a framework's config describes, in its own mode unless --policy is given."""
         from rlsim.paths import check_output_dir
         from rlsim.report import to_json, write_run_dir
         from rlsim.sim.simulate import simulate as run
@@ -90,9 +94,15 @@ def register(app: typer.Typer) -> None:
         check_output_dir(out, "--out")
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
+        opts = dict(locals())
+        if from_ is not None:
+            opts, engine = apply_from(ctx, from_, opts, engine)
+            policy = policy if "policy" in given_on_command_line(ctx) else opts["_from_policy"]
+        else:
+            opts["profile"] = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
+        profile = opts["profile"]
         tr = load_trace(trace, [policy])
-        profile = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
-        opts = from_trace(locals(), tr)
+        opts = from_trace(opts, tr)
         cluster, rl = configs(opts)
         check_len(tr, rl.max_response_len)
         tools = tool_config(opts, tr)

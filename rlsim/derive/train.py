@@ -117,6 +117,13 @@ class Trainer:
             raise RlsimError(f"--trainer: {exc}") from None
         return cls(m.group(1), **layout, framework=settings)
 
+    def text(self) -> str:
+        """The `--trainer` text that parses back to this trainer (`parse`)."""
+        items = [f"{k}={getattr(self, k)}" for k in ("tp", "pp", "ep", "cp") if getattr(self, k) != 1]
+        items += [f"mfu={self.mfu}"] if self.mfu is not None else []
+        items += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.framework.stated().items()]
+        return self.backend + (f"({','.join(items)})" if items else "")
+
     def check(self, model: Model) -> None:
         if self.ep > 1 and not model.is_moe:
             raise RlsimError(f"--trainer: ep={self.ep}, but {model.name} is a dense model and has no experts to split")

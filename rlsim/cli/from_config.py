@@ -1,0 +1,90 @@
+"""`--from verl:CONFIG` on the commands that simulate: a run's own config in place of the options it sets.
+
+The config sets the cluster, the rollout engine and its layout, the trainer, the batch and the
+mode (`rlsim.frameworks.run_setup.RunSetup`); `--gpu` names the GPU, `--model` the model where
+the config names only a local path, and `--trace` gives the lengths, as without it. An option the
+config sets that the user also gave on the command line exits 2 in one sentence: the command's
+context says where each parameter's value came from, so no default has to stand for "not given".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import typer
+
+from rlsim.cli.ui import console as make_console
+from rlsim.config import EngineConfig
+from rlsim.errors import RlsimError
+
+FROM = typer.Option(
+    None, "--from", help="A run's own config: verl:CONFIG (a veRL run's YAML, or a file of its Hydra overrides). It "
+    "sets the GPUs, rollout engine and layout, trainer, batch and mode; give --gpu, and --model where the config "
+    "names a local path; --trace gives the lengths.",
+)
+FRAMEWORKS = ("verl",)
+# engine settings a veRL config states (the others stay the user's)
+ENGINE_SET = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+              "free_cache_engine", "enable_chunked_prefill", "enforce_eager", "rollout_engine")  # fmt: skip
+
+
+def read_from(spec: str):  # noqa: ANN201 - rlsim.frameworks.run_setup.RunSetup
+    """The setup of `--from FRAMEWORK:CONFIG`."""
+    framework, sep, path = spec.partition(":")
+    if not sep or framework not in FRAMEWORKS or not path:
+        raise RlsimError(f"--from {spec}: write FRAMEWORK:CONFIG, with FRAMEWORK one of {', '.join(FRAMEWORKS)}")
+    from rlsim.frameworks.verl import read_verl
+
+    return read_verl(Path(path))
+
+
+def given_on_command_line(ctx: typer.Context) -> set[str]:
+    """The parameters of the running command that the user gave (not left at their defaults)."""
+    given = set()
+    for name in ctx.params:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            given.add(name)
+    return given
+
+
+def apply_from(
+    ctx: typer.Context, spec: str, opts: dict, engine: EngineConfig, extra: tuple[str, ...] = ()
+) -> tuple[dict, EngineConfig]:
+    """The command's options and engine with `--from`'s laid over them, and the profile derived
+    from the config on `--gpu` in `opts["profile"]`; one sentence where an option clashes or is
+    missing. `extra`: the command's own options the config also sets (compare's --rollout-engine)."""
+    from rlsim.cli.derive import derived_profile_path
+
+    setup = read_from(spec)
+    given = given_on_command_line(ctx)
+    sets = set(setup.options()) | set(ENGINE_SET) | set(extra) | {"profile"}
+    clash = sorted(given & sets)
+    if clash:
+        flag = "--" + clash[0].replace("_", "-")
+        raise RlsimError(f"{flag} is set by --from {spec} too: leave it out, or change it in the config")
+    if opts.get("gpu") is None:
+        raise RlsimError(f"--from {spec} needs --gpu: a config does not name the GPUs it ran on")
+    model = opts.get("model")
+    if model is not None and setup.model is not None and model.lower() != setup.model:
+        raise RlsimError(f"--model {model}: the config's model.path names {setup.model_path} ({setup.model})")
+    model = model or setup.model
+    if model is None:
+        raise RlsimError(
+            f"--from {spec}: its model.path {setup.model_path!r} is not a model rlsim knows; give --model (a name from "
+            "rlsim profile list, or a config.json)"
+        )
+    out = dict(opts) | setup.options()
+    out["profile"] = derived_profile_path(
+        model, opts["gpu"], setup.tp, setup.ep, opts["dtype"], setup.trainer.text(), opts.get("terms"), setup.pp,
+        setup.dp,
+    )  # fmt: skip
+    merged = dataclasses.replace(engine, **{k: getattr(setup.engine, k) for k in ENGINE_SET})
+    err = make_console(sys.stderr)
+    err.print(setup.describe(), highlight=False, soft_wrap=True)
+    if setup.unmodelled:
+        err.print(f"read but not modelled: {'; '.join(setup.unmodelled)}", highlight=False, soft_wrap=True)
+    out["_from_policy"] = setup.policy
+    return out, merged

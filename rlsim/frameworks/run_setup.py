@@ -1,0 +1,65 @@
+"""`RunSetup`: what a framework's config says about a run, in rlsim's terms.
+
+A reader (`rlsim.frameworks.verl`) fills one from a config; the commands that simulate take its
+options (`options()`, by the names of their own command-line options) and refuse an option the
+user also gave on the command line. What a config does not hold (the GPU, the lengths, a model
+the config names only by a local path) comes from the command line as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlsim.config import EngineConfig
+from rlsim.derive.train import Trainer
+
+
+@dataclass(frozen=True, slots=True)
+class RunSetup:
+    """One run's cluster, rollout engine, trainer, batch and mode, as its config states them."""
+
+    framework: str  # "verl"
+    source: str  # the config it was read from
+    model: str | None  # a model rlsim knows (`rlsim profile list`), or None: the config names a local path
+    model_path: str  # what the config names
+    num_gpus: int
+    placement: str  # colocated, or disaggregated (a trainer pool of `train_gpus`)
+    train_gpus: int
+    tp: int
+    pp: int
+    ep: int
+    dp: int
+    engine: EngineConfig
+    trainer: Trainer
+    policy: str  # the config's own mode, as an rlsim policy string
+    prompts_per_step: int
+    samples_per_prompt: int
+    max_response_len: int
+    use_kl_loss: bool
+    # keys that change cost, set away from the release's defaults, which rlsim does not model
+    unmodelled: tuple[str, ...] = field(default=())
+
+    def options(self) -> dict[str, object]:
+        """The command-line options this setup gives a value, by their parameter names (the
+        engine's only where the config sets them)."""
+        out: dict[str, object] = {
+            "gpus": self.num_gpus, "placement": self.placement, "train_gpus": self.train_gpus, "tp": self.tp,
+            "pp": self.pp, "ep": self.ep, "dp": self.dp, "trainer": self.trainer.text(),
+            "prompts_per_step": self.prompts_per_step, "samples_per_prompt": self.samples_per_prompt,
+            "max_response_len": self.max_response_len, "use_kl_loss": self.use_kl_loss,
+        }  # fmt: skip
+        return out
+
+    def describe(self) -> str:
+        """One line: what was read."""
+        where = f"{self.num_gpus} GPUs, {self.placement}" + (
+            f" ({self.train_gpus} training)" if self.placement == "disaggregated" else ""
+        )
+        others = (("PP", self.pp), ("EP", self.ep), ("DP", self.dp))
+        layout = f"TP {self.tp}" + "".join(f", {k} {v}" for k, v in others if v > 1)
+        return (
+            f"{self.framework} config {self.source}: {self.model or self.model_path}, {where}, "
+            f"{self.engine.rollout_engine} at {layout}, trainer {self.trainer.text()}, "
+            f"{self.prompts_per_step} prompts x {self.samples_per_prompt}, responses up to "
+            f"{self.max_response_len:,}, policy {self.policy}"
+        )

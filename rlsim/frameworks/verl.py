@@ -1,0 +1,326 @@
+"""`--from verl:CONFIG`: a veRL run's Hydra config, read as veRL 0.7.0 composes it.
+
+CONFIG is either
+- a YAML config: the one a run writes (`.hydra/config.yaml`, every key), or a partial one laid
+  over the defaults (a `defaults:` list naming one of the configs below picks them), or
+- a file of Hydra overrides, as a launch script passes them (`key=value`, `+key=value` to add a
+  key, `++key=value` to add or set, `~key` to delete; `--config-name=NAME` picks the defaults,
+  else the entry point after `-m` does, as its `@hydra.main` names them: `main_ppo`'s
+  `ppo_trainer`, the recipes' own; other words, such as `python3`, are skipped). Shell variables must be
+  expanded first: a `$` is refused in one sentence.
+
+The defaults are veRL 0.7.0's (github.com/volcengine/verl, tag v0.7.0, commit
+f9c855f7cf04d603c9546bc01776c74806a879c1), vendored in `verl_v0.7.0/` with their licence
+(Apache-2.0): the trainer configs Hydra composes for `main_ppo` (`ppo_trainer`,
+`ppo_megatron_trainer`: veRL's `_generated_*.yaml`, every key flattened) and the two async
+recipes (`recipe/one_step_off_policy`, `recipe/fully_async_policy`), each composed over its base as
+its `defaults:` list says. Merging and interpolation are OmegaConf's (`${oc.select:...}` as veRL
+writes it), as Hydra's are.
+
+What is mapped, key by key, is `KEYS` below and docs/simulate.md's table; keys that change cost,
+set away from the defaults, that rlsim does not model are listed in `RunSetup.unmodelled`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlsim.config import EngineConfig
+from rlsim.derive.models import shipped_models
+from rlsim.derive.train import Trainer
+from rlsim.errors import RlsimError
+from rlsim.framework_costs import FrameworkSettings
+from rlsim.frameworks.run_setup import RunSetup
+
+RELEASE = "verl_v0.7.0"
+CONFIGS = ("ppo_trainer", "ppo_megatron_trainer", "one_step_off_ppo_trainer", "one_step_off_ppo_megatron_trainer",
+           "fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer")  # fmt: skip
+ARR = "actor_rollout_ref"
+# the entry points' own config (`@hydra.main(config_name=...)`), for overrides without --config-name
+ENTRY_CONFIGS = {
+    "verl.trainer.main_ppo": "ppo_trainer",
+    "recipe.fully_async_policy.fully_async_main": "fully_async_ppo_trainer",
+    "recipe.one_step_off_policy.main_ppo": "one_step_off_ppo_trainer",
+}
+# keys read that change cost, and rlsim's model has no term for: (key, its default, what it does)
+UNMODELLED = (
+    (f"{ARR}.actor.ppo_epochs", 1, "more than one pass of updates over a batch"),
+    (f"{ARR}.model.lora_rank", 0, "LoRA training"),
+    (f"{ARR}.rollout.multi_turn.enable", False, "multi-turn rollout (give a multi-turn trace instead)"),
+    (f"{ARR}.rollout.quantization", None, "a quantized rollout"),
+    (f"{ARR}.rollout.over_sample_rate", 0, "rollout over-sampling"),
+    ("reward_model.enable", False, "a reward model's pass"),
+    ("algorithm.use_pf_ppo", False, "PF-PPO's resampling"),
+)
+
+
+def _load_yaml(text: str, where: str) -> dict:
+    try:
+        out = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RlsimError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if out is None:
+        return {}
+    if not isinstance(out, dict):
+        raise RlsimError(f"{where}: a veRL config is a mapping of keys, not a {type(out).__name__}")
+    return out
+
+
+def default_config(name: str) -> dict:
+    """veRL 0.7.0's composed config `name` (one of `CONFIGS`), before overrides."""
+    if name not in CONFIGS:
+        raise RlsimError(f"--config-name {name}: rlsim knows veRL's {', '.join(CONFIGS)}")
+    raw = _load_yaml((resources.files("rlsim.frameworks") / RELEASE / f"{name}.yaml").read_text(), name)
+    return _compose(raw, name)
+
+
+def _compose(raw: dict, where: str) -> dict:
+    """A config with a `defaults:` list: its base (the list's first config name), then its own keys."""
+    from omegaconf import OmegaConf
+
+    defaults = raw.pop("defaults", None)
+    raw.pop("hydra", None)
+    if not defaults:
+        return raw
+    base = next((d for d in defaults if isinstance(d, str) and d != "_self_"), None)
+    if base is None:
+        raise RlsimError(f"{where}: its defaults list names no config rlsim knows ({', '.join(CONFIGS)})")
+    merged = OmegaConf.merge(OmegaConf.create(default_config(base)), OmegaConf.create(raw))
+    return OmegaConf.to_container(merged, resolve=False)
+
+
+def _overrides(text: str, where: str) -> tuple[str, list[str]]:
+    """(the config name, the override words) of a file of Hydra overrides."""
+    text = text.replace("\\\n", " ")
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise RlsimError(f"{where}: cannot split its words ({exc})") from None
+    name, out, i = "ppo_trainer", [], 0
+    while i < len(words):
+        w = words[i]
+        if w == "-m" and i + 1 < len(words):  # the entry point: its own config, unless --config-name says
+            entry = words[i + 1].replace("verl.experimental.", "recipe.")
+            name, i = ENTRY_CONFIGS.get(entry, name), i + 1
+        elif w.startswith("--config-name"):
+            if "=" in w:
+                name = w.split("=", 1)[1]
+            elif i + 1 < len(words):
+                name, i = words[i + 1], i + 1
+            name = name.removesuffix(".yaml")
+        elif "$" in w:
+            raise RlsimError(
+                f"{where}: {w.split('=')[0]} holds a shell variable ({w}): expand the script's variables first"
+            )
+        elif w.startswith("~") or ("=" in w and not w.startswith("-")):
+            out.append(w)
+        i += 1
+    return name, out
+
+
+def _apply(cfg: Any, words: list[str], where: str) -> None:  # noqa: ANN401 - an OmegaConf DictConfig
+    """Hydra's override rules: `key=v` sets an existing key, `+key=v` adds one, `++key=v` either, `~key` deletes."""
+    from omegaconf import OmegaConf
+
+    for w in words:
+        if w.startswith("~"):
+            key = w[1:].split("=", 1)[0]
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(cfg, parent) if parent else cfg
+            if node is None or leaf not in node.keys():
+                raise RlsimError(f"{where}: ~{key} deletes a key the config does not have")
+            node.pop(leaf)
+            continue
+        force = w.startswith("++")
+        add = not force and w.startswith("+")
+        key, _, value = w.lstrip("+").partition("=")
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+        exists = OmegaConf.is_dict(node) and leaf in node.keys()  # (a "???" value is not `in` it)
+        if add and exists:
+            raise RlsimError(f"{where}: +{key} adds a key the config already has: write {key}=...")
+        if not (add or force) and not exists:
+            raise RlsimError(f"{where}: {key} is not a key of veRL 0.7.0's config: write +{key}=... to add it")
+        try:
+            parsed = yaml.safe_load(value) if value != "" else ""
+        except yaml.YAMLError:
+            parsed = value
+        OmegaConf.update(cfg, key, parsed, merge=True, force_add=True)
+
+
+def read_config(path: Path) -> tuple[dict, str]:
+    """The resolved config of a veRL YAML or overrides file, and the name of its defaults."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    where = str(path)
+    if not path.is_file():
+        raise RlsimError(f"--from verl:{path}: no such file")
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        raw = _load_yaml(text, where)
+        name = next((d for d in raw.get("defaults", []) if isinstance(d, str) and d in CONFIGS), None)
+        strategy = (raw.get(ARR) or {}).get("actor", {}).get("strategy") if isinstance(raw.get(ARR), dict) else None
+        name = name or ("ppo_megatron_trainer" if strategy == "megatron" else "ppo_trainer")
+        cfg = OmegaConf.merge(OmegaConf.create(default_config(name)), OmegaConf.create(_compose(raw, where)))
+    else:
+        name, words = _overrides(text, where)
+        cfg = OmegaConf.create(default_config(name))
+        _apply(cfg, words, where)
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), name
+    except OmegaConfBaseException as exc:
+        raise RlsimError(f"{where}: {str(exc).splitlines()[0]}") from None
+
+
+def _get(cfg: dict, key: str, default: Any = None) -> Any:  # noqa: ANN401 - a config value
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _int(cfg: dict, key: str, where: str, minimum: int = 1) -> int:
+    v = _get(cfg, key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise RlsimError(f"{where}: {key} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def known_model(path: str) -> str | None:
+    """The model rlsim knows that a config's `model.path` names: its last part, a shipped name or
+    the last part of its Hugging Face id (a Base or Instruct checkpoint shares its model's config)."""
+    table = shipped_models()
+    leaf = Path(str(path).rstrip("/")).name.lower()
+    by_hf = {str(v.get("source", "")).split("/")[-1].lower(): k for k, v in table.items()}
+    for cand in (leaf, leaf.removesuffix("-base"), leaf.removesuffix("-instruct")):
+        if cand in table:
+            return cand
+        if cand in by_hf:
+            return by_hf[cand]
+    return None
+
+
+def _trainer(cfg: dict, where: str) -> Trainer:
+    """The trainer backend, layout and what it does around the FLOPs."""
+    actor, ref = _get(cfg, f"{ARR}.actor"), _get(cfg, f"{ARR}.ref") or {}
+    strategy = actor.get("strategy")
+    dyn = bool(actor.get("use_dynamic_bsz"))
+    settings: dict[str, Any] = {}
+    if dyn:
+        settings["max_token_len"] = int(actor.get("ppo_max_token_len_per_gpu") or 0)
+        lp = _get(cfg, f"{ARR}.rollout.log_prob_max_token_len_per_gpu") or settings["max_token_len"]
+        settings["log_prob_max_token_len"] = int(lp)
+    elif actor.get("ppo_micro_batch_size_per_gpu"):
+        settings["micro_batch_size"] = int(actor["ppo_micro_batch_size_per_gpu"])
+    if strategy in ("fsdp", "fsdp2"):
+        fsdp = actor.get("fsdp_config") or {}
+        settings["param_offload"] = bool(fsdp.get("param_offload"))
+        settings["optimizer_offload_fraction"] = 1.0 if fsdp.get("optimizer_offload") else 0.0
+        settings["ref_offload"] = bool((ref.get("fsdp_config") or {}).get("param_offload"))
+        settings["recompute"] = "full" if _get(cfg, f"{ARR}.model.enable_gradient_checkpointing") else "none"
+        cp = int(actor.get("ulysses_sequence_parallel_size") or fsdp.get("ulysses_sequence_parallel_size") or 1)
+        layout = {"cp": cp}
+        backend = "fsdp2"
+    elif strategy == "megatron":
+        mg = actor.get("megatron") or {}
+        opt = (actor.get("optim") or {}).get("override_optimizer_config") or {}
+        settings["param_offload"] = bool(mg.get("param_offload"))
+        settings["grad_offload"] = bool(mg.get("grad_offload"))
+        if mg.get("optimizer_offload") or opt.get("optimizer_cpu_offload"):
+            settings["optimizer_offload_fraction"] = float(opt.get("optimizer_offload_fraction", 1.0))
+        settings["ref_offload"] = bool((ref.get("megatron") or {}).get("param_offload"))
+        tc = mg.get("override_transformer_config") or {}
+        granularity = tc.get("recompute_granularity")
+        if granularity in ("full", "selective"):
+            settings["recompute"] = granularity
+            if granularity == "full" and tc.get("recompute_num_layers"):
+                settings["recompute_layers"] = int(tc["recompute_num_layers"])
+        vpp = mg.get("virtual_pipeline_model_parallel_size")
+        if vpp:
+            settings["vpp"] = int(vpp)
+        layout = {k: int(mg.get(v) or 1) for k, v in (("tp", "tensor_model_parallel_size"),
+                  ("pp", "pipeline_model_parallel_size"), ("ep", "expert_model_parallel_size"),
+                  ("cp", "context_parallel_size"))}  # fmt: skip
+        backend = "megatron"
+    else:
+        raise RlsimError(f"{where}: {ARR}.actor.strategy {strategy!r}: rlsim models fsdp, fsdp2 and megatron")
+    try:
+        return Trainer(backend, **layout, framework=FrameworkSettings(**settings))
+    except RlsimError as exc:
+        raise RlsimError(f"{where}: {exc}") from None
+
+
+def _policy(cfg: dict, name: str) -> str:
+    """The config's own mode: veRL's synchronous trainer, or one of its two async recipes."""
+    if name.startswith("one_step_off"):
+        return "one_step_off"
+    if not name.startswith("fully_async"):
+        return "sync"
+    at = _get(cfg, "async_training") or {}
+    ce = at.get("checkpoint_engine") or {}
+    knobs = {
+        "staleness_threshold": at.get("staleness_threshold"), "require_batches": at.get("require_batches"),
+        "trigger_parameter_sync_step": at.get("trigger_parameter_sync_step"),
+        "ppo_mini_batch_size": _get(cfg, f"{ARR}.actor.ppo_mini_batch_size"),
+        "partial_rollout": at.get("partial_rollout"), "use_rollout_log_probs": at.get("use_rollout_log_probs"),
+        "checkpoint_engine": ce.get("enable"), "device_buffer_size_M": ce.get("device_buffer_size_M"),
+    }  # fmt: skip
+    text = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in knobs.items() if v is not None)
+    return f"fully_async({text})"
+
+
+def read_verl(path: Path) -> RunSetup:
+    """The `RunSetup` of a veRL config (the module docstring)."""
+    cfg, name = read_config(path)
+    where = str(path)
+    roll = _get(cfg, f"{ARR}.rollout") or {}
+    engine_name = roll.get("name")
+    if engine_name in (None, "???"):
+        raise RlsimError(f"{where}: {ARR}.rollout.name is not set (vllm or sglang)")
+    if engine_name not in ("vllm", "sglang"):
+        raise RlsimError(f"{where}: {ARR}.rollout.name {engine_name!r}: rlsim models vllm and sglang")
+    trainer_pool = _int(cfg, "trainer.nnodes", where) * _int(cfg, "trainer.n_gpus_per_node", where)
+    if name.startswith(("one_step_off", "fully_async")):  # the rollout on its own pool
+        rollout_pool = _int(cfg, "rollout.nnodes", where) * _int(cfg, "rollout.n_gpus_per_node", where)
+        num_gpus, placement, train_gpus = trainer_pool + rollout_pool, "disaggregated", trainer_pool
+    else:
+        num_gpus, placement, train_gpus = trainer_pool, "colocated", 0
+    policy = _policy(cfg, name)
+    if policy.startswith("fully_async"):
+        mini = _int(cfg, f"{ARR}.actor.ppo_mini_batch_size", where)
+        at = _get(cfg, "async_training") or {}
+        prompts = mini * int(at.get("require_batches", 1)) * int(at.get("trigger_parameter_sync_step", 1))
+    else:
+        prompts = _int(cfg, "data.train_batch_size", where)
+    engine = EngineConfig(
+        gpu_memory_utilization=float(roll["gpu_memory_utilization"]), max_num_seqs=int(roll["max_num_seqs"]),
+        max_num_batched_tokens=int(roll["max_num_batched_tokens"]),
+        enable_prefix_caching=bool(roll.get("enable_prefix_caching", True)),
+        free_cache_engine=bool(roll.get("free_cache_engine", True)) if placement == "colocated" else False,
+        enable_chunked_prefill=bool(roll.get("enable_chunked_prefill", True)),
+        enforce_eager=bool(roll.get("enforce_eager", False)), rollout_engine=engine_name,
+    )  # fmt: skip
+    model_path = str(_get(cfg, f"{ARR}.model.path") or "")
+    kl = bool(_get(cfg, f"{ARR}.actor.use_kl_loss")) or bool(_get(cfg, "algorithm.use_kl_in_reward"))
+    unmodelled = [
+        f"{k}={_get(cfg, k)!r} ({what})" for k, default, what in UNMODELLED if _get(cfg, k, default) != default
+    ]
+    if _get(cfg, "algorithm.adv_estimator") == "gae":
+        unmodelled.append("algorithm.adv_estimator='gae' (a critic's passes)")
+    return RunSetup(
+        framework="verl", source=where, model=known_model(model_path), model_path=model_path, num_gpus=num_gpus,
+        placement=placement, train_gpus=train_gpus, tp=_int(cfg, f"{ARR}.rollout.tensor_model_parallel_size", where),
+        pp=_int(cfg, f"{ARR}.rollout.pipeline_model_parallel_size", where),
+        ep=_int(cfg, f"{ARR}.rollout.expert_parallel_size", where),
+        dp=_int(cfg, f"{ARR}.rollout.data_parallel_size", where), engine=engine, trainer=_trainer(cfg, where),
+        policy=policy, prompts_per_step=prompts, samples_per_prompt=_int(cfg, f"{ARR}.rollout.n", where),
+        max_response_len=_int(cfg, "data.max_response_length", where), use_kl_loss=kl, unmodelled=tuple(unmodelled),
+    )  # fmt: skip
