@@ -148,3 +148,93 @@ def test_simulate_from_a_config_and_its_clashes(tmp_path: Path) -> None:
     dense = ["simulate", "--from", f"verl:{DENSE}", "--gpu", "h20"]
     r = runner.invoke(app, [*dense, "--out", str(tmp_path / "c")])
     assert r.exit_code == 2 and "give --model" in r.stderr, r.output
+
+
+NEMO = Path(__file__).resolve().parent / "data" / "nemo_rl"
+# rows whose published table states another layout than the recipe at its commit (rows.csv keeps
+# the table's: benchmarks/published_runs/extract.py): (release, recipe file) -> {field: (table, recipe)}
+TABLE_NOT_RECIPE = {
+    ("0.6", "grpo-deepseek-v3-64n8g.yaml"): {"ep": (16, 32)},
+    ("0.6", "grpo-deepseek-v3-64n4g.yaml"): {"ep": (16, 32)},
+    ("0.4", "grpo-qwen3-30ba3b-4n8g.yaml"): {"gen_tp": (4, 2), "tp": (2, 1)},
+    ("0.4", "grpo-qwen3-30ba3b-4n8g-async-1off.yaml"): {"gen_tp": (4, 2), "tp": (2, 1), "pp": (1, 2)},
+}
+
+
+def _published_rows() -> list[dict]:
+    import csv
+
+    with (Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs" / "rows.csv").open() as f:
+        return [r for r in csv.DictReader(f) if r["recipe"]]
+
+
+def test_every_published_nemo_rl_recipe_maps_to_its_row() -> None:
+    """Each NeMo RL performance recipe of the accuracy tables (three releases; the recipe and its
+    defaults chain at the row's commit, in tests/data/nemo_rl/) reads to the row's setup: GPUs and
+    the generation's share, generation TP, samples, prompts, vLLM's memory fraction and eager
+    mode, the KL term, the training layout, recompute and optimizer offload. Where the published
+    table states another layout than its recipe, rows.csv keeps the table's, and the reader the
+    recipe's (`TABLE_NOT_RECIPE`); a recipe whose model_name is a local path or a placeholder
+    (DeepSeek-V3's) names no model, so --model gives it."""
+    from rlsim.frameworks.nemo_rl import read_nemo_rl
+
+    rows, seen = _published_rows(), set()
+    assert len(rows) >= 40
+    for r in rows:
+        s = read_nemo_rl(NEMO / r["commit"] / r["recipe"])
+        want = {"gpus": int(r["gpus"]), "gen_gpus": int(r["gen_gpus"]), "gen_tp": int(r["gen_tp"]),
+                "samples": int(r["samples_per_prompt"]), "prompts": int(r["num_prompts_per_step"]),
+                "util": float(r["gpu_memory_utilization"]), "kl": float(r["kl_penalty"]) > 0,
+                "eager": r["enforce_eager"] == "True", "recompute": r["recompute"],
+                "offload": float(r["optimizer_offload_fraction"] or 0), "tp": int(r["train_tp"]),
+                "pp": int(r["train_pp"]), "ep": int(r["train_ep"]), "cp": int(r["train_cp"]),
+                "max_new_tokens": int(r["max_new_tokens"])}  # fmt: skip
+        got = {"gpus": s.num_gpus, "gen_gpus": s.num_gpus - s.train_gpus, "gen_tp": s.tp,
+               "samples": s.samples_per_prompt, "prompts": s.prompts_per_step,
+               "util": s.engine.gpu_memory_utilization, "kl": s.use_kl_loss, "eager": s.engine.enforce_eager,
+               "recompute": s.trainer.framework.recompute, "offload": s.trainer.framework.optimizer_offload_fraction,
+               "tp": s.trainer.tp, "pp": s.trainer.pp, "ep": s.trainer.ep, "cp": s.trainer.cp,
+               "max_new_tokens": s.max_response_len}  # fmt: skip
+        key = (r["release"], Path(r["recipe"]).name)
+        differs = {k: (want[k], got[k]) for k in want if want[k] != got[k]}
+        assert differs == TABLE_NOT_RECIPE.get(key, {}), key
+        assert s.model == (None if r["rlsim_model"] == "deepseek-v3" else r["rlsim_model"]), key
+        assert s.policy == ("sync" if r["policy"] == "On policy" else "one_step_off" if r["policy"] == "1-step Off"
+                            else f"k_step_off(k={r['policy'].split('-')[0]})") + (
+            "+dynamic_sampling" if r["dynamic_sampling"] == "True" else ""), key  # fmt: skip
+        seen.add(key)
+    assert set(TABLE_NOT_RECIPE) <= seen
+
+
+def test_nemo_rls_defaults_chain_and_override_marker(tmp_path: Path) -> None:
+    """A recipe's parents merge before it, each from its own folder, and `_override_: true`
+    replaces a parent's section instead of merging into it, as NeMo RL's loader does; its
+    `${mul:...}` resolves."""
+    from rlsim.frameworks.nemo_rl import read_config
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "root.yaml").write_text("a: {x: 1, y: 2}\nb: 3\nc: ${mul:${b}, 2}\n")
+    (tmp_path / "child.yaml").write_text("defaults: base/root.yaml\na: {_override_: true, z: 9}\nb: 5\n")
+    assert read_config(tmp_path / "child.yaml") == {"a": {"z": 9}, "b": 5, "c": 10}
+    (tmp_path / "loop.yaml").write_text("defaults: loop.yaml\n")
+    with pytest.raises(RlsimError, match="comes back to itself"):
+        read_config(tmp_path / "loop.yaml")
+
+
+def test_simulate_from_a_nemo_rl_recipe(tmp_path: Path) -> None:
+    """NeMo RL leaves max_num_seqs and max_num_batched_tokens to vLLM: the run takes vLLM's
+    LLM-class defaults on its GPU (1,024 and 16,384 on an H100)."""
+    from rlsim.trace.format import save
+    from rlsim.trace.synth import SynthConfig, synthesize
+
+    recipe = NEMO / "7ea279abf/examples/configs/recipes/llm/performance/grpo-qwen3-30ba3b-4n8g-async-1off.yaml"
+    cfg = SynthConfig(preset="dapo-qwen2.5-32b", num_prompts=128, samples_per_prompt=32, epochs=1, prompts_per_step=64,
+                      max_response_len=4096)  # fmt: skip
+    trace = save(synthesize(cfg), tmp_path / "t.parquet")
+    r = runner.invoke(app, ["simulate", "--from", f"nemo-rl:{recipe}", "--gpu", "h100", "--max-steps", "1",
+                            "--trace", str(trace), "--out", str(tmp_path / "a")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["policy"] == "one_step_off"
+    assert (config["EngineConfig"]["max_num_seqs"], config["EngineConfig"]["max_num_batched_tokens"]) == (1024, 16384)
+    assert config["ClusterConfig"]["train_gpus"] == 16

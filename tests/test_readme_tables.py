@@ -54,7 +54,7 @@ SLOW = {"sglang_setups": ["sglang_setups"], "compare_engines": ["compare_engines
 # statement of what was fitted on what, and the records' columns in docs/architecture.md)
 REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it does |", "| column | type | meaning |",
              "| figure | fitted on | role |", "| column | holds |", "| rule | rlsim | where in sglang 0.5.23 |",
-             "| veRL key | rlsim |")
+             "| veRL key | rlsim |", "| NeMo RL key | rlsim |")
 
 
 def _markdown(script: str) -> dict[str, str]:

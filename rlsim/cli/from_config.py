@@ -20,14 +20,11 @@ from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 
 FROM = typer.Option(
-    None, "--from", help="A run's own config: verl:CONFIG (a veRL run's YAML, or a file of its Hydra overrides). It "
-    "sets the GPUs, rollout engine and layout, trainer, batch and mode; give --gpu, and --model where the config "
-    "names a local path; --trace gives the lengths.",
+    None, "--from", help="A run's own config: verl:CONFIG (a veRL run's YAML, or a file of its Hydra overrides) or "
+    "nemo-rl:RECIPE.yaml (with its defaults chain). It sets the GPUs, rollout engine and layout, trainer, batch and "
+    "mode; give --gpu, and --model where the config names a local path; --trace gives the lengths.",
 )
-FRAMEWORKS = ("verl",)
-# engine settings a veRL config states (the others stay the user's)
-ENGINE_SET = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-              "free_cache_engine", "enable_chunked_prefill", "enforce_eager", "rollout_engine")  # fmt: skip
+FRAMEWORKS = ("verl", "nemo-rl")
 
 
 def read_from(spec: str):  # noqa: ANN201 - rlsim.frameworks.run_setup.RunSetup
@@ -35,6 +32,10 @@ def read_from(spec: str):  # noqa: ANN201 - rlsim.frameworks.run_setup.RunSetup
     framework, sep, path = spec.partition(":")
     if not sep or framework not in FRAMEWORKS or not path:
         raise RlsimError(f"--from {spec}: write FRAMEWORK:CONFIG, with FRAMEWORK one of {', '.join(FRAMEWORKS)}")
+    if framework == "nemo-rl":
+        from rlsim.frameworks.nemo_rl import read_nemo_rl
+
+        return read_nemo_rl(Path(path))
     from rlsim.frameworks.verl import read_verl
 
     return read_verl(Path(path))
@@ -60,7 +61,7 @@ def apply_from(
 
     setup = read_from(spec)
     given = given_on_command_line(ctx)
-    sets = set(setup.options()) | set(ENGINE_SET) | set(extra) | {"profile"}
+    sets = set(setup.options()) | set(setup.engine_keys) | set(extra) | {"profile"}
     clash = sorted(given & sets)
     if clash:
         flag = "--" + clash[0].replace("_", "-")
@@ -81,7 +82,12 @@ def apply_from(
         model, opts["gpu"], setup.tp, setup.ep, opts["dtype"], setup.trainer.text(), opts.get("terms"), setup.pp,
         setup.dp,
     )  # fmt: skip
-    merged = dataclasses.replace(engine, **{k: getattr(setup.engine, k) for k in ENGINE_SET})
+    from rlsim.derive.gpus import load_gpu
+
+    spec_gpu = load_gpu(opts["gpu"])
+    stated = setup.engine_for(spec_gpu.memory_bytes, spec_gpu.name)
+    keys = (*setup.engine_keys, *(("max_num_seqs", "max_num_batched_tokens") if setup.vllm_defaults else ()))
+    merged = dataclasses.replace(engine, **{k: getattr(stated, k) for k in keys})
     err = make_console(sys.stderr)
     err.print(setup.describe(), highlight=False, soft_wrap=True)
     if setup.unmodelled:

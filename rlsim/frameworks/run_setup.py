@@ -8,10 +8,15 @@ the config names only by a local path) comes from the command line as before.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from rlsim.config import EngineConfig
 from rlsim.derive.train import Trainer
+
+# what a veRL config states of the engine
+ENGINE_KEYS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+               "free_cache_engine", "enable_chunked_prefill", "enforce_eager", "rollout_engine")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,10 @@ class RunSetup:
     use_kl_loss: bool
     # keys that change cost, set away from the release's defaults, which rlsim does not model
     unmodelled: tuple[str, ...] = field(default=())
+    # the `engine` fields the config states (the others stay the command line's or the profile's)
+    engine_keys: tuple[str, ...] = ENGINE_KEYS
+    # vLLM's own `LLM`-class limits on the run's GPU where the framework sets none (NeMo RL)
+    vllm_defaults: bool = False
 
     def options(self) -> dict[str, object]:
         """The command-line options this setup gives a value, by their parameter names (the
@@ -49,6 +58,16 @@ class RunSetup:
             "max_response_len": self.max_response_len, "use_kl_loss": self.use_kl_loss,
         }  # fmt: skip
         return out
+
+    def engine_for(self, gpu_memory_bytes: float, gpu_name: str) -> EngineConfig:
+        """The engine settings the config states, with vLLM's `LLM`-class limits on this GPU
+        where the framework leaves them to vLLM (vllm/engine/arg_utils.py, `_set_default_args`)."""
+        if not self.vllm_defaults:
+            return self.engine
+        big = gpu_memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower()
+        return dataclasses.replace(
+            self.engine, max_num_seqs=1024 if big else 256, max_num_batched_tokens=16384 if big else 8192
+        )
 
     def describe(self) -> str:
         """One line: what was read."""

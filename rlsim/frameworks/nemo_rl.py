@@ -1,0 +1,207 @@
+"""`--from nemo-rl:RECIPE.yaml`: a NeMo RL recipe read with its `defaults:` chain, as NeMo RL loads it.
+
+NeMo RL (github.com/NVIDIA-NeMo/RL) composes a recipe by its own rule, not Hydra's
+(`load_config_with_inheritance` in `nemo_rl/utils/config.py`, commit 7ea279abf): `defaults:` names
+one parent file or a list of them, each relative to the file that names it and read with its own
+chain first; parents merge in order, then the file itself, by OmegaConf; a mapping marked
+`_override_: true` replaces its parent's instead of merging into it. Its interpolations use
+OmegaConf's and four resolvers NeMo RL registers (`add`, `mul`, `div`, `max`), registered here
+the same way when absent. The recipe's parent files are the user's own NeMo RL checkout's, beside
+the recipe, so nothing of NeMo RL is vendored.
+
+What NeMo RL leaves to vLLM, rlsim takes from vLLM 0.32: the `LLM` class's `max_num_seqs` and
+`max_num_batched_tokens` on the run's GPU (`vllm/engine/arg_utils.py`, `_set_default_args`: 1,024
+and 16,384 on a GPU of 70 GB or more other than an A100, else 256 and 8,192), applied once `--gpu`
+names it (`RunSetup.vllm_defaults`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlsim.config import EngineConfig
+from rlsim.derive.train import Trainer
+from rlsim.errors import RlsimError
+from rlsim.framework_costs import FrameworkSettings
+from rlsim.frameworks.run_setup import RunSetup
+from rlsim.frameworks.verl import known_model
+
+RESOLVERS = {
+    "add": lambda a, b: a + b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b, "max": lambda a, b: max(a, b),
+}  # fmt: skip
+UNMODELLED = (
+    ("grpo.max_rollout_turns", 1, "multi-turn rollouts (give a multi-turn trace instead)"),
+    ("policy.dtensor_cfg.lora_cfg.enabled", False, "LoRA training"),
+    ("policy.generation.mcore_generation_config.num_speculative_tokens", 0, "speculative decoding"),
+)
+
+
+def _load(path: Path, seen: tuple[Path, ...] = ()):  # noqa: ANN202 - an OmegaConf DictConfig
+    """NeMo RL's `load_config_with_inheritance` (the module docstring)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if path in seen:
+        raise RlsimError(f"{path}: its defaults chain comes back to itself")
+    if not path.is_file():
+        raise RlsimError(f"--from nemo-rl:{seen[0] if seen else path}: no such file {path}")
+    try:
+        cfg = OmegaConf.create(yaml.safe_load(path.read_text()) or {})
+    except yaml.YAMLError as exc:
+        raise RlsimError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(cfg, DictConfig):
+        raise RlsimError(f"{path}: a NeMo RL recipe is a mapping of keys")
+    if "defaults" not in cfg:
+        return cfg
+    parents = cfg.pop("defaults")
+    parents = [str(d) for d in parents] if isinstance(parents, ListConfig) else [str(parents)]
+    base = OmegaConf.create({})
+    for parent in parents:
+        p = Path(parent) if parent.startswith("/") else path.parent / parent
+        base = _merge(base, _load(p, (*seen, path)))
+    return _merge(base, cfg)
+
+
+def _merge(base, over):  # noqa: ANN001, ANN202 - OmegaConf DictConfigs
+    """NeMo RL's `merge_with_override`: `_override_: true` replaces a section instead of merging it."""
+    from omegaconf import DictConfig, OmegaConf
+
+    for key in list(over.keys()):
+        if OmegaConf.is_missing(over, key):
+            continue
+        if isinstance(over[key], DictConfig) and over[key].get("_override_", False):
+            over[key].pop("_override_")
+            if key in base:
+                base.pop(key)
+    return OmegaConf.merge(base, over)
+
+
+def read_config(path: Path) -> dict:
+    """The recipe resolved, its defaults chain merged."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver  # (2.4 renamed it)
+    for name, fn in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            register(name, fn)
+    cfg = _load(path)
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except OmegaConfBaseException as exc:
+        raise RlsimError(f"{path}: {str(exc).splitlines()[0]}") from None
+
+
+def _get(cfg: dict, key: str, default: Any = None) -> Any:  # noqa: ANN401 - a config value
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _int(cfg: dict, key: str, where: str, default: int | None = None) -> int:
+    v = _get(cfg, key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise RlsimError(f"{where}: {key} must be a positive integer, got {v!r}")
+    return v
+
+
+def _trainer(cfg: dict, where: str) -> Trainer:
+    policy = _get(cfg, "policy") or {}
+    mc, dt = policy.get("megatron_cfg") or {}, policy.get("dtensor_cfg") or {}
+    settings: dict[str, Any] = {}
+    packing = (policy.get("sequence_packing") or {}).get("enabled") or (policy.get("dynamic_batching") or {}).get(
+        "enabled"
+    )
+    if packing:  # token budgets a micro-batch a GPU, packed
+        src = policy["sequence_packing"] if (policy.get("sequence_packing") or {}).get("enabled") else policy[
+            "dynamic_batching"
+        ]
+        settings["max_token_len"] = int(src["train_mb_tokens"])
+        settings["log_prob_max_token_len"] = int(src["logprob_mb_tokens"])
+    else:
+        settings["micro_batch_size"] = int(policy.get("train_micro_batch_size") or 1)
+    if mc.get("enabled"):
+        settings["recompute"] = "full" if mc.get("activation_checkpointing") else "none"
+        opt = mc.get("optimizer") or {}
+        if opt.get("optimizer_cpu_offload"):
+            settings["optimizer_offload_fraction"] = float(opt.get("optimizer_offload_fraction") or 0.0)
+        vpp = mc.get("virtual_pipeline_model_parallel_size")
+        layout = {k: int(mc.get(v) or 1) for k, v in (("tp", "tensor_model_parallel_size"),
+                  ("pp", "pipeline_model_parallel_size"), ("ep", "expert_model_parallel_size"),
+                  ("cp", "context_parallel_size"))}  # fmt: skip
+        if vpp and layout["pp"] > 1:
+            settings["vpp"] = int(vpp)
+        backend = "megatron"
+    elif dt.get("enabled", True):
+        if int(dt.get("tensor_parallel_size") or 1) > 1:
+            raise RlsimError(
+                f"{where}: policy.dtensor_cfg.tensor_parallel_size {dt['tensor_parallel_size']}: rlsim's FSDP backend "
+                "shards data-parallel only; a tensor-parallel layout is megatron's"
+            )
+        settings["recompute"] = "full" if dt.get("activation_checkpointing") else "none"
+        settings["param_offload"] = bool(dt.get("cpu_offload"))
+        layout, backend = {"cp": int(dt.get("context_parallel_size") or 1)}, "fsdp2"
+    else:
+        raise RlsimError(f"{where}: neither policy.megatron_cfg nor policy.dtensor_cfg is enabled")
+    try:
+        return Trainer(backend, **layout, framework=FrameworkSettings(**settings))
+    except RlsimError as exc:
+        raise RlsimError(f"{where}: {exc}") from None
+
+
+def read_nemo_rl(path: Path) -> RunSetup:
+    """The `RunSetup` of a NeMo RL recipe (the module docstring)."""
+    cfg = read_config(path)
+    where = str(path)
+    gen = _get(cfg, "policy.generation") or {}
+    backend = gen.get("backend", "vllm")
+    if backend not in ("vllm", "sglang"):
+        raise RlsimError(f"{where}: policy.generation.backend {backend!r}: rlsim models vllm and sglang")
+    vc = gen.get("vllm_cfg") or {}
+    total = _int(cfg, "cluster.num_nodes", where) * _int(cfg, "cluster.gpus_per_node", where)
+    colocated = (gen.get("colocated") or {}).get("enabled", True)
+    if colocated:
+        placement, train_gpus = "colocated", 0
+    else:
+        res = (gen.get("colocated") or {}).get("resources") or {}
+        gen_gpus = int(res.get("num_nodes") or 0) * int(res.get("gpus_per_node") or 0)
+        if not 0 < gen_gpus < total:
+            raise RlsimError(
+                f"{where}: the generation's own resources ({gen_gpus} GPUs) must be a part of the cluster's {total}"
+            )
+        placement, train_gpus = "disaggregated", total - gen_gpus
+    grpo = _get(cfg, "grpo") or {}
+    asy = grpo.get("async_grpo") or {}
+    if asy.get("enabled"):
+        k = int(asy.get("max_trajectory_age_steps") or 1)
+        policy = "one_step_off" if k == 1 else f"k_step_off(k={k})"
+    else:
+        policy = "sync"
+    if grpo.get("use_dynamic_sampling"):
+        policy += "+dynamic_sampling"
+    engine = EngineConfig(
+        gpu_memory_utilization=float(vc.get("gpu_memory_utilization", 0.9)),
+        enforce_eager=bool(vc.get("enforce_eager")),
+        enable_prefix_caching=False, free_cache_engine=bool(colocated), rollout_engine=backend,
+    )  # fmt: skip
+    kl = float(_get(cfg, "loss_fn.reference_policy_kl_penalty") or 0.0) > 0
+    unmodelled = [f"{k}={_get(cfg, k)!r} ({what})" for k, d, what in UNMODELLED if _get(cfg, k, d) != d]
+    model_path = str(_get(cfg, "policy.model_name") or "")
+    return RunSetup(
+        framework="nemo-rl", source=where, model=known_model(model_path), model_path=model_path, num_gpus=total,
+        placement=placement, train_gpus=train_gpus, tp=int(vc.get("tensor_parallel_size") or 1),
+        pp=int(vc.get("pipeline_parallel_size") or 1), ep=int(vc.get("expert_parallel_size") or 1), dp=1,
+        engine=engine, trainer=_trainer(cfg, where), policy=policy,
+        prompts_per_step=_int(cfg, "grpo.num_prompts_per_step", where),
+        samples_per_prompt=_int(cfg, "grpo.num_generations_per_prompt", where),
+        max_response_len=_int(cfg, "policy.generation.max_new_tokens", where), use_kl_loss=kl,
+        unmodelled=tuple(unmodelled),
+        engine_keys=("gpu_memory_utilization", "enforce_eager", "enable_prefix_caching", "free_cache_engine",
+                     "rollout_engine"),
+        vllm_defaults=True,
+    )  # fmt: skip
