@@ -139,9 +139,10 @@ def test_simulate_from_a_config_and_its_clashes(tmp_path: Path) -> None:
     for extra, message in (
         (["--gpu", "h20", "--gpus", "64"], "--gpus is set by --from"),
         (["--gpu", "h20", "--enforce-eager"], "--enforce-eager is set by --from"),
-        (["--gpu", "h20", "--profile", "h100-qwen2.5-7b-tp1"], "--profile is set by --from"),
+        (["--gpu", "h20", "--profile", "h100-qwen2.5-7b-tp1"], "not both"),
+        (["--profile", "h100-qwen2.5-7b-tp1"], "the config's rollout runs at TP 4"),
         ([], "needs --gpu"),
-        (["--gpu", "h20", "--model", "qwen3-8b"], "the config's model.path names"),
+        (["--gpu", "h20", "--model", "qwen3-8b"], "the config's model names"),
     ):
         r = runner.invoke(app, [*args, *extra, "--out", str(tmp_path / "b")])
         assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.output, (extra, r.output)

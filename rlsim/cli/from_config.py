@@ -2,7 +2,8 @@
 
 The config sets the cluster, the rollout engine and its layout, the trainer, the batch and the
 mode (`rlsim.frameworks.run_setup.RunSetup`); `--gpu` names the GPU, `--model` the model where
-the config names only a local path, and `--trace` gives the lengths, as without it. An option the
+the config names only a local path (or a `--profile`, measured on the user's cluster, stands for
+both), and `--trace` gives the lengths, as without it. An option the
 config sets that the user also gave on the command line exits 2 in one sentence: the command's
 context says where each parameter's value came from, so no default has to stand for "not given".
 """
@@ -22,7 +23,8 @@ from rlsim.errors import RlsimError
 FROM = typer.Option(
     None, "--from", help="A run's own config: verl:CONFIG (a veRL run's YAML, or a file of its Hydra overrides) or "
     "nemo-rl:RECIPE.yaml (with its defaults chain). It sets the GPUs, rollout engine and layout, trainer, batch and "
-    "mode; give --gpu, and --model where the config names a local path; --trace gives the lengths.",
+    "mode; give --gpu, and --model where the config names a local path (or your own --profile); --trace gives the "
+    "lengths.",
 )
 FRAMEWORKS = ("verl", "nemo-rl")
 
@@ -56,36 +58,51 @@ def apply_from(
 ) -> tuple[dict, EngineConfig]:
     """The command's options and engine with `--from`'s laid over them, and the profile derived
     from the config on `--gpu` in `opts["profile"]`; one sentence where an option clashes or is
-    missing. `extra`: the command's own options the config also sets (compare's --rollout-engine)."""
+    missing. A `--profile` the user gives (one measured on their own cluster) stands for `--gpu`
+    and `--model`. `extra`: the command's own options the config also sets (compare's --rollout-engine)."""
     from rlsim.cli.derive import derived_profile_path
 
     setup = read_from(spec)
     given = given_on_command_line(ctx)
-    sets = set(setup.options()) | set(setup.engine_keys) | set(extra) | {"profile"}
+    sets = set(setup.options()) | set(setup.engine_keys) | set(extra)
     clash = sorted(given & sets)
     if clash:
         flag = "--" + clash[0].replace("_", "-")
         raise RlsimError(f"{flag} is set by --from {spec} too: leave it out, or change it in the config")
-    if opts.get("gpu") is None:
-        raise RlsimError(f"--from {spec} needs --gpu: a config does not name the GPUs it ran on")
-    model = opts.get("model")
-    if model is not None and setup.model is not None and model.lower() != setup.model:
-        raise RlsimError(f"--model {model}: the config's model.path names {setup.model_path} ({setup.model})")
-    model = model or setup.model
-    if model is None:
-        raise RlsimError(
-            f"--from {spec}: its model.path {setup.model_path!r} is not a model rlsim knows; give --model (a name from "
-            "rlsim profile list, or a config.json)"
-        )
     out = dict(opts) | setup.options()
-    out["profile"] = derived_profile_path(
-        model, opts["gpu"], setup.tp, setup.ep, opts["dtype"], setup.trainer.text(), opts.get("terms"), setup.pp,
-        setup.dp,
-    )  # fmt: skip
-    from rlsim.derive.gpus import load_gpu
+    if "profile" in given:  # the user's own profile (measured on their cluster) instead of a derived one
+        if opts.get("gpu") is not None or opts.get("model") is not None:
+            raise RlsimError("--profile states the model and GPU: give it or --gpu (with --model), not both")
+        from rlsim.profile import load_profile
 
-    spec_gpu = load_gpu(opts["gpu"])
-    stated = setup.engine_for(spec_gpu.memory_bytes, spec_gpu.name)
+        prof = load_profile(opts["profile"])
+        if (prof.tensor_parallel_size, prof.pipeline_parallel_size) != (setup.tp, setup.pp):
+            raise RlsimError(
+                f"--profile {opts['profile']} is TP {prof.tensor_parallel_size} x PP {prof.pipeline_parallel_size}; "
+                f"the config's rollout runs at TP {setup.tp} x PP {setup.pp}"
+            )
+        memory, gpu_name = float(prof.gpu_facts.get("memory_bytes", 0.0)), prof.hardware
+    else:
+        if opts.get("gpu") is None:
+            raise RlsimError(f"--from {spec} needs --gpu (or a --profile): a config does not name the GPUs it ran on")
+        model = opts.get("model")
+        if model is not None and setup.model is not None and model.lower() != setup.model:
+            raise RlsimError(f"--model {model}: the config's model names {setup.model_path} ({setup.model})")
+        model = model or setup.model
+        if model is None:
+            raise RlsimError(
+                f"--from {spec}: its model {setup.model_path!r} is not a model rlsim knows; give --model (a name from "
+                "rlsim profile list, or a config.json)"
+            )
+        out["profile"] = derived_profile_path(
+            model, opts["gpu"], setup.tp, setup.ep, opts["dtype"], setup.trainer.text(), opts.get("terms"), setup.pp,
+            setup.dp,
+        )  # fmt: skip
+        from rlsim.derive.gpus import load_gpu
+
+        spec_gpu = load_gpu(opts["gpu"])
+        memory, gpu_name = spec_gpu.memory_bytes, spec_gpu.name
+    stated = setup.engine_for(memory, gpu_name)
     keys = (*setup.engine_keys, *(("max_num_seqs", "max_num_batched_tokens") if setup.vllm_defaults else ()))
     merged = dataclasses.replace(engine, **{k: getattr(stated, k) for k in keys})
     err = make_console(sys.stderr)
