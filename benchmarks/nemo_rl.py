@@ -51,7 +51,7 @@ from rlsim.derive.terms import Terms
 from rlsim.derive.train import Trainer
 from rlsim.framework_costs import FrameworkSettings
 from rlsim.sim.simulate import simulate
-from rlsim.trace.synth import SynthConfig, synthesize
+from rlsim.trace.synth import synthesize_to_mean as rescaled
 
 ROWS = Path(__file__).resolve().parent / "published_runs" / "rows.csv"
 FITTED = Path(__file__).resolve().parents[1] / "rlsim" / "derive" / "terms_nemo-rl.json"
@@ -66,22 +66,6 @@ def load_rows() -> pd.DataFrame:
     on = d[d.policy == "On policy"]
     prompt = on.groupby("model").prompt_tokens.median()
     return d.assign(prompt_len=d.model.map(prompt).fillna(d.prompt_tokens).round().astype(int))
-
-
-def rescaled(preset: str, prompts_per_step: int, samples: int, steps: int, cap: int, mean: float,
-             prompts: pd.DataFrame | None = None, lo: float = 0.01, hi: float = 4.0, iters: int = 30):  # noqa: ANN201
-    """The preset rescaled (`length_scale`, bisection over [lo, hi]) so that its capped mean response is `mean`."""
-
-    def make(scale: float):  # noqa: ANN202
-        cfg = SynthConfig(preset=preset, num_prompts=prompts_per_step * steps, samples_per_prompt=samples, epochs=1,
-                          prompts_per_step=prompts_per_step, max_response_len=cap, length_scale=scale)  # fmt: skip
-        return synthesize(cfg, prompts)
-
-    for _ in range(iters):
-        mid = (lo + hi) / 2
-        got = make(mid).table["num_output_tokens"].clip(upper=cap).mean()
-        lo, hi = (mid, hi) if got < mean else (lo, mid)
-    return make((lo + hi) / 2)
 
 
 @functools.cache

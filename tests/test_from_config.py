@@ -239,3 +239,55 @@ def test_simulate_from_a_nemo_rl_recipe(tmp_path: Path) -> None:
     assert config["policy"] == "one_step_off"
     assert (config["EngineConfig"]["max_num_seqs"], config["EngineConfig"]["max_num_batched_tokens"]) == (1024, 16384)
     assert config["ClusterConfig"]["train_gpus"] == 16
+
+
+RUN = Path(__file__).resolve().parent / "data" / "recorded_runs" / "20261126-000315"
+RUN_CONFIG = """python3 -m verl.trainer.main_ppo
+actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1
+trainer.nnodes=1 trainer.n_gpus_per_node=1 data.train_batch_size=8 actor_rollout_ref.rollout.n=4
+data.max_response_length=2048 actor_rollout_ref.rollout.enable_prefix_caching=False
+actor_rollout_ref.model.path=tiny-llama algorithm.adv_estimator=grpo
+"""
+
+
+def _real_run_as_verl_metrics(tmp_path: Path) -> Path:
+    """A recorded real run's steps (rlsim run --real writes veRL's metric names) as veRL's file
+    logger writes them, `{"step": N, "data": {...}}`, steps counted from 1 as veRL counts them."""
+    import pandas as pd
+
+    steps = pd.read_parquet(RUN / "run-sync" / "steps.parquet")
+    path = tmp_path / "metrics.jsonl"
+    with path.open("w") as f:
+        for _, r in steps.iterrows():
+            data = {k: float(r[k]) for k in steps.columns if k.startswith(("timing_s/", "response_length/"))}
+            f.write(json.dumps({"step": int(r["step"]) + 1, "data": data}) + "\n")
+    return path
+
+
+def test_validate_a_run_against_its_own_config_phase_by_phase(tmp_path: Path) -> None:
+    """`rlsim validate --from verl:CONFIG --metrics FILE`: the config's run (here rlsim's own
+    real run of the tiny model, described as veRL describes a run, on the run's measured profile)
+    against its logged phases. On the run's own lengths (--trace) the response length is exact and
+    the generation within 5% of the engine's measured seconds (the training phases of this run were
+    modelled from the same profile, so they agree by construction); without --trace the output
+    names its stand-in."""
+    config, metrics = tmp_path / "run.overrides", _real_run_as_verl_metrics(tmp_path)
+    config.write_text(RUN_CONFIG)
+    base = ["validate", "--from", f"verl:{config}", "--metrics", str(metrics), "--profile", str(RUN / "profile.json")]
+    r = runner.invoke(app, [*base, "--trace", str(RUN / "run-sync" / "recorded_trace.parquet"), "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    rows = {row["metric"]: row for row in res["rows"]}
+    assert set(rows) == {"timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
+                         "timing_s/update_weights", "timing_s/step", "response_length/mean"}  # fmt: skip
+    assert res["steps"] == 8 and res["stand_in"] is None
+    assert rows["response_length/mean"]["diff_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert abs(rows["timing_s/gen"]["diff_pct"]) < 5
+    r = runner.invoke(app, base)
+    assert r.exit_code == 0 and "rescaled to the log's mean response" in " ".join(r.stdout.split()), r.output
+    for extra, message in ((["--policy", "sortedrl"], "--policy is set by --from"),
+                           (["--trace", str(metrics), "--log", str(metrics)], "once")):  # fmt: skip
+        r = runner.invoke(app, [*base, *extra])
+        assert r.exit_code == 2 and message in r.stderr, (extra, r.output)
+    r = runner.invoke(app, ["validate", "--metrics", str(metrics)])
+    assert r.exit_code == 2 and "go with --from" in r.stderr, r.output

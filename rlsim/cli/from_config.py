@@ -82,7 +82,9 @@ def apply_from(
                 f"the config's rollout runs at TP {setup.tp} x PP {setup.pp}"
             )
         memory, gpu_name = float(prof.gpu_facts.get("memory_bytes", 0.0)), prof.hardware
+        measured_kv = not (prof.model_facts and memory)  # a measured KV capacity, not one derived from memory
     else:
+        measured_kv = False
         if opts.get("gpu") is None:
             raise RlsimError(f"--from {spec} needs --gpu (or a --profile): a config does not name the GPUs it ran on")
         model = opts.get("model")
@@ -104,9 +106,17 @@ def apply_from(
         memory, gpu_name = spec_gpu.memory_bytes, spec_gpu.name
     stated = setup.engine_for(memory, gpu_name)
     keys = (*setup.engine_keys, *(("max_num_seqs", "max_num_batched_tokens") if setup.vllm_defaults else ()))
+    if measured_kv:  # the KV capacity the profile measured stands for the config's memory fraction
+        keys = tuple(k for k in keys if k != "gpu_memory_utilization")
     merged = dataclasses.replace(engine, **{k: getattr(stated, k) for k in keys})
     err = make_console(sys.stderr)
     err.print(setup.describe(), highlight=False, soft_wrap=True)
+    if measured_kv:
+        err.print(
+            f"profile {opts['profile']}: its measured KV capacity stands for the config's gpu_memory_utilization "
+            f"{setup.engine.gpu_memory_utilization}",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
     if setup.unmodelled:
         err.print(f"read but not modelled: {'; '.join(setup.unmodelled)}", highlight=False, soft_wrap=True)
     out["_from_policy"] = setup.policy

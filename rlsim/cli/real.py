@@ -8,7 +8,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from rlsim.cli import derive as derive_opts
 from rlsim.cli.engine_options import engine_options
+from rlsim.cli.from_config import FROM
 from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import engine_log
 from rlsim.config import EngineConfig
@@ -171,6 +173,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def validate(
+        ctx: typer.Context,
         run_dir: Path | None = typer.Argument(None, help="Run directory written by rlsim run --real."),
         profile: str | None = typer.Option(None, help="Profile to simulate with (default: the run's)."),
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
@@ -184,11 +187,28 @@ def register(app: typer.Typer) -> None:
         policy: str = typer.Option("sync", help="With --verl-metrics: the policy the run used."),
         log_format: str = typer.Option("auto", "--format", help="With --verl-metrics: the log's format."),
         tokenizer: Path | None = typer.Option(None, help="With --verl-metrics and a veRL dump: its tokenizer."),
+        from_: str | None = FROM,
+        metrics: Path | None = typer.Option(
+            None, help="With --from: the run's logged per-step metrics (veRL's file logger JSON Lines, or console log)."
+        ),
+        trace: Path | None = typer.Option(
+            None, help="With --from: the run's lengths as a trace (default: a stand-in at the log's mean length)."
+        ),
+        gpu: str | None = derive_opts.GPU,
+        model: str | None = derive_opts.MODEL,
+        dtype: str = derive_opts.DTYPE,
     ) -> None:
-        """Simulate a recorded real run and print real vs simulated with Diff%, and where it comes from."""
+        """Simulate a recorded real run and print real vs simulated with Diff%, and where it comes from; with --from
+        and --metrics, a run of your framework's against its own config, phase by phase."""
         from rlsim.real.validate import validate as run_validate
 
-        if verl_metrics is not None or log is not None:
+        if from_ is not None:
+            if metrics is None or run_dir is not None or verl_metrics is not None:
+                raise RlsimError("--from validates the run its config describes against --metrics FILE (no RUN_DIR)")
+            res = _validate_from(ctx, from_, metrics, trace, log, log_format, tokenizer, dict(locals()))
+        elif metrics is not None or trace is not None:
+            raise RlsimError("--metrics and --trace go with --from: the run's config says what to simulate")
+        elif verl_metrics is not None or log is not None:
             if run_dir is not None:
                 raise RlsimError("give either RUN_DIR or --verl-metrics with --log, not both")
             missing = [n for n, v in (("--verl-metrics", verl_metrics), ("--log", log), ("--profile", profile),
@@ -213,6 +233,8 @@ def register(app: typer.Typer) -> None:
             table.add_row(r["label"], _fmt(r["real"]), _fmt(r["sim"]), "n/a" if d is None else f"{d:+.1f}%")
         src = f" ({res['profile_source']})" if res.get("profile_source") else ""
         table.caption = f"profile {res['profile']}{src}; Diff% = (simulated - real) / real"
+        if res.get("stand_in"):
+            table.caption += f"; lengths: {res['stand_in']}"
         console = make_console()
         console.print(table)
         if res.get("phases"):
@@ -221,6 +243,24 @@ def register(app: typer.Typer) -> None:
             print_parts(console, res["parts"])
         else:
             console.print(f"{res['gpus']} GPUs on profile {res['profile']}; per step: --json")
+
+
+def _validate_from(ctx, spec, metrics, trace, log, log_format, tokenizer, opts):  # noqa: ANN001, ANN202
+    """`rlsim validate --from FRAMEWORK:CONFIG --metrics FILE`: the config's run on its lengths
+    (`--trace`, or the rollout dump `--log`) or a stand-in, against the logged phases."""
+    from rlsim.cli.from_config import apply_from, read_from
+    from rlsim.real.validate_verl import validate_config
+    from rlsim.trace.format import load
+    from rlsim.trace.importers import import_logs
+
+    if trace is not None and log is not None:
+        raise RlsimError("give the run's lengths once: --trace or --log")
+    opts = opts | {"terms": None}
+    opts, engine = apply_from(ctx, spec, opts, EngineConfig(), extra=("policy",))  # the run's own mode
+    lengths = load(trace) if trace is not None else None
+    if log is not None:
+        lengths = import_logs(Path(log), log_format, None, None, tokenizer).trace
+    return validate_config(metrics, read_from(spec), opts["profile"], engine, opts["_from_policy"], lengths)
 
 
 def print_phases(console, phases: list[dict], profile: str) -> None:  # noqa: ANN001 - a rich Console

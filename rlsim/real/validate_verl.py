@@ -9,6 +9,13 @@ console log. The same steps' responses, from veRL's `rollout_data_dir` dump or a
 generate the log's prompts in the log's order. The simulation runs on a chosen profile and GPU
 count, and prints the same real-against-simulated table as `rlsim validate RUN_DIR`, per step
 and on average, so a user checks the simulator against their own cluster.
+
+`validate_config` (`rlsim validate --from verl:CONFIG --metrics FILE`) takes the run from its
+own config instead (`rlsim.frameworks`): its GPUs, engine, trainer, batch and mode, and holds
+every phase veRL times to the simulation's, generation, old log-prob, reference, update, weight
+sync and the step. The lengths are the run's where the user has them (`--trace`, or the rollout
+dump `--log`); otherwise a stand-in, named in the output: the DAPO preset rescaled so that its
+mean response is the log's `response_length/mean`.
 """
 
 from __future__ import annotations
@@ -35,6 +42,13 @@ METRICS = (
     ("response_length/mean", "response length (tokens, mean)", "response_length/mean"),
 )
 _CONSOLE = re.compile(r"step:(\d+) - (.*)$")
+# the phases veRL times every step (`timing_s/*`), as the simulator's steps table names them
+PHASES = (
+    ("timing_s/gen", "generation"), ("timing_s/old_log_prob", "old log-prob"), ("timing_s/ref", "reference"),
+    ("timing_s/update_actor", "update"), ("timing_s/update_weights", "weight sync"), ("timing_s/step", "step"),
+    ("response_length/mean", "response length (tokens)"),
+)  # fmt: skip
+STAND_IN = "dapo-qwen2.5-32b"
 
 
 def read_verl_metrics(path: Path) -> pd.DataFrame:
@@ -151,3 +165,51 @@ def validate_verl(
 def _span(steps: Any) -> str:  # noqa: ANN401
     s = sorted(int(x) for x in steps)
     return f"{s[0]}-{s[-1]}" if s else "none"
+
+
+def validate_config(
+    metrics: Path,
+    setup,  # noqa: ANN001 - rlsim.frameworks.run_setup.RunSetup
+    profile: str,
+    engine,  # noqa: ANN001 - rlsim.config.EngineConfig
+    policy: str,
+    trace=None,  # noqa: ANN001 - the run's lengths (rlsim.trace.format.Trace), or None: a stand-in
+) -> dict[str, Any]:
+    """The run `setup` describes, simulated for as many steps as `metrics` logs, against them phase by phase."""
+    from rlsim.trace.synth import synthesize_to_mean
+
+    real = read_verl_metrics(metrics)
+    steps = [int(s) for s in real["step"]]
+    stand_in = None
+    if trace is None:
+        if "response_length/mean" not in real.columns:
+            raise RlsimError(f"{metrics} logs no response_length/mean: give the run's lengths with --trace or --log")
+        mean = float(real["response_length/mean"].mean())
+        spare = 2 if policy != "sync" else 0  # an asynchronous run generates ahead of the trainer
+        trace = synthesize_to_mean(STAND_IN, setup.prompts_per_step, setup.samples_per_prompt, len(steps) + spare,
+                                   setup.max_response_len, mean)  # fmt: skip
+        stand_in = (f"the {STAND_IN} preset rescaled to the log's mean response of {mean:,.0f} tokens (the run's own "
+                    "lengths: --trace or --log)")  # fmt: skip
+    cluster = ClusterConfig(num_gpus=setup.num_gpus, profile=profile, placement=setup.placement,
+                            train_gpus=setup.train_gpus)  # fmt: skip
+    rl = RLConfig(prompts_per_step=setup.prompts_per_step, samples_per_prompt=setup.samples_per_prompt,
+                  max_response_len=setup.max_response_len, epochs=len(trace.epochs), max_steps=len(steps),
+                  use_kl_loss=setup.use_kl_loss)  # fmt: skip
+    res = simulate(trace, policy, cluster, rl, engine_cfg=engine)
+    sim = res.steps.assign(step=steps[: len(res.steps)])  # the simulation's i-th step is the log's i-th
+    both = real.merge(sim, on="step", suffixes=("_real", "_sim"))
+    rows = []
+    for key, label in PHASES:
+        if f"{key}_real" not in both.columns or f"{key}_sim" not in both.columns:
+            continue
+        a, b = float(both[f"{key}_real"].mean()), float(both[f"{key}_sim"].mean())
+        rows.append({"metric": key, "label": label, "real": a, "sim": b, "diff_pct": diff_pct(a, b)})
+    prof = load_profile(profile)
+    return {
+        "metrics": str(metrics), "config": setup.source, "policy": policy, "profile": prof.name,
+        "gpus": setup.num_gpus, "steps": len(both), "instances": cluster.num_instances(prof.instance_gpus),
+        "rows": rows, "stand_in": stand_in,
+        "per_step": [{"step": int(r["step"])} | {f"{k}/{side}": float(r[f"{k}_{side}"]) for k, _ in PHASES
+                      if f"{k}_real" in both.columns and f"{k}_sim" in both.columns for side in ("real", "sim")}
+                     for _, r in both.iterrows()],
+    }  # fmt: skip

@@ -268,3 +268,30 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None, preset:
         output_token_ids=token_kind,
     )
     return Trace(table, meta)
+
+
+def synthesize_to_mean(
+    preset: str,
+    prompts_per_step: int,
+    samples: int,
+    steps: int,
+    cap: int,
+    mean: float,
+    prompts: pd.DataFrame | None = None,
+    lo: float = 0.01,
+    hi: float = 4.0,
+    iters: int = 30,
+) -> Trace:
+    """`preset` rescaled (`length_scale`, bisection over [lo, hi]) so that its mean response,
+    capped at `cap`, is `mean`: a stand-in for a run that publishes its mean length alone."""
+
+    def make(scale: float) -> Trace:
+        cfg = SynthConfig(preset=preset, num_prompts=prompts_per_step * steps, samples_per_prompt=samples, epochs=1,
+                          prompts_per_step=prompts_per_step, max_response_len=cap, length_scale=scale)  # fmt: skip
+        return synthesize(cfg, prompts)
+
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        got = make(mid).table["num_output_tokens"].clip(upper=cap).mean()
+        lo, hi = (mid, hi) if got < mean else (lo, mid)
+    return make((lo + hi) / 2)
