@@ -291,3 +291,45 @@ def test_validate_a_run_against_its_own_config_phase_by_phase(tmp_path: Path) ->
         assert r.exit_code == 2 and message in r.stderr, (extra, r.output)
     r = runner.invoke(app, ["validate", "--metrics", str(metrics)])
     assert r.exit_code == 2 and "go with --from" in r.stderr, r.output
+
+
+def test_an_emitted_config_reads_back_as_the_same_setup(tmp_path: Path) -> None:
+    """`--emit`'s writers round-trip: every published veRL script and NeMo RL recipe, read, written
+    back as its framework's config and read again, is the same setup (a NeMo RL recipe is saved in
+    examples/configs/, beside NeMo RL's grpo_math_1B.yaml its defaults name)."""
+    from rlsim.frameworks.emit import nemo_rl_recipe, verl_overrides
+    from rlsim.frameworks.nemo_rl import read_nemo_rl
+
+    def same(a, b) -> bool:  # noqa: ANN001
+        return dataclasses.replace(a, source="", unmodelled=()) == dataclasses.replace(b, source="", unmodelled=())
+
+    for script in (MOE, DENSE):
+        s = read_verl(script)
+        path = tmp_path / script.name
+        path.write_text(verl_overrides(s))
+        assert same(read_verl(path), s), script.name
+    for r in _published_rows():
+        s = read_nemo_rl(NEMO / r["commit"] / r["recipe"])
+        configs = tmp_path / r["commit"] / "examples" / "configs"
+        if not configs.exists():
+            configs.mkdir(parents=True)
+            base = NEMO / r["commit"] / "examples" / "configs" / "grpo_math_1B.yaml"
+            (configs / "grpo_math_1B.yaml").write_text(base.read_text())
+        path = configs / "emitted.yaml"
+        path.write_text(nemo_rl_recipe(s))
+        assert same(read_nemo_rl(path), s), r["recipe"]
+
+
+def test_emit_refuses_a_policy_the_framework_cannot_run() -> None:
+    """A policy the framework cannot run is one sentence naming the closest one it can."""
+    from rlsim.frameworks.emit import nemo_rl_recipe, verl_overrides
+
+    s = read_verl(MOE)
+    with pytest.raises(RlsimError, match="not rollpacker: the closest it runs is sync"):
+        verl_overrides(dataclasses.replace(s, policy="rollpacker"))
+    with pytest.raises(RlsimError, match="not async_partial: the closest it runs is fully_async"):
+        verl_overrides(dataclasses.replace(s, policy="async_partial"))
+    with pytest.raises(RlsimError, match="NeMo RL runs sync, one_step_off and k_step_off, not fully_async"):
+        nemo_rl_recipe(s)
+    with pytest.raises(RlsimError, match="synchronous trainer is colocated"):
+        verl_overrides(dataclasses.replace(s, policy="sync"))

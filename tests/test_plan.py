@@ -160,6 +160,17 @@ def test_plan_command_prints_the_front_writes_the_plot_and_json(tmp_path: Path, 
     assert data["simulated"] == 0 and data["cache_hits"] > 0  # the second run is answered from the cache
     assert {r["max_response_len"] for r in data["rows"]} == {2048, 4096}
     assert all(0 <= r["clip_ratio"] <= 1 for r in data["rows"])
+    # the answer as a framework's config (answered from the cache): read back, it is the best configuration
+    from rlsim.frameworks.verl import read_verl
+
+    emitted = tmp_path / "best.overrides"
+    out = runner.invoke(app, [*args, "--emit", f"verl:{emitted}"])
+    assert out.exit_code == 0, out.output
+    best, back = data["best"], read_verl(emitted)
+    assert (back.policy, back.num_gpus, back.placement, back.tp, back.max_response_len) == (
+        best["policy"], best["num_gpus"], best["placement"], best["tp"], best["max_response_len"]
+    )
+    assert (back.prompts_per_step, back.samples_per_prompt, back.model) == (16, 4, "qwen2.5-7b")
 
 
 def test_plan_command_bad_inputs(tmp_path: Path, small_trace_path: Path) -> None:

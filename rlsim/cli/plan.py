@@ -26,6 +26,46 @@ def _bar(label: str, total: int) -> tuple[Progress, int]:
     return prog, prog.add_task(label, total=total)
 
 
+def _emit_target(emit: str | None) -> tuple[str, Path] | None:
+    """`--emit FRAMEWORK:PATH`, checked before the search."""
+    from rlsim.errors import RlsimError
+    from rlsim.paths import check_output_file
+
+    if emit is None:
+        return None
+    framework, sep, path = emit.partition(":")
+    if not sep or framework not in ("verl", "nemo-rl") or not path:
+        raise RlsimError(f"--emit {emit}: write verl:PATH or nemo-rl:PATH")
+    check_output_file(Path(path), "--emit")
+    return framework, Path(path)
+
+
+def _emit_best(res: dict, target: tuple[str, Path], rl) -> None:  # noqa: ANN001 - rlsim.config.RLConfig
+    """Write the plan's best configuration as the framework's config (`rlsim.frameworks.emit`)."""
+    from rlsim.errors import RlsimError
+    from rlsim.files import atomic_write_text
+    from rlsim.frameworks.emit import candidate_setup
+    from rlsim.frameworks.emit import emit as write
+    from rlsim.plan.space import Candidate
+    from rlsim.profile import load_profile
+
+    best = res.get("best")
+    if best is None:
+        raise RlsimError("--emit: the plan has no best configuration to write")
+    fields = Candidate.__dataclass_fields__
+    cand = Candidate(**{k: v for k, v in best.items() if k in fields})
+    setup = candidate_setup(cand.policy, cand.num_gpus, cand.placement, cand.train_gpus, load_profile(cand.profile),
+                            cand.engine_config(), rl.prompts_per_step, rl.samples_per_prompt, cand.max_response_len,
+                            rl.use_kl_loss)  # fmt: skip
+    framework, path = target
+    atomic_write_text(path, write(framework, setup))
+    import sys
+
+    make_console(sys.stderr).print(
+        f"{framework} config of the best configuration ({cand.policy} on {cand.label()}): {path}", highlight=False
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add the planning commands to the top-level app."""
 
@@ -125,6 +165,10 @@ def register(app: typer.Typer) -> None:
         no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
         plot: Path | None = typer.Option(None, help="Write the candidates, Pareto front and finalists (PNG)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        emit: str | None = typer.Option(
+            None, "--emit", help="Write the best configuration as a framework's config, FRAMEWORK:PATH: verl:PATH (a "
+            "launch's overrides) or nemo-rl:PATH (a recipe over NeMo RL's grpo_math_1B.yaml).",
+        ),
     ) -> None:
         """Search GPUs, placement, rollout TP, engine knobs and response cap per policy; the best
         configuration per policy with error bars over seeds, and the Pareto front."""
@@ -142,6 +186,7 @@ def register(app: typer.Typer) -> None:
 
         if plot is not None:
             check_plot_file(plot)  # before minutes of simulation, not after
+        emit_to = _emit_target(emit)
         cache_path = None if no_cache else (cache or default_cache_path())
         if cache_path is not None and (cache_path.is_dir() or cache_path.parent.exists()):
             check_output_file(cache_path, "--cache")  # a missing cache directory is created
@@ -199,6 +244,8 @@ def register(app: typer.Typer) -> None:
             plot_plan(res, plot)
         if as_json:
             typer.echo(json.dumps(res, indent=2, default=str))
+            if emit_to is not None:
+                _emit_best(res, emit_to, rl)
             return
         con = make_console()
         table = Table(title=f"Plan: {objective_text(res)} ({profile} family)")
@@ -236,3 +283,5 @@ def register(app: typer.Typer) -> None:
         )
         if plot is not None:
             con.print(f"plot: {plot}")
+        if emit_to is not None:  # last: a configuration the framework cannot run is refused after the answer
+            _emit_best(res, emit_to, rl)
