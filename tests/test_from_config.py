@@ -333,3 +333,25 @@ def test_emit_refuses_a_policy_the_framework_cannot_run() -> None:
         nemo_rl_recipe(s)
     with pytest.raises(RlsimError, match="synchronous trainer is colocated"):
         verl_overrides(dataclasses.replace(s, policy="sync"))
+
+
+def test_plan_from_a_config_searches_only_the_axes_named(tmp_path: Path, small_trace_path: Path) -> None:
+    """`plan --from`: the GPU counts named on the command line are searched; every other axis is
+    the config's one value (TP, placement, memory fraction, cap, policy), and its batch is held."""
+    config = tmp_path / "run.overrides"
+    config.write_text(
+        "actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1\n"
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 data.train_batch_size=16 actor_rollout_ref.rollout.n=4\n"
+        "data.max_response_length=2048 actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
+        "algorithm.adv_estimator=grpo\n"
+    )
+    args = ["plan", "--from", f"verl:{config}", "--gpu", "h100", "--gpu-budget", "8", "--trace", str(small_trace_path),
+            "--gpus", "4,8", "--steps", "2", "--min-steps", "1", "--seeds", "1", "--workers", "2", "--no-cache"]  # fmt: skip
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert {row["num_gpus"] for row in rows} == {4, 8}
+    assert {(row["policy"], row["tp"], row["placement"], row["max_response_len"], row["gpu_memory_utilization"])
+            for row in rows} == {("sync", 1, "colocated", 2048, 0.6)}  # fmt: skip
+    r = runner.invoke(app, [*args, "--prompts-per-step", "8"])
+    assert r.exit_code == 2 and "--prompts-per-step is set by --from" in r.stderr, r.output

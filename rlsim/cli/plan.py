@@ -12,6 +12,7 @@ from rich.table import Table
 
 from rlsim.cli import derive as derive_opts
 from rlsim.cli.engine_options import engine_options
+from rlsim.cli.from_config import FROM
 from rlsim.cli.options import PROFILE, say_if_compiling, say_which_rules
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
@@ -24,6 +25,58 @@ def _bar(label: str, total: int) -> tuple[Progress, int]:
         console=make_console(), transient=True,
     )  # fmt: skip
     return prog, prog.add_task(label, total=total)
+
+
+# what `plan --from` takes from the config: the search axes (where the command line names none) and
+# the settings it holds fixed (which the command line must then leave out)
+FROM_AXES = ("gpus", "placement", "train_share", "tp", "max_num_seqs", "gpu_memory_utilization", "max_response_len",
+             "policies", "rollout_engine")  # fmt: skip
+FROM_FIXED = ("prompts_per_step", "samples_per_prompt", "trainer")
+
+
+def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
+    """`plan --from FRAMEWORK:CONFIG`: each search axis the command line does not name is the
+    config's one value, and the settings the config states are held fixed (one sentence where the
+    command line gives one of them too); the profiles are derived on --gpu (the model from the
+    config or --model), or taken from --profile's family."""
+    import dataclasses
+
+    from rlsim.cli.from_config import given_on_command_line, read_from
+    from rlsim.errors import RlsimError
+
+    setup = read_from(spec)
+    given = given_on_command_line(ctx)
+    stated = {k for k in setup.engine_keys if k in ctx.params and k not in FROM_AXES}  # the engine's, held fixed
+    clash = sorted(given & (set(FROM_FIXED) | stated))
+    if clash:
+        flag = "--" + clash[0].replace("_", "-")
+        raise RlsimError(f"{flag} is set by --from {spec} too: leave it out, or change it in the config")
+    if max(setup.pp, setup.ep, setup.dp) > 1:
+        raise RlsimError(
+            f"--from {spec}: its rollout runs at PP {setup.pp}, EP {setup.ep}, DP {setup.dp}; plan searches TP "
+            "families of single-stage, non-expert-parallel profiles: simulate or compare it instead"
+        )
+    if "profile" not in given and opts.get("gpu") is None:
+        raise RlsimError(f"--from {spec} needs --gpu (or a --profile): a config does not name the GPUs it ran on")
+    model = opts.get("model") or setup.model
+    if "profile" not in given and model is None:
+        raise RlsimError(f"--from {spec}: its model {setup.model_path!r} is not a model rlsim knows; give --model")
+    axes = {
+        "gpus": str(setup.num_gpus), "placement": setup.placement, "tp": str(setup.tp),
+        "train_share": f"{setup.train_gpus / setup.num_gpus:g}" if setup.placement == "disaggregated" else "0.25,0.5",
+        "max_num_seqs": str(setup.engine.max_num_seqs or ""),
+        "gpu_memory_utilization": f"{setup.engine.gpu_memory_utilization or ''}",
+        "max_response_len": str(setup.max_response_len), "policies": setup.policy,
+        "rollout_engine": setup.engine.rollout_engine,
+    }  # fmt: skip
+    out = {k: (opts[k] if k in given else v) for k, v in axes.items()}
+    fields = opts["engine"].__dataclass_fields__
+    fixed = {k: getattr(setup.engine, k) for k in setup.engine_keys if k not in FROM_AXES and k in fields}
+    return out | {
+        "prompts_per_step": setup.prompts_per_step, "samples_per_prompt": setup.samples_per_prompt,
+        "trainer": setup.trainer.text(), "engine": dataclasses.replace(opts["engine"], **fixed),
+        "use_kl_loss": setup.use_kl_loss, "model": model,
+    }  # fmt: skip
 
 
 def _emit_target(emit: str | None) -> tuple[str, Path] | None:
@@ -119,6 +172,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @engine_options(exclude=(*SEARCHED_ENGINE_FIELDS, "rollout_engine"))  # searched: lists of values, below
     def plan(
+        ctx: typer.Context,
         engine: EngineConfig,
         target_epoch_hours: float | None = typer.Option(
             None, help="Objective: the fewest GPU-hours per epoch with an epoch within this many hours."
@@ -169,6 +223,7 @@ def register(app: typer.Typer) -> None:
             None, "--emit", help="Write the best configuration as a framework's config, FRAMEWORK:PATH: verl:PATH (a "
             "launch's overrides) or nemo-rl:PATH (a recipe over NeMo RL's grpo_math_1B.yaml).",
         ),
+        from_: str | None = FROM,
     ) -> None:
         """Search GPUs, placement, rollout TP, engine knobs and response cap per policy; the best
         configuration per policy with error bars over seeds, and the Pareto front."""
@@ -191,6 +246,19 @@ def register(app: typer.Typer) -> None:
         if cache_path is not None and (cache_path.is_dir() or cache_path.parent.exists()):
             check_output_file(cache_path, "--cache")  # a missing cache directory is created
         cfg = PlanConfig(target_epoch_hours, gpu_budget, steps, min_steps, eta, seeds)
+        use_kl_loss = False
+        if from_ is not None:  # the axes not named on the command line, and the rest, from the config
+            a = _from_config(ctx, from_, dict(locals()))
+            gpus, placement, train_share, tp, max_num_seqs = a["gpus"], a["placement"], a["train_share"], a["tp"], a[
+                "max_num_seqs"
+            ]
+            gpu_memory_utilization, max_response_len, policies = a["gpu_memory_utilization"], a["max_response_len"], a[
+                "policies"
+            ]
+            rollout_engine, prompts_per_step, samples_per_prompt = a["rollout_engine"], a["prompts_per_step"], a[
+                "samples_per_prompt"
+            ]
+            trainer, engine, use_kl_loss, model = a["trainer"], a["engine"], a["use_kl_loss"], a["model"]
         say_if_compiling()
         tps = parse_list(tp, int, "--tp")
         if model is not None or gpu is not None:  # the family of derived profiles, one per TP
@@ -213,7 +281,8 @@ def register(app: typer.Typer) -> None:
             staleness=parse_list(staleness, float, "--staleness"),
             rollout_engines=tuple(e.rollout_engine for e in engine.per_rollout_engine(rollout_engine)),
         )  # fmt: skip
-        rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, epochs=1)
+        rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, epochs=1,
+                      use_kl_loss=use_kl_loss)  # fmt: skip
         path = trace or default_trace()
         load(path, columns=[])  # a bad trace fails here, in one sentence, before a pool starts
         candidates(space, profile, gpu_budget, engine)  # and a bad search space
