@@ -341,7 +341,8 @@ def test_plan_from_a_config_searches_only_the_axes_named(tmp_path: Path, small_t
     config = tmp_path / "run.overrides"
     config.write_text(
         "actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1\n"
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 data.train_batch_size=16 actor_rollout_ref.rollout.n=4\n"
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 data.train_batch_size=16\n"
+        "actor_rollout_ref.rollout.n=4\n"
         "data.max_response_length=2048 actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
         "algorithm.adv_estimator=grpo\n"
     )
