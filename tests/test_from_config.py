@@ -347,8 +347,8 @@ def test_plan_from_a_config_searches_only_the_axes_named(tmp_path: Path, small_t
         "algorithm.adv_estimator=grpo\n"
     )
     args = ["plan", "--from", f"verl:{config}", "--gpu", "h100", "--gpu-budget", "8", "--trace",
-            str(small_trace_path), "--gpus", "4,8", "--steps", "2", "--min-steps", "1", "--seeds", "1", "--workers", "2",
-            "--no-cache"]  # fmt: skip
+            str(small_trace_path), "--gpus", "4,8", "--steps", "2", "--min-steps", "1", "--seeds", "1", "--workers",
+            "2", "--no-cache"]  # fmt: skip
     r = runner.invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["rows"]
