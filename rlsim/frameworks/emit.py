@@ -23,6 +23,7 @@ from policies.registry import parse_policy
 from rlsim.config import EngineConfig
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
+from rlsim.frameworks.keys import has as _has
 from rlsim.frameworks.run_setup import RunSetup
 from rlsim.frameworks.verl import ARR, default_config
 from rlsim.profile import Profile
@@ -159,15 +160,6 @@ def verl_overrides(setup: RunSetup) -> str:
     for key, v in sets.items():
         lines.append(f"{'' if _has(base, key) else '+'}{key}={_value(v)}")
     return "\n".join(lines) + "\n"
-
-
-def _has(cfg: dict, key: str) -> bool:
-    node: object = cfg
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def _verl_trainer(setup: RunSetup) -> dict[str, object]:

@@ -26,6 +26,8 @@ from rlsim.config import EngineConfig
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
+from rlsim.frameworks.keys import get as _get
+from rlsim.frameworks.keys import positive_int as _int
 from rlsim.frameworks.run_setup import RunSetup
 from rlsim.frameworks.verl import known_model
 
@@ -92,22 +94,6 @@ def read_config(path: Path) -> dict:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except OmegaConfBaseException as exc:
         raise RlsimError(f"{path}: {str(exc).splitlines()[0]}") from None
-
-
-def _get(cfg: dict, key: str, default: Any = None) -> Any:  # noqa: ANN401 - a config value
-    node: Any = cfg
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def _int(cfg: dict, key: str, where: str, default: int | None = None) -> int:
-    v = _get(cfg, key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise RlsimError(f"{where}: {key} must be a positive integer, got {v!r}")
-    return v
 
 
 def _trainer(cfg: dict, where: str) -> Trainer:

@@ -35,6 +35,8 @@ from rlsim.derive.models import shipped_models
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
+from rlsim.frameworks.keys import get as _get
+from rlsim.frameworks.keys import positive_int as _int
 from rlsim.frameworks.run_setup import RunSetup
 
 RELEASE = "verl_v0.7.0"
@@ -176,22 +178,6 @@ def read_config(path: Path) -> tuple[dict, str]:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), name
     except OmegaConfBaseException as exc:
         raise RlsimError(f"{where}: {str(exc).splitlines()[0]}") from None
-
-
-def _get(cfg: dict, key: str, default: Any = None) -> Any:  # noqa: ANN401 - a config value
-    node: Any = cfg
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def _int(cfg: dict, key: str, where: str, minimum: int = 1) -> int:
-    v = _get(cfg, key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise RlsimError(f"{where}: {key} must be an integer >= {minimum}, got {v!r}")
-    return v
 
 
 def known_model(path: str) -> str | None:
