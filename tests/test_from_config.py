@@ -357,3 +357,8 @@ def test_plan_from_a_config_searches_only_the_axes_named(tmp_path: Path, small_t
             for row in rows} == {("sync", 1, "colocated", 2048, 0.6)}  # fmt: skip
     r = runner.invoke(app, [*args, "--prompts-per-step", "8"])
     assert r.exit_code == 2 and "--prompts-per-step is set by --from" in r.stderr, r.output
+    # a profile of the user's own: its family is searched at the config's TP, nothing derived
+    own = [a for a in args if a not in ("--gpu", "h100")] + ["--profile", "h100-qwen2.5-7b-tp1", "--json"]
+    r = runner.invoke(app, own)
+    assert r.exit_code == 0, r.output
+    assert {row["profile"] for row in json.loads(r.stdout)["rows"]} == {"h100-qwen2.5-7b-tp1"}

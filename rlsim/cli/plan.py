@@ -58,8 +58,9 @@ def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
         )
     if "profile" not in given and opts.get("gpu") is None:
         raise RlsimError(f"--from {spec} needs --gpu (or a --profile): a config does not name the GPUs it ran on")
-    model = opts.get("model") or setup.model
-    if "profile" not in given and model is None:
+    own_profile = "profile" in given  # its family is searched; nothing is derived
+    model = opts.get("model") if own_profile else opts.get("model") or setup.model
+    if not own_profile and model is None:
         raise RlsimError(f"--from {spec}: its model {setup.model_path!r} is not a model rlsim knows; give --model")
     axes = {
         "gpus": str(setup.num_gpus), "placement": setup.placement, "tp": str(setup.tp),
