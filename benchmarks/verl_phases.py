@@ -6,7 +6,8 @@ reported as found (never tuned to; no framework term fitted: veRL's setting is t
 The runs are the colocated synchronous baselines of veRL's `fully_async_policy` README
 (github.com/volcengine/verl, verl/experimental/fully_async_policy/README.md; H20 GPUs), with the
 settings of the scripts beside it (`shell/grpo_30b_a3b_base_math_megatron_96_32.sh`,
-`shell/dapo_7b_math_fsdp2_*.sh`):
+`shell/dapo_7b_math_fsdp2_*.sh`), read from their launch overrides (`published_runs/verl/`) by
+the reader users run (`--from verl:`, `rlsim.frameworks.verl`):
 
 - Qwen3-30B-A3B-Base, GRPO, 128 GPUs, 512 prompts x 16, responses up to 8K: Megatron TP 2, CP 2,
   EP 8 with parameter, gradient and optimizer offload (`optimizer_offload_fraction` 1), the
@@ -38,7 +39,7 @@ from readme_tables import emit
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.train import Trainer
-from rlsim.framework_costs import FrameworkSettings
+from rlsim.frameworks.verl import read_verl
 from rlsim.profile import profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.step_costs import weight_sync_s
@@ -64,18 +65,31 @@ class Run:
     published: dict
 
 
-MOE_TRAINER = Trainer("megatron", tp=2, cp=2, ep=8, framework=FrameworkSettings(
-    param_offload=True, grad_offload=True, optimizer_offload_fraction=1.0, ref_offload=True, max_token_len=10240,
-    log_prob_max_token_len=10240))  # fmt: skip
-DENSE_TRAINER = Trainer("fsdp2", cp=4, framework=FrameworkSettings(recompute="full", max_token_len=61440,
-                                                                   log_prob_max_token_len=92160))  # fmt: skip
-DENSE_ENGINE = EngineConfig(gpu_memory_utilization=0.8, max_num_batched_tokens=30720)
+# the runs' settings, read from the launch scripts as published (their overrides as bash expands them)
+# by the same reader users run (`--from verl:`); the sync baselines ran colocated with them
+SCRIPTS = Path(__file__).resolve().parent / "published_runs" / "verl"
+MOE_SETUP = read_verl(SCRIPTS / "grpo_30b_a3b_base_math_megatron_96_32.overrides")
+DENSE_SETUP = read_verl(SCRIPTS / "dapo_7b_math_fsdp2_32_32.overrides")
+MOE_TRAINER, DENSE_TRAINER = MOE_SETUP.trainer, DENSE_SETUP.trainer
+
+
+def _engine(s) -> EngineConfig:  # noqa: ANN001 - rlsim.frameworks.run_setup.RunSetup
+    """The script's vLLM settings for the colocated baseline."""
+    e = s.engine
+    return EngineConfig(
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        enforce_eager=e.enforce_eager or None,
+    )
+
+
+DENSE_ENGINE = _engine(DENSE_SETUP)
 RUNS = (
-    Run("Qwen3-30B-A3B, 128 H20", "qwen3-30b-a3b", 128, 4, 8192,
-        EngineConfig(gpu_memory_utilization=0.7, max_num_batched_tokens=10240, enforce_eager=True), MOE_TRAINER, True,
+    Run("Qwen3-30B-A3B, 128 H20", MOE_SETUP.model, 128, MOE_SETUP.tp, MOE_SETUP.max_response_len,
+        _engine(MOE_SETUP), MOE_TRAINER, MOE_SETUP.use_kl_loss,
         {"step": 497.89, "gen": 348.05, "old_log_prob": 28.73, "ref": 20.86, "update_actor": 86.27}),
-    *(Run(f"Qwen2.5-Math-7B, {g} H20", "qwen2.5-7b", g, 4, 28672,
-          DENSE_ENGINE, DENSE_TRAINER, False, pub)
+    *(Run(f"Qwen2.5-Math-7B, {g} H20", "qwen2.5-7b", g, DENSE_SETUP.tp, DENSE_SETUP.max_response_len,
+          DENSE_ENGINE, DENSE_TRAINER, DENSE_SETUP.use_kl_loss, pub)
       for g, pub in ((32, {"step": 790.10, "gen": 357.41, "old_log_prob": 107.71, "update_actor": 269.80}),
                      (64, {"step": 365.28, "gen": 150.72, "old_log_prob": 70.26, "update_actor": 133.41}),
                      (128, {"step": 356.30, "gen": 177.85, "old_log_prob": 53.92, "update_actor": 113.81}))),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,30 +13,30 @@ import yaml
 from typer.testing import CliRunner
 
 from rlsim.cli.app import app
+from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
+from rlsim.framework_costs import FrameworkSettings
 from rlsim.frameworks.verl import known_model, read_config, read_verl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' own imports
-from benchmarks.verl_phases import DENSE_ENGINE, DENSE_TRAINER, MOE_TRAINER, RUNS  # noqa: E402
-
-DATA = Path(__file__).resolve().parent / "data" / "verl"
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs" / "verl"
 MOE = DATA / "grpo_30b_a3b_base_math_megatron_96_32.overrides"
 DENSE = DATA / "dapo_7b_math_fsdp2_32_32.overrides"
 runner = CliRunner()
 
 
 def test_the_published_moe_script_is_the_setup_its_table_runs() -> None:
-    """veRL's Qwen3-30B-A3B fully-async script: Megatron TP 2, CP 2, EP 8 with every offload,
-    dynamic batch at 10,240 tokens, a KL loss; vLLM TP 4 at 0.7 with 10,240 batched tokens and
-    eager mode; 96 rollout and 32 training GPUs; veRL's fully-async knobs as the script sets them."""
+    """veRL's Qwen3-30B-A3B fully-async script (benchmarks/verl_phases.py runs its table from it):
+    Megatron TP 2, CP 2, EP 8 with every offload, dynamic batch at 10,240 tokens, a KL loss; vLLM
+    TP 4 at 0.7 with 10,240 batched tokens and eager mode; 96 rollout and 32 training GPUs;
+    veRL's fully-async knobs as the script sets them."""
     s = read_verl(MOE)
-    run = RUNS[0]
-    assert s.trainer == MOE_TRAINER == run.trainer
-    for k in ("gpu_memory_utilization", "max_num_batched_tokens", "enforce_eager"):
-        assert getattr(s.engine, k) == getattr(run.engine, k), k
-    assert (s.model, s.tp, s.max_response_len, s.samples_per_prompt, s.use_kl_loss) == (
-        run.model, run.gen_tp, run.cap, 16, run.use_kl_loss
-    )
+    assert s.trainer == Trainer("megatron", tp=2, cp=2, ep=8, framework=FrameworkSettings(
+        param_offload=True, grad_offload=True, optimizer_offload_fraction=1.0, ref_offload=True, max_token_len=10240,
+        log_prob_max_token_len=10240))  # fmt: skip
+    e = s.engine
+    assert (e.gpu_memory_utilization, e.max_num_batched_tokens, e.enforce_eager) == (0.7, 10240, True)
+    assert (s.model, s.tp, s.max_response_len, s.samples_per_prompt, s.use_kl_loss) == ("qwen3-30b-a3b", 4, 8192, 16,
+                                                                                          True)  # fmt: skip
     assert (s.num_gpus, s.placement, s.train_gpus) == (128, "disaggregated", 32)
     assert s.policy == (
         "fully_async(staleness_threshold=0.5,require_batches=1,trigger_parameter_sync_step=4,ppo_mini_batch_size=128,"
@@ -49,15 +48,12 @@ def test_the_published_moe_script_is_the_setup_its_table_runs() -> None:
 
 def test_the_published_dense_script_is_the_setup_its_table_runs() -> None:
     """veRL's DAPO Qwen2.5-Math-7B script (FSDP2, Ulysses 4, full recompute, dynamic batch at
-    61,440 and 92,160 tokens; vLLM TP 4 at 0.8 with 30,720 batched tokens). Its reference is
-    offloaded, which costs nothing without a KL term. The model path names a checkpoint rlsim
-    knows only by its shape, so --model gives it."""
+    61,440 and 92,160 tokens, the reference offloaded; vLLM TP 4 at 0.8 with 30,720 batched
+    tokens). The model path names a checkpoint rlsim knows only by its shape, so --model gives it."""
     s = read_verl(DENSE)
-    assert s.trainer == dataclasses.replace(
-        DENSE_TRAINER, framework=dataclasses.replace(DENSE_TRAINER.framework, ref_offload=True)
-    )
-    for k in ("gpu_memory_utilization", "max_num_batched_tokens"):
-        assert getattr(s.engine, k) == getattr(DENSE_ENGINE, k), k
+    assert s.trainer == Trainer("fsdp2", cp=4, framework=FrameworkSettings(
+        recompute="full", max_token_len=61440, log_prob_max_token_len=92160, ref_offload=True))  # fmt: skip
+    assert (s.engine.gpu_memory_utilization, s.engine.max_num_batched_tokens) == (0.8, 30720)
     assert (s.model, s.tp, s.max_response_len, s.use_kl_loss) == (None, 4, 28672, False)
     assert (s.num_gpus, s.train_gpus) == (64, 32)
 
