@@ -139,7 +139,7 @@ def test_ranks_step_in_lockstep_at_the_slowest_rank_plus_the_experts(eager: bool
     assert p.dp_group_s(32, 33) == pytest.approx(p.dp_group_s(33 / 2) if eager else p.dp_group_s(32))
 
 
-def test_a_rank_that_gets_work_mid_iteration_joins_the_next(tmp_path: Path) -> None:
+def test_a_rank_that_gets_work_mid_iteration_joins_the_next() -> None:
     """A request submitted to an idle rank while its group is mid-iteration waits for that
     iteration's end, as vLLM's DP ranks agree on each step before running it."""
     p = dataclasses.replace(_dp_profile(2), prefill_s_per_token=0.0, prefill_request_s=0.0)

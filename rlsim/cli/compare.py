@@ -114,7 +114,7 @@ def register_compare(app: typer.Typer) -> None:
         tr = load_trace(trace, names)
         opts = dict(locals())
         if from_ is not None:  # the config's cluster, engine and trainer; the policies as asked
-            opts, engine = apply_from(ctx, from_, opts, engine, extra=("rollout_engine",))
+            opts, engine, _ = apply_from(ctx, from_, opts, engine, extra=("rollout_engine",))
             rollout_engine = engine.rollout_engine
         else:
             opts["profile"] = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)

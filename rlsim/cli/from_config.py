@@ -53,22 +53,44 @@ def given_on_command_line(ctx: typer.Context) -> set[str]:
     return given
 
 
-def apply_from(
-    ctx: typer.Context, spec: str, opts: dict, engine: EngineConfig, extra: tuple[str, ...] = ()
-) -> tuple[dict, EngineConfig]:
-    """The command's options and engine with `--from`'s laid over them, and the profile derived
-    from the config on `--gpu` in `opts["profile"]`; one sentence where an option clashes or is
-    missing. A `--profile` the user gives (one measured on their own cluster) stands for `--gpu`
-    and `--model`. `extra`: the command's own options the config also sets (compare's --rollout-engine)."""
-    from rlsim.cli.derive import derived_profile_path
-
-    setup = read_from(spec)
-    given = given_on_command_line(ctx)
-    sets = set(setup.options()) | set(setup.engine_keys) | set(extra)
+def refuse_clash(given: set[str], sets: set[str], spec: str) -> None:
+    """One sentence for the first option the user gave that `--from` also sets."""
     clash = sorted(given & sets)
     if clash:
         flag = "--" + clash[0].replace("_", "-")
         raise RlsimError(f"{flag} is set by --from {spec} too: leave it out, or change it in the config")
+
+
+def model_of(spec: str, setup, opts: dict) -> str:  # noqa: ANN001 - rlsim.frameworks.run_setup.RunSetup
+    """The model to derive on `--gpu`: `--model`, else the one the config names (one sentence
+    where neither names a model rlsim knows, or the two disagree)."""
+    if opts.get("gpu") is None:
+        raise RlsimError(f"--from {spec} needs --gpu (or a --profile): a config does not name the GPUs it ran on")
+    model = opts.get("model")
+    if model is not None and setup.model is not None and model.lower() != setup.model:
+        raise RlsimError(f"--model {model}: the config's model names {setup.model_path} ({setup.model})")
+    model = model or setup.model
+    if model is None:
+        raise RlsimError(
+            f"--from {spec}: its model {setup.model_path!r} is not a model rlsim knows; give --model (a name from "
+            "rlsim profile list, or a config.json)"
+        )
+    return model
+
+
+def apply_from(
+    ctx: typer.Context, spec: str, opts: dict, engine: EngineConfig, extra: tuple[str, ...] = ()
+):  # noqa: ANN201 - (options, EngineConfig, RunSetup)
+    """The command's options and engine with `--from`'s laid over them, and the profile derived
+    from the config on `--gpu` in `opts["profile"]`, with the setup read; one sentence where an
+    option clashes or is missing. A `--profile` the user gives (one measured on their own
+    cluster) stands for `--gpu` and `--model`. `extra`: the command's own options the config
+    also sets (compare's --rollout-engine)."""
+    from rlsim.cli.derive import derived_profile_path
+
+    setup = read_from(spec)
+    given = given_on_command_line(ctx)
+    refuse_clash(given, set(setup.options()) | set(setup.engine_keys) | set(extra), spec)
     out = dict(opts) | setup.options()
     if "profile" in given:  # the user's own profile (measured on their cluster) instead of a derived one
         if opts.get("gpu") is not None or opts.get("model") is not None:
@@ -85,20 +107,9 @@ def apply_from(
         measured_kv = not (prof.model_facts and memory)  # a measured KV capacity, not one derived from memory
     else:
         measured_kv = False
-        if opts.get("gpu") is None:
-            raise RlsimError(f"--from {spec} needs --gpu (or a --profile): a config does not name the GPUs it ran on")
-        model = opts.get("model")
-        if model is not None and setup.model is not None and model.lower() != setup.model:
-            raise RlsimError(f"--model {model}: the config's model names {setup.model_path} ({setup.model})")
-        model = model or setup.model
-        if model is None:
-            raise RlsimError(
-                f"--from {spec}: its model {setup.model_path!r} is not a model rlsim knows; give --model (a name from "
-                "rlsim profile list, or a config.json)"
-            )
         out["profile"] = derived_profile_path(
-            model, opts["gpu"], setup.tp, setup.ep, opts["dtype"], setup.trainer.text(), opts.get("terms"), setup.pp,
-            setup.dp,
+            model_of(spec, setup, opts), opts["gpu"], setup.tp, setup.ep, opts["dtype"], setup.trainer.text(),
+            opts.get("terms"), setup.pp, setup.dp,
         )  # fmt: skip
         from rlsim.derive.gpus import load_gpu
 
@@ -119,5 +130,4 @@ def apply_from(
         )  # fmt: skip
     if setup.unmodelled:
         err.print(f"read but not modelled: {'; '.join(setup.unmodelled)}", highlight=False, soft_wrap=True)
-    out["_from_policy"] = setup.policy
-    return out, merged
+    return out, merged, setup

@@ -41,27 +41,20 @@ def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
     config or --model), or taken from --profile's family."""
     import dataclasses
 
-    from rlsim.cli.from_config import given_on_command_line, read_from
+    from rlsim.cli.from_config import given_on_command_line, model_of, read_from, refuse_clash
     from rlsim.errors import RlsimError
 
     setup = read_from(spec)
     given = given_on_command_line(ctx)
     stated = {k for k in setup.engine_keys if k in ctx.params and k not in FROM_AXES}  # the engine's, held fixed
-    clash = sorted(given & (set(FROM_FIXED) | stated))
-    if clash:
-        flag = "--" + clash[0].replace("_", "-")
-        raise RlsimError(f"{flag} is set by --from {spec} too: leave it out, or change it in the config")
+    refuse_clash(given, set(FROM_FIXED) | stated, spec)
     if max(setup.pp, setup.ep, setup.dp) > 1:
         raise RlsimError(
             f"--from {spec}: its rollout runs at PP {setup.pp}, EP {setup.ep}, DP {setup.dp}; plan searches TP "
             "families of single-stage, non-expert-parallel profiles: simulate or compare it instead"
         )
-    if "profile" not in given and opts.get("gpu") is None:
-        raise RlsimError(f"--from {spec} needs --gpu (or a --profile): a config does not name the GPUs it ran on")
-    own_profile = "profile" in given  # its family is searched; nothing is derived
-    model = opts.get("model") if own_profile else opts.get("model") or setup.model
-    if not own_profile and model is None:
-        raise RlsimError(f"--from {spec}: its model {setup.model_path!r} is not a model rlsim knows; give --model")
+    # a profile of the user's own: its family is searched and nothing is derived
+    model = opts.get("model") if "profile" in given else model_of(spec, setup, opts)
     axes = {
         "gpus": str(setup.num_gpus), "placement": setup.placement, "tp": str(setup.tp),
         "train_share": f"{setup.train_gpus / setup.num_gpus:g}" if setup.placement == "disaggregated" else "0.25,0.5",

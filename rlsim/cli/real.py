@@ -248,7 +248,7 @@ def register(app: typer.Typer) -> None:
 def _validate_from(ctx, spec, metrics, trace, log, log_format, tokenizer, opts):  # noqa: ANN001, ANN202
     """`rlsim validate --from FRAMEWORK:CONFIG --metrics FILE`: the config's run on its lengths
     (`--trace`, or the rollout dump `--log`) or a stand-in, against the logged phases."""
-    from rlsim.cli.from_config import apply_from, read_from
+    from rlsim.cli.from_config import apply_from
     from rlsim.real.validate_verl import validate_config
     from rlsim.trace.format import load
     from rlsim.trace.importers import import_logs
@@ -256,11 +256,11 @@ def _validate_from(ctx, spec, metrics, trace, log, log_format, tokenizer, opts):
     if trace is not None and log is not None:
         raise RlsimError("give the run's lengths once: --trace or --log")
     opts = opts | {"terms": None}
-    opts, engine = apply_from(ctx, spec, opts, EngineConfig(), extra=("policy",))  # the run's own mode
+    opts, engine, setup = apply_from(ctx, spec, opts, EngineConfig(), extra=("policy",))  # the run's own mode
     lengths = load(trace) if trace is not None else None
     if log is not None:
         lengths = import_logs(Path(log), log_format, None, None, tokenizer).trace
-    return validate_config(metrics, read_from(spec), opts["profile"], engine, opts["_from_policy"], lengths)
+    return validate_config(metrics, setup, opts["profile"], engine, setup.policy, lengths)
 
 
 def print_phases(console, phases: list[dict], profile: str) -> None:  # noqa: ANN001 - a rich Console

@@ -96,8 +96,8 @@ def register(app: typer.Typer) -> None:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         opts = dict(locals())
         if from_ is not None:
-            opts, engine = apply_from(ctx, from_, opts, engine)
-            policy = policy if "policy" in given_on_command_line(ctx) else opts["_from_policy"]
+            opts, engine, setup = apply_from(ctx, from_, opts, engine)
+            policy = policy if "policy" in given_on_command_line(ctx) else setup.policy
         else:
             opts["profile"] = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
         profile = opts["profile"]
