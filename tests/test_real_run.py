@@ -237,7 +237,10 @@ def test_validate_a_run_calibrated_between_its_steps(calibrated: dict, tmp_path:
     """`rlsim run --real --calibrate small` measures rlsim calibrate decode's grid on the run's own engine
     before its steps (the run's profile, with the engine's KV capacity) and after them (the fit on
     both passes, which `rlsim validate` simulates with). The schedule part does not depend on the
-    machine's load: within 2% and in the real finish order, whatever the host. The total does,
+    machine's load: every real batch, the real finish order, and within 1% once the driver's own
+    time is named, whatever the host. The driver's share itself is wall time on the host (1-2% on
+    an idle one, 2.2% on a loaded CI runner), so it has only a sanity bound (a tenth of the rollout
+    would be a driver that blocks) and is printed beside the load. The total depends on the load,
     on a shared 2-core VM by 10-20% between minutes, so CI records it beside the load without a
     gate (benchmarks/validate_real.py reports it on a quiet machine). Prefix caching is off, as in
     the grid that measured the prefill cost."""
@@ -261,7 +264,7 @@ def test_validate_a_run_calibrated_between_its_steps(calibrated: dict, tmp_path:
 
     res = _check_schedule_part(out, aborts=False)
     assert res["profile_source"] == "calibrated between the steps" and res["profile"] == between["name"]
-    assert abs(res["parts"]["schedule"]["rollout_time_pct"]) < 2.0, res["parts"]["schedule"]
+    assert 0 <= res["parts"]["schedule"]["driver_time_pct"] < 10.0, res["parts"]["schedule"]
     load = res["parts"]["load"]
     assert load["calibration"]["host/engine_probe_ms"] > 0 and load["run"]["host/engine_probe_ms"] > 0
     assert load["run"]["host/others_cpus"] >= 0 and "host/load_1m" in load["calibration"]
@@ -274,7 +277,7 @@ def test_validate_a_run_calibrated_between_its_steps(calibrated: dict, tmp_path:
         parts = res["parts"]
         print(f"\nvalidate ({host_load()}): rollout Diff% total {parts['total']['rollout_time_pct']:+.1f}% "
               f"(profile from the session's records: {apart['parts']['total']['rollout_time_pct']:+.1f}%); driver time "
-              f"{parts['schedule']['rollout_time_pct']:+.1f}%, iteration model "
+              f"{parts['schedule']['driver_time_pct']:.1f}%, iteration model "
               f"{parts['iteration_model']['rollout_time_pct']:+.1f}%; grid drift "
               f"{between['provenance']['drift_pct']:+.1f}%")
         for r in res["rows"]:
