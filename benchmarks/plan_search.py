@@ -57,7 +57,7 @@ def main() -> None:
                 tie = " (tie)" if r["tie"] else ""
                 print(f"  {r['policy']:14s} {r['label']:32s} epoch {r['epoch_hours']:.2f} h "
                       f"[{r['epoch_hours_range'][0]:.2f}, {r['epoch_hours_range'][1]:.2f}], "
-                      f"{r['gpu_hours']:.0f} GPU-h, rank {r['rank_by_seed']}{tie}")  # fmt: skip
+                      f"{r['gpu_hours']:.0f} GPU-h, rank by seed {r['rank_by_seed']}{tie}")  # fmt: skip
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from readme_tables import emit
 
-from rlsim.plan.report import answer_rows, pareto_rows
+from rlsim.plan.report import answer_rows, band_lines, pareto_rows
 
 COMMAND = ["plan", "--gpu-budget", "64", "--gpus", "16,32,64", "--placement", "colocated,disaggregated",
            "--train-share", "0.25,0.5", "--tp", "4,8", "--policies",
@@ -63,6 +63,7 @@ def main() -> int:
     res = plan(COMMAND)
     lines = markdown(["policy", "configuration", "cap", "clipped", "epoch (h)", "GPU-h / epoch", "rank", "meets"],
                      answer_rows(res))  # fmt: skip
+    lines += ["", *band_lines(res)]
     lines += ["", f"{res['num_candidates']} candidates, {res['simulated']} simulations; the Pareto front of "
               "epoch time against GPU-hours over every candidate simulated (each at its last round's steps):",
               ""]  # fmt: skip
@@ -73,6 +74,7 @@ def main() -> int:
     whole, estimate = whole_epoch_hours(best), best["epoch_hours_by_seed"][0]
     lines = markdown(["policy", "configuration", "cap", "clipped", "epoch (h)", "GPU-h / epoch", "rank", "meets"],
                      answer_rows(res))  # fmt: skip
+    lines += ["", *band_lines(res)]
     lines += ["", f"{res['num_candidates']} candidates, {res['simulated']} simulations. The best answer's whole "
               f"epoch simulated (seed {res['seeds'][0]}): {whole:.2f} h, against the plan's {estimate:.2f} h "
               f"estimate from {res['rungs'][-1]} steps' worth of prompts ({estimate / whole - 1:+.1%})."]  # fmt: skip

@@ -129,18 +129,18 @@ def test_search_halves_reuses_its_cache_and_marks_ties(tmp_path: Path, small_tra
     assert len(PlanCache(tmp_path / "cache.jsonl").rows) == first + third["simulated"]
 
 
-def test_a_rank_that_changes_between_seeds_is_a_tie() -> None:
+def test_a_tie_group_prints_its_ranks() -> None:
     res = {"answers": [
         {"policy": "a", "label": "8 GPUs, coloc, TP 1", "max_response_len": 4096, "clip_ratio": 0.01,
          "epoch_hours": 1.0, "epoch_hours_range": (0.9, 1.1), "gpu_hours": 8.0, "gpu_hours_range": (7.2, 8.8),
-         "rank_by_seed": [1, 2, 1], "tie": True, "meets_target": None},
+         "rank_by_seed": [1, 2, 1], "rank_range": (1, 2), "tie": True, "meets_target": None},
         {"policy": "b", "label": "8 GPUs, coloc, TP 1", "max_response_len": 4096, "clip_ratio": 0.01,
          "epoch_hours": 1.05, "epoch_hours_range": (1.05, 1.05), "gpu_hours": 8.4, "gpu_hours_range": (8.4, 8.4),
-         "rank_by_seed": [2, 1, 2], "tie": True, "meets_target": True},
+         "rank_by_seed": [2, 1, 2], "rank_range": (1, 2), "tie": True, "meets_target": True},
     ]}  # fmt: skip
     rows = answer_rows(res)
-    assert rows[0][6] == "#1-2 tie" and rows[0][4] == "1.00 ± 0.10" and rows[0][7] == "-" and rows[0][3] == "1.0%"
-    assert rows[1][4] == "1.05" and rows[1][7] == "yes"
+    assert rows[0][6] == rows[1][6] == "#1-2 tie" and rows[0][4] == "1.00 ± 0.10" and rows[0][7] == "-"
+    assert rows[0][3] == "1.0%" and rows[1][4] == "1.05" and rows[1][7] == "yes"
 
 
 def test_plan_command_prints_the_front_writes_the_plot_and_json(tmp_path: Path, small_trace_path: Path) -> None:

@@ -27,6 +27,7 @@ DETERMINISTIC = {
     "fit_workload": ["fit_coder_metrics", "fit_coder_speedups"],
     "recorded_runs": ["recorded_runs"],
     "published_runs": ["published_runs", "published_async", "accuracy_summary"],
+    "error_bands": ["error_bands", "ratio_bands"],
     "verl_fully_async": ["verl_fully_async"],
     "verl_phases": ["verl_phases", "verl_weight_sync"],
     "multi_turn": ["search_r1_fit", "search_r1_sim", "tool_latency_sweep", "search_r1_compare", "search_r1_engines"],

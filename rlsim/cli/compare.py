@@ -103,7 +103,9 @@ def register_compare(app: typer.Typer) -> None:
     ) -> None:
         """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
         from policies.registry import COMPARE_DEFAULT
+        from rlsim.bands import for_prediction
         from rlsim.paths import check_plot_file
+        from rlsim.profile import load_profile
         from rlsim.report import plot_compare
         from rlsim.sim.compare import compare as run_all
         from rlsim.sim.compare import compare_seeds
@@ -113,9 +115,10 @@ def register_compare(app: typer.Typer) -> None:
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
         opts = dict(locals())
+        framework = None
         if from_ is not None:  # the config's cluster, engine and trainer; the policies as asked
-            opts, engine, _ = apply_from(ctx, from_, opts, engine, extra=("rollout_engine",))
-            rollout_engine = engine.rollout_engine
+            opts, engine, setup = apply_from(ctx, from_, opts, engine, extra=("rollout_engine",))
+            rollout_engine, framework = engine.rollout_engine, setup.framework
         else:
             opts["profile"] = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
         profile = opts["profile"]
@@ -146,9 +149,11 @@ def register_compare(app: typer.Typer) -> None:
                     )
                 else:
                     got = run_all(tr, these, cluster, rl, workers or None, on_done=done, engine_cfg=eng, tools=tools)
-                if len(engines) > 1:  # (one engine's rows stay as they were)
-                    for r in got:
+                bands = for_prediction(load_profile(profile), eng.rollout_engine, framework)
+                for r in got:
+                    if len(engines) > 1:  # (one engine's rows stay as they were)
                         r["rollout_engine"] = eng.rollout_engine
+                    r |= bands
                 rows += got
         if plot is not None:
             plot_compare(rows, plot)
@@ -159,10 +164,23 @@ def register_compare(app: typer.Typer) -> None:
             cols, cells = _cells(rows)
             lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             typer.echo("\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]))
+            typer.echo("\n" + "\n\n".join(_band_lines(rows)))
             return
         _print_compare(rows, tr, cluster, rl)
+        for line in _band_lines(rows):
+            make_console().print(line)
         if plot is not None:
             make_console().print(f"plot written to {plot}")
+
+
+def _band_lines(rows) -> list[str]:  # noqa: ANN001
+    """The error band of the epoch times and the ratio band of the speedups, once per engine."""
+    from rlsim.bands import band_text, ratio_text
+
+    out = []
+    for r in {r.get("rollout_engine", ""): r for r in rows}.values():
+        out += [f"epoch times: {band_text(r['error_band'])}", f"speedups: {ratio_text(r['ratio_band'])}"]
+    return out
 
 
 def _compact(n: int) -> str:

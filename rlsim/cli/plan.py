@@ -228,7 +228,7 @@ def register(app: typer.Typer) -> None:
         from rlsim.plan.cache import PlanCache, default_cache_path
         from rlsim.plan.planner import PlanConfig
         from rlsim.plan.planner import plan as run_plan
-        from rlsim.plan.report import answer_rows, objective_text, pareto_rows, plot_plan
+        from rlsim.plan.report import answer_rows, band_lines, objective_text, pareto_rows, plot_plan
         from rlsim.plan.space import SearchSpace, candidates, disaggregated_only, parse_gpus, parse_list
         from rlsim.plan.sweep import make_executor
         from rlsim.trace.format import load
@@ -299,6 +299,7 @@ def register(app: typer.Typer) -> None:
                 res = run_plan(
                     path, space, profile, rl, cfg, pool, PlanCache(cache_path),
                     on_done=lambda _: tick(), engine=engine, on_start=start,
+                    framework=from_.partition(":")[0] if from_ else None,
                 )  # fmt: skip
         finally:
             pool.shutdown(cancel_futures=True)
@@ -319,7 +320,8 @@ def register(app: typer.Typer) -> None:
         best = res["best"]
         tie = best is not None and best["tie"]
         table.caption = (
-            f"best: {best['policy']} on {best['label']}" + (" (a tie: the order changes between seeds)" if tie else "")
+            f"best: {best['policy']} on {best['label']}"
+            + (" (a tie: the next is within the ratio band or the seeds' spread)" if tie else "")
             if best
             else "no finalist meets the target under every seed"
             if target_epoch_hours is not None
@@ -329,6 +331,8 @@ def register(app: typer.Typer) -> None:
             f"{res['num_candidates']} candidates, rounds of {'/'.join(map(str, res['rungs']))} steps"
         )
         con.print(table)
+        for line in band_lines(res):
+            con.print(line)
         if res["no_answer"]:
             con.print(f"no runnable candidate: {', '.join(res['no_answer'])}")
         front = Table(title="Pareto front: epoch time against GPU-hours (each at its last round's steps)")

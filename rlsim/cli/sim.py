@@ -87,7 +87,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate one policy and write a run directory (tables, summary, timeline, trace.json); with --from,
         the run a framework's config describes, in its own mode unless --policy is given."""
+        from rlsim.bands import band_text, for_prediction
         from rlsim.paths import check_output_dir
+        from rlsim.profile import load_profile
         from rlsim.report import to_json, write_run_dir
         from rlsim.sim.simulate import simulate as run
 
@@ -95,9 +97,11 @@ def register(app: typer.Typer) -> None:
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         opts = dict(locals())
+        framework = None
         if from_ is not None:
             opts, engine, setup = apply_from(ctx, from_, opts, engine)
             policy = policy if "policy" in given_on_command_line(ctx) else setup.policy
+            framework = setup.framework
         else:
             opts["profile"] = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
         profile = opts["profile"]
@@ -111,11 +115,14 @@ def register(app: typer.Typer) -> None:
         prog, cb = step_progress(expected_steps(tr, rl), f"simulating {policy}")
         with prog:
             result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine, tools=tools)
+        bands = for_prediction(load_profile(profile), engine.rollout_engine, framework)
+        result.summary["error_band"] = bands["error_band"]
         write_run_dir(result, out)
         if as_json:
             typer.echo(to_json(result.summary))
             return
         _print_summary(result.summary, f"{policy} | {cluster.num_gpus} GPUs, {cluster.profile}, {cluster.placement}")
+        make_console().print(f"step and epoch times: {band_text(result.summary['error_band'])}")
         make_console().print(f"run directory: {out} (summary.json holds every figure at full precision)")
 
 

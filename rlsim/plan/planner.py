@@ -10,8 +10,11 @@ objective go on to `eta` times as many steps, and so on up to `steps`. A candida
 that lies on the Pareto front (epoch hours against GPU-hours) is then simulated for `steps` too,
 until every point of the front is; each policy's best at `steps` is its finalist. The finalists
 are simulated again under `seeds - 1` further data-order seeds, and every figure printed for them
-is the mean over seeds with its (min, max); a finalist whose rank among the finalists changes
-between seeds is a tie, not a winner.
+is the mean over seeds with its (min, max). A finalist ranks above another only when the other
+is slower under every seed by more than the ratio band (`rlsim.bands`: how far rlsim's predicted
+ratios of published pairs were off, the median; where no band is known, by any margin, the
+seeds' order alone); a finalist's rank is the range of places those pairs leave it, a tie where
+it holds more than one.
 
 Epoch estimate from k simulated steps of durations d_0..d_{k-1} and n steps per epoch: the
 first and last steps stand for themselves (the pipeline fills in the first, an async policy drains
@@ -42,12 +45,13 @@ from typing import Any
 import numpy as np
 
 from policies.registry import make_policy, parse_policy
+from rlsim.bands import for_prediction
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.errors import RlsimError
 from rlsim.plan.cache import PlanCache, code_digest, digest
 from rlsim.plan.space import Candidate, SearchSpace, candidates, clip_ratio, with_staleness
 from rlsim.plan.sweep import _trace_for
-from rlsim.profile import _resolve
+from rlsim.profile import _resolve, load_profile
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace
 
@@ -170,13 +174,15 @@ def plan(
     on_done: Callable[[dict], None] | None = None,
     engine: EngineConfig | None = None,
     on_start: Callable[[int], None] | None = None,
+    framework: str | None = None,
 ) -> dict[str, Any]:
     """Search `space` for `config`'s objective; see the module docstring. Returns the finalists
     (`answers`, one per policy, with seed spreads, ranks and ties), the best (in target mode, the
     best that meets the target under every seed), the Pareto front and every row simulated (`rows`,
     each candidate at the last rung it reached). `on_start` is told how many estimates the halving
     plans (the front's early points may add a few); `on_done` sees each estimate, cached or not.
-    `engine` holds the engine settings the search does not vary."""
+    `engine` holds the engine settings the search does not vary; `framework` (a `--from` config's)
+    sets the kind of the finalists' error and ratio bands (`rlsim.bands`)."""
     for p in space.policies:
         parse_policy(p)
     cands = candidates(space, profile, config.gpu_budget, engine)
@@ -280,7 +286,11 @@ def plan(
     for (c, _, seed), row in zip(extra, run(extra), strict=True):
         by_seed[(c.key(), seed)] = row
     seeds = [rl.seed + s for s in range(config.seeds)]
-    answers = _answers(finalists, by_seed, seeds, config, clips)
+
+    def bands(c: Candidate) -> dict[str, Any]:
+        return for_prediction(load_profile(c.profile), c.engine.get("rollout_engine", "vllm"), framework)
+
+    answers = _answers(finalists, by_seed, seeds, config, clips, bands)
     front = pareto(rows_all)
     meeting = [a for a in answers if config.target_epoch_hours is None or a["meets_target"]]
     best = meeting[0] if meeting else None
@@ -304,8 +314,12 @@ def _answers(
     seeds: list[int],
     cfg: PlanConfig,
     clips: dict[int, float],
+    bands: Callable[[Candidate], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per finalist: mean and (min, max) over seeds, rank per seed, tie, best first."""
+    """One row per finalist: mean and (min, max) over seeds, rank per seed, best first, and ties
+    (`_ties`: one ranks above another only where the other is slower under every seed by more
+    than the ratio band that `bands` gives each finalist, with its error band:
+    `rlsim.bands.for_prediction`)."""
     names = list(finalists)
     ranks = {p: [] for p in names}
     for seed in seeds:
@@ -323,8 +337,47 @@ def _answers(
             **dataclasses.asdict(c), "label": c.label(), "clip_ratio": clips[c.max_response_len],
             "epoch_hours": float(np.mean(eh)), "epoch_hours_range": (min(eh), max(eh)),
             "gpu_hours": float(np.mean(gh)), "gpu_hours_range": (min(gh), max(gh)),
-            "epoch_hours_by_seed": eh, "rank_by_seed": ranks[p], "tie": len(set(ranks[p])) > 1,
+            "epoch_hours_by_seed": eh, "rank_by_seed": ranks[p],
             "meets_target": meets, "rollout_share": float(np.mean([r["rollout_share"] for r in rows])),
+            "_scores": [score(r, cfg) for r in rows], **(bands(c) if bands else {}),
         })  # fmt: skip
     out.sort(key=lambda a: (float(np.mean(a["rank_by_seed"])), a["policy"]))
+    _ties(out)
     return out
+
+
+def apart(upper: list[tuple[int, float]], lower: list[tuple[int, float]], ratio_pct: float | None) -> bool:
+    """Whether `lower` (scores by seed) ranks below `upper` beyond doubt: under every seed it is in
+    a worse class (missing a target the other meets), or in the same class slower by more than the
+    ratio band (`ratio_pct`, percent; None: by any margin, the seeds' order alone)."""
+    margin = 1 + (ratio_pct or 0) / 100
+    for (cu, vu), (cl, vl) in zip(upper, lower, strict=True):
+        if cl < cu or (cl == cu and not vl > vu * margin):
+            return False
+    return True
+
+
+def _ratio_pct(a: dict[str, Any]) -> float | None:
+    band = a.get("ratio_band") or {}
+    return band.get("median_abs_pct") if band.get("enough") else None
+
+
+def _ties(answers: list[dict[str, Any]]) -> None:
+    """Ranks with ties, in place, pair by pair (a tie is never passed on: two finalists apart stay
+    apart whatever lies between them): a finalist's ranks run from one past those `apart` above it
+    to the last but those `apart` below it, each pair by the wider of its two ratio bands
+    (`rank`: its place in the order, `rank_range`, `tie` where the range holds more than one)."""
+    n = len(answers)
+
+    def sure(u: dict[str, Any], lo: dict[str, Any]) -> bool:
+        known = [x for x in (_ratio_pct(u), _ratio_pct(lo)) if x is not None]
+        return apart(u["_scores"], lo["_scores"], max(known) if known else None)
+
+    for i, a in enumerate(answers):
+        above = sum(sure(b, a) for j, b in enumerate(answers) if j != i)
+        below = sum(sure(a, b) for j, b in enumerate(answers) if j != i)
+        a["rank"] = i + 1
+        a["rank_range"] = (above + 1, n - below)
+        a["tie"] = above + 1 != n - below
+    for a in answers:
+        del a["_scores"]

@@ -35,17 +35,35 @@ def objective_text(result: dict[str, Any]) -> str:
 
 
 def answer_rows(result: dict[str, Any]) -> list[list[str]]:
-    """policy, configuration, epoch (h), GPU-hours, clip ratio, rank (with ties), meets target."""
+    """policy, configuration, epoch (h), GPU-hours, clip ratio, rank (a tie group's ranks), meets target."""
     out = []
     for a in result["answers"]:
-        ranks = a["rank_by_seed"]
-        rank = f"#{min(ranks)}-{max(ranks)} tie" if a["tie"] else f"#{ranks[0]}"
+        lo, hi = a["rank_range"]
+        rank = f"#{lo}-{hi} tie" if a["tie"] else f"#{lo}"
         meets = "-" if a["meets_target"] is None else ("yes" if a["meets_target"] else "no")
         out.append([
             a["policy"], a["label"], str(a["max_response_len"]), share(a["clip_ratio"]),
             spread(a["epoch_hours"], a["epoch_hours_range"]), spread(a["gpu_hours"], a["gpu_hours_range"], ".0f"),
             rank, meets,
         ])  # fmt: skip
+    return out
+
+
+def band_lines(result: dict[str, Any]) -> list[str]:
+    """The finalists' error band (their epoch times) and ratio band (their ranking), once each
+    where the finalists share them (they differ only by rollout engine)."""
+    from rlsim.bands import band_text, ratio_text
+
+    out = []
+    for a in {str(a["error_band"]["kind"]): a for a in result["answers"]}.values():
+        out.append(f"epoch times: {band_text(a['error_band'])}")
+    for a in {str(a["ratio_band"]): a for a in result["answers"]}.values():
+        how = (
+            "a finalist ranks above another only where the other is slower under every seed by more than its median"
+            if a["ratio_band"]["enough"]
+            else "the seeds' order alone ranks"
+        )
+        out.append(f"ranks: {ratio_text(a['ratio_band'])}; {how}")
     return out
 
 

@@ -1,0 +1,261 @@
+"""The error bands rlsim prints beside a prediction, built from the accuracy tables (never tuned to).
+
+    python benchmarks/error_bands.py [--markdown | --readme]   # the tables; --readme also writes rlsim/bands.json
+
+Every published run that rlsim predicts in an accuracy table is a run here, with the table's
+published and predicted seconds: NeMo RL's rows and its k-step row (`published_runs`, DGX-H100 and
+GB200), veRL's per-phase steps (`verl_phases`, H20) and RollPacker's Figure 11 baselines on ROLL
+(`paper_checks`, H800). CI holds each of those tables equal to its own benchmark's output
+(`tests/test_readme_tables.py`), so this reads the tables rather than simulating them again, and
+CI holds `rlsim/bands.json` equal to what it builds from them.
+
+A run's **kind** is its framework, its model class (dense or MoE) and its GPU; its **basis** is how
+its profile was set up: `derived` (the model's config and the GPU's datasheet, no term fitted) or
+`fitted` (the four NeMo RL terms, `--terms nemo-rl`, laid over it). A run is **held back** when
+nothing was fitted on it: every `derived` run (the derivation's constants come from Vidur's
+operator tables, slime's fit and TorchTitan's MFU, none of them these runs), and under `fitted`
+the rows outside NeMo RL's fit half. The band of a kind is the median and worst |error| of its
+held-back runs, with their count; a kind with fewer than three says so instead.
+
+A **pair** is two published runs of one setup family whose step times the same source publishes,
+so that a ratio of them is published too: NeMo RL's rows of one release, system and model (on
+policy against one step off, one GPU count against another), veRL's synchronous step against
+`fully_async` per 512 prompts, RollPacker's tail batching against eta 1.0 and against veRL. The
+ratio's error (predicted ratio / published ratio - 1, the ratio taken slower over faster as
+published) is what `rlsim plan` weighs two candidates of one model and GPU with.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import statistics
+import sys
+
+from readme_tables import REPO, emit, read_table
+
+BANDS = REPO / "rlsim" / "bands.json"
+MIN_RUNS = 3  # a kind with fewer held-back runs has no band
+MOE = ("DeepSeek", "Qwen3-235B", "Qwen3-30B")
+POLICY = {"On policy": "sync", "1-step Off": "one_step_off", "8-step Off": "k_step_off(k=8)"}
+
+
+def _rows(name: str) -> list[list[str]]:
+    """The table's body rows, each a list of its cells."""
+    lines = [ln for ln in read_table(name).splitlines() if ln.startswith("|")]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+
+
+def _model_class(model: str) -> str:
+    return "moe" if model.startswith(MOE) else "dense"
+
+
+def _err(pred: float, pub: float) -> float:
+    return round(100 * (pred / pub - 1), 1)
+
+
+def nemo_rl_runs() -> list[dict]:
+    """Each published row twice: derived (held back) and fitted (held back outside the fit half)."""
+    out = []
+    for r in _rows("published_runs"):
+        release, system, model, policy, gpus, gen_tp, layout, pub, derived, fitted = r[:10]
+        half = r[-1]
+        base = {
+            "source": "NeMo RL performance summary", "framework": "nemo-rl", "model": model,
+            "model_class": _model_class(model), "gpu": system.split()[0], "policy": POLICY[policy],
+            "label": f"{release} {system} {model} {policy} {gpus} GPUs", "published_s": float(pub),
+            "release": release, "system": system, "half": half,
+        }  # fmt: skip
+        out.append({**base, "basis": "derived", "held_back": True, "predicted_s": float(derived)})
+        out.append({**base, "basis": "fitted", "held_back": half.startswith("test"), "predicted_s": float(fitted)})
+    for r in _rows("published_async"):
+        release, system, model, policy, _, gpus, pub, derived, fitted = r[:9]
+        base = {
+            "source": "NeMo RL performance summary", "framework": "nemo-rl", "model": model,
+            "model_class": _model_class(model), "gpu": system.split()[0], "policy": POLICY[policy],
+            "label": f"{release} {system} {model} {policy} {gpus} GPUs", "published_s": float(pub),
+            "release": release, "system": system, "half": "after the fit",
+        }  # fmt: skip
+        out.append({**base, "basis": "derived", "held_back": True, "predicted_s": float(derived)})
+        out.append({**base, "basis": "fitted", "held_back": True, "predicted_s": float(fitted)})
+    return out
+
+
+def verl_runs() -> list[dict]:
+    """veRL's colocated synchronous steps (fully_async_policy README), derived, no term."""
+    out = []
+    for run, phase, pub, sim, _ in _rows("verl_phases"):
+        if phase != "step":
+            continue
+        model, gpus = run.split(", ")
+        out.append({
+            "source": "veRL fully_async_policy README", "framework": "verl", "model": model,
+            "model_class": _model_class(model), "gpu": gpus.split()[1].lower(), "policy": "sync",
+            "label": f"{model} {gpus}", "published_s": float(pub), "predicted_s": float(sim),
+            "basis": "derived", "held_back": True,
+        })  # fmt: skip
+    return out
+
+
+def _paper(check: str) -> list[list[str]]:
+    return [r for r in _rows("paper_checks") if r[0].startswith(check)]
+
+
+def _where(check_cell: str) -> tuple[str, str, str]:
+    """(cap, model, GPUs) of a RollPacker check: '..., 8k, qwen2.5-7b at TP 1 on 16 H800s'."""
+    m = re.search(r"(\d+k), (\S+) at TP \d+ on (\d+ H800s)", check_cell)
+    assert m, check_cell
+    return m.group(1), m.group(2), m.group(3)
+
+
+def rollpacker_runs() -> list[dict]:
+    """RollPacker's Figure 11 baselines on ROLL: derived (ROLL's setting) and with NeMo RL's terms."""
+    out = []
+    for check, _, paper, sim, _ in _paper("RollPacker Figure 11 baseline"):
+        cap, model, gpus = _where(check)
+        pub = float(re.match(r"([\d.]+) s", paper).group(1))
+        derived = float(re.match(r"([\d.]+) s", sim).group(1))
+        fitted = float(re.search(r"NeMo RL's terms: ([\d.]+) s", sim).group(1))
+        base = {
+            "source": "RollPacker Figure 11", "framework": "roll", "model": model, "model_class": "dense",
+            "gpu": "h800", "policy": "sync", "label": f"{model} {cap} on {gpus}", "published_s": pub,
+        }  # fmt: skip
+        out.append({**base, "basis": "derived", "held_back": True, "predicted_s": derived})
+        out.append({**base, "basis": "fitted", "held_back": True, "predicted_s": fitted})
+    return out
+
+
+def runs() -> list[dict]:
+    """Every run; each rolled out with vLLM (NeMo RL's and veRL's recipes name it, and RollPacker
+    runs vLLM inside ROLL): no published run in these tables used SGLang."""
+    out = nemo_rl_runs() + verl_runs() + rollpacker_runs()
+    for r in out:
+        r["rollout_engine"] = "vllm"
+        r["error_pct"] = _err(r["predicted_s"], r["published_s"])
+    return out
+
+
+def _pair(source: str, framework: str, basis: str, label: str, pub: float, pred: float, held: bool) -> dict:
+    if pub < 1:  # slower over faster, as published
+        pub, pred = 1 / pub, 1 / pred
+    return {"source": source, "framework": framework, "basis": basis, "rollout_engine": "vllm", "label": label,
+            "published_ratio": round(pub, 4),
+            "predicted_ratio": round(pred, 4), "error_pct": _err(pred, pub), "held_back": held}  # fmt: skip
+
+
+def pairs(all_runs: list[dict]) -> list[dict]:
+    """Every published ratio of two runs of one setup family, with its predicted ratio."""
+    out = []
+    nemo = [r for r in all_runs if r["framework"] == "nemo-rl"]
+    for basis in ("derived", "fitted"):
+        rows = [r for r in nemo if r["basis"] == basis]
+        fam = lambda r: (r["release"], r["system"], r["model"])  # noqa: E731
+        for _, group in itertools.groupby(sorted(rows, key=fam), key=fam):
+            for a, b in itertools.combinations(list(group), 2):
+                if a["published_s"] == b["published_s"]:
+                    continue  # no order published
+                out.append(_pair("NeMo RL performance summary", "nemo-rl", basis, f"{a['label']} / {b['label']}",
+                                 a["published_s"] / b["published_s"], a["predicted_s"] / b["predicted_s"],
+                                 a["held_back"] and b["held_back"]))  # fmt: skip
+    for r in _rows("verl_fully_async"):
+        gpus = r[0]
+        pub = float(r[5].split("x")[0])  # the step's speedup
+        pred = float(r[6].rstrip("x"))
+        out.append(_pair("veRL fully_async_policy README", "verl", "derived", f"sync / fully_async, {gpus} GPUs",
+                         pub, pred, True))  # fmt: skip
+    for prefix, what in (("RollPacker both factors 1.25 over eta 1.0", "eta 1.0 / both factors 1.25"),
+                         ("RollPacker tail batching end to end over veRL", "veRL / tail batching")):  # fmt: skip
+        for check, _, paper, sim, _ in _paper(prefix):
+            cap, model, gpus = _where(check)
+            pub = float(re.search(r"([\d.]+)x", paper).group(1))
+            pred = float(re.search(r"([\d.]+)x", sim).group(1))
+            out.append(_pair("RollPacker", "roll", "derived", f"{what}, {model} {cap} on {gpus}", pub, pred, True))
+    return out
+
+
+def _band(errors: list[float]) -> dict:
+    a = [abs(e) for e in errors]
+    return {"runs": len(a), "median_abs_pct": round(statistics.median(a), 1) if a else None,
+            "worst_abs_pct": round(max(a), 1) if a else None,
+            "median_pct": round(statistics.median(errors), 1) if errors else None}  # fmt: skip
+
+
+def build() -> dict:
+    """`rlsim/bands.json`: every run and pair, and the bands of every kind and basis."""
+    rs = runs()
+    ps = pairs(rs)
+    kinds: dict[str, dict] = {}
+    for r in rs:
+        if not r["held_back"]:
+            continue
+        for fw in (r["framework"], "any"):
+            key = f"{r['basis']}/{r['rollout_engine']}/{fw}/{r['model_class']}/{r['gpu']}"
+            kinds.setdefault(key, {"errors": [], "by_framework": {}})
+            kinds[key]["errors"].append(r["error_pct"])
+            kinds[key]["by_framework"][r["framework"]] = kinds[key]["by_framework"].get(r["framework"], 0) + 1
+    bands = {k: {**_band(v["errors"]), "by_framework": v["by_framework"]} for k, v in sorted(kinds.items())}
+    ratio: dict[str, dict] = {}
+    for p in ps:
+        if not p["held_back"]:
+            continue
+        for fw in (p["framework"], "any"):
+            ratio.setdefault(f"{p['basis']}/{p['rollout_engine']}/{fw}", []).append(p["error_pct"])
+    return {
+        "about": "Published runs rlsim predicts in its accuracy tables, with their errors, and the bands of every "
+                 "kind (basis/rollout engine/framework/model class/GPU) and of predicted ratios (basis/rollout "
+                 "engine/framework), held-back runs "
+                 "only. Written by benchmarks/error_bands.py from docs/accuracy.md, docs/policies.md and "
+                 "docs/simulate.md; see the module's docstring.",
+        "min_runs": MIN_RUNS,
+        "bands": bands,
+        "ratio_bands": {k: _band(v) for k, v in sorted(ratio.items())},
+        "runs": rs,
+        "pairs": ps,
+    }  # fmt: skip
+
+
+ENGINE = {"vllm": "vLLM", "sglang": "SGLang"}
+FW_NAME = {"nemo-rl": "NeMo RL", "verl": "veRL", "roll": "ROLL", "any": "any (pooled)"}
+
+
+def tables(data: dict) -> dict[str, str]:
+    lines = ["| basis | engine | framework | model class | GPU | held-back runs | median abs error | worst "
+             "| median signed |", "|---|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for key, b in data["bands"].items():
+        basis, engine, fw, cls, gpu = key.split("/")
+        if b["runs"] < data["min_runs"]:
+            cells = ["fewer than three runs", "", ""]
+        else:
+            cells = [f"{b['median_abs_pct']:.0f}%", f"{b['worst_abs_pct']:.0f}%", f"{b['median_pct']:+.0f}%"]
+        model = "MoE" if cls == "moe" else "dense"
+        lines.append(f"| {basis} | {ENGINE[engine]} | {FW_NAME[fw]} | {model} | {gpu.upper()} | {b['runs']} | "
+                     + " | ".join(cells) + " |")  # fmt: skip
+    ratio = ["| basis | engine | framework | held-back pairs | median abs error of the ratio | worst | median signed |",
+             "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for key, b in data["ratio_bands"].items():
+        basis, engine, fw = key.split("/")
+        if b["runs"] < data["min_runs"]:
+            cells = ["fewer than three pairs", "", ""]
+        else:
+            cells = [f"{b['median_abs_pct']:.0f}%", f"{b['worst_abs_pct']:.0f}%", f"{b['median_pct']:+.0f}%"]
+        ratio.append(f"| {basis} | {ENGINE[engine]} | {FW_NAME[fw]} | {b['runs']} | " + " | ".join(cells) + " |")
+    return {"error_bands": "\n".join(lines) + "\n", "ratio_bands": "\n".join(ratio) + "\n"}
+
+
+def text(data: dict) -> str:
+    return json.dumps(data, indent=1) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    data = build()
+    if "--readme" in argv:
+        BANDS.write_text(text(data))
+    for name, body in tables(data).items():
+        emit(name, body, argv)
+    if not {"--markdown", "--readme"} & set(argv):
+        print("\n".join(tables(data).values()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,148 @@
+"""Error bands: how far rlsim's predictions of published runs of a prediction's kind were off.
+
+`rlsim/bands.json` (written by `benchmarks/error_bands.py` from the accuracy tables, which CI holds
+equal to their benchmarks) lists every published run rlsim predicts there, with its error, and
+the bands: for each **kind** (the profile's basis, the rollout engine, the framework, the model
+class and the GPU) the median and worst |error| of its held-back runs and their count; for each
+basis, engine and framework the same of **predicted ratios** (two published runs of one setup
+family, such as a synchronous step against one step off-policy or `fully_async`).
+
+The basis is `derived` when `rlsim profile derive` set the profile up with no term, `fitted` when
+framework terms were laid over it (`--terms`), `measured` otherwise (a calibrated profile, which
+no published run was predicted from). The engine is the one whose rules the simulation runs
+(every published run there rolled out with vLLM, so one under SGLang's rules has no band yet).
+The framework is the one a `--from` config names; a prediction that names none pools every
+framework's runs (`any`). The model class is `moe` when the model's active parameters are fewer
+than its parameters, and the GPU is the `gpus.json` entry the profile's hardware names. A kind
+with fewer than `min_runs` held-back runs has no band: it says so and how many it has.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from rlsim.profile import Profile
+
+ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
+FRAMEWORK_NAMES = {"nemo-rl": "NeMo RL", "verl": "veRL", "roll": "ROLL", "any": "every framework"}
+WHERE = "docs/accuracy.md, Error bands"
+
+
+@cache
+def _data() -> dict[str, Any]:
+    return json.loads((resources.files("rlsim") / "bands.json").read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    basis: str  # derived | fitted | measured
+    rollout_engine: str  # vllm | sglang
+    framework: str  # nemo-rl | verl | roll | any
+    model_class: str  # dense | moe | unknown
+    gpu: str  # a gpus.json key, or the profile's hardware where none matches
+
+    def text(self) -> str:
+        cls = {"moe": "MoE", "dense": "dense"}.get(self.model_class, "model class unknown")
+        fw = FRAMEWORK_NAMES.get(self.framework, self.framework)
+        return f"{self.basis} profile, {ENGINES[self.rollout_engine]}, {cls}, {self.gpu.upper()}, {fw}"
+
+
+def _gpu_key(hardware: str) -> str:
+    from rlsim.derive.gpus import shipped_gpus
+
+    name = hardware.split("x ", 1)[-1]
+    for key, gpu in shipped_gpus().items():
+        if gpu.get("name") == name:
+            return key
+    return name.lower()
+
+
+def kind_of(profile: Profile, rollout_engine: str = "vllm", framework: str | None = None) -> Kind:
+    """The kind of a prediction made with `profile` under `rollout_engine`'s rules, of a run of
+    `framework` (None: not named)."""
+    prov = profile.provenance or {}
+    derived = str(prov.get("kind", "")).startswith("derived")
+    basis = ("fitted" if prov.get("fitted_terms") else "derived") if derived else "measured"
+    facts = profile.model_facts or {}
+    total, active = facts.get("num_params"), facts.get("num_active_params")
+    model_class = "unknown" if not total or not active else ("moe" if active < total else "dense")
+    return Kind(basis, rollout_engine, framework or "any", model_class, _gpu_key(profile.hardware))
+
+
+def _key(kind: Kind) -> str:
+    return f"{kind.basis}/{kind.rollout_engine}/{kind.framework}/{kind.model_class}/{kind.gpu}"
+
+
+def band(kind: Kind) -> dict[str, Any]:
+    """The band of `kind`: held-back runs, median and worst |error| (percent), the signed median,
+    runs by framework, and `enough` (at least `min_runs` runs; otherwise no figure is given)."""
+    data = _data()
+    got = data["bands"].get(_key(kind), {"runs": 0, "by_framework": {}})
+    enough = got["runs"] >= data["min_runs"]
+    out = {"kind": asdict(kind), "runs": got["runs"], "by_framework": got.get("by_framework", {}), "enough": enough}
+    if enough:
+        out |= {k: got[k] for k in ("median_abs_pct", "worst_abs_pct", "median_pct")}
+    return out
+
+
+def ratio_band(kind: Kind) -> dict[str, Any]:
+    """The band of predicted ratios for `kind`'s basis and framework (pairs pooled over models and
+    GPUs: two candidates of one model and GPU share that bias, their ratio carries what is left)."""
+    data = _data()
+    got = data["ratio_bands"].get(f"{kind.basis}/{kind.rollout_engine}/{kind.framework}", {"runs": 0})
+    enough = got["runs"] >= data["min_runs"]
+    out = {"basis": kind.basis, "rollout_engine": kind.rollout_engine, "framework": kind.framework,
+           "pairs": got["runs"], "enough": enough}  # fmt: skip
+    if enough:
+        out |= {k: got[k] for k in ("median_abs_pct", "worst_abs_pct", "median_pct")}
+    return out
+
+
+def band_text(b: dict[str, Any]) -> str:
+    """One line for a prediction's band."""
+    kind = Kind(**b["kind"])
+    if kind.basis == "measured":
+        return (
+            "error band: none; the profile was measured, and no published run was predicted from a measured "
+            "profile (rlsim validate holds a prediction against your own run)"
+        )
+    if not b["enough"]:
+        return (
+            f"error band ({kind.text()}): fewer than three published runs of this kind ({b['runs']}), so no band; "
+            f"every kind's is in {WHERE}"
+        )
+    by = ", ".join(f"{FRAMEWORK_NAMES[f]} {n}" for f, n in sorted(b["by_framework"].items()))
+    side = "shorter" if b["median_pct"] < 0 else "longer"
+    return (
+        f"error band ({kind.text()}): held-back published runs of this kind were off by a median "
+        f"{b['median_abs_pct']:.0f}%, worst {b['worst_abs_pct']:.0f}% ({b['runs']} runs: {by}; rlsim's "
+        f"median {abs(b['median_pct']):.0f}% {side})"
+    )
+
+
+def ratio_text(r: dict[str, Any]) -> str:
+    """One line for the band of a ratio of two predictions (a speedup, a plan's ranking)."""
+    fw = FRAMEWORK_NAMES.get(r["framework"], r["framework"])
+    if r["basis"] == "measured":
+        return "ratio band: none; no published pair was predicted from a measured profile"
+    if not r["enough"]:
+        return (
+            f"ratio band ({r['basis']}, {ENGINES[r['rollout_engine']]}, {fw}): fewer than three published pairs "
+            f"({r['pairs']}), so no band"
+        )
+    return (
+        f"ratio band ({r['basis']}, {ENGINES[r['rollout_engine']]}, {fw}): published ratios (such as sync "
+        "against one step off or fully_async) "
+        f"were off by a median {r['median_abs_pct']:.0f}%, worst {r['worst_abs_pct']:.0f}% ({r['pairs']} pairs)"
+    )
+
+
+def for_prediction(profile: Profile, rollout_engine: str = "vllm", framework: str | None = None) -> dict[str, Any]:
+    """`error_band` (for absolute times) and `ratio_band` (for ratios of two predictions) of a
+    prediction made with `profile`."""
+    kind = kind_of(profile, rollout_engine, framework)
+    return {"error_band": band(kind), "ratio_band": ratio_band(kind)}
