@@ -138,6 +138,7 @@ def register_compare(app: typer.Typer) -> None:
             prog.update(task, advance=1, description=f"(last: {name})")
 
         rows = []
+        prof = load_profile(profile)  # the bands' kind: its basis, model class and GPU
         per_engine = {e.rollout_engine: engine_policies(names, e.rollout_engine) for e in engines}
         task = prog.add_task("", total=sum(map(len, per_engine.values())) * seeds)
         with prog:
@@ -149,7 +150,7 @@ def register_compare(app: typer.Typer) -> None:
                     )
                 else:
                     got = run_all(tr, these, cluster, rl, workers or None, on_done=done, engine_cfg=eng, tools=tools)
-                bands = for_prediction(load_profile(profile), eng.rollout_engine, framework)
+                bands = for_prediction(prof, eng.rollout_engine, framework)
                 for r in got:
                     if len(engines) > 1:  # (one engine's rows stay as they were)
                         r["rollout_engine"] = eng.rollout_engine

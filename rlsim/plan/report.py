@@ -35,7 +35,8 @@ def objective_text(result: dict[str, Any]) -> str:
 
 
 def answer_rows(result: dict[str, Any]) -> list[list[str]]:
-    """policy, configuration, epoch (h), GPU-hours, clip ratio, rank (a tie group's ranks), meets target."""
+    """policy, configuration, epoch (h), GPU-hours, clip ratio, rank (the range of places the ratio band
+    leaves it, a tie where it holds more than one), meets target."""
     out = []
     for a in result["answers"]:
         lo, hi = a["rank_range"]
