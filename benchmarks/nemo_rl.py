@@ -1,33 +1,40 @@
 """Simulating NeMo RL's published runs: the rows, one row's simulation, the fit of the terms.
 
-`benchmarks/published_runs.py` prints the table (every row rlsim can express, simulated from the
-row's stated setup, with the error; the rows it cannot express, with the reason);
+`benchmarks/published_runs.py` prints the table (every row rlsim can express, simulated from its
+recipe, with the error; the rows it cannot express, with the reason);
 `tests/test_published_runs.py` checks what it rests on.
 
-The rows and their setups are `benchmarks/published_runs/rows.csv` (built from the three
-releases of NeMo RL's performance summary and the recipe behind each row by
-`benchmarks/published_runs/extract.py`; see its docstring). Per expressible row:
+The rows are `benchmarks/published_runs/rows.csv` (built from the three releases of NeMo RL's
+performance summary and the recipe behind each row by `benchmarks/published_runs/extract.py`; see
+its docstring). Each row's run is set up from its recipe as published, by the reader users run
+(`--from nemo-rl:RECIPE.yaml`, `rlsim.frameworks.nemo_rl.read_nemo_rl`), on the recipe and its
+`defaults:` chain at the row's commit (`benchmarks/published_runs/nemo_rl/<commit>/`): GPUs and
+the generation's share, generation TP/PP, samples and prompts, vLLM's memory fraction and eager
+mode, prefix caching off (NeMo RL's default), vLLM's own `LLM`-class limits on the row's GPU
+(1,024 sequences, 16,384 batched tokens on H100 and GB200), the KL term, and the Megatron
+trainer: TP/PP/EP/CP, virtual stages, recompute, offload and the micro-batches' token budgets of
+sequence packing (`train_mb_tokens`, `logprob_mb_tokens`). Where the published table states
+another layout than its recipe (`TABLE_NOT_RECIPE`, four rows), the table's is laid over the
+recipe's: it is what was measured. Per row:
 
-- the profile: `rlsim profile derive` of the row's model on its GPU (DGX-H100 or GB200) at its
-  generation TP and precision, at the recipe's `gpu_memory_utilization`, with vLLM's offline
-  defaults on an 80 GB+ GPU (`max_num_seqs` 1024, `max_num_batched_tokens` 16,384: assumed) and
-  prefix caching off (NeMo RL's default), trained by Megatron at the row's TP/PP/EP/CP;
+- the profile: `rlsim profile derive` of the row's model on its GPU at the setup's generation TP
+  and the row's precision, trained as the setup states;
 - the lengths: the DAPO preset (`dapo-qwen2.5-32b`) rescaled (`length_scale`) so that its mean
   response, capped at the row's maximum sequence length less the prompt, is the row's average
   generated length; every prompt the median prompt length the model's on-policy rows imply
   (tokens/s/GPU x step time x GPUs / samples per step, less the generated length). This is the
   assumption the error carries: the published tables give only the mean and the cap;
-- the step: on-policy rows colocated under `sync` (generation and training take turns, the
-  engines sleep through training); k-step off-policy rows disaggregated under `k_step_off(k)`
-  (`one_step_off` at k = 1), with the recipe's generation GPUs and the rest training. The
-  8-step row came in after the terms were fitted: it is predicted apart (`published_async`),
-  outside both halves;
+- the step: the recipe's mode: on-policy rows colocated under `sync` (generation and training
+  take turns, the engines sleep through training); k-step off-policy rows (async GRPO,
+  `max_trajectory_age_steps` k) disaggregated under `k_step_off(k)` (`one_step_off` at k = 1),
+  with the recipe's generation GPUs and the rest training. The 8-step row came in after the
+  terms were fitted: it is predicted apart (`published_async`), outside both halves;
 - the figure: the mean step time of steps 2-5 (the first has no previous step to overlap), against
   the published mean of 5 steps.
 
 A row's profile holds what `rlsim profile derive` states; `fit` fits the four framework terms
-(`rlsim.derive.terms`: per-iteration overhead, per prefilling request, per refit tensor, Megatron's
-MFU) on the fit half alone, by the mean squared log error of the step time. `--rows N` runs the
+(`rlsim.derive.terms`: per decoder layer and per running sequence every engine iteration, per refit
+tensor, Megatron's MFU) on the fit half alone, by the mean squared log error of the step time. `--rows N` runs the
 first N expressible rows only (a quick look).
 """
 
@@ -45,20 +52,29 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from rlsim.config import ClusterConfig, EngineConfig, RLConfig
-from rlsim.derive.derive import derive_profile, setup
+from rlsim.config import ClusterConfig, RLConfig
+from rlsim.derive.derive import derive_profile
+from rlsim.derive.derive import setup as derive_setup
 from rlsim.derive.terms import Terms
-from rlsim.derive.train import Trainer
-from rlsim.framework_costs import FrameworkSettings
+from rlsim.frameworks.nemo_rl import read_nemo_rl
+from rlsim.frameworks.run_setup import RunSetup
 from rlsim.sim.simulate import simulate
 from rlsim.trace.synth import synthesize_to_mean as rescaled
 
 ROWS = Path(__file__).resolve().parent / "published_runs" / "rows.csv"
+RECIPES = Path(__file__).resolve().parent / "published_runs" / "nemo_rl"  # <commit>/<recipe>, with its chain
 FITTED = Path(__file__).resolve().parents[1] / "rlsim" / "derive" / "terms_nemo-rl.json"
 STEPS = 5
 PRESET = "dapo-qwen2.5-32b"
 PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
-NEMO_ENGINE = {"max_num_seqs": 1024, "max_num_batched_tokens": 16384, "enable_prefix_caching": False}
+# rows whose published table states another layout than the recipe at its commit (rows.csv keeps
+# the table's: benchmarks/published_runs/extract.py): (release, recipe file) -> {field: (table, recipe)}
+TABLE_NOT_RECIPE = {
+    ("0.6", "grpo-deepseek-v3-64n8g.yaml"): {"ep": (16, 32)},
+    ("0.6", "grpo-deepseek-v3-64n4g.yaml"): {"ep": (16, 32)},
+    ("0.4", "grpo-qwen3-30ba3b-4n8g.yaml"): {"gen_tp": (4, 2), "tp": (2, 1)},
+    ("0.4", "grpo-qwen3-30ba3b-4n8g-async-1off.yaml"): {"gen_tp": (4, 2), "tp": (2, 1), "pp": (1, 2)},
+}
 
 
 def load_rows() -> pd.DataFrame:
@@ -85,28 +101,33 @@ def policy_of(published: str) -> str:
     return "one_step_off" if m.group(1) == "1" else f"k_step_off(k={m.group(1)})"
 
 
-def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms()) -> dict:  # noqa: B008 - frozen
-    off = row.policy != "On policy"
-    engine = EngineConfig(gpu_memory_utilization=float(row.gpu_memory_utilization), **NEMO_ENGINE)
-    layout = {k: int(row[f"train_{k}"]) for k in ("tp", "pp", "ep", "cp")}
-    vpp = int(row.train_vpp) if pd.notna(row.train_vpp) and int(layout["pp"]) > 1 else 1
-    trainer = Trainer("megatron", **layout, framework=FrameworkSettings(vpp=vpp, recompute=str(row.recompute)))
-    gen_pp = int(re.findall(r"\d+", row.gen_tp_pp)[1])  # the table's generation [TP, PP]
-    gen = setup(row.rlsim_model, row.gpu, int(row.gen_tp), 1, row.precision, pp=gen_pp)
-    raw = terms.apply(derive_profile(gen, engine, trainer))
+def run_setup(row: pd.Series) -> RunSetup:
+    """The row's run as its recipe states it (`read_nemo_rl` on the recipe at the row's commit),
+    with the published table's layout where it states another (`TABLE_NOT_RECIPE`)."""
+    s = read_nemo_rl(RECIPES / str(row.commit) / str(row.recipe))
+    table = {k: v[0] for k, v in TABLE_NOT_RECIPE.get((str(row.release), Path(row.recipe).name), {}).items()}
+    trainer = replace(s.trainer, **{k: table[k] for k in ("tp", "pp", "ep") if k in table})
+    if trainer.pp == 1 and trainer.framework.vpp > 1:  # the table's layout has no pipeline to interleave
+        trainer = replace(trainer, framework=replace(trainer.framework, vpp=1))
+    return replace(s, tp=table.get("gen_tp", s.tp), trainer=trainer)
+
+
+def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms(), setup: RunSetup | None = None) -> dict:  # noqa: B008
+    """The row's mean step time and phases over steps 2-5, simulated from its recipe's setup
+    (`run_setup`, or `setup` instead), with its error against the published step time."""
+    s = setup or run_setup(row)
+    gen = derive_setup(row.rlsim_model, row.gpu, s.tp, s.ep, row.precision, pp=s.pp)
+    engine = s.engine_for(gen.gpu.memory_bytes, gen.gpu.name)
+    raw = terms.apply(derive_profile(gen, engine, s.trainer))
     path = workdir / f"{raw['name']}-{row.name}.json"
     path.write_text(json.dumps(raw))
-    samples = int(row.samples_per_prompt)
-    prompts_per_step = int(row.g_gbs) // samples
-    cap = int(row.max_seq_len) - int(row.prompt_len)
+    samples, prompts_per_step = s.samples_per_prompt, s.prompts_per_step
+    cap = min(s.max_response_len, int(row.max_seq_len) - int(row.prompt_len))  # vLLM's max_model_len bounds it
     trace = _trace(prompts_per_step, samples, cap, int(row.prompt_len), float(row.avg_gen_len))
-    train = int(row.gpus) - int(row.gen_gpus) if off else 0
-    cluster = ClusterConfig(
-        num_gpus=int(row.gpus), profile=str(path), placement="disaggregated" if off else "colocated", train_gpus=train
-    )
+    cluster = ClusterConfig(num_gpus=s.num_gpus, profile=str(path), placement=s.placement, train_gpus=s.train_gpus)
     rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples, max_response_len=cap, epochs=1,
-                  max_steps=STEPS, use_kl_loss=float(row.kl_penalty) > 0)  # fmt: skip
-    res = simulate(trace, policy_of(row.policy), cluster, rl, engine_cfg=replace(engine))
+                  max_steps=STEPS, use_kl_loss=s.use_kl_loss)  # fmt: skip
+    res = simulate(trace, s.policy, cluster, rl, engine_cfg=engine)
     steps = res.steps.iloc[1:]
     phases = {k: float(steps[f"timing_s/{k}"].mean()) for k in PHASES}
     step = float(steps["timing_s/step"].mean())

@@ -1,5 +1,6 @@
-"""rlsim against NeMo RL's published step times: every row it can express, simulated from the row's
-stated setup, with the error; the rows it cannot express, with the reason.
+"""rlsim against NeMo RL's published step times: every row it can express, simulated from its recipe
+as published (read by `--from nemo-rl:`'s reader), with the error; the rows it cannot express,
+with the reason.
 
     python benchmarks/published_runs.py [--rows N] [--fit] [--markdown | --readme]
 

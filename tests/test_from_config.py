@@ -12,6 +12,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from benchmarks.nemo_rl import RECIPES as NEMO  # the recipes at each row's commit, with their chains
+from benchmarks.nemo_rl import TABLE_NOT_RECIPE  # rows whose published table states another layout
 from rlsim.cli.app import app
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
@@ -147,17 +149,6 @@ def test_simulate_from_a_config_and_its_clashes(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "give --model" in r.stderr, r.output
 
 
-NEMO = Path(__file__).resolve().parent / "data" / "nemo_rl"
-# rows whose published table states another layout than the recipe at its commit (rows.csv keeps
-# the table's: benchmarks/published_runs/extract.py): (release, recipe file) -> {field: (table, recipe)}
-TABLE_NOT_RECIPE = {
-    ("0.6", "grpo-deepseek-v3-64n8g.yaml"): {"ep": (16, 32)},
-    ("0.6", "grpo-deepseek-v3-64n4g.yaml"): {"ep": (16, 32)},
-    ("0.4", "grpo-qwen3-30ba3b-4n8g.yaml"): {"gen_tp": (4, 2), "tp": (2, 1)},
-    ("0.4", "grpo-qwen3-30ba3b-4n8g-async-1off.yaml"): {"gen_tp": (4, 2), "tp": (2, 1), "pp": (1, 2)},
-}
-
-
 def _published_rows() -> list[dict]:
     import csv
 
@@ -167,7 +158,7 @@ def _published_rows() -> list[dict]:
 
 def test_every_published_nemo_rl_recipe_maps_to_its_row() -> None:
     """Each NeMo RL performance recipe of the accuracy tables (three releases; the recipe and its
-    defaults chain at the row's commit, in tests/data/nemo_rl/) reads to the row's setup: GPUs and
+    defaults chain at the row's commit, in benchmarks/published_runs/nemo_rl/) reads to the row's setup: GPUs and
     the generation's share, generation TP, samples, prompts, vLLM's memory fraction and eager
     mode, the KL term, the training layout, recompute and optimizer offload. Where the published
     table states another layout than its recipe, rows.csv keeps the table's, and the reader the
