@@ -33,16 +33,15 @@ recipe's: it is what was measured. Per row:
   the published mean of 5 steps.
 
 A row's profile holds what `rlsim profile derive` states; `fit` fits the four framework terms
-(`rlsim.derive.terms`: per decoder layer and per running sequence every engine iteration, per refit
-tensor, Megatron's MFU) on the fit half alone, by the mean squared log error of the step time. `--rows N` runs the
-first N expressible rows only (a quick look).
+(`rlsim.derive.terms`: per decoder layer and per running sequence every engine iteration, per
+refit tensor, Megatron's MFU) on the fit half alone, by the mean squared log error of the step
+time. `--rows N` runs the first N expressible rows only (a quick look).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 import sys
 import tempfile
 from dataclasses import replace
@@ -90,15 +89,6 @@ def _trace(prompts_per_step: int, samples: int, cap: int, prompt_len: int, mean:
     n = prompts_per_step * STEPS
     prompts = pd.DataFrame({"prompt_id": np.arange(n), "num_prompt_tokens": np.full(n, prompt_len)})
     return rescaled(PRESET, prompts_per_step, samples, STEPS, cap, mean, prompts)
-
-
-def policy_of(published: str) -> str:
-    """The rlsim policy of a published row's: on-policy `sync`, k-step off-policy `k_step_off(k)`
-    (NeMo RL's async GRPO, `max_trajectory_age_steps` k; k = 1 is `one_step_off`)."""
-    m = re.match(r"(\d+)-step Off", published)
-    if m is None:
-        return "sync"
-    return "one_step_off" if m.group(1) == "1" else f"k_step_off(k={m.group(1)})"
 
 
 def run_setup(row: pd.Series) -> RunSetup:

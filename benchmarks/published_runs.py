@@ -20,7 +20,7 @@ import sys
 from dataclasses import asdict
 
 import pandas as pd
-from nemo_rl import FITTED, Terms, fit, load_rows, parts, policy_of, run
+from nemo_rl import FITTED, Terms, fit, load_rows, parts, run, run_setup
 from readme_tables import emit
 
 
@@ -88,7 +88,7 @@ def main() -> None:
                 "|---|---|---|---|---|---|---:|---:|---:|---|---:|---:|"]  # fmt: skip
         for _, r in got.iterrows():
             rows.append(
-                f"| {r.release} | {r.gpu} | {r.model} | {r.policy} | `{policy_of(r.policy)}` | {r.gen_gpus} + "
+                f"| {r.release} | {r.gpu} | {r.model} | {r.policy} | `{run_setup(r).policy}` | {r.gen_gpus} + "
                 f"{r.gpus - r.gen_gpus} | {r.step_s:.1f} | {r.derived_simulated_s:.1f} | {r.simulated_s:.1f} | "
                 f"{r.gen:.0f} / {r.old_log_prob:.0f} / {r.update_actor:.0f} / {r.update_weights:.1f} | "
                 f"{r.derived_error:+.0%} | {r.error:+.0%} |"
