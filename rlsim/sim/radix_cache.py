@@ -46,10 +46,12 @@ class RadixCache:
     def __init__(self, num_tokens: int, enabled: bool = True) -> None:
         self.num_tokens = num_tokens
         self.enabled = enabled
+        self.root: Node | None = None
         self.reset()
 
     def reset(self) -> None:
         """Every slot free, the tree empty (a flush, or sleep)."""
+        self.drop_tree()
         self.free = self.num_tokens
         self.root = Node(None, 0, 0, None)
         self.root.lock = 1  # never evicted
@@ -57,6 +59,18 @@ class RadixCache:
         self._clock = count(1)
         self._leaves: list = []  # (last_access, seq, node): candidates, checked when popped
         self._seq = count()
+
+    def drop_tree(self) -> None:
+        """Unlink the tree node by node, so reference counting frees it as soon as it is dropped:
+        parent and child links make every tree a cycle, which only a garbage collection would
+        free, at a pause that grows with every node the run made (seconds over a long run)."""
+        stack = [self.root] if self.root is not None else []
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            node.children.clear()
+            node.parent = None
+        self._leaves = []
 
     # ---- a request's path --------------------------------------------------------------------
     @staticmethod
@@ -68,16 +82,21 @@ class RadixCache:
         node, pos = self.root, 0
         if not self.enabled:
             return node, 0
+        clock = self._clock
         while pos < limit:
-            end = min(limit, shared) if pos < shared else limit  # a node never spans the boundary
-            child = node.children.get((self.key_at(pos, prompt_id, shared, rid), pos))
+            if pos < shared:  # a node never spans the boundary (`key_at`)
+                key, end = prompt_id, min(limit, shared)
+            else:
+                key, end = ("own", rid), limit
+            child = node.children.get((key, pos))
             if child is None:
                 break
             if child.hi > end:
                 child = self._split(child, end)
             node, pos = child, child.hi
-            node.last_access = next(self._clock)
-            self._maybe_leaf(node)
+            node.last_access = next(clock)
+            if not node.children and not node.lock:  # `_maybe_leaf`
+                heapq.heappush(self._leaves, (node.last_access, next(self._seq), node))
         return node, pos
 
     def _split(self, child: Node, at: int) -> Node:
@@ -96,40 +115,48 @@ class RadixCache:
         dup = 0
         if not self.enabled:
             return node, 0
+        clock, leaves, seq = self._clock, self._leaves, self._seq
         while pos < end:
-            stop = min(end, shared) if pos < shared else end
-            key = self.key_at(pos, prompt_id, shared, rid)
-            child = node.children.get((key, pos))
+            if pos < shared:  # (`key_at`)
+                key, stop = prompt_id, min(end, shared)
+            else:
+                key, stop = ("own", rid), end
+            children = node.children
+            child = children.get((key, pos))
             if child is None:
                 child = Node(key, pos, stop, node)
-                node.children[(key, pos)] = child
-                child.last_access = next(self._clock)
-                self.evictable += child.size  # unlocked until the caller locks it
-                self._maybe_leaf(child)
+                children[(key, pos)] = child
+                at = child.last_access = next(clock)
+                self.evictable += stop - pos  # unlocked until the caller locks it
+                heapq.heappush(leaves, (at, next(seq), child))  # a new node is an unlocked leaf
                 node, pos = child, stop
                 continue
             if child.hi > stop:
                 child = self._split(child, stop)
-            dup += child.size
-            child.last_access = next(self._clock)
-            self._maybe_leaf(child)
+            dup += child.hi - child.lo
+            at = child.last_access = next(clock)
+            if not child.children and not child.lock:  # `_maybe_leaf`
+                heapq.heappush(leaves, (at, next(seq), child))
             node, pos = child, child.hi
         return node, dup
 
     # ---- locks and eviction ------------------------------------------------------------------
     def lock(self, node: Node) -> None:
-        while node is not self.root:
-            if node.lock == 0:
-                self.evictable -= node.size
+        root = self.root
+        while node is not root:
+            if not node.lock:
+                self.evictable -= node.hi - node.lo
             node.lock += 1
             node = node.parent
 
     def unlock(self, node: Node) -> None:
-        while node is not self.root:
+        root = self.root
+        while node is not root:
             node.lock -= 1
-            if node.lock == 0:
-                self.evictable += node.size
-                self._maybe_leaf(node)
+            if not node.lock:
+                self.evictable += node.hi - node.lo
+                if not node.children:  # `_maybe_leaf`
+                    heapq.heappush(self._leaves, (node.last_access, next(self._seq), node))
             node = node.parent
 
     def _maybe_leaf(self, node: Node) -> None:

@@ -12,6 +12,12 @@ A member's output count is `generated` when it is not decoding, else
 `min(generated + steps since it started, target)`, less one where the overlap scheduler has not
 processed the batch in flight (`lag`: every decoding member after a decode step; after a prefill,
 the members that prefill admitted, which joined at its iteration).
+
+Each slot holds its count as `min(base + decode steps, top)`: a decoding member's `base` is its
+`generated - start_iter` and its `top` its target; one not decoding has `base` out of reach and
+`top` its `generated`; a dead slot reserves nothing (`top` and `max_tokens` 0, so it adds 0.0 to the
+sum, which leaves every partial sum as it was). Every value is a whole number well below 2**53,
+so the floats are exact.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 
 from rlsim.sim.seq import Seq
 
-_FIELDS = ("max_tokens", "generated", "start", "target", "joined")
+_OUT_OF_REACH = 2.0**60  # a `base` no decode-step count reaches: the count is `top`
 
 
 class RunningOffsets:
@@ -32,39 +38,51 @@ class RunningOffsets:
     def reset(self) -> None:
         self._slot: dict[int, int] = {}  # request id -> slot
         self._n = 0  # slots used, dead ones included
-        cap = 64
-        self._alive = np.zeros(cap, dtype=bool)
+        self._alloc(64)
+
+    def _alloc(self, cap: int) -> None:
         self._dec = np.zeros(cap, dtype=bool)
-        self._vals = {f: np.zeros(cap) for f in _FIELDS}
+        self._base = np.full(cap, _OUT_OF_REACH)
+        self._top = np.zeros(cap)
+        self._max = np.zeros(cap)  # max_tokens
+        self._joined = np.zeros(cap)
 
     def join(self, seq: Seq, joined: int) -> None:
         """A member joins at the end of the batch (its prefill done at iteration count `joined`)."""
-        self.drop(seq.req.request_id)
-        if self._n == len(self._alive):
+        rid = seq.req.request_id
+        if rid in self._slot:
+            self.drop(rid)
+        if self._n == len(self._dec):
             self._grow()
         j = self._n
         self._n += 1
-        self._slot[seq.req.request_id] = j
-        self._alive[j] = True
-        self._vals["max_tokens"][j] = seq.req.max_tokens
-        self._vals["joined"][j] = joined
-        self.update(seq)
+        self._slot[rid] = j
+        self._max[j] = seq.req.max_tokens
+        self._joined[j] = joined
+        self._set(j, seq)
 
     def update(self, seq: Seq) -> None:
         """The member's counts changed (it started or stopped decoding, or its target did)."""
         j = self._slot.get(seq.req.request_id)
-        if j is None:
-            return
-        self._dec[j] = seq.decoding
-        self._vals["generated"][j] = seq.generated
-        self._vals["start"][j] = seq.start_iter
-        self._vals["target"][j] = seq.target
+        if j is not None:
+            self._set(j, seq)
+
+    def _set(self, j: int, seq: Seq) -> None:
+        if seq.decoding:
+            self._dec[j] = True
+            self._base[j] = seq.generated - seq.start_iter
+            self._top[j] = seq.target
+        else:
+            self._dec[j] = False
+            self._base[j] = _OUT_OF_REACH
+            self._top[j] = seq.generated
 
     def drop(self, rid: int) -> None:
         j = self._slot.pop(rid, None)
         if j is None:
             return
-        self._alive[j] = False
+        self._dec[j] = False
+        self._base[j], self._top[j], self._max[j] = _OUT_OF_REACH, 0.0, 0.0  # reserves nothing
         dead = self._n - len(self._slot)
         if dead > 64 and 2 * dead > self._n:
             self._compact()
@@ -76,35 +94,30 @@ class RunningOffsets:
         k = self._n
         if not self._slot:
             return 0
-        v, dec = self._vals, self._dec[:k]
-        gen = v["generated"][:k]
-        out = np.where(dec, np.minimum(gen + (dsteps - v["start"][:k]), v["target"][:k]), gen)
+        out = self._base[:k] + dsteps
+        np.minimum(out, self._top[:k], out=out)
         if lag == "decoding":
-            out -= dec
+            out -= self._dec[:k]
         elif lag == "joined":
-            out -= dec & (v["joined"][:k] == joined)
-        vals = np.minimum(v["max_tokens"][:k] - out, clip)[self._alive[:k]] * ratio
-        return float(np.cumsum(vals)[-1])
+            out -= self._dec[:k] & (self._joined[:k] == joined)
+        np.subtract(self._max[:k], out, out=out)
+        np.minimum(out, clip, out=out)
+        out *= ratio
+        return float(np.cumsum(out)[-1])
 
     def _grow(self) -> None:
-        cap = 2 * len(self._alive)
-        for name in ("_alive", "_dec"):
-            a = np.zeros(cap, dtype=bool)
-            a[: self._n] = getattr(self, name)[: self._n]
-            setattr(self, name, a)
-        for f, a in self._vals.items():
-            b = np.zeros(cap)
-            b[: self._n] = a[: self._n]
-            self._vals[f] = b
+        n, old = self._n, (self._dec, self._base, self._top, self._max, self._joined)
+        self._alloc(2 * len(self._dec))
+        for a, b in zip(old, (self._dec, self._base, self._top, self._max, self._joined), strict=True):
+            b[:n] = a[:n]
 
     def _compact(self) -> None:
-        keep = np.flatnonzero(self._alive[: self._n])
-        m = len(keep)
-        self._dec[:m] = self._dec[keep]
-        for a in self._vals.values():
-            a[:m] = a[keep]
-        self._alive[:m] = True
-        self._alive[m : self._n] = False
         order = sorted(self._slot, key=self._slot.__getitem__)  # batch order
+        keep = np.array([self._slot[rid] for rid in order], dtype=np.int64)
+        m, n = len(keep), self._n
+        for a in (self._dec, self._base, self._top, self._max, self._joined):
+            a[:m] = a[keep]
+        self._dec[m:n] = False
+        self._base[m:n], self._top[m:n], self._max[m:n] = _OUT_OF_REACH, 0.0, 0.0
         self._slot = {rid: i for i, rid in enumerate(order)}
         self._n = m

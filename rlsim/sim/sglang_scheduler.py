@@ -475,20 +475,22 @@ class SGLangScheduler:
     def _insert_prefix(self, seq: Seq) -> None:
         """`cache_unfinished_req`: the request's prefilled tokens enter the tree, its lock moves to
         their node, and the slots of tokens the tree already held are given back."""
-        rid = seq.req.request_id
+        req = seq.req
+        rid = req.request_id
         node, covered = self._hold[rid]
-        c = seq.computed  # (a decoding request's count as of its prefill's end: its prompt)
-        shared = seq.req.prompt_len or seq.req.num_prompt_tokens
-        new_node, dup = self.cache.insert(node, covered, seq.req.prompt_id, shared, rid, c)
-        self.cache.free += dup
-        self.cache.lock(new_node)
-        self.cache.unlock(node)
-        self._hold[rid] = (new_node, c if self.cache.enabled else 0)
+        c, cache = seq.computed, self.cache  # (a decoding request's count as of its prefill's end: its prompt)
+        new_node, dup = cache.insert(node, covered, req.prompt_id, req.prompt_len or req.num_prompt_tokens, rid, c)
+        cache.free += dup
+        cache.lock(new_node)
+        cache.unlock(node)
+        self._hold[rid] = (new_node, c if cache.enabled else 0)
 
     def finish_due(self) -> list[Seq]:
         """The requests whose last token the decode steps so far sampled (an aborted one's last
         step finishes it too, unreported: the engine reported it when it aborted it)."""
         heap, now = self.heap, self.dsteps
+        if not heap or heap[0][0] > now:
+            return []
         due, ended = [], []
         while heap and heap[0][0] <= now:
             rid = heapq.heappop(heap)[1]
@@ -547,18 +549,19 @@ class SGLangScheduler:
         tree (`cache_finished_req`), else (retracted) its uncached tokens are freed outright."""
         if seq.decoding:
             self._stop_decoding(seq)
-        rid = seq.req.request_id
+        req = seq.req
+        rid = req.request_id
         del self.running[rid]
         self._offsets.drop(rid)
-        self._aborting.discard(rid)
+        if self._aborting:
+            self._aborting.discard(rid)
         if seq is self.chunked:
             self.chunked = None
         node, covered = self._hold.pop(rid)
         cache, c = self.cache, seq.computed
         self.ctx -= c
         if insert and cache.enabled:
-            shared = seq.req.prompt_len or seq.req.num_prompt_tokens
-            new_node, dup = cache.insert(node, covered, seq.req.prompt_id, shared, rid, c)
+            _, dup = cache.insert(node, covered, req.prompt_id, req.prompt_len or req.num_prompt_tokens, rid, c)
             cache.free += dup
         else:
             cache.free += c - covered
