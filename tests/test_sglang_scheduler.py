@@ -6,6 +6,7 @@ that retracts and aborts, and the settings refused for SGLang.
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
 import pytest
@@ -229,6 +230,27 @@ def test_vllm_only_settings_are_refused_under_sglang(setting: dict) -> None:
 def test_sglang_only_settings_are_refused_under_vllm() -> None:
     with pytest.raises(RlsimError, match="SGLang setting that vLLM does not have"):
         with_engine(load_profile("h100-qwen2.5-7b-tp1"), EngineConfig(schedule_policy="lpm"))
+
+
+def test_a_flushed_radix_tree_is_freed_without_a_garbage_collection() -> None:
+    """Parent and child links make a tree a reference cycle: a flush unlinks it, so reference
+    counting frees it at once instead of a collection pausing over every node the run made."""
+    c = RadixCache(100_000)
+    for pid in range(200):  # 200 prompts, each with 5 requests' own outputs below it, splits included
+        for rid in range(5):
+            c.insert(c.root, 0, pid, 50, 1000 * pid + rid, 80)
+            c.match(pid, 50, 1000 * pid + rid, 20 + rid)  # (nothing here holds a node past the reset)
+    assert len(c._nodes) > 1000
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        c.reset()
+        assert gc.collect() == 0  # no cycle was left for the collector
+    finally:
+        if was:
+            gc.enable()
+    assert c.free == 100_000 and not c.root.children
 
 
 def test_lpm_takes_the_longest_cached_prefix_first_and_defers_a_groups_duplicates() -> None:

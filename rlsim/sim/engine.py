@@ -339,7 +339,10 @@ class SimEngine:
 
     def step(self, until_idle: bool = False, finishes: int = 1, prompts: Mapping[int, int] | None = None) -> EventBatch:
         env = self.env
-        self._watch, self._watch_hit = {p: max(k, 1) for p, k in prompts.items()} if prompts else {}, False
+        watch = dict(prompts) if prompts else {}  # (a copy: the driver calls with hundreds, thousands of times)
+        if watch and min(watch.values()) < 1:
+            watch = {p: max(k, 1) for p, k in watch.items()}
+        self._watch, self._watch_hit = watch, False
         if self._held:  # lockstep: the driver has seen the outputs; the instances go on
             held, self._held = self._held, []
             for hold in held:

@@ -46,7 +46,7 @@ class RadixCache:
     def __init__(self, num_tokens: int, enabled: bool = True) -> None:
         self.num_tokens = num_tokens
         self.enabled = enabled
-        self.root: Node | None = None
+        self._nodes: list[Node] = []  # every node made since the last reset (`drop_tree`)
         self.reset()
 
     def reset(self) -> None:
@@ -61,15 +61,14 @@ class RadixCache:
         self._seq = count()
 
     def drop_tree(self) -> None:
-        """Unlink the tree node by node, so reference counting frees it as soon as it is dropped:
-        parent and child links make every tree a cycle, which only a garbage collection would
-        free, at a pause that grows with every node the run made (seconds over a long run)."""
-        stack = [self.root] if self.root is not None else []
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            node.children.clear()
+        """Unlink the tree's nodes from their parents, so reference counting frees the tree as soon
+        as it is dropped: parent and child links make every tree a cycle, which only a garbage
+        collection would free, at a pause that grows with every node the run made (seconds over a
+        long run). Every node made since the last reset is listed (`_nodes`, evicted ones too until
+        then) for this."""
+        for node in self._nodes:
             node.parent = None
+        self._nodes = []
         self._leaves = []
 
     # ---- a request's path --------------------------------------------------------------------
@@ -102,6 +101,7 @@ class RadixCache:
     def _split(self, child: Node, at: int) -> Node:
         """Cut `child` at position `at`; return the new upper part [lo, at) (its old tail below it)."""
         top = Node(child.key, child.lo, at, child.parent)
+        self._nodes.append(top)
         top.lock, top.last_access = child.lock, child.last_access
         del child.parent.children[(child.key, child.lo)]
         child.parent.children[(top.key, top.lo)] = top
@@ -125,6 +125,7 @@ class RadixCache:
             child = children.get((key, pos))
             if child is None:
                 child = Node(key, pos, stop, node)
+                self._nodes.append(child)
                 children[(key, pos)] = child
                 at = child.last_access = next(clock)
                 self.evictable += stop - pos  # unlocked until the caller locks it

@@ -243,7 +243,8 @@ class SGLangScheduler:
         return self.cache.free + self.cache.evictable - offset
 
     def _no_token(self, total: float, current: float) -> bool:
-        return self._budget(total) <= 0 or self._budget(current) <= 0
+        room = self.cache.free + self.cache.evictable  # (`_budget` of each)
+        return room - total <= 0 or room - current <= 0
 
     @staticmethod
     def _out_of_input(rem_input: int, rem_chunk: int | None) -> bool:
@@ -534,7 +535,9 @@ class SGLangScheduler:
         heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
         self._offsets.update(seq)
 
-    def _stop_decoding(self, seq: Seq) -> None:
+    def _stop_decoding(self, seq: Seq, leaving: bool = False) -> None:
+        """Fold the decode steps it ran into its counts (`leaving`: it leaves the batch next, so
+        its reservation slot is not updated, only dropped)."""
         ran = self.dsteps - seq.start_iter
         seq.generated += min(ran, seq.target - seq.generated)
         seq.computed += ran
@@ -542,13 +545,14 @@ class SGLangScheduler:
         self.num_decoding -= 1
         self.rate_sum -= 1.0
         self.verify_sum -= 1.0
-        self._offsets.update(seq)
+        if not leaving:
+            self._offsets.update(seq)
 
     def _release(self, seq: Seq, insert: bool) -> int:
         """Take a running request out: with `insert` (finished, aborted) its sequence enters the
         tree (`cache_finished_req`), else (retracted) its uncached tokens are freed outright."""
         if seq.decoding:
-            self._stop_decoding(seq)
+            self._stop_decoding(seq, leaving=True)
         req = seq.req
         rid = req.request_id
         del self.running[rid]
