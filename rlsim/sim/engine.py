@@ -165,7 +165,8 @@ class SimEngine:
         self.pause_interrupts = 0  # jumps cut short by pause() (colocated training taking the GPUs)
         self._resume = self.env.event()
         self._where: dict[int, int] = {}
-        self._watch: dict[int, int] = {}  # `step(prompts=...)`: finishes each watched prompt may still have
+        self._watch: Mapping[int, int] = {}  # `step(prompts=...)`: the driver's watched prompts (not changed)
+        self._watch_left: dict[int, int] = {}  # finishes a watched prompt that finished may still have
         self._watch_hit = False
         self.first_token: dict[int, float] = {}
         kv = profile.kv_capacity_tokens
@@ -339,10 +340,9 @@ class SimEngine:
 
     def step(self, until_idle: bool = False, finishes: int = 1, prompts: Mapping[int, int] | None = None) -> EventBatch:
         env = self.env
-        watch = dict(prompts) if prompts else {}  # (a copy: the driver calls with hundreds, thousands of times)
-        if watch and min(watch.values()) < 1:
-            watch = {p: max(k, 1) for p, k in watch.items()}
-        self._watch, self._watch_hit = watch, False
+        # a watched prompt's count is read at its first finish (`_finished`): the driver watches
+        # hundreds, thousands of prompts a call, few of which finish before it returns
+        self._watch, self._watch_left, self._watch_hit = prompts or {}, {}, False
         if self._held:  # lockstep: the driver has seen the outputs; the instances go on
             held, self._held = self._held, []
             for hold in held:
@@ -360,8 +360,9 @@ class SimEngine:
             while where and not self._timed and peek() < math.inf:  # no watched prompt as many as it may)
                 if not until_idle:
                     box = self._outbox
-                    done += sum(type(ev) is Finished for ev in box[seen:])
-                    seen = len(box)
+                    if len(box) > seen:
+                        done += sum(type(ev) is Finished for ev in box[seen:])
+                        seen = len(box)
                     if done >= finishes or self._watch_hit:
                         break
                 advance()
@@ -369,7 +370,7 @@ class SimEngine:
                 while peek() <= now:
                     advance()
         out, self._outbox, self._timed = self._outbox, EventBatch(), False
-        self._watch = {}
+        self._watch, self._watch_left = {}, {}
         if self.lockstep:  # the driver sees these events now: an instance that has not yet held need not
             for inst in self.instances:
                 inst.emitted = False
@@ -461,15 +462,20 @@ class SimEngine:
             return
         now = self.env.now
         inst.emitted = True
-        append, where, generated = self._outbox.append, self._where, inst.sched.generated
+        append, where, generated, watch = self._outbox.append, self._where, inst.sched.generated, self._watch
         for seq in done:
             rid = seq.req.request_id
             gen = generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
             append(Finished(rid, now, inst.idx, gen, "length" if gen >= seq.req.max_tokens else "stop"))
             where.pop(rid, None)
-            if self._watch and self._watch.get(seq.req.prompt_id, 0) > 0:  # a watched prompt's finish
-                left = self._watch[seq.req.prompt_id] = self._watch[seq.req.prompt_id] - 1
-                self._watch_hit = self._watch_hit or not left
+            if watch and seq.req.prompt_id in watch:  # a watched prompt's finish (a count below 1 counts 1)
+                pid = seq.req.prompt_id
+                left = self._watch_left.get(pid)
+                if left is None:
+                    left = max(watch[pid], 1)
+                if left > 0:
+                    left = self._watch_left[pid] = left - 1
+                    self._watch_hit = self._watch_hit or not left
 
     def _lockstep(self, inst: _Instance, own_s: float, tokens: int):  # noqa: ANN202 - SimPy generator
         """Run a data-parallel rank's scheduled batch as part of its group's next iteration: wait

@@ -72,10 +72,6 @@ class RadixCache:
         self._leaves = []
 
     # ---- a request's path --------------------------------------------------------------------
-    @staticmethod
-    def key_at(pos: int, prompt_id: int, shared: int, rid: int) -> object:
-        return prompt_id if pos < shared else ("own", rid)
-
     def match(self, prompt_id: int, shared: int, rid: int, limit: int) -> tuple[Node, int]:
         """(Deepest node of the longest cached prefix of at most `limit` tokens, its length)."""
         node, pos = self.root, 0
@@ -83,7 +79,7 @@ class RadixCache:
             return node, 0
         clock = self._clock
         while pos < limit:
-            if pos < shared:  # a node never spans the boundary (`key_at`)
+            if pos < shared:  # the prompt's shared tokens, then its own: a node never spans the boundary
                 key, end = prompt_id, min(limit, shared)
             else:
                 key, end = ("own", rid), limit
@@ -94,7 +90,7 @@ class RadixCache:
                 child = self._split(child, end)
             node, pos = child, child.hi
             node.last_access = next(clock)
-            if not node.children and not node.lock:  # `_maybe_leaf`
+            if not node.children and not node.lock:  # (it may be a leaf now: an eviction candidate)
                 heapq.heappush(self._leaves, (node.last_access, next(self._seq), node))
         return node, pos
 
@@ -117,7 +113,7 @@ class RadixCache:
             return node, 0
         clock, leaves, seq = self._clock, self._leaves, self._seq
         while pos < end:
-            if pos < shared:  # (`key_at`)
+            if pos < shared:  # (the shared tokens' key, then the request's own)
                 key, stop = prompt_id, min(end, shared)
             else:
                 key, stop = ("own", rid), end
@@ -136,7 +132,7 @@ class RadixCache:
                 child = self._split(child, stop)
             dup += child.hi - child.lo
             at = child.last_access = next(clock)
-            if not child.children and not child.lock:  # `_maybe_leaf`
+            if not child.children and not child.lock:  # (it may be a leaf now: an eviction candidate)
                 heapq.heappush(leaves, (at, next(seq), child))
             node, pos = child, child.hi
         return node, dup
@@ -156,28 +152,26 @@ class RadixCache:
             node.lock -= 1
             if not node.lock:
                 self.evictable += node.hi - node.lo
-                if not node.children:  # `_maybe_leaf`
+                if not node.children:  # (it may be a leaf now: an eviction candidate)
                     heapq.heappush(self._leaves, (node.last_access, next(self._seq), node))
             node = node.parent
 
-    def _maybe_leaf(self, node: Node) -> None:
-        if not node.children and node.lock == 0 and node is not self.root:
-            heapq.heappush(self._leaves, (node.last_access, next(self._seq), node))
-
     def evict(self, num_tokens: int) -> int:
         """Free least recently used unlocked leaves until `num_tokens` are freed; return the freed."""
-        freed, leaves = 0, self._leaves
+        freed, leaves, pop, root = 0, self._leaves, heapq.heappop, self.root
         while freed < num_tokens and leaves:
-            at, _, node = heapq.heappop(leaves)
+            at, _, node = pop(leaves)
             if not node.alive or node.children or node.lock or at != node.last_access:
                 continue  # stale: evicted, grown, locked or touched since it was pushed
             node.alive = False
-            freed += node.size
-            self.evictable -= node.size
-            self.free += node.size
+            size = node.hi - node.lo
+            freed += size
+            self.evictable -= size
+            self.free += size
             parent = node.parent
             del parent.children[(node.key, node.lo)]
-            self._maybe_leaf(parent)
+            if not parent.children and not parent.lock and parent is not root:  # (a leaf now: a candidate)
+                heapq.heappush(leaves, (parent.last_access, next(self._seq), parent))
         return freed
 
     def evict_to_free(self, num_tokens: int) -> bool:

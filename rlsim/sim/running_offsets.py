@@ -103,7 +103,7 @@ class RunningOffsets:
         np.subtract(self._max[:k], out, out=out)
         np.minimum(out, clip, out=out)
         out *= ratio
-        return float(np.cumsum(out)[-1])
+        return float(np.add.accumulate(out, out=out)[k - 1])  # (`np.cumsum`, in place)
 
     def _grow(self) -> None:
         n, old = self._n, (self._dec, self._base, self._top, self._max, self._joined)

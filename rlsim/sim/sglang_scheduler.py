@@ -79,6 +79,10 @@ IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
 MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens
 SGLANG_VERSION = "0.5.23"
 SCHEDULE_POLICIES = ("fcfs", "lpm")  # --schedule-policy (SGLang's default: fcfs)
+# A decoding request's heap key, `finish step << 32 | rid + 2**31`: ordered as (finish step, rid),
+# compared as one int (request ids, warm-ups' negative ones too, lie within +-2**31)
+_RID_BITS, _RID_OFFSET = 32, 2**31
+_RID_MASK = (1 << _RID_BITS) - 1
 
 
 class SGLangScheduler:
@@ -121,7 +125,7 @@ class SGLangScheduler:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.iters = 0  # iterations run
         self.dsteps = 0  # decode steps run: a decoding request's clock
-        self.heap: list = []  # (finish decode step, rid) of decoding requests
+        self.heap: list[int] = []  # decoding requests' (finish decode step, rid), keyed as one int
         self.num_decoding = 0
         self.ctx = 0.0  # KV tokens of the running requests (the cost model's C)
         self.rate_sum = self.verify_sum = 0.0  # one token a step per decoding request
@@ -143,6 +147,8 @@ class SGLangScheduler:
     def add(self, seq: Seq) -> None:
         if seq.rate != 1.0:
             raise RlsimError("speculative decoding is modelled under vLLM's rules only: use --rollout-engine vllm")
+        if not 0 <= seq.req.request_id < _RID_OFFSET:
+            raise RlsimError(f"request id {seq.req.request_id} is out of range: ids run from 0 to 2**31 - 1")
         self.waiting.append(seq)
 
     def add_call(self, seqs: list[Seq]) -> None:
@@ -154,6 +160,8 @@ class SGLangScheduler:
                 self.add(seq)  # (one sample: no warm-up; a speculating one is refused there)
             return
         req = seqs[0].req
+        if not all(0 <= seq.req.request_id < _RID_OFFSET for seq in seqs):
+            raise RlsimError("a request id is out of range: ids run from 0 to 2**31 - 1")
         self._warmups_sent += 1
         rid = -self._warmups_sent
         warm = Request(rid, req.prompt_id, -1, req.epoch, req.num_prompt_tokens, 0, 1, req.instance, req.policy_version)
@@ -242,14 +250,6 @@ class SGLangScheduler:
         """`PrefillBudget.remaining_total` (`remaining_current`) under this offset."""
         return self.cache.free + self.cache.evictable - offset
 
-    def _no_token(self, total: float, current: float) -> bool:
-        room = self.cache.free + self.cache.evictable  # (`_budget` of each)
-        return room - total <= 0 or room - current <= 0
-
-    @staticmethod
-    def _out_of_input(rem_input: int, rem_chunk: int | None) -> bool:
-        return rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0)
-
     def _prefill(self, out: Scheduled) -> None:
         size = self._batch_size()
         allocatable = self.max_running_requests - size
@@ -282,11 +282,15 @@ class SGLangScheduler:
             admitted.append((seq, take))
             if done:
                 self.chunked = None
-        waiting = self.waiting
+        waiting, match, lock = self.waiting, cache.match, cache.lock
+        # `PrefillBudget`'s checks are written out below, this loop runs at every admission: out of
+        # input (`rem_input`, `rem_chunk` spent), NO_TOKEN (`room` less `total` or `current` at most 0)
         while waiting:  # (in queue order, stopping at the first refusal: the admitted are its head)
             seq = waiting[0]
-            if self._out_of_input(rem_input, rem_chunk) and not self._no_token(total, current):
-                break  # `budget_state() == OTHER`: the continuing chunk spent the pass
+            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                room = cache.free + cache.evictable
+                if not (room - total <= 0 or room - current <= 0):
+                    break  # `budget_state() == OTHER`: the continuing chunk spent the pass
             if len(admitted) >= allocatable:  # (a continuing chunk keeps its row, and counts)
                 self.batch_is_full = True
                 break
@@ -294,23 +298,23 @@ class SGLangScheduler:
             rid = req.request_id
             ntok = req.num_prompt_tokens + seq.generated
             shared = req.prompt_len or req.num_prompt_tokens
-            node, hit = cache.match(req.prompt_id, shared, rid, ntok - 1)  # `init_next_round_input`
+            node, hit = match(req.prompt_id, shared, rid, ntok - 1)  # `init_next_round_input`
             # `add_one_req`
-            max_new = min(max(req.max_tokens - seq.generated, 0), CLIP_MAX_NEW_TOKENS)
+            max_new = min(max(req.max_tokens - seq.generated, 0), clip)
             extend = 1 if seq.transfer else ntok - hit
-            cache.lock(node)  # the match is pinned while the request is weighed
+            lock(node)  # the match is pinned while the request is weighed
             if lazy:
                 lazy = False
-                if extend + max_new + 1 < self._budget(0.0):
+                if extend + max_new + 1 < cache.free + cache.evictable - 0.0:
                     total = self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, clip)
-            if not extend + max_new + 1 < self._budget(total):
+            if not extend + max_new + 1 < cache.free + cache.evictable - total:
                 cache.unlock(node)
                 self.batch_is_full = bool(admitted) or size > 0  # NO_TOKEN
                 break
             if rem_chunk is None and admitted and extend >= rem_input:
                 cache.unlock(node)
                 break
-            res = min(req.max_tokens, CLIP_MAX_NEW_TOKENS)
+            res = min(req.max_tokens, clip)
             chunked = rem_chunk is not None and extend > rem_chunk
             if chunked:
                 extend, res = rem_chunk, 0
@@ -327,10 +331,11 @@ class SGLangScheduler:
             admitted.append((seq, extend))
             if chunked:
                 self.chunked = seq
-            if self._no_token(total, current):  # the verdict `add_one_req` returns
+            room = cache.free + cache.evictable
+            if room - total <= 0 or room - current <= 0:  # the verdict `add_one_req` returns
                 self.batch_is_full = True
                 break
-            if self._out_of_input(rem_input, rem_chunk):
+            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
                 break
         self._takes_last_batch = not size and any(seq is not self.chunked for seq, _ in admitted)
         for seq, take in admitted:  # `prepare_for_extend`: their slots, evicting as needed
@@ -450,11 +455,13 @@ class SGLangScheduler:
         self.iters += 1
         if out.num_decodes:
             self.dsteps += 1
-        self.release_finishing()
-        pending, self._pending_insert = self._pending_insert, []
-        for seq in pending:  # overlap: the last batch's prefills, processed after this one launched
-            if self.running.get(seq.req.request_id) is seq:
-                self._insert_prefix(seq)
+        if self.finishing:
+            self.release_finishing()
+        if self._pending_insert:
+            pending, self._pending_insert = self._pending_insert, []
+            for seq in pending:  # overlap: the last batch's prefills, processed after this one launched
+                if self.running.get(seq.req.request_id) is seq:
+                    self._insert_prefix(seq)
         for seq, take in out.chunks:
             seq.computed += take
             if seq.computed >= seq.req.num_prompt_tokens + seq.generated:
@@ -490,11 +497,12 @@ class SGLangScheduler:
         """The requests whose last token the decode steps so far sampled (an aborted one's last
         step finishes it too, unreported: the engine reported it when it aborted it)."""
         heap, now = self.heap, self.dsteps
-        if not heap or heap[0][0] > now:
+        limit = (now + 1) << _RID_BITS  # keys of finish steps up to now lie below it
+        if not heap or heap[0] >= limit:
             return []
-        due, ended = [], []
-        while heap and heap[0][0] <= now:
-            rid = heapq.heappop(heap)[1]
+        due, ended, pop = [], [], heapq.heappop
+        while heap and heap[0] < limit:
+            rid = (pop(heap) & _RID_MASK) - _RID_OFFSET
             seq = self.running.get(rid)
             if seq is None or not seq.decoding or seq.finish_iter != now:
                 continue
@@ -532,7 +540,7 @@ class SGLangScheduler:
         self.num_decoding += 1
         self.rate_sum += 1.0
         self.verify_sum += 1.0
-        heapq.heappush(self.heap, (seq.finish_iter, seq.req.request_id))
+        heapq.heappush(self.heap, (seq.finish_iter << _RID_BITS) | (seq.req.request_id + _RID_OFFSET))
         self._offsets.update(seq)
 
     def _stop_decoding(self, seq: Seq, leaving: bool = False) -> None:
@@ -633,7 +641,7 @@ class SGLangScheduler:
         n = self.num_decoding
         if n != len(self.running):
             return 0
-        k_finish = self.heap[0][0] - self.dsteps
+        k_finish = (self.heap[0] >> _RID_BITS) - self.dsteps
         k_kv = (self.cache.free + self.cache.evictable) // n
         if self._pending_insert:  # no eviction before the tree inserts its first step processes
             k_kv = min(k_kv, self.cache.free // n)
