@@ -72,8 +72,9 @@ class RadixCache:
         self._leaves = []
 
     # ---- a request's path --------------------------------------------------------------------
-    def match(self, prompt_id: int, shared: int, rid: int, limit: int) -> tuple[Node, int]:
-        """(Deepest node of the longest cached prefix of at most `limit` tokens, its length)."""
+    def match(self, prompt_id: int, shared: int, rid: int, limit: int, lock: bool = False) -> tuple[Node, int]:
+        """(Deepest node of the longest cached prefix of at most `limit` tokens, its length); with
+        `lock`, that node is locked too (`lock`: see there why none of its path is queued)."""
         node, pos = self.root, 0
         if not self.enabled:
             return node, 0
@@ -90,8 +91,10 @@ class RadixCache:
                 child = self._split(child, end)
             node, pos = child, child.hi
             node.last_access = next(clock)
-            if not node.children and not node.lock:  # (it may be a leaf now: an eviction candidate)
+            if not lock and not node.children and not node.lock:  # (it may be a leaf now: a candidate)
                 heapq.heappush(self._leaves, (node.last_access, next(self._seq), node))
+        if lock:
+            self.lock(node)
         return node, pos
 
     def _split(self, child: Node, at: int) -> Node:
@@ -105,9 +108,12 @@ class RadixCache:
         top.children[(child.key, child.lo)] = child
         return top
 
-    def insert(self, node: Node, pos: int, prompt_id: int, shared: int, rid: int, end: int) -> tuple[Node, int]:
+    def insert(
+        self, node: Node, pos: int, prompt_id: int, shared: int, rid: int, end: int, lock: bool = False
+    ) -> tuple[Node, int]:
         """Cache positions [pos, end) below `node` (the request's path so far); return (its new
-        deepest node, tokens the tree already held, whose slots the request gives back)."""
+        deepest node, tokens the tree already held, whose slots the request gives back); with
+        `lock`, the new deepest node is locked too (`lock`: see there why none of its path is queued)."""
         dup = 0
         if not self.enabled:
             return node, 0
@@ -125,20 +131,28 @@ class RadixCache:
                 children[(key, pos)] = child
                 at = child.last_access = next(clock)
                 self.evictable += stop - pos  # unlocked until the caller locks it
-                heapq.heappush(leaves, (at, next(seq), child))  # a new node is an unlocked leaf
+                if not lock:
+                    heapq.heappush(leaves, (at, next(seq), child))  # a new node is an unlocked leaf
                 node, pos = child, stop
                 continue
             if child.hi > stop:
                 child = self._split(child, stop)
             dup += child.hi - child.lo
             at = child.last_access = next(clock)
-            if not child.children and not child.lock:  # (it may be a leaf now: an eviction candidate)
+            if not lock and not child.children and not child.lock:  # (it may be a leaf now: a candidate)
                 heapq.heappush(leaves, (at, next(seq), child))
             node, pos = child, child.hi
+        if lock:
+            self.lock(node)
         return node, dup
 
     # ---- locks and eviction ------------------------------------------------------------------
     def lock(self, node: Node) -> None:
+        """Lock `node`'s path. A locked node is no eviction candidate, and every node becomes one
+        again only through `unlock` or `evict`, which queue it then: so a path locked as soon as it
+        is matched or inserted (`lock=True` there) needs none of its nodes queued meanwhile. (The
+        queue is ordered by last access, which no two live candidates share, so entries left out
+        change no eviction.)"""
         root = self.root
         while node is not root:
             if not node.lock:

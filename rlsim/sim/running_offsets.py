@@ -13,11 +13,12 @@ A member's output count is `generated` when it is not decoding, else
 processed the batch in flight (`lag`: every decoding member after a decode step; after a prefill,
 the members that prefill admitted, which joined at its iteration).
 
-Each slot holds its count as `min(base + decode steps, top)`: a decoding member's `base` is its
-`generated - start_iter` and its `top` its target; one not decoding has `base` out of reach and
-`top` its `generated`; a dead slot reserves nothing (`top` and `max_tokens` 0, so it adds 0.0 to the
-sum, which leaves every partial sum as it was). Every value is a whole number well below 2**53,
-so the floats are exact.
+Each slot holds what its reservation needs as two bounds: `max_tokens - output` (before the lag)
+is `max(a - decode steps, b)`. A decoding member's `a` is `max_tokens - generated + start_iter`
+and its `b` is `max_tokens - target`; one not decoding has `a` out of reach below and `b` its
+`max_tokens - generated`; a dead slot reserves nothing (`b` 0, so it adds 0.0 to the sum, which
+leaves every partial sum as it was). Every value that is kept is a whole number well below 2**53,
+so the floats are exact and equal to `max_tokens - min(generated + steps, target)` to the bit.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 
 from rlsim.sim.seq import Seq
 
-_OUT_OF_REACH = 2.0**60  # a `base` no decode-step count reaches: the count is `top`
+_OUT_OF_REACH = -(2.0**60)  # an `a` far below every `b`: the bound is `b`
 
 
 class RunningOffsets:
@@ -41,10 +42,9 @@ class RunningOffsets:
         self._alloc(64)
 
     def _alloc(self, cap: int) -> None:
-        self._dec = np.zeros(cap, dtype=bool)
-        self._base = np.full(cap, _OUT_OF_REACH)
-        self._top = np.zeros(cap)
-        self._max = np.zeros(cap)  # max_tokens
+        self._dec = np.zeros(cap)  # 1.0 for a decoding member, else 0.0
+        self._a = np.full(cap, _OUT_OF_REACH)
+        self._b = np.zeros(cap)
         self._joined = np.zeros(cap)
 
     def join(self, seq: Seq, joined: int) -> None:
@@ -57,7 +57,6 @@ class RunningOffsets:
         j = self._n
         self._n += 1
         self._slot[rid] = j
-        self._max[j] = seq.req.max_tokens
         self._joined[j] = joined
         self._set(j, seq)
 
@@ -68,21 +67,21 @@ class RunningOffsets:
             self._set(j, seq)
 
     def _set(self, j: int, seq: Seq) -> None:
+        m = seq.req.max_tokens
         if seq.decoding:
-            self._dec[j] = True
-            self._base[j] = seq.generated - seq.start_iter
-            self._top[j] = seq.target
+            self._dec[j] = 1.0
+            self._a[j] = m - seq.generated + seq.start_iter
+            self._b[j] = m - seq.target
         else:
-            self._dec[j] = False
-            self._base[j] = _OUT_OF_REACH
-            self._top[j] = seq.generated
+            self._dec[j] = 0.0
+            self._a[j] = _OUT_OF_REACH
+            self._b[j] = m - seq.generated
 
     def drop(self, rid: int) -> None:
         j = self._slot.pop(rid, None)
         if j is None:
             return
-        self._dec[j] = False
-        self._base[j], self._top[j], self._max[j] = _OUT_OF_REACH, 0.0, 0.0  # reserves nothing
+        self._dec[j], self._a[j], self._b[j] = 0.0, _OUT_OF_REACH, 0.0  # reserves nothing
         dead = self._n - len(self._slot)
         if dead > 64 and 2 * dead > self._n:
             self._compact()
@@ -94,30 +93,28 @@ class RunningOffsets:
         k = self._n
         if not self._slot:
             return 0
-        out = self._base[:k] + dsteps
-        np.minimum(out, self._top[:k], out=out)
+        out = np.subtract(self._a[:k], dsteps)
+        np.maximum(out, self._b[:k], out=out)  # max_tokens - min(generated + steps, target)
         if lag == "decoding":
-            out -= self._dec[:k]
+            out += self._dec[:k]
         elif lag == "joined":
-            out -= self._dec[:k] & (self._joined[:k] == joined)
-        np.subtract(self._max[:k], out, out=out)
+            np.add(out, self._dec[:k], out=out, where=self._joined[:k] == joined)
         np.minimum(out, clip, out=out)
         out *= ratio
         return float(np.add.accumulate(out, out=out)[k - 1])  # (`np.cumsum`, in place)
 
     def _grow(self) -> None:
-        n, old = self._n, (self._dec, self._base, self._top, self._max, self._joined)
+        n, old = self._n, (self._dec, self._a, self._b, self._joined)
         self._alloc(2 * len(self._dec))
-        for a, b in zip(old, (self._dec, self._base, self._top, self._max, self._joined), strict=True):
+        for a, b in zip(old, (self._dec, self._a, self._b, self._joined), strict=True):
             b[:n] = a[:n]
 
     def _compact(self) -> None:
         order = sorted(self._slot, key=self._slot.__getitem__)  # batch order
         keep = np.array([self._slot[rid] for rid in order], dtype=np.int64)
         m, n = len(keep), self._n
-        for a in (self._dec, self._base, self._top, self._max, self._joined):
+        for a in (self._dec, self._a, self._b, self._joined):
             a[:m] = a[keep]
-        self._dec[m:n] = False
-        self._base[m:n], self._top[m:n], self._max[m:n] = _OUT_OF_REACH, 0.0, 0.0
+        self._dec[m:n], self._a[m:n], self._b[m:n] = 0.0, _OUT_OF_REACH, 0.0
         self._slot = {rid: i for i, rid in enumerate(order)}
         self._n = m

@@ -282,7 +282,7 @@ class SGLangScheduler:
             admitted.append((seq, take))
             if done:
                 self.chunked = None
-        waiting, match, lock = self.waiting, cache.match, cache.lock
+        waiting, match = self.waiting, cache.match
         # `PrefillBudget`'s checks are written out below, this loop runs at every admission: out of
         # input (`rem_input`, `rem_chunk` spent), NO_TOKEN (`room` less `total` or `current` at most 0)
         while waiting:  # (in queue order, stopping at the first refusal: the admitted are its head)
@@ -298,11 +298,11 @@ class SGLangScheduler:
             rid = req.request_id
             ntok = req.num_prompt_tokens + seq.generated
             shared = req.prompt_len or req.num_prompt_tokens
-            node, hit = match(req.prompt_id, shared, rid, ntok - 1)  # `init_next_round_input`
+            # `init_next_round_input`, the match locked (pinned while the request is weighed)
+            node, hit = match(req.prompt_id, shared, rid, ntok - 1, lock=True)
             # `add_one_req`
             max_new = min(max(req.max_tokens - seq.generated, 0), clip)
             extend = 1 if seq.transfer else ntok - hit
-            lock(node)  # the match is pinned while the request is weighed
             if lazy:
                 lazy = False
                 if extend + max_new + 1 < cache.free + cache.evictable - 0.0:
@@ -487,9 +487,9 @@ class SGLangScheduler:
         rid = req.request_id
         node, covered = self._hold[rid]
         c, cache = seq.computed, self.cache  # (a decoding request's count as of its prefill's end: its prompt)
-        new_node, dup = cache.insert(node, covered, req.prompt_id, req.prompt_len or req.num_prompt_tokens, rid, c)
+        shared = req.prompt_len or req.num_prompt_tokens
+        new_node, dup = cache.insert(node, covered, req.prompt_id, shared, rid, c, lock=True)  # (locked at once)
         cache.free += dup
-        cache.lock(new_node)
         cache.unlock(node)
         self._hold[rid] = (new_node, c if cache.enabled else 0)
 
