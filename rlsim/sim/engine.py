@@ -159,6 +159,7 @@ class SimEngine:
         self.env = simpy.Environment()
         self._outbox = EventBatch()
         self._timed = False  # a timer fired into the outbox
+        self._num_finished = 0  # finishes reported so far (what `step` counts against `finishes`)
         self._paused = False
         self._sleep = False
         self.wake_reprefill_tokens = 0  # tokens recomputed because a sleep freed their KV
@@ -348,6 +349,7 @@ class SimEngine:
             for hold in held:
                 hold.succeed()
         outbox, peek, advance = self._outbox, env.peek, env.step
+        before = self._num_finished  # (every finish in the outbox came during this call)
         while not outbox:
             if peek() == math.inf:
                 return EventBatch()
@@ -356,15 +358,10 @@ class SimEngine:
         while peek() <= now:  # everything else happening at this instant
             advance()
         if (until_idle or finishes > 1) and not self.lockstep:  # on, instant by instant, while requests run
-            where, seen, done = self._where, 0, 0  # and no timer fired (and fewer than `finishes` finished,
+            where = self._where  # and no timer fired (and fewer than `finishes` finished,
             while where and not self._timed and peek() < math.inf:  # no watched prompt as many as it may)
-                if not until_idle:
-                    box = self._outbox
-                    if len(box) > seen:
-                        done += sum(type(ev) is Finished for ev in box[seen:])
-                        seen = len(box)
-                    if done >= finishes or self._watch_hit:
-                        break
+                if not until_idle and (self._num_finished - before >= finishes or self._watch_hit):
+                    break
                 advance()
                 now = env.now
                 while peek() <= now:
@@ -462,6 +459,7 @@ class SimEngine:
             return
         now = self.env.now
         inst.emitted = True
+        self._num_finished += len(done)
         append, where, generated, watch = self._outbox.append, self._where, inst.sched.generated, self._watch
         for seq in done:
             rid = seq.req.request_id
