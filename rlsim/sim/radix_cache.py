@@ -57,7 +57,6 @@ class RadixCache:
         self.root.lock = 1  # never evicted
         self.evictable = 0  # tokens in unlocked nodes
         self._clock = count(1)
-        self._leaves: list = []  # (last_access, seq, node): candidates, checked when popped
         self._seq = count()
 
     def drop_tree(self) -> None:
@@ -69,7 +68,7 @@ class RadixCache:
         for node in self._nodes:
             node.parent = None
         self._nodes = []
-        self._leaves = []
+        self._leaves: list = []  # (last_access, seq, node): candidates, checked when popped
 
     # ---- a request's path --------------------------------------------------------------------
     def match(self, prompt_id: int, shared: int, rid: int, limit: int, lock: bool = False) -> tuple[Node, int]:

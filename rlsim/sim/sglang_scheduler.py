@@ -85,6 +85,12 @@ _RID_BITS, _RID_OFFSET = 32, 2**31
 _RID_MASK = (1 << _RID_BITS) - 1
 
 
+def _check_rid(rid: int) -> None:
+    """A caller's request id must fit its heap key (warm-ups take the negative ones)."""
+    if not 0 <= rid < _RID_OFFSET:
+        raise RlsimError(f"request id {rid} is out of range: ids run from 0 to 2**31 - 1")
+
+
 class SGLangScheduler:
     """SGLang's `Scheduler` for one instance: waiting queue, running batch, radix cache, prefill
     admission, retraction and `new_token_ratio` (a `rlsim.sim.rollout_scheduler.RolloutScheduler`)."""
@@ -147,8 +153,7 @@ class SGLangScheduler:
     def add(self, seq: Seq) -> None:
         if seq.rate != 1.0:
             raise RlsimError("speculative decoding is modelled under vLLM's rules only: use --rollout-engine vllm")
-        if not 0 <= seq.req.request_id < _RID_OFFSET:
-            raise RlsimError(f"request id {seq.req.request_id} is out of range: ids run from 0 to 2**31 - 1")
+        _check_rid(seq.req.request_id)
         self.waiting.append(seq)
 
     def add_call(self, seqs: list[Seq]) -> None:
@@ -160,8 +165,8 @@ class SGLangScheduler:
                 self.add(seq)  # (one sample: no warm-up; a speculating one is refused there)
             return
         req = seqs[0].req
-        if not all(0 <= seq.req.request_id < _RID_OFFSET for seq in seqs):
-            raise RlsimError("a request id is out of range: ids run from 0 to 2**31 - 1")
+        for seq in seqs:
+            _check_rid(seq.req.request_id)
         self._warmups_sent += 1
         rid = -self._warmups_sent
         warm = Request(rid, req.prompt_id, -1, req.epoch, req.num_prompt_tokens, 0, 1, req.instance, req.policy_version)
@@ -305,7 +310,7 @@ class SGLangScheduler:
             extend = 1 if seq.transfer else ntok - hit
             if lazy:
                 lazy = False
-                if extend + max_new + 1 < cache.free + cache.evictable - 0.0:
+                if extend + max_new + 1 < cache.free + cache.evictable:
                     total = self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, clip)
             if not extend + max_new + 1 < cache.free + cache.evictable - total:
                 cache.unlock(node)
