@@ -318,17 +318,22 @@ def test_bad_rollout_engine_is_one_line_and_exit_2(extra: list, says: str) -> No
 @pytest.mark.parametrize("overlap", [False, True])
 def test_running_offsets_sum_to_the_bit_as_sglang_sums_them(overlap: bool) -> None:
     """At every prefill pass of a workload that retracts and aborts, the vectorised offset
-    (`RunningOffsets`) equals the one summed request by request in batch order, as a float."""
+    (`RunningOffsets`) equals the one summed request by request in batch order, as a float, both
+    compiled (`_sum_loop`, where numba is) and in numpy passes (the pure path)."""
+    from rlsim.sim.running_offsets import _compiled_sum
     from rlsim.sim.sglang_parity import GRID, run_rlsim
 
-    checked = []
+    checked, lags = [], set()
     real = SGLangScheduler._touch_waiting_prefixes
 
     def check(self: SGLangScheduler) -> None:
-        ratio = self.new_token_ratio
-        fast = self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, 4096)
+        ratio, lag = self.new_token_ratio, self._lag_mode()
+        fast = self._offsets.total(ratio, self.dsteps, lag, self.iters, 4096)
         assert fast == self.running_offset_reference(ratio)
+        if self._offsets._slot:  # (`_sum_numpy` sums a batch of one request or more)
+            assert self._offsets._sum_numpy(ratio, self.dsteps, lag, self.iters, 4096) == fast
         checked.append(fast)
+        lags.add(lag)
         real(self)
 
     SGLangScheduler._touch_waiting_prefixes = check
@@ -339,6 +344,10 @@ def test_running_offsets_sum_to_the_bit_as_sglang_sums_them(overlap: bool) -> No
         SGLangScheduler._touch_waiting_prefixes = real
     assert sum(len(r["retracted"]) for r in log["iterations"]) > 0
     assert len(checked) > 50 and any(checked)
+    assert lags == ({"decoding", "joined"} if overlap else {"none"})
+    from rlsim.sim.compiled.jit import PURE
+
+    assert (_compiled_sum() is None) == PURE  # the compiled sum ran where numba is
 
 
 def test_a_sweep_grid_lists_both_rollout_engines(tmp_path) -> None:  # noqa: ANN001
