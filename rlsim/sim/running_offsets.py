@@ -20,8 +20,8 @@ and its `b` is `max_tokens - target`; one not decoding has `a` out of reach belo
 leaves every partial sum as it was). Every value that is kept is a whole number well below 2**53,
 so the floats are exact and equal to `max_tokens - min(generated + steps, target)` to the bit.
 
-The sum runs compiled where numba is (`_sum_loop`, one pass over the slots: a tenth of the numpy
-passes' time at a batch of hundreds, whose per-call cost dominates there), the same IEEE
+The sum runs compiled where numba is (`_sum_loop`, one pass over the slots: about a seventh of the
+numpy passes' time at a batch of hundreds, where their per-call cost dominates), the same IEEE
 operations in the same order, so the same float to the bit; with `RLSIM_PURE_PYTHON=1`, or
 without numba, the numpy passes run (`_sum_numpy`). Tests hold the two and SGLang's own
 request-by-request sum equal.
@@ -57,10 +57,11 @@ def _sum_loop(a, b, dec, joined, k, ratio, dsteps, lag, joined_at, clip):  # noq
 
 @functools.cache
 def _compiled_sum():  # noqa: ANN202 - a numba dispatcher, or None
-    """`_sum_loop` compiled (cached on disk as numba caches), or None on the pure path. Imported
-    at the first sum, never before: numba's llvmlite breaks vLLM's kernel scan in a process that
-    later starts a real engine (see `rlsim.sim.simulate`), and the compiled core's module sets the
-    CPU its machine code is for before numba is imported (`rlsim.sim.compiled.jit`)."""
+    """`_sum_loop` compiled (cached on disk as numba caches), or None on the pure path. numba is
+    imported when the first `RunningOffsets` is built (an SGLang scheduler), never at import: its
+    llvmlite breaks vLLM's kernel scan in a process that later starts a real engine (see
+    `rlsim.sim.simulate`), and the compiled core's module sets the CPU its machine code is for
+    before numba is imported (`rlsim.sim.compiled.jit`)."""
     from rlsim.sim.compiled import jit
 
     if jit.PURE:
@@ -72,7 +73,8 @@ class RunningOffsets:
     """Slots of the running batch's members, in batch order."""
 
     def __init__(self, compiled: bool = True) -> None:
-        """`compiled`: sum with `_sum_loop` compiled where numba is (else, or False, in numpy)."""
+        """`compiled`: sum with `_sum_loop` compiled where numba is; False (or no numba, or the pure
+        path) sums in numpy passes."""
         self._sum = _compiled_sum() if compiled else None
         self.reset()
 
