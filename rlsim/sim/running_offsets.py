@@ -30,6 +30,7 @@ request-by-request sum equal.
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 
@@ -57,16 +58,21 @@ def _sum_loop(a, b, dec, joined, k, ratio, dsteps, lag, joined_at, clip):  # noq
 
 @functools.cache
 def _compiled_sum():  # noqa: ANN202 - a numba dispatcher, or None
-    """`_sum_loop` compiled (cached on disk as numba caches), or None on the pure path. numba is
-    imported when the first `RunningOffsets` is built (an SGLang scheduler), never at import: its
-    llvmlite breaks vLLM's kernel scan in a process that later starts a real engine (see
-    `rlsim.sim.simulate`), and the compiled core's module sets the CPU its machine code is for
-    before numba is imported (`rlsim.sim.compiled.jit`)."""
-    from rlsim.sim.compiled import jit
-
-    if jit.PURE:
+    """`_sum_loop` compiled (cached on disk as numba caches), or None on the pure path (numba
+    missing, or `RLSIM_PURE_PYTHON=1`, as `rlsim.sim.compiled.jit` reads it). numba is imported
+    when the first `RunningOffsets` is built (an SGLang scheduler), never at import: its llvmlite
+    breaks vLLM's kernel scan in a process that later starts a real engine (see
+    `rlsim.sim.simulate`). The CPU its machine code is for is set first, as the compiled core sets
+    it (generic x86-64, unless the user chose one), so that importing numba here leaves the core's
+    shipped machine code usable in the same process."""
+    if os.environ.get("RLSIM_PURE_PYTHON", "") not in ("", "0"):
         return None
-    return jit.numba.njit(cache=True, fastmath=False, nogil=True)(_sum_loop)
+    os.environ.setdefault("NUMBA_CPU_NAME", "generic")
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return None
+    return numba.njit(cache=True, fastmath=False, nogil=True)(_sum_loop)
 
 
 class RunningOffsets:
