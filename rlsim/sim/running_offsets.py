@@ -64,7 +64,10 @@ def _compiled_sum():  # noqa: ANN202 - a numba dispatcher, or None
     breaks vLLM's kernel scan in a process that later starts a real engine (see
     `rlsim.sim.simulate`). The CPU its machine code is for is set first, as the compiled core sets
     it (generic x86-64, unless the user chose one), so that importing numba here leaves the core's
-    shipped machine code usable in the same process."""
+    shipped machine code usable in the same process. The switch and the CPU setting repeat
+    `jit`'s two lines rather than import it: `jit` sits in the core, whose modules import the
+    scheduler seam and so this one (a cycle), and moving its lines out would change the core's
+    digest, and with it the shipped machine code, for no change of behaviour."""
     if os.environ.get("RLSIM_PURE_PYTHON", "") not in ("", "0"):
         return None
     os.environ.setdefault("NUMBA_CPU_NAME", "generic")
@@ -78,10 +81,9 @@ def _compiled_sum():  # noqa: ANN202 - a numba dispatcher, or None
 class RunningOffsets:
     """Slots of the running batch's members, in batch order."""
 
-    def __init__(self, compiled: bool = True) -> None:
-        """`compiled`: sum with `_sum_loop` compiled where numba is; False (or no numba, or the pure
-        path) sums in numpy passes."""
-        self._sum = _compiled_sum() if compiled else None
+    def __init__(self) -> None:
+        """Sums with `_sum_loop` compiled where numba is; on the pure path, in numpy passes."""
+        self._sum = _compiled_sum()
         self.reset()
 
     def reset(self) -> None:
