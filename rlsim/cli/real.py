@@ -22,11 +22,14 @@ def register(app: typer.Typer) -> None:
     from rlsim.cli.options import DISPATCH, PLACEMENT, SEED, TRACE, TRAIN_GPUS, step_progress
 
     @app.command()
-    # real engines keep their KV through training; they are vLLM's (SGLang's real engine is not built)
-    @engine_options(exclude=("free_cache_engine", "rollout_engine", "schedule_policy"))
+    # real engines keep their KV through training; vLLM's, or SGLang's with --rollout-engine sglang
+    @engine_options(exclude=("free_cache_engine",))
     def run(
         engine: EngineConfig,
-        real: bool = typer.Option(False, "--real", help="Drive real vLLM engines (the only mode of this command)."),
+        real: bool = typer.Option(
+            False, "--real", help="Drive real engines, vLLM's or SGLang's (--rollout-engine): the only mode of this "
+            "command."
+        ),
         out: Path = typer.Option(..., "--out", "-o", help="Run directory (written as the run goes)."),
         resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in --out."),
         trace: Path | None = TRACE,
@@ -88,7 +91,7 @@ def register(app: typer.Typer) -> None:
             "steps (the run uses that fit) and between them (rlsim validate uses that one).",
         ),
     ) -> None:
-        """Run the RL step loop against real vLLM engines with the simulator's driver and policies."""
+        """Run the RL step loop against real vLLM (or SGLang) engines with the simulator's driver and policies."""
         from rlsim.config import ClusterConfig, RLConfig
         from rlsim.real.run import RealRun
         from rlsim.real.run_config import RealConfig

@@ -1,6 +1,7 @@
 """Where a RealEngine's instances run, and the prompts they are given.
 
-`LocalBackend`: one `VllmInstance` in this process. `RayBackend`: one Ray actor per instance, each
+`LocalBackend`: one instance in this process (a `VllmInstance`, or an `SglangInstance` under
+`--rollout-engine sglang`). `RayBackend`: one Ray actor per instance, each
 stepping on its own; `next_step` returns whichever iterations finish first, so instances never wait
 for one another. Both answer the same calls (`call`, `call_all`, `next_step`, `drain`, `close`).
 `PromptSource`: a prompt's token ids, the trace's text when it has some, otherwise seeded ids of the
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlsim.errors import RlsimError
+from rlsim.real.sglang_instance import SglangInstance, sglang_ray_instance_class
 from rlsim.real.vllm_instance import VllmInstance, ray_instance_class
 
 
@@ -102,13 +104,15 @@ class RayBackend:
 
 
 def start_backend(cfg, n: int, ray_address: str | None) -> tuple[LocalBackend | RayBackend, list[dict]]:  # noqa: ANN001
-    """`n` warmed-up instances of `cfg` (a `VllmInstance` here when one, Ray actors otherwise) and
-    each one's facts (KV blocks, limits, versions)."""
+    """`n` warmed-up instances of `cfg` (here when one, Ray actors otherwise; vLLM's engines, or
+    SGLang's where `cfg.engine.rollout_engine` names it) and each one's facts (KV blocks, limits,
+    versions)."""
+    sglang = cfg.engine.rollout_engine == "sglang"
     if n == 1 and not ray_address:
-        inst = VllmInstance(cfg)
+        inst = SglangInstance(cfg) if sglang else VllmInstance(cfg)
         inst.warmup(inst.facts["vocab_size"])
         return LocalBackend([inst]), [inst.facts]
-    actors = ray_actors(cfg, n, ray_address, ray_instance_class)
+    actors = ray_actors(cfg, n, ray_address, sglang_ray_instance_class if sglang else ray_instance_class)
     import ray
 
     facts = ray.get([a.ready.remote() for a in actors])

@@ -92,6 +92,7 @@ class RealEngine:
         # one tuple per engine iteration, in ITERATION_COLUMNS' order
         self.iterations: list[tuple] = []
         self._last_end = [0.0] * num_instances
+        self._last_row: list[int | None] = [None] * num_instances  # each instance's last row in `iterations`
         self._busy = [0.0] * num_instances
         self._busy_since: dict[int, float] = {}
         self._segments: list[list[tuple[float, float]]] = [[] for _ in range(num_instances)]
@@ -359,9 +360,15 @@ class RealEngine:
         wall = now - max(self._last_end[i], self._busy_since.get(i, now))
         self._last_end[i] = now
         det = res.get("details") or {}
-        self.iterations.append(
-            (i, now, res["step_s"], wall, self._count[i], res["new_tokens"], *(det.get(k, -1) for k in DETAIL_COLUMNS))
-        )
+        if res.get("ran", True) or self._last_row[i] is None:
+            self._last_row[i] = len(self.iterations)
+            counts = (self._count[i], res["new_tokens"], *(det.get(k, -1) for k in DETAIL_COLUMNS))
+            self.iterations.append((i, now, res["step_s"], wall, *counts))
+        else:  # SGLang's overlap loop: a pass that ran no batch, only the last one's result, ends that iteration
+            k = self._last_row[i]
+            row = self.iterations[k]
+            took = (row[2] + res["step_s"], row[3] + wall)
+            self.iterations[k] = (i, now, *took, row[4], row[5] + res["new_tokens"], *row[6:])
         for rid_s, n in res["progress"].items():
             rid = int(rid_s)
             if rid in self.live:

@@ -1,4 +1,5 @@
-"""`rlsim run --real`: the simulator's driver and policy objects against real vLLM engines.
+"""`rlsim run --real`: the simulator's driver and policy objects against real vLLM engines (or
+SGLang's, with `--rollout-engine sglang`: `rlsim.real.sglang_instance`).
 
 The run directory is written as the run goes. At the start: `config.json` (everything needed to
 rerun or simulate the run) and `facts.json` (each engine's `num_gpu_blocks`, KV capacity,
@@ -63,6 +64,7 @@ from rlsim.real.run_config import (
     run_profile_engine,
 )
 from rlsim.real.run_files import LOAD_COLUMNS, RunFiles, RunState, has_column
+from rlsim.real.sglang_instance import require_sglang
 from rlsim.real.trainer import check_weights, require_torch
 from rlsim.real.vllm_engine import check_model, is_cpu_build, require_vllm
 from rlsim.real.vllm_instance import InstanceConfig
@@ -145,10 +147,24 @@ class RealRun(Learning, RunCalibration, RunFiles):
         prof = load_profile(profile)
         num_instances(cluster, real.rollout_tp)
         check_model(real.model)
-        require_vllm()
+        engine_cfg = engine_cfg or EngineConfig()
+        engine_cfg.check_settings_for_engine()
+        if engine_cfg.rollout_engine == "sglang":
+            if parsed.histospec is not None:
+                raise RlsimError(
+                    "HistoSpec drafts inside vLLM only: run speculating policies with --rollout-engine vllm"
+                )
+            if engine_cfg.parallel_sampling:
+                raise RlsimError(
+                    "--parallel-sampling is simulated only: a real SGLang run sends one request per sample, as veRL, "
+                    "slime and AReaL send them"
+                )
+            require_sglang(import_it=False)  # (imported by the run, whose log takes its lines)
+        else:
+            require_vllm()
         # vLLM on a CPU has no sleep mode, and a GPU run sleeps only when no engine holds a request
         # (timing_s/rollout_sleep is then measured): the simulation that validates a run keeps the KV.
-        engine_cfg = dataclasses.replace(engine_cfg or EngineConfig(), free_cache_engine=False)
+        engine_cfg = dataclasses.replace(engine_cfg, free_cache_engine=False)
         config = config_dict(cluster, rl, real, engine_cfg) | {
             "mode": "real",
             "policy": policy,
@@ -176,7 +192,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
         """Drive the engines to the end; `progress(step, now)` as the simulator's,
         `on_step_row(row)` with each finished step's row of steps.parquet (veRL's metric names),
         `say(line)` with what happens outside the steps (the `--calibrate` passes)."""
-        require_vllm()
+        require_sglang() if self.engine_cfg.rollout_engine == "sglang" else require_vllm()
         parsed = parse_policy(self.policy)
         cols = (["prompt_text"] if self.real.lengths == "free" else []) + ["reward", "reward_time_s", "step"]
         cols.append("target_len")  # a built-in task's stated length (rlsim.trace.tasks)

@@ -123,6 +123,7 @@ def fit_profile(
         "host": f0.get("host"),
         "hardware": f0["hardware"],
         "vllm_version": f0.get("vllm_version"),
+        **({"sglang_version": f0["sglang_version"]} if "sglang_version" in f0 else {}),
         "torch_version": f0.get("torch_version"),
         "dtype": f0.get("dtype"),
         "grid": grid,
@@ -141,6 +142,7 @@ def fit_profile(
         tensor_parallel_size=int(f0["tensor_parallel_size"]),
         **{k: round(v, 12) for k, v in fit.coeffs.items()},
         kv_capacity_tokens=min(int(f["kv_capacity_tokens"]) for f in facts),
+        rollout_engine=str(f0.get("rollout_engine", "vllm")),  # whose engine measured the costs
         engine=dataclasses.replace(  # the engine the run's instances ran (facts.json)
             base.engine,
             block_size=int(f0["block_size"]),

@@ -167,7 +167,8 @@ def validate(run_dir: Path, profile: str | None = None, engine_changes: dict[str
     # the real engines ran in lockstep with the driver (rlsim.real.engine): so does the simulation,
     # with the scheduler they ran (facts.json records it; vLLM's CPU platform never runs it async)
     engine_cfg = dataclasses.replace(run.engine_cfg, async_scheduling=_ran_async(run_dir), **(engine_changes or {}))
-    result = simulate(trace, policy, cluster, rl, profile=prof, engine_cfg=engine_cfg, lockstep=True)
+    sent = not free  # replay: each request was sent its length as its max tokens
+    result = simulate(trace, policy, cluster, rl, profile=prof, engine_cfg=engine_cfg, lockstep=True, lengths_sent=sent)
     real_m = run_metrics(steps, requests)
     rows = compare_rows(real_m, run_metrics(result.steps, result.requests))
     its = _iterations(run_dir)
@@ -179,7 +180,8 @@ def validate(run_dir: Path, profile: str | None = None, engine_changes: dict[str
             for g in (its[its["instance"] == i].sort_values("time", kind="stable") for i in range(n_real))
         ]  # fmt: skip
         replayed = simulate(
-            trace, policy, cluster, rl, profile=prof, engine_cfg=engine_cfg, iteration_times=replay, lockstep=True
+            trace, policy, cluster, rl, profile=prof, engine_cfg=engine_cfg, iteration_times=replay, lockstep=True,
+            lengths_sent=sent,
         )  # fmt: skip
     sched_rows = None if replayed is None else compare_rows(real_m, run_metrics(replayed.steps, replayed.requests))
     parts = decompose(prof, steps, requests, its, rows, sched_rows, replayed, n_real)

@@ -140,6 +140,7 @@ class SimEngine:
         spec=None,  # noqa: ANN001 - rlsim.spec.speculation.SpecModel or None
         iteration_times: Sequence[Sequence[tuple[float, int, int]]] | None = None,
         lockstep: bool = False,
+        lengths_sent: bool = False,
     ) -> None:
         # the profile under the run's engine (`rlsim.step_costs.with_engine`): its costs, its KV
         # capacity and, in `profile.engine`, every vLLM setting the scheduler follows
@@ -150,6 +151,11 @@ class SimEngine:
         # replay: per instance, (seconds, decode requests, prefill tokens) of each real iteration
         self._replay = Replay(iteration_times) if iteration_times is not None else None
         self.lockstep = lockstep
+        # a replay-mode real run under SGLang sent each request its length as its max tokens
+        # (`rlsim.real.engine`), which SGLang's rules read (its reservations, and the overlap
+        # scheduler's skip of a request its queued result finishes by length); the original cap
+        # still names the finish reason, as the real run names it
+        self._caps: dict[int, int] | None = {} if lengths_sent and engine.rollout_engine == "sglang" else None
         self.async_scheduling = engine.async_scheduling
         self._held: list[simpy.Event] = []
         self.replay = self._replay.counts if self._replay is not None else dict.fromkeys(Replay.COUNTS, 0)
@@ -209,6 +215,9 @@ class SimEngine:
             target = min(req.target_tokens, req.max_tokens)
             if req.num_prompt_tokens + target > cap:
                 raise request_too_large(req, target, cap)
+            if self._caps is not None:  # (a replay-mode real run under SGLang: see __init__)
+                self._caps[req.request_id] = req.max_tokens
+                req = req._replace(max_tokens=max(1, target))
             # a continued chunk's KV comes with it (Seer's global KV pool): not recomputed
             seq = Seq(req, target, generated=req.kept_tokens, transfer=req.kept_tokens > 0)
             if self.spec is not None:
@@ -464,7 +473,8 @@ class SimEngine:
         for seq in done:
             rid = seq.req.request_id
             gen = generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
-            append(Finished(rid, now, inst.idx, gen, "length" if gen >= seq.req.max_tokens else "stop"))
+            cap = self._caps.pop(rid) if self._caps else seq.req.max_tokens
+            append(Finished(rid, now, inst.idx, gen, "length" if gen >= cap else "stop"))
             where.pop(rid, None)
             if watch and seq.req.prompt_id in watch:  # a watched prompt's finish (a count below 1 counts 1)
                 pid = seq.req.prompt_id

