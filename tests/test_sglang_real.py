@@ -80,5 +80,6 @@ def test_a_real_sglang_run_is_validated_batch_for_batch(tmp_path: Path) -> None:
     assert rows["aborted_tokens"]["real"] == rows["aborted_tokens"]["sim"] > 0
     fo = res["parts"]["schedule"]["finish_order"]
     assert fo["matched_requests"] == fo["finished_real"] > 0 and fo["kendall_tau"] == 1.0, fo
-    share = res["parts"]["schedule"]["same_batch_share"]
-    print(f"SGLang real run with aborts: {share:.1%} of iterations with the simulated batch")
+    it = res["parts"]["schedule"]["iterations"]
+    print(f"SGLang real run with aborts: {it['same_batch']} of {it['real']} iterations with the simulated batch")
+    assert it["simulated"] == it["real"] == it["same_batch"] > 0 and it["past_recording"] == 0, it

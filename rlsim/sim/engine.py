@@ -23,6 +23,10 @@ engine's `step()` and reacts to its outputs before the next): an instance whose 
 produced a finish or a preemption starts its next iteration only once the driver has taken the
 events, so a submit or abort the driver makes in reaction lands before that iteration, not one
 iteration later as with an engine that runs on by itself (vLLM's `AsyncLLM`, the default).
+Under SGLang's rules an instance does not wait: a real SGLang instance hands the driver a batch's
+outputs after launching the next batch (its overlap loop), so the driver's reaction lands before
+the schedule after the one in flight, and an abort is answered at once with the tokens the
+request has then, as `rlsim.real.sglang_instance` answers it.
 
 Async scheduling (the engine's `async_scheduling`, vLLM's default on GPU executors: the engine core
 schedules the next batch before the last one's tokens are known): the scheduler keeps a finished
@@ -115,6 +119,7 @@ class _Instance:
     # scheduler one schedule later (`ready`, applied before the next schedule)
     incoming: list = field(default_factory=list)
     ready: list = field(default_factory=list)
+    answered: list = field(default_factory=list)  # lockstep, SGLang: aborts answered, taken before the next schedule
     flush: bool = False  # SGLang: new weights arrived; its radix cache is flushed before its next schedule
     group: _Group | None = None  # data-parallel attention: the lockstep group it is a rank of
 
@@ -157,6 +162,14 @@ class SimEngine:
         # still names the finish reason, as the real run names it
         self._caps: dict[int, int] | None = {} if lengths_sent and engine.rollout_engine == "sglang" else None
         self.async_scheduling = engine.async_scheduling
+        # whether a submit or abort reaching a busy instance lands a schedule late (the platform
+        # schedules the next batch while this one runs: vLLM's async scheduling, SGLang's overlap
+        # loop on a GPU); not in lockstep under SGLang, whose real instance hands the driver a
+        # batch's outputs after launching the next, so that the driver's reaction lands at the
+        # schedule after (`rlsim.real.sglang_instance`: the instance holds no iteration back)
+        self._sglang = engine.rollout_engine == "sglang"
+        self._late_inputs = bool(engine.async_scheduling) and not (lockstep and self._sglang)
+        self._answered: set[int] = set()  # lockstep under SGLang: aborts answered, not yet taken
         self._held: list[simpy.Event] = []
         self.replay = self._replay.counts if self._replay is not None else dict.fromkeys(Replay.COUNTS, 0)
         self.spec = spec
@@ -268,7 +281,20 @@ class SimEngine:
 
     def abort(self, request_ids: Iterable[int]) -> None:
         request_ids = list(request_ids)
-        if self.async_scheduling:
+        if self.lockstep and self._sglang:  # answered now, taken before the next schedule
+            rest = []
+            for rid in request_ids:
+                i = self._where.get(rid)
+                inst = self.instances[i] if i is not None else None
+                if inst is None or not self._answer_abort(inst, rid):
+                    rest.append(rid)
+                elif inst.run_start is None:
+                    self._abort_silently(inst, [rid])
+                else:
+                    inst.answered.append(rid)
+                    self._poke(inst)
+            request_ids = rest
+        elif self._late_inputs:
             now = []
             for rid in request_ids:
                 i = self._where.get(rid)
@@ -279,6 +305,32 @@ class SimEngine:
                     now.append(rid)
             request_ids = now
         self._abort_now(request_ids)
+
+    def _answer_abort(self, inst: _Instance, rid: int) -> bool:
+        """Lockstep under SGLang: answer an abort when it is asked, with the tokens the request has
+        now, as a real run's instance answers it (`SglangInstance.abort`); the scheduler takes it
+        before its next schedule, as SGLang's loop does. False for a request whose finish is
+        already on its way (its `Finished` answers instead)."""
+        sched = inst.sched
+        seq = sched.running.get(rid)
+        if seq is None:
+            seq = next((q for q in sched.waiting if q.req.request_id == rid), None)
+        if seq is None or seq.reported:
+            return False
+        self._outbox.aborted(rid, self.env.now, inst.idx, sched.generated(seq))
+        del self._where[rid]
+        self._answered.add(rid)  # a finish before the scheduler takes the abort is not reported
+        return True
+
+    def _abort_silently(self, inst: _Instance, rids: list[int]) -> None:
+        """The scheduler's side of aborts already answered (`_answer_abort`)."""
+        sched = inst.sched
+        sched.remove_waiting(set(rids))
+        for rid in rids:
+            seq = sched.running.get(rid)
+            if seq is not None and not seq.reported:
+                sched.abort(seq)
+            self._answered.discard(rid)
 
     def _abort_now(self, request_ids: list[int]) -> None:
         """Abort these requests before the next schedule (waiting ones at once)."""
@@ -412,9 +464,10 @@ class SimEngine:
 
     # ---- internals ------------------------------------------------------------------------
     def _defer(self, inst: _Instance) -> bool:
-        """Async scheduling: whether what reaches this instance now lands a schedule late (an
-        iteration is in flight, or earlier arrivals wait; an idle or paused engine takes it at once)."""
-        return self.async_scheduling and (inst.run_start is not None or bool(inst.ready or inst.incoming))
+        """Async scheduling (or SGLang's overlap loop): whether what reaches this instance now lands
+        a schedule late (an iteration is in flight, or earlier arrivals wait; an idle or paused
+        engine takes it at once)."""
+        return self._late_inputs and (inst.run_start is not None or bool(inst.ready or inst.incoming))
 
     def _take_arrivals(self, inst: _Instance) -> None:
         """Async scheduling, before a schedule: what arrived before the previous schedule lands
@@ -464,6 +517,11 @@ class SimEngine:
         inst.aborts.clear()
 
     def _finished(self, inst: _Instance, done: list[Seq]) -> None:
+        if self._answered and done:  # finishes of requests whose abort was answered already (`_answer_abort`)
+            answered = self._answered
+            kept = [seq for seq in done if seq.req.request_id not in answered]
+            answered.difference_update(seq.req.request_id for seq in done)
+            done = kept
         if not done:
             return
         now = self.env.now
@@ -534,6 +592,9 @@ class SimEngine:
         while True:
             if inst.ready or inst.incoming:
                 self._take_arrivals(inst)
+            if inst.answered:
+                self._abort_silently(inst, inst.answered)
+                inst.answered = []
             if inst.aborts:
                 self._apply_aborts(inst)
             if inst.flush:
@@ -548,7 +609,7 @@ class SimEngine:
                 yield inst.wake
                 inst.wake = None
                 continue
-            if self.lockstep and inst.emitted:
+            if self.lockstep and inst.emitted and not self._sglang:
                 inst.emitted = False
                 # the previous iteration's outputs reach the driver before the next one starts
                 hold = env.event()
