@@ -159,6 +159,12 @@ class RealRun(Learning, RunCalibration, RunFiles):
                     "--parallel-sampling is simulated only: a real SGLang run sends one request per sample, as veRL, "
                     "slime and AReaL send them"
                 )
+            if real.rollout_tp > 1:
+                raise RlsimError(
+                    f"--rollout-tp {real.rollout_tp} under SGLang needs one scheduler process per tensor-parallel "
+                    "rank, which rlsim's SGLang instance does not launch: run SGLang at --rollout-tp 1 (one instance "
+                    "per GPU), or use --rollout-engine vllm"
+                )
             require_sglang(import_it=False)  # (imported by the run, whose log takes its lines)
         else:
             require_vllm()
