@@ -58,6 +58,10 @@ def test_impossible_config_is_refused(tmp_path: Path, small_trace_path: Path) ->
     assert "exceeds the trace's cap" in _err([*base, "--max-response-len", "10000000"])
     assert "--lengths" in _err([*base, "--lengths", "sometimes"])
     assert "--calibrate must be small or default" in _err([*base, "--calibrate", "huge"])
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    sglang = [*base[:-1], str(tmp_path / "model"), "--rollout-engine", "sglang"]
+    assert "one scheduler process per tensor-parallel rank" in _err([*sglang, "--gpus", "2", "--rollout-tp", "2"])
     assert not out.exists()
 
 
