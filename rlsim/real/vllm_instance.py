@@ -10,7 +10,6 @@ its drafter (`rlsim.real.histospec_proposer`) reads while the engine runs.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import tempfile
@@ -19,7 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlsim.config import EngineConfig
-from rlsim.real.vllm_engine import PROBE_REPEATS, _Sink, create_engine, probe_requests, require_vllm, warmup_requests
+from rlsim.real.vllm_engine import (
+    PROBE_REPEATS,
+    _Sink,
+    create_engine,
+    probe_requests,
+    require_vllm,
+    timed_iterations,
+    warmup_requests,
+)
 
 # vLLM's SchedulerIterationDetails fields a step reports (rlsim.real.engine records them)
 DETAILS = ("num_ctx_requests", "num_ctx_tokens", "num_generation_requests", "num_generation_tokens")
@@ -114,20 +121,9 @@ class VllmInstance:
         if self.engine.has_unfinished_requests():
             raise RuntimeError("measure() needs an idle engine: the run's requests are in flight")
         counted = self.iterations
-        t_prev = time.perf_counter()  # the first iteration is timed from the submission, as calibration times it
+        t_start = time.perf_counter()
         self.add(requests)
-        rows = []
-        gc_was = gc.isenabled()
-        gc.disable()  # as in calibration: no collection pause lands on a timed iteration
-        try:
-            while self.engine.has_unfinished_requests():
-                res = self.step()
-                t_now = time.perf_counter()
-                rows.append({"step_s": t_now - t_prev, "new_tokens": res["new_tokens"], **res["details"]})
-                t_prev = t_now
-        finally:
-            if gc_was:
-                gc.enable()
+        rows = timed_iterations(self.step, self.engine.has_unfinished_requests, t_start)
         self.iterations = counted
         return rows
 
