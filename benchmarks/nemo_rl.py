@@ -33,7 +33,7 @@ recipe's: it is what was measured. Per row:
   the published mean of 5 steps.
 
 A row's profile holds what `rlsim profile derive` states; `fit` fits the four framework terms
-(`rlsim.derive.terms`: per decoder layer and per running sequence every engine iteration, per
+(`rlsim.derive.terms`: per decoder layer, and per running sequence per decoder layer, every engine iteration, per
 refit tensor, Megatron's MFU) on the fit half alone, by the mean squared log error of the step
 time. `--rows N` runs the first N expressible rows only (a quick look).
 """
@@ -143,14 +143,14 @@ def fit(rows: pd.DataFrame) -> tuple[Terms, float]:
     fit_rows = rows[(rows.half == "fit") & rows.expressible]
 
     def terms_of(x: np.ndarray) -> Terms:
-        return Terms(layer_iteration_s=float(np.exp(x[0])), sequence_iteration_s=float(np.exp(x[1])),
+        return Terms(layer_iteration_s=float(np.exp(x[0])), sequence_layer_iteration_s=float(np.exp(x[1])),
                      refit_per_tensor_s=float(np.exp(x[2])), megatron_mfu=float(min(1.0, np.exp(x[3]))))  # fmt: skip
 
     def loss(x: np.ndarray) -> float:
         e = run(fit_rows, terms_of(x)).error
         return float(np.mean(np.log1p(e) ** 2))
 
-    x0 = np.log([2e-4, 1e-5, 5e-4, 0.35])
+    x0 = np.log([2e-4, 1e-5 / 60, 5e-4, 0.35])  # the sequence term's start: 10 us a sequence over 60 layers
     best = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 0.02, "fatol": 1e-4, "maxfev": 240})
     return terms_of(best.x), float(best.fun)
 

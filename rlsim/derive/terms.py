@@ -7,16 +7,21 @@ what it stands for, so that one fit serves an 8B and a 671B model alike:
 - `layer_iteration_s`, seconds per decoder layer per engine iteration (added to `t_w_s` as
   `num_layers x` it): an iteration's time beyond the roofline is the gaps between its kernels
   (launch, synchronisation, the all-reduces' setup), a fixed number of them per layer;
-- `sequence_iteration_s`, seconds per running sequence per iteration (added to `alpha_s`):
-  sampling, detokenisation, stop checks and the scheduler's bookkeeping are per-sequence work
-  every iteration;
+- `sequence_layer_iteration_s`, seconds per running sequence per decoder layer per iteration
+  (added to `alpha_s` as `num_layers x` it): beyond the roofline, every layer does a fixed piece
+  of work for each sequence it decodes (its attention over the sequence's own KV blocks, its
+  KV-cache write, in an MoE layer its routing and permutation), so a 94-layer model pays about
+  three times a 32-layer model's per sequence (the per-sequence host work, sampling and stop
+  checks, is already in the derived `alpha_s`: slime's fit);
 - `refit_per_tensor_s`, seconds per weight tensor of a refit (it replaces the derived
   resharding collective): each tensor is gathered, converted and loaded by the engine one by one;
 - `megatron_mfu`: the Megatron trainer's MFU, the one training term (MFU per backend).
 
-Two older terms stay available to a user's file, fitted by nobody shipped:
-`iteration_overhead_s` (seconds per iteration, whatever the model) and `prefill_request_s`
-(seconds per request an iteration prefills). A terms file holds the fitted values with their
+Three older terms stay available to a user's file, fitted by nobody shipped:
+`iteration_overhead_s` (seconds per iteration, whatever the model), `sequence_iteration_s`
+(seconds per running sequence per iteration, whatever the model; the shipped fit used it until
+its per-layer unit above replaced it) and `prefill_request_s` (seconds per request an iteration
+prefills). A terms file holds the fitted values with their
 provenance (which rows, which objective); `nemo-rl` is the shipped one, fitted on the fit half of
 NeMo RL's published step times (`benchmarks/published_runs.py`, whose other half is its test).
 A term a file leaves out keeps the derived value. No other framework's terms are shipped: a
@@ -44,14 +49,15 @@ class Terms:
     """Fitted framework terms; `None` keeps the derived value."""
 
     layer_iteration_s: float = 0.0
-    sequence_iteration_s: float = 0.0
+    sequence_layer_iteration_s: float = 0.0
     refit_per_tensor_s: float | None = None
     megatron_mfu: float | None = None
     iteration_overhead_s: float = 0.0
+    sequence_iteration_s: float = 0.0
     prefill_request_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("layer_iteration_s", "sequence_iteration_s"):
+        for name in ("layer_iteration_s", "sequence_layer_iteration_s", "sequence_iteration_s"):
             if getattr(self, name) < 0:
                 raise RlsimError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.iteration_overhead_s < 0:
@@ -67,11 +73,15 @@ class Terms:
         """A copy of the profile dict `raw` with these terms laid over it."""
         raw = json.loads(json.dumps(raw))
         layers = float(raw.get("model_facts", {}).get("num_layers", 0))
-        if self.layer_iteration_s and not layers:
-            raise RlsimError("layer_iteration_s needs a profile with model facts (its number of layers)")
+        for name in ("layer_iteration_s", "sequence_layer_iteration_s"):
+            if getattr(self, name) and not layers:
+                raise RlsimError(f"{name} needs a profile with model facts (its number of layers)")
         raw["t_w_s"] = float(f"{raw['t_w_s'] + self.iteration_overhead_s + layers * self.layer_iteration_s:.9g}")
-        if self.sequence_iteration_s:
-            raw["alpha_s"] = float(f"{raw['alpha_s'] + self.sequence_iteration_s:.9g}")
+        if self.sequence_iteration_s or self.sequence_layer_iteration_s:
+            alpha = raw["alpha_s"] + self.sequence_iteration_s
+            if self.sequence_layer_iteration_s:
+                alpha = alpha + self.sequence_layer_iteration_s * layers
+            raw["alpha_s"] = float(f"{alpha:.9g}")
         if self.prefill_request_s:
             raw["prefill_request_s"] = float(f"{raw.get('prefill_request_s', 0.0) + self.prefill_request_s:.9g}")
         if self.refit_per_tensor_s is not None:
