@@ -33,9 +33,9 @@ recipe's: it is what was measured. Per row:
   the published mean of 5 steps.
 
 A row's profile holds what `rlsim profile derive` states; `fit` fits the four framework terms
-(`rlsim.derive.terms`: per decoder layer, and per running sequence per decoder layer, every engine iteration, per
-refit tensor, Megatron's MFU) on the fit half alone, by the mean squared log error of the step
-time. `--rows N` runs the first N expressible rows only (a quick look).
+(`rlsim.derive.terms`: per decoder layer, and per running sequence per decoder layer, every
+engine iteration; per refit tensor; Megatron's MFU) on the fit half alone, by the mean squared
+log error of the step time. `--rows N` runs the first N expressible rows only (a quick look).
 """
 
 from __future__ import annotations

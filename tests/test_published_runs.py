@@ -79,6 +79,22 @@ def test_terms_lay_over_a_derived_profile_and_only_megatron_takes_the_mfu() -> N
         Terms(megatron_mfu=1.5)
 
 
+def test_the_sequence_term_is_paid_once_a_layer() -> None:
+    """`sequence_layer_iteration_s` adds layers x it to the per-sequence cost: Qwen3-32B's 64
+    layers pay 64 times it, beside the older per-sequence term (once, whatever the model); with no
+    model facts there is no layer count to scale it by."""
+    base = derive_profile(setup("qwen3-32b", "h100", 4))
+    assert base["model_facts"]["num_layers"] == 64
+    out = Terms(sequence_layer_iteration_s=2e-6, sequence_iteration_s=1e-5).apply(base)
+    assert out["alpha_s"] == pytest.approx(base["alpha_s"] + 1e-5 + 64 * 2e-6)
+    assert out["t_w_s"] == base["t_w_s"]
+    bare = {k: v for k, v in base.items() if k != "model_facts"}
+    with pytest.raises(RlsimError, match="sequence_layer_iteration_s needs a profile with model facts"):
+        Terms(sequence_layer_iteration_s=2e-6).apply(bare)
+    with pytest.raises(RlsimError, match="sequence_layer_iteration_s must be >= 0"):
+        Terms(sequence_layer_iteration_s=-1.0)
+
+
 def test_terms_on_the_command_line(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     args = ["profile", "derive", "--model", "qwen3-32b", "--gpu", "h100", "--tp", "4", "--terms", "nemo-rl"]

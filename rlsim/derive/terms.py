@@ -21,9 +21,9 @@ Three older terms stay available to a user's file, fitted by nobody shipped:
 `iteration_overhead_s` (seconds per iteration, whatever the model), `sequence_iteration_s`
 (seconds per running sequence per iteration, whatever the model; the shipped fit used it until
 its per-layer unit above replaced it) and `prefill_request_s` (seconds per request an iteration
-prefills). A terms file holds the fitted values with their
-provenance (which rows, which objective); `nemo-rl` is the shipped one, fitted on the fit half of
-NeMo RL's published step times (`benchmarks/published_runs.py`, whose other half is its test).
+prefills). A terms file holds the fitted values with their provenance (which rows, which
+objective); `nemo-rl` is the shipped one, fitted on the fit half of NeMo RL's published step
+times (`benchmarks/published_runs.py`, whose other half is its test).
 A term a file leaves out keeps the derived value. No other framework's terms are shipped: a
 veRL, slime or ROLL run simulates with the derived values and that framework's own settings
 (docs/accuracy.md), never with NeMo RL's unless `--terms nemo-rl` is given.
@@ -78,9 +78,7 @@ class Terms:
                 raise RlsimError(f"{name} needs a profile with model facts (its number of layers)")
         raw["t_w_s"] = float(f"{raw['t_w_s'] + self.iteration_overhead_s + layers * self.layer_iteration_s:.9g}")
         if self.sequence_iteration_s or self.sequence_layer_iteration_s:
-            alpha = raw["alpha_s"] + self.sequence_iteration_s
-            if self.sequence_layer_iteration_s:
-                alpha = alpha + self.sequence_layer_iteration_s * layers
+            alpha = raw["alpha_s"] + self.sequence_iteration_s + self.sequence_layer_iteration_s * layers
             raw["alpha_s"] = float(f"{alpha:.9g}")
         if self.prefill_request_s:
             raw["prefill_request_s"] = float(f"{raw.get('prefill_request_s', 0.0) + self.prefill_request_s:.9g}")
