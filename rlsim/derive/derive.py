@@ -12,17 +12,19 @@ One vLLM iteration on a TP group (one rank's view; `iteration_s` adds it up term
   4.8 TB/s take 27.3 ns; github.com/mjacob1002/slime @ 22a2ffb). GQA's KV is split over the TP
   ranks; MLA's latent KV is held in full by every rank, as vLLM does;
 - TP > 1: two all-reduces per layer of the tokens' activations over the scale-up link (ring), 35 us
-  each (Vidur's H100 DGX all-reduce median for 2 KB-1 MiB messages); with expert parallelism
-  (`ep` = TP: vLLM's `enable_expert_parallel` inside one instance) an MoE layer instead all-reduces
-  after attention and sends each token to its k experts and back (two all-to-alls);
+  each (Vidur's H100 DGX all-reduce median for 2 KB-1 MiB messages). Expert parallelism inside
+  one instance (`ep` = TP: vLLM's `enable_expert_parallel` at data-parallel size 1) changes which
+  experts a rank holds, not the links: every rank holds every token after attention's all-reduce,
+  runs its own experts on them, and the MoE output is all-reduced as under TP (vLLM 0.32 uses its
+  all-to-all kernels only with data or context parallelism, `FusedMoEParallelConfig.
+  use_all2all_kernels`; the output's late all-reduce is `MoERunner._maybe_reduce_final_output`);
 - a TP group beyond one scale-up domain (generation across nodes: k domains of g GPUs, TP = k g,
   as DeepSeek-V3 at TP 32 on 8-GPU nodes): vLLM's all-reduce is NCCL's, hierarchical as NCCL's
   tree and NVLS-tree algorithms are. `B` bytes cost the domain's ring share over the scale-up
   link, `2 (g - 1) / g B / scale_up`, plus each GPU's `1 / g` share all-reduced over its own NIC
   between the k domains, `2 (k - 1) / k (B / g) / scale_out`, plus NCCL's network hop latency
   twice per tree level, `2 log2(k) x 5.0 us` (NCCL's tuning model, `hwLat[NET][Tree][LL]`,
-  src/graph/tuning.cc in github.com/NVIDIA/nccl). An all-to-all sends `(g - 1) / ep` of its
-  bytes within the domain and `(ep - g) / ep` over the NIC, the two at once, plus one hop;
+  src/graph/tuning.cc in github.com/NVIDIA/nccl);
 - once per iteration: the LM head's weights, the framework and sampler (1.2 ms: the slime fit's
   T_w less its own model's linear layers and LM head); per running sequence 23.6 us (its alpha).
 
@@ -221,32 +223,19 @@ def allreduce_s(gpu: GpuSpec, group: int, nbytes: np.ndarray) -> np.ndarray:
     return t
 
 
-def all_to_all_s(gpu: GpuSpec, group: int, nbytes: np.ndarray) -> np.ndarray:
-    """One all-to-all in which each of `group` GPUs sends `nbytes` spread evenly over the group:
-    its own domain's share over the scale-up link, the rest over its NIC, the two at once."""
-    k, g = domains(group, gpu.scale_up_domain)
-    within = nbytes * (g - 1) / group / gpu.scale_up_bytes_per_s
-    if k == 1:
-        return ALLREDUCE_LATENCY_S + within
-    across = nbytes * (group - g) / group / gpu.scale_out_bytes_per_s
-    return ALLREDUCE_LATENCY_S + NET_HOP_LATENCY_S + np.maximum(within, across)
-
-
 def _links_s(s: Setup, tokens: np.ndarray) -> np.ndarray:
-    """All-reduce (and, with EP, all-to-all) time of one iteration over `tokens` tokens, and with
-    pipeline stages each micro-batch's hand-over to the next stage."""
+    """All-reduce time of one iteration over `tokens` tokens (two a layer, the same with expert
+    parallelism inside the instance), and with pipeline stages each micro-batch's hand-over to the
+    next stage."""
     m, tp, pp = s.model, s.tensor_parallel_size, s.pipeline_parallel_size
     n = s.micro_tokens(tokens)
     hops = pp * p2p_s(s, n) if pp > 1 else np.zeros_like(n)
     if tp == 1:
         return hops
     allreduce = allreduce_s(s.gpu, tp, n * m.hidden_size * ACTIVATION_BYTES)
-    if s.expert_parallel_size == 1:
-        return 2 * m.num_layers * allreduce + hops
     if s.data_parallel_size > 1:  # a DP rank's own: its attention's all-reduce (the EP exchange: `dp_moe_s`)
         return 2 * m.num_dense_layers * allreduce + m.moe_layers * allreduce
-    a2a = all_to_all_s(s.gpu, s.expert_parallel_size, n * m.experts_per_token * m.hidden_size * ACTIVATION_BYTES)
-    return 2 * m.num_dense_layers * allreduce + m.moe_layers * (allreduce + 2 * a2a) + hops
+    return 2 * m.num_layers * allreduce + hops
 
 
 def dp_moe_s(s: Setup, group_tokens: np.ndarray) -> np.ndarray:
