@@ -33,9 +33,12 @@ recipe's: it is what was measured. Per row:
   the published mean of 5 steps.
 
 A row's profile holds what `rlsim profile derive` states; `fit` fits the four framework terms
-(`rlsim.derive.terms`: per decoder layer, and per running sequence per decoder layer, every
-engine iteration; per refit tensor; Megatron's MFU) on the fit half alone, by the mean squared
-log error of the step time. `--rows N` runs the first N expressible rows only (a quick look).
+(`rlsim.derive.terms`: per decoder layer every engine iteration; a second term in one of two
+units, per running sequence per decoder layer or per routed token-expert pair per MoE layer; per
+refit tensor; Megatron's MFU) on the fit half alone, by the mean squared log error of the step
+time. `cross_validate` scores a unit by two-fold cross-validation inside the fit half, which is
+how the unit is chosen (`benchmarks/published_runs.py --units`). `--rows N` runs the first N
+expressible rows only (a quick look).
 """
 
 from __future__ import annotations
@@ -138,21 +141,48 @@ def run(rows: pd.DataFrame, terms: Terms, say: bool = False) -> pd.DataFrame:
     return pd.DataFrame(out).set_index("i")
 
 
-def fit(rows: pd.DataFrame) -> tuple[Terms, float]:
-    """The terms minimising the mean squared log error of step time over the fit half's rows."""
+# the second term's candidate units: its field and its start (10 us a sequence, or a token, over 60 layers, x 8 experts)
+UNITS = {"sequence": ("sequence_layer_iteration_s", 1e-5 / 60), "expert": ("expert_token_layer_s", 1e-5 / 60 / 8)}
+
+
+def fit(rows: pd.DataFrame, unit: str = "expert") -> tuple[Terms, float]:
+    """The terms minimising the mean squared log error of step time over the fit half's rows, with
+    the second term in `unit` (`UNITS`)."""
     fit_rows = rows[(rows.half == "fit") & rows.expressible]
+    second, start = UNITS[unit]
 
     def terms_of(x: np.ndarray) -> Terms:
-        return Terms(layer_iteration_s=float(np.exp(x[0])), sequence_layer_iteration_s=float(np.exp(x[1])),
+        return Terms(layer_iteration_s=float(np.exp(x[0])), **{second: float(np.exp(x[1]))},
                      refit_per_tensor_s=float(np.exp(x[2])), megatron_mfu=float(min(1.0, np.exp(x[3]))))  # fmt: skip
 
     def loss(x: np.ndarray) -> float:
         e = run(fit_rows, terms_of(x)).error
         return float(np.mean(np.log1p(e) ** 2))
 
-    x0 = np.log([2e-4, 1e-5 / 60, 5e-4, 0.35])  # the sequence term's start: 10 us a sequence over 60 layers
+    x0 = np.log([2e-4, start, 5e-4, 0.35])
     best = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 0.02, "fatol": 1e-4, "maxfev": 240})
     return terms_of(best.x), float(best.fun)
+
+
+def folds(rows: pd.DataFrame) -> pd.Series:
+    """The fit half's rows in two folds, its configurations alternating within each model (as the
+    halves were split), so that every configuration's rows stay in one fold."""
+    ok = rows[(rows.half == "fit") & rows.expressible]
+    fold = {c: i % 2 for _, part in ok.groupby("model") for i, c in enumerate(sorted(set(part.config)))}
+    return ok.config.map(fold)
+
+
+def cross_validate(rows: pd.DataFrame, unit: str) -> float:
+    """Two-fold cross-validation inside the fit half: the terms fitted on one fold, the other
+    fold's mean squared log error, over both folds' rows. It chooses a unit from the fit half
+    alone (the test half is never read)."""
+    fold = folds(rows)
+    errors = []
+    for k in (0, 1):
+        train = rows.loc[fold.index[fold != k]]
+        terms, _ = fit(train, unit)
+        errors.append(run(rows.loc[fold.index[fold == k]], terms).error)
+    return float(np.mean(np.log1p(pd.concat(errors)) ** 2))
 
 
 def parts(res: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:

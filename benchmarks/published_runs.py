@@ -3,6 +3,7 @@ as published (read by `--from nemo-rl:`'s reader), with the error; the rows it c
 with the reason.
 
     python benchmarks/published_runs.py [--rows N] [--fit] [--markdown | --readme]
+    python benchmarks/published_runs.py --units sequence,expert   # choose the second term's unit
 
 Three tables: every row (`published_runs`), the k-step off-policy rows predicted apart
 (`published_async`), and the summary the README shows (`accuracy_summary`: which rows the terms
@@ -10,6 +11,8 @@ were fitted on and which they predict).
 
 How each row is set up, and which terms are fitted on which half, is `benchmarks/nemo_rl.py`.
 `--fit` re-fits the terms on the fit half and rewrites `rlsim/derive/terms_nemo-rl.json`.
+`--units` prints each candidate unit's two-fold cross-validated loss inside the fit half (the unit
+with the lower one is the one `--fit` uses; the test half is not read).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sys
 from dataclasses import asdict
 
 import pandas as pd
-from nemo_rl import FITTED, Terms, fit, load_rows, parts, run, run_setup
+from nemo_rl import FITTED, UNITS, Terms, cross_validate, fit, load_rows, parts, run, run_setup
 from readme_tables import emit
 
 
@@ -28,10 +31,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=0)
     ap.add_argument("--fit", action="store_true", help="Fit the terms on the fit half; rewrite the terms file.")
+    ap.add_argument("--units", help=f"Cross-validate these units of the second term ({', '.join(UNITS)}); print, exit.")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--readme", action="store_true")
     a = ap.parse_args()
     d = load_rows()
+    if a.units:
+        for unit in a.units.split(","):
+            loss = cross_validate(d, unit)
+            print(f"{unit}: two-fold cross-validated loss inside the fit half {loss:.5f}", flush=True)
+        return
     todo = d[d.expressible]
     if a.rows:
         todo = todo.head(a.rows)

@@ -7,23 +7,25 @@ what it stands for, so that one fit serves an 8B and a 671B model alike:
 - `layer_iteration_s`, seconds per decoder layer per engine iteration (added to `t_w_s` as
   `num_layers x` it): an iteration's time beyond the roofline is the gaps between its kernels
   (launch, synchronisation, the all-reduces' setup), a fixed number of them per layer;
-- `sequence_layer_iteration_s`, seconds per running sequence per decoder layer per iteration
-  (added to `alpha_s` as `num_layers x` it): beyond the roofline, every layer does a fixed piece
-  of work for each sequence it decodes (its attention over the sequence's own KV blocks, its
-  KV-cache write, in an MoE layer its routing and permutation), so a 94-layer model pays about
-  three times a 32-layer model's per sequence (the per-sequence host work, sampling and stop
-  checks, is already in the derived `alpha_s`: slime's fit);
+- `expert_token_layer_s`, seconds per routed token-expert pair per MoE layer (added to `gamma_s`
+  and `prefill_s_per_token` as `moe_layers x experts_per_token x` it): beyond the roofline of the
+  expert weights it reads, vLLM's fused-MoE layer does a fixed piece of work for every (token,
+  expert) pair it routes (the top-k selection, sorting the pairs into expert blocks padded to
+  the kernel's block size, gathering each pair's activations and combining its weighted output),
+  so it grows with the tokens and the experts each token uses, and a dense model pays none;
 - `refit_per_tensor_s`, seconds per weight tensor of a refit (it replaces the derived
   resharding collective): each tensor is gathered, converted and loaded by the engine one by one;
 - `megatron_mfu`: the Megatron trainer's MFU, the one training term (MFU per backend).
 
-Three older terms stay available to a user's file, fitted by nobody shipped:
+Four older terms stay available to a user's file, fitted by nobody shipped:
 `iteration_overhead_s` (seconds per iteration, whatever the model), `sequence_iteration_s`
-(seconds per running sequence per iteration, whatever the model; the shipped fit used it until
-its per-layer unit above replaced it) and `prefill_request_s` (seconds per request an iteration
-prefills). A terms file holds the fitted values with their provenance (which rows, which
-objective); `nemo-rl` is the shipped one, fitted on the fit half of NeMo RL's published step
-times (`benchmarks/published_runs.py`, whose other half is its test).
+(seconds per running sequence per iteration, whatever the model), `sequence_layer_iteration_s`
+(seconds per running sequence per decoder layer per iteration, added to `alpha_s` as
+`num_layers x` it; the shipped fit used these two in turn until the expert term above replaced
+them) and `prefill_request_s` (seconds per request an iteration prefills). A terms file holds
+the fitted values with their provenance (which rows, which objective); `nemo-rl` is the shipped
+one, fitted on the fit half of NeMo RL's published step times (`benchmarks/published_runs.py`,
+whose other half is its test).
 A term a file leaves out keeps the derived value. No other framework's terms are shipped: a
 veRL, slime or ROLL run simulates with the derived values and that framework's own settings
 (docs/accuracy.md), never with NeMo RL's unless `--terms nemo-rl` is given.
@@ -50,6 +52,7 @@ class Terms:
 
     layer_iteration_s: float = 0.0
     sequence_layer_iteration_s: float = 0.0
+    expert_token_layer_s: float = 0.0
     refit_per_tensor_s: float | None = None
     megatron_mfu: float | None = None
     iteration_overhead_s: float = 0.0
@@ -57,7 +60,7 @@ class Terms:
     prefill_request_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("layer_iteration_s", "sequence_layer_iteration_s", "sequence_iteration_s"):
+        for name in ("layer_iteration_s", "sequence_layer_iteration_s", "sequence_iteration_s", "expert_token_layer_s"):
             if getattr(self, name) < 0:
                 raise RlsimError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.iteration_overhead_s < 0:
@@ -80,6 +83,13 @@ class Terms:
         if self.sequence_iteration_s or self.sequence_layer_iteration_s:
             alpha = raw["alpha_s"] + self.sequence_iteration_s + self.sequence_layer_iteration_s * layers
             raw["alpha_s"] = float(f"{alpha:.9g}")
+        if self.expert_token_layer_s:
+            facts = raw.get("model_facts", {})
+            if not layers:
+                raise RlsimError("expert_token_layer_s needs a profile with model facts (its MoE layers)")
+            pairs = float(facts.get("moe_layers", 0)) * float(facts.get("experts_per_token", 0))  # 0: dense
+            for key in ("gamma_s", "prefill_s_per_token"):
+                raw[key] = float(f"{raw[key] + pairs * self.expert_token_layer_s:.9g}")
         if self.prefill_request_s:
             raw["prefill_request_s"] = float(f"{raw.get('prefill_request_s', 0.0) + self.prefill_request_s:.9g}")
         if self.refit_per_tensor_s is not None:
