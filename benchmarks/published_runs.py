@@ -11,8 +11,8 @@ were fitted on and which they predict).
 
 How each row is set up, and which terms are fitted on which half, is `benchmarks/nemo_rl.py`.
 `--fit` re-fits the terms on the fit half and rewrites `rlsim/derive/terms_nemo-rl.json`.
-`--units` prints each candidate unit's two-fold cross-validated loss inside the fit half (the unit
-with the lower one is the one `--fit` uses; the test half is not read).
+`--units` prints each candidate unit's two-fold cross-validated loss inside the fit half (the test
+half is not read); the unit with the lower one is `nemo_rl.SHIPPED_UNIT`, the one `--fit` uses.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ def main() -> None:
     a = ap.parse_args()
     d = load_rows()
     if a.units:
+        unknown = sorted(set(a.units.split(",")) - set(UNITS))
+        if unknown:
+            ap.error(f"unknown unit {unknown[0]!r}; choose from {', '.join(UNITS)}")
         for unit in a.units.split(","):
             loss = cross_validate(d, unit)
             print(f"{unit}: two-fold cross-validated loss inside the fit half {loss:.5f}", flush=True)

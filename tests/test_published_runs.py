@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.nemo_rl import FITTED, load_rows, parts, run, run_setup, simulate_row
+from benchmarks.nemo_rl import FITTED, folds, load_rows, parts, run, run_setup, simulate_row
 from rlsim.cli.app import app
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.terms import Terms, load_terms
@@ -50,6 +50,19 @@ def test_the_split_keeps_a_configuration_in_one_half() -> None:
         assert [part[part.config == c].half.iloc[0] for c in configs] == [
             ("fit", "test")[i % 2] for i in range(len(configs))
         ]
+
+
+def test_the_cross_validation_folds_split_the_fit_half_by_configuration() -> None:
+    """The folds that choose the second term's unit hold every fit-half row and no other, keep each
+    configuration's rows in one fold, and give every model with two fit configurations a config in
+    each fold."""
+    d = load_rows()
+    fold = folds(d)
+    assert set(fold.index) == set(d[(d.half == "fit") & d.expressible].index) and set(fold) == {0, 1}
+    rows = d.loc[fold.index].assign(fold=fold)
+    assert rows.groupby("config").fold.nunique().eq(1).all()
+    for _, part in rows.groupby("model"):
+        assert part.fold.nunique() == min(2, part.config.nunique())
 
 
 def test_the_shipped_terms_record_where_they_were_fitted() -> None:
