@@ -6,8 +6,9 @@ dense and MoE, Llama-3.1, DeepSeek-V3/R1 and their distills; `rlsim profile list
 
 - dense GQA (Llama, Qwen2/2.5/3): hidden size, layers, attention and KV heads, head dim (given or
   hidden / heads), the gated MLP's intermediate size, vocabulary, tied embeddings;
-- mixture of experts (Qwen3-MoE's `num_experts`, DeepSeek's `n_routed_experts`): routed experts,
-  experts per token, the expert's intermediate size, shared experts, which layers are dense
+- mixture of experts (Qwen3-MoE's `num_experts`, DeepSeek's `n_routed_experts`, Mixtral's
+  `num_local_experts`): routed experts, experts per token, the expert's intermediate size (Mixtral's
+  is its `intermediate_size`), shared experts, which layers are dense
   (DeepSeek's `first_k_dense_replace`, Qwen's `mlp_only_layers` and `decoder_sparse_step`);
 - multi-head latent attention (DeepSeek-V2/V3's `kv_lora_rank`): the query and KV low-rank
   projections, and a latent KV of `kv_lora_rank + qk_rope_head_dim` values per token per layer.
@@ -136,9 +137,12 @@ CONFIG_FIELDS = (
     ConfigField("num_experts", "positive integer", "", "routed experts per MoE layer (Qwen-MoE); leave it "
                 "out for a dense model"),
     ConfigField("n_routed_experts", "positive integer", "", "routed experts per MoE layer (DeepSeek)"),
+    ConfigField("num_local_experts", "positive integer", "", "routed experts per MoE layer (Mixtral), each of "
+                "intermediate_size unless moe_intermediate_size is given"),
     ConfigField("num_experts_per_tok", "positive integer", "MoE", "experts each token is routed to, at most the "
                 "routed experts"),
-    ConfigField("moe_intermediate_size", "positive integer", "MoE", "one expert's intermediate size"),
+    ConfigField("moe_intermediate_size", "positive integer", "MoE", "one expert's intermediate size (left out "
+                "beside num_local_experts: intermediate_size)"),
     ConfigField("n_shared_experts", "integer >= 0", "", "shared experts every token passes (DeepSeek)"),
     ConfigField("shared_expert_intermediate_size", "integer >= 0", "", "the shared expert's intermediate size "
                 "(Qwen-MoE)"),
@@ -155,6 +159,7 @@ CONFIG_FIELDS = (
     ConfigField("source", "text", "", "where the config comes from (provenance)"),
 )  # fmt: skip
 _FIELDS = {f.name: f for f in CONFIG_FIELDS}
+EXPERT_COUNT_FIELDS = ("num_experts", "n_routed_experts", "num_local_experts")
 LARGEST = 2**40  # no real model's dimension comes near: larger is a typo, and would overflow the FLOP counts
 
 
@@ -176,7 +181,7 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
         f = _FIELDS.get(key)
         if f is not None and value is not None and _bad(value, f.kind):
             bound = f" of at most {LARGEST:,}" if "integer" in f.kind and f.kind != "list of integers >= 0" else ""
-            hint = "; leave it out for a dense model" if key in ("num_experts", "n_routed_experts") else ""
+            hint = "; leave it out for a dense model" if key in EXPERT_COUNT_FIELDS else ""
             raise RlsimError(f"{where}: '{key}' must be a {f.kind}{bound}, got {value!r}{hint}")
 
 
@@ -208,12 +213,13 @@ def model_from_config(cfg: dict[str, Any], name: str, where: str) -> Model:
             raise RlsimError(f"{where}: hidden_size {h} is less than num_attention_heads {heads}: give 'head_dim'")
         attn = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h
         kv_lora, rope = 0, 0
-    experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
+    experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0
     if experts:
         k = _need(cfg, "num_experts_per_tok", where)
         if k > experts:
             raise RlsimError(f"{where}: 'num_experts_per_tok' ({k}) is more than the model's {experts} routed experts")
-        expert_inter = _need(cfg, "moe_intermediate_size", where)
+        mixtral = cfg.get("moe_intermediate_size") is None and bool(cfg.get("num_local_experts"))
+        expert_inter = _need(cfg, "intermediate_size" if mixtral else "moe_intermediate_size", where)
         if "first_k_dense_replace" in cfg:  # DeepSeek: the first k layers dense, then every moe_layer_freq-th
             first, freq = int(cfg["first_k_dense_replace"] or 0), int(cfg.get("moe_layer_freq") or 1)
             moe = sum(1 for i in range(layers) if i >= first and i % freq == 0)
