@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlsim.derive.derive import _linear_s, derive_profile, setup
+from rlsim.derive.derive import Setup, _linear_s, derive_profile, moe_experts_s, setup
 from rlsim.derive.gpus import load_gpu
-from rlsim.derive.models import load_model
+from rlsim.derive.models import Model, load_model, model_from_config
 from rlsim.derive.operators import layer_shape, linear_fit
 from rlsim.derive.train import Trainer, published_mfu
 from rlsim.profile import load_profile, profile_from_dict
@@ -26,6 +26,11 @@ from rlsim.step_costs import weight_sync_s
 MEASURED = Path(__file__).resolve().parent / "measured"
 H100_SXM = MEASURED / "h100-sxm"
 DECODE_MAX_TOKENS = 512  # decode batches; above: prefill chunks
+FUSED_MOE = MEASURED / "vllm-fused-moe-h100.csv"
+# Mixtral-8x7B-Instruct-v0.1's config.json (huggingface.co/mistralai), the fields rlsim reads
+MIXTRAL_8X7B = {"source": "mistralai/Mixtral-8x7B-Instruct-v0.1", "hidden_size": 4096, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000}  # fmt: skip
 
 
 def a100_linear_errors() -> np.ndarray:
@@ -47,6 +52,23 @@ def h100_linear_errors() -> pd.DataFrame:
         s = setup(model, "h100", int(tp))
         pred = _linear_s(s, fit, g.tokens.to_numpy(float)) / s.model.num_layers
         out.append(g.assign(predicted_s=pred, error=pred / g.layer_s.to_numpy() - 1))
+    return pd.concat(out, ignore_index=True)
+
+
+def _kernel_model(name: str) -> Model:
+    return model_from_config(MIXTRAL_8X7B, name, "Mixtral-8x7B") if name == "mixtral-8x7b" else load_model(name)
+
+
+def fused_moe_errors() -> pd.DataFrame:
+    """Per published row of `vllm-fused-moe-h100.csv`: the derivation's routed experts of one MoE
+    layer on one H100 rank (`moe_experts_s` without shared experts or router) against vLLM's own
+    benchmark of its fused-MoE kernel at those tokens, as a signed error."""
+    d = pd.read_csv(FUSED_MOE, comment="#")
+    fit, out = linear_fit(), []
+    for (model, tp, dtype), g in d.groupby(["model", "tp", "dtype"], sort=True):
+        s = Setup(_kernel_model(model), load_gpu("h100"), "h100", int(tp), dtype=dtype)
+        pred = moe_experts_s(s, fit, g.num_tokens.to_numpy(float), always=False)
+        out.append(g.assign(predicted_s=pred, error=pred / (g.kernel_us.to_numpy() * 1e-6) - 1))
     return pd.concat(out, ignore_index=True)
 
 
@@ -77,6 +99,16 @@ def rows() -> list[tuple[str, str, str, str, str, str]]:
                         ("prefill, 1,024-4,096 tokens", h[h.tokens > DECODE_MAX_TOKENS])):  # fmt: skip
         out.append(("linear layers", f"one H100 SXM, torch 2.11 in CUDA graphs ({models}; every TP vLLM accepts; "
                     f"{label}; {len(part)} rows)", "test", "-", "-", _band(part.error.to_numpy())))  # fmt: skip
+    moe = fused_moe_errors()
+    cases = (("mixtral-bf16-tp2-tuned", "Mixtral-8x7B bf16 TP 2 (8 experts of 14,336), vLLM's tuned config"),
+             ("qwen3-30b-a3b-fp8-tp1-old-defaults", "Qwen3-30B-A3B fp8 TP 1 (128 experts of 768), the default "
+              "config of the time"),
+             ("qwen3-30b-a3b-fp8-tp1-new-defaults", "Qwen3-30B-A3B fp8 TP 1, the PR's defaults"))  # fmt: skip
+    for case, label in cases:
+        g = moe[moe.case == case]
+        out.append(("routed experts (fused MoE)", f"vLLM's own kernel benchmark on one H100 (`benchmark_moe.py`, "
+                    f"vllm-project/vllm PR 24700): {label}; {g.num_tokens.min():,}-{g.num_tokens.max():,} tokens, "
+                    f"{len(g)} rows", "test", "-", "-", _band(g.error.to_numpy())))  # fmt: skip
     slime_fit = load_profile("h200-llama-8b")
     derived = profile_from_dict(derive_profile(setup("deepseek-r1-distill-llama-8b", "h200", 1)))
     err = np.array([b.tokens_per_s / a.tokens_per_s - 1 for a, b in zip(grid(slime_fit), grid(derived), strict=True)])

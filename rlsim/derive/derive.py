@@ -197,14 +197,24 @@ def _linear_s(s: Setup, fit: LinearFit, tokens: np.ndarray) -> np.ndarray:
     total = m.num_dense_layers * fit.layer_s(dense_params * wb / tp, 2 * dense_params / tp, n, m.hidden_size, hbm, peak)
     if m.moe_layers:
         attn = fit.layer_s(m.attn_params * wb / tp, 2 * m.attn_params / tp, n, m.hidden_size, hbm, peak)
-        hit = np.array([experts_hit(m.num_experts, m.experts_per_token, x) for x in np.atleast_1d(n)]).reshape(n.shape)
-        always = m.shared_expert_params + m.router_params
-        routed = s.data_parallel_size == 1  # with data-parallel attention the group pays them (`dp_moe_s`)
-        read = (hit * m.expert_params * routed + always) * wb / tp
-        used = 2 * (m.experts_per_token * m.expert_params * routed + always) / tp
-        experts = fit.roofline_s(read, n * used, hbm, peak)
-        total = total + m.moe_layers * (attn + experts)
+        total = total + m.moe_layers * (attn + moe_experts_s(s, fit, n))
     return total
+
+
+def moe_experts_s(s: Setup, fit: LinearFit, tokens: np.ndarray, always: bool = True) -> np.ndarray:
+    """One MoE layer's experts on one rank over `tokens` tokens by the fitted roofline: the routed
+    experts the tokens hit read and the k a token uses computed, with the shared experts and router
+    unless `always` is False (the routed experts alone are what vLLM's fused-MoE kernel runs, which
+    `benchmarks/derive_checks.py` holds against vLLM's own kernel benchmark). With data-parallel
+    attention the group pays the routed experts (`dp_moe_s`)."""
+    m, tp, wb = s.model, s.tensor_parallel_size, s.weight_bytes
+    n = np.asarray(tokens, dtype=float)
+    hit = np.array([experts_hit(m.num_experts, m.experts_per_token, x) for x in np.atleast_1d(n)]).reshape(n.shape)
+    shared = (m.shared_expert_params + m.router_params) if always else 0.0
+    routed = s.data_parallel_size == 1
+    read = (hit * m.expert_params * routed + shared) * wb / tp
+    used = 2 * (m.experts_per_token * m.expert_params * routed + shared) / tp
+    return fit.roofline_s(read, n * used, s.gpu.hbm_bytes_per_s, s.gpu.peak_flops(s.dtype))
 
 
 def domains(tp: int, scale_up_domain: int) -> tuple[int, int]:
