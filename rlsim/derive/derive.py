@@ -429,7 +429,7 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
                 else ")"
             )
             + (
-                "; with EP, per MoE layer 1 all-reduce and 2 all-to-alls"
+                "; with EP inside the instance the same (vLLM's all-to-all kernels need data parallelism)"
                 if s.expert_parallel_size > 1 and dp == 1
                 else "; per MoE layer 1 all-reduce (the EP exchange: data_parallel)" if dp > 1 else ""
             )
