@@ -17,6 +17,7 @@ import pandas as pd
 from rlsim.derive.derive import Setup, _linear_s, derive_profile, moe_experts_s, setup
 from rlsim.derive.gpus import load_gpu
 from rlsim.derive.models import Model, load_model, model_from_config
+from rlsim.derive.moe_training import REFERENCE, efficiency_of_row, moe_training_efficiency, published
 from rlsim.derive.operators import layer_shape, linear_fit
 from rlsim.derive.train import Trainer, published_mfu
 from rlsim.profile import load_profile, profile_from_dict
@@ -72,6 +73,23 @@ def fused_moe_errors() -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+def moe_training_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """Megatron-Bridge's published pre-training throughput read as each model's training efficiency
+    against a dense model (`rlsim.derive.moe_training`): the H100 rows that set it, and the rows it
+    is tested on (a dense 70B, and the MoE models on GB200, where rlsim uses the H100 figure)."""
+    d, out = published(), []
+    for i in d.index[d.model != REFERENCE]:
+        row, found = d.loc[i], efficiency_of_row(d, i)
+        rlsim = moe_training_efficiency(load_model(row.rlsim_model).facts("bf16", "bf16"))[0]
+        data = (f"Megatron-Bridge {row.release} pre-training on {row.system}: {row.model} "
+                f"({row.precision if row.precision != 'not stated' else 'precision not stated'}), "
+                f"{row.tokens_per_s_per_gpu:,} tokens/s per GPU, against {REFERENCE} of that release")  # fmt: skip
+        role = "cited (sets it)" if row.role == "source" else "test"
+        out.append(("MoE training efficiency", data, role, f"{found:.3f}", f"{rlsim:.3f}",
+                    "-" if row.role == "source" else f"{rlsim / found - 1:+.0%}"))  # fmt: skip
+    return out
+
+
 def _band(err: np.ndarray) -> str:
     return f"median {np.median(np.abs(err)):.1%}, worst {np.max(np.abs(err)):.1%}, mean {np.mean(err):+.1%}"
 
@@ -109,6 +127,7 @@ def rows() -> list[tuple[str, str, str, str, str, str]]:
         out.append(("routed experts (fused MoE)", f"vLLM's own kernel benchmark on one H100 (`benchmark_moe.py`, "
                     f"vllm-project/vllm PR 24700): {label}; {g.num_tokens.min():,}-{g.num_tokens.max():,} tokens, "
                     f"{len(g)} rows", "test", "-", "-", _band(g.error.to_numpy())))  # fmt: skip
+    out += moe_training_rows()
     slime_fit = load_profile("h200-llama-8b")
     derived = profile_from_dict(derive_profile(setup("deepseek-r1-distill-llama-8b", "h200", 1)))
     err = np.array([b.tokens_per_s / a.tokens_per_s - 1 for a, b in zip(grid(slime_fit), grid(derived), strict=True)])

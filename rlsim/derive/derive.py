@@ -437,7 +437,7 @@ def derive_profile(s: Setup, engine: EngineConfig | None = None, trainer: Traine
             else "none (TP 1)",
             "engine_limits": "veRL rollout defaults unless given: max_num_seqs 1024, max_num_batched_tokens 8192, "
             "gpu_memory_utilization 0.5",
-            "train": trainer.provenance(),
+            "train": trainer.provenance(m),
             "weight_sync": f"the whole model's bytes over the scale-up link ({g.scale_up_bytes_per_s / 1e9:,.0f} GB/s) "
             f"within a scale-up domain of {g.scale_up_domain} GPUs, the scale-out link "
             f"({g.scale_out_bytes_per_s / 1e9:,.0f} GB/s per GPU) beyond it, + {SYNC_PER_TENSOR_S * 1e6:.0f} us per "

@@ -12,23 +12,27 @@ what it stands for, so that one fit serves an 8B and a 671B model alike:
   expert weights it reads, vLLM's fused-MoE layer does a fixed piece of work for every (token,
   expert) pair it routes (the top-k selection, sorting the pairs into expert blocks padded to
   the kernel's block size, gathering each pair's activations and combining its weighted output),
-  so it grows with the tokens and the experts each token uses, and a dense model pays none. The
-  shipped fit's value charges 7 to 44 times what vLLM's own kernel benchmark puts beyond the
-  derived routed experts (Qwen3-30B-A3B at TP 2 on H100, 128-512 sequences; docs/accuracy.md): it
-  holds time the published MoE runs lose elsewhere, at a per-pair rate;
+  so it grows with the tokens and the experts each token uses, and a dense model pays none. With
+  MoE training charged at its published efficiency the shipped fit puts it at almost nothing
+  (0.003 us), where one MFU for every model had put it at 0.60 us, many times what vLLM's own
+  kernel benchmark puts beyond the derived routed experts (docs/accuracy.md);
 - `refit_per_tensor_s`, seconds per weight tensor of a refit (it replaces the derived
   resharding collective): each tensor is gathered, converted and loaded by the engine one by one;
-- `megatron_mfu`: the Megatron trainer's MFU, the one training term (MFU per backend).
+- `megatron_dense_mfu`: the Megatron trainer's MFU on a dense model, the one training term (MFU
+  per backend); a mixture-of-experts model trains at it times its published efficiency against a
+  dense model (`rlsim.derive.moe_training`, Megatron-Bridge's own pre-training throughput: 0.15
+  for Qwen3-30B-A3B), as the derived default does.
 
-Four older terms stay available to a user's file, fitted by nobody shipped:
-`iteration_overhead_s` (seconds per iteration, whatever the model), `sequence_iteration_s`
-(seconds per running sequence per iteration, whatever the model), `sequence_layer_iteration_s`
-(seconds per running sequence per decoder layer per iteration, added to `alpha_s` as
-`num_layers x` it; the shipped fit used these two in turn until the expert term above replaced
-them) and `prefill_request_s` (seconds per request an iteration prefills). A terms file holds
-the fitted values with their provenance (which rows, which objective); `nemo-rl` is the shipped
-one, fitted on the fit half of NeMo RL's published step times (`benchmarks/published_runs.py`,
-whose other half is its test).
+Five older terms stay available to a user's file, fitted by nobody shipped: `megatron_mfu` (the
+Megatron MFU of every model, dense or MoE, as the shipped fit used it until the dense MFU above
+replaced it), `iteration_overhead_s` (seconds per iteration, whatever the model),
+`sequence_iteration_s` (seconds per running sequence per iteration, whatever the model),
+`sequence_layer_iteration_s` (seconds per running sequence per decoder layer per iteration, added to
+`alpha_s` as `num_layers x` it; the shipped fit used these two in turn until the expert term above
+replaced them) and `prefill_request_s` (seconds per request an iteration prefills). A terms file
+holds the fitted values with their provenance (which rows, which objective); `nemo-rl` is the
+shipped one, fitted on the fit half of NeMo RL's published step times
+(`benchmarks/published_runs.py`, whose other half is its test).
 A term a file leaves out keeps the derived value. No other framework's terms are shipped: a
 veRL, slime or ROLL run simulates with the derived values and that framework's own settings
 (docs/accuracy.md), never with NeMo RL's unless `--terms nemo-rl` is given.
@@ -43,6 +47,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlsim.derive.moe_training import moe_training_efficiency
 from rlsim.errors import RlsimError
 from rlsim.files import read_json_object
 
@@ -57,6 +62,7 @@ class Terms:
     sequence_layer_iteration_s: float = 0.0
     expert_token_layer_s: float = 0.0
     refit_per_tensor_s: float | None = None
+    megatron_dense_mfu: float | None = None
     megatron_mfu: float | None = None
     iteration_overhead_s: float = 0.0
     sequence_iteration_s: float = 0.0
@@ -72,8 +78,12 @@ class Terms:
             raise RlsimError(f"prefill_request_s must be >= 0, got {self.prefill_request_s}")
         if self.refit_per_tensor_s is not None and self.refit_per_tensor_s < 0:
             raise RlsimError(f"refit_per_tensor_s must be >= 0, got {self.refit_per_tensor_s}")
-        if self.megatron_mfu is not None and not 0 < self.megatron_mfu <= 1:
-            raise RlsimError(f"megatron_mfu must be in (0, 1], got {self.megatron_mfu}")
+        for name in ("megatron_dense_mfu", "megatron_mfu"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                raise RlsimError(f"{name} must be in (0, 1], got {value}")
+        if self.megatron_dense_mfu is not None and self.megatron_mfu is not None:
+            raise RlsimError("give megatron_dense_mfu or megatron_mfu, not both")
 
     def apply(self, raw: dict[str, Any], provenance: str = "") -> dict[str, Any]:
         """A copy of the profile dict `raw` with these terms laid over it."""
@@ -97,8 +107,12 @@ class Terms:
             raw["prefill_request_s"] = float(f"{raw.get('prefill_request_s', 0.0) + self.prefill_request_s:.9g}")
         if self.refit_per_tensor_s is not None:
             raw["gpu_facts"]["weight_sync_per_tensor_s"] = self.refit_per_tensor_s
-        if self.megatron_mfu is not None and raw["train"].get("backend") == "megatron":
-            raw["train"]["mfu"] = self.megatron_mfu
+        if raw["train"].get("backend") == "megatron":
+            if self.megatron_mfu is not None:
+                raw["train"]["mfu"] = self.megatron_mfu
+            elif self.megatron_dense_mfu is not None:
+                eff, _ = moe_training_efficiency(raw.get("model_facts", {}))
+                raw["train"]["mfu"] = float(f"{self.megatron_dense_mfu * eff:.6g}")
         if provenance:
             raw.setdefault("provenance", {})["fitted_terms"] = provenance
         return raw
@@ -122,7 +136,7 @@ def load_terms(name_or_path: str) -> tuple[Terms, str]:
     if unknown:
         raise RlsimError(f"{where}: unknown term {unknown[0]!r}; known: {', '.join(sorted(known))}")
     for key, value in values.items():  # (None keeps the derived value of a term that has one)
-        if value is None and key in ("refit_per_tensor_s", "megatron_mfu"):
+        if value is None and key in ("refit_per_tensor_s", "megatron_dense_mfu", "megatron_mfu"):
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise RlsimError(f"{where}: '{key}' must be a number >= 0, got {value!r}")

@@ -12,7 +12,9 @@ agree:
   its own count). Under rlsim's count that is 31.8% of 989 TFLOP/s.
 - `megatron` (veRL's and NeMo RL's Megatron-Core backend): "up to 47% Model FLOP Utilization
   (MFU) on H100 clusters" (github.com/NVIDIA/Megatron-LM, README), the top of its published range
-  (reached by its largest models), so an upper bound for the 7-32B models RL teams train.
+  (reached by its largest models), so an upper bound for the 7-32B dense models RL teams train.
+  A mixture-of-experts model trains at that times its published efficiency against a dense model
+  (`rlsim.derive.moe_training`: Megatron-Bridge's pre-training throughput, 0.15 for Qwen3-30B-A3B).
 
 These are defaults, not fits: a published-runs fit may replace them only through a fitted
 profile file that records its provenance. veRL's FSDP backend shards data-parallel only (with
@@ -33,6 +35,7 @@ from typing import Any
 
 from rlsim.derive.gpus import GpuSpec
 from rlsim.derive.models import Model, load_model
+from rlsim.derive.moe_training import moe_training_efficiency
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
 
@@ -134,23 +137,30 @@ class Trainer:
         if self.pp > model.num_layers:
             raise RlsimError(f"--trainer: pp={self.pp} exceeds {model.name}'s {model.num_layers} layers")
 
+    def default_mfu(self, model: Model) -> tuple[float, str]:
+        """The MFU when none is given, and where it comes from: the backend's published figure, for
+        Megatron times an MoE model's published efficiency against a dense one."""
+        mfu = published_mfu(self.backend)
+        if self.backend == "fsdp2":
+            return mfu, "TorchTitan's FSDP Llama 3.1 8B on H100, 5,762 tokens/s per GPU at 8K, under rlsim's FLOP count"
+        source = "Megatron-LM's published 'up to 47% MFU on H100'"
+        eff, where = moe_training_efficiency(model.facts("bf16", "bf16"))
+        if eff == 1.0:
+            return mfu, source
+        return mfu * eff, f"{source} x {eff:.3f}, the MoE model's published efficiency against a dense one ({where})"
+
     def block(self, model: Model, gpu: GpuSpec) -> dict[str, Any]:
         """The profile's `train` object."""
         self.check(model)
         return {
             "flops_per_token": 6 * model.num_active_params, "peak_flops_per_gpu": gpu.bf16_flops_per_s,
-            "mfu": self.mfu or published_mfu(self.backend), "fixed_s": TRAIN_FIXED_S,
+            "mfu": self.mfu or self.default_mfu(model)[0], "fixed_s": TRAIN_FIXED_S,
             "backend": self.backend, "tp": self.tp, "pp": self.pp, "ep": self.ep, "cp": self.cp,
             **self.framework.stated(),
         }  # fmt: skip
 
-    def provenance(self) -> str:
-        source = (
-            "given" if self.mfu else
-            "TorchTitan's FSDP Llama 3.1 8B on H100, 5,762 tokens/s per GPU at 8K, under rlsim's FLOP count"
-            if self.backend == "fsdp2" else "Megatron-LM's published 'up to 47% MFU on H100'"
-        )  # fmt: skip
-        mfu = self.mfu or published_mfu(self.backend)
+    def provenance(self, model: Model) -> str:
+        mfu, source = (self.mfu, "given") if self.mfu else self.default_mfu(model)
         framework = ", ".join(f"{k}={v}" for k, v in self.framework.stated().items())
         return (
             f"{self.backend}: forward 2N T + 2 L d T^2 FLOPs, update 3 forwards, at {mfu:.1%} MFU of the GPU's dense "
