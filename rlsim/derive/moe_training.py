@@ -17,7 +17,11 @@ A Megatron trainer's default MFU (`rlsim.derive.train`) and NeMo RL's fitted den
 A dense model's efficiency is 1 (LLAMA3_70B's published row comes to 0.93 of LLAMA3_8B's). An
 MoE model with no published row takes the published model's whose expert GEMM (hidden x the
 expert's intermediate size) is nearest in ratio: a stated stand-in, named in the profile's
-provenance. The ratio is read on H100 and used on every GPU: on GB200 the same release puts
+provenance. The published throughput holds the pre-training's own expert dispatch, and rlsim
+still charges a layout's expert all-to-all and the expert weights' read floor apart
+(`rlsim.step_costs`), so an MoE update pays part of its dispatch twice: veRL's Qwen3-30B-A3B
+phases, 10-15% long with it (docs/accuracy.md), may hold some of that. The ratio is read on
+H100 and used on every GPU: on GB200 the same release puts
 Qwen3-30B-A3B at 0.33 and DeepSeek-V3 at 0.58 (FP8-MX), so it is conservative there (`benchmarks/derive_checks.py`).
 """
 
