@@ -69,3 +69,9 @@ def test_the_derived_megatron_default_and_the_dense_term_scale_an_moe_model_only
         Terms(megatron_dense_mfu=0.5, megatron_mfu=0.5)
     with pytest.raises(RlsimError, match="megatron_dense_mfu must be in"):
         Terms(megatron_dense_mfu=0.0)
+
+
+def test_model_facts_that_name_experts_without_their_size_are_refused_in_one_sentence() -> None:
+    bare = {k: v for k, v in facts("qwen3-30b-a3b").items() if k != "expert_params"}
+    with pytest.raises(RlsimError, match="name 128 experts but not 'expert_params'"):
+        moe_training_efficiency(bare)

@@ -34,6 +34,8 @@ from typing import Any
 
 import pandas as pd
 
+from rlsim.errors import RlsimError
+
 REFERENCE = "LLAMA3_8B"
 SOURCE_SYSTEM = "DGX-H100"
 KEY = ("num_layers", "hidden_size", "num_experts", "experts_per_token", "expert_params")
@@ -86,6 +88,10 @@ def moe_training_efficiency(facts: dict[str, Any]) -> tuple[float, str]:
     """(efficiency, where it comes from) of a model with these `model_facts` (the module docstring)."""
     if not facts.get("num_experts"):
         return 1.0, "a dense model"
+    missing = [k for k in (*KEY, "num_active_params") if k not in facts]
+    if missing:
+        raise RlsimError(f"the model facts name {facts['num_experts']} experts but not {missing[0]!r}, which an MoE "
+                         "model's training efficiency needs")  # fmt: skip
     key = tuple(float(facts.get(k, 0)) for k in KEY)
     for src, eff, label, _ in _sources():
         if src == key:
