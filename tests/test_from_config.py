@@ -187,6 +187,8 @@ def test_every_published_nemo_rl_recipe_maps_to_its_row() -> None:
         differs = {k: (want[k], got[k]) for k in want if want[k] != got[k]}
         assert differs == TABLE_NOT_RECIPE.get(key, {}), key
         assert s.model == (None if r["rlsim_model"] == "deepseek-v3" else r["rlsim_model"]), key
+        fp8 = [u for u in s.unmodelled if u.startswith("policy.megatron_cfg.fp8_cfg.enabled")]
+        assert len(fp8) == (r["precision"] == "fp8"), key  # the FP8 rows' recipes train in FP8: said, not modelled
         assert s.policy == ("sync" if r["policy"] == "On policy" else "one_step_off" if r["policy"] == "1-step Off"
                             else f"k_step_off(k={r['policy'].split('-')[0]})") + (
             "+dynamic_sampling" if r["dynamic_sampling"] == "True" else ""), key  # fmt: skip

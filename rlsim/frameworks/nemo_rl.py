@@ -38,6 +38,7 @@ UNMODELLED = (
     ("grpo.max_rollout_turns", 1, "multi-turn rollouts (give a multi-turn trace instead)"),
     ("policy.dtensor_cfg.lora_cfg.enabled", False, "LoRA training"),
     ("policy.generation.mcore_generation_config.num_speculative_tokens", 0, "speculative decoding"),
+    ("policy.megatron_cfg.fp8_cfg.enabled", False, "Megatron's FP8 training: rlsim trains at the bf16 peak"),
 )
 
 
