@@ -21,8 +21,8 @@ provenance. The published throughput holds the pre-training's own expert dispatc
 still charges a layout's expert all-to-all and the expert weights' read floor apart
 (`rlsim.step_costs`), so an MoE update pays part of its dispatch twice: veRL's Qwen3-30B-A3B
 phases, 10-15% long with it (docs/accuracy.md), may hold some of that. The ratio is read on
-H100 and used on every GPU: on GB200 the same release puts
-Qwen3-30B-A3B at 0.33 and DeepSeek-V3 at 0.58 (FP8-MX), so it is conservative there (`benchmarks/derive_checks.py`).
+H100 and used on every GPU: on GB200 the same release puts Qwen3-30B-A3B at 0.33 and
+DeepSeek-V3 at 0.58 (FP8-MX), so it is conservative there (`benchmarks/derive_checks.py`).
 """
 
 from __future__ import annotations
@@ -47,16 +47,18 @@ def published() -> pd.DataFrame:
         return pd.read_csv(fh, comment="#")
 
 
-def tokens_flops(facts: dict[str, Any], seq_len: int) -> float:
-    """Training FLOPs per token of a `seq_len`-token sequence under rlsim's count (three forwards)."""
-    active = float(facts["num_active_params"])
-    return 3 * (2 * active + 2 * float(facts["num_layers"]) * float(facts["hidden_size"]) * seq_len)
-
-
 def _facts(name: str) -> dict[str, Any]:
     from rlsim.derive.models import load_model  # (models imports nothing of this module; kept lazy)
 
     return load_model(name).facts("bf16", "bf16")
+
+
+def _rate(tokens_per_s: float, name: str, seq_len: int) -> float:
+    """FLOP/s under rlsim's count of a model trained at `tokens_per_s` on `seq_len`-token sequences."""
+    from rlsim.derive.models import load_model
+    from rlsim.derive.train import flops_per_token  # (train imports this module: kept lazy)
+
+    return tokens_per_s * flops_per_token(load_model(name), seq_len)
 
 
 def efficiency_of_row(d: pd.DataFrame, i: int) -> float:
@@ -67,8 +69,8 @@ def efficiency_of_row(d: pd.DataFrame, i: int) -> float:
     if ref.empty:
         raise ValueError(f"no {REFERENCE} row beside {row.model} ({row.release}, {row.system}, {row.precision})")
     r = ref.iloc[0]
-    rate = row.tokens_per_s_per_gpu * tokens_flops(_facts(row.rlsim_model), int(row.seq_len))
-    return float(rate / (r.tokens_per_s_per_gpu * tokens_flops(_facts(r.rlsim_model), int(r.seq_len))))
+    mine = _rate(row.tokens_per_s_per_gpu, row.rlsim_model, int(row.seq_len))
+    return float(mine / _rate(r.tokens_per_s_per_gpu, r.rlsim_model, int(r.seq_len)))
 
 
 @functools.cache
