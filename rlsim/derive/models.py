@@ -246,6 +246,12 @@ def model_from_config(cfg: dict[str, Any], name: str, where: str) -> Model:
     )  # fmt: skip
 
 
+def flops_per_token(model: Model, seq_len: int) -> float:
+    """FLOPs of one update per trained token of a `seq_len`-token sequence, as rlsim counts them
+    (`rlsim.step_costs.forward_flops`, three forwards)."""
+    return 3 * (2 * model.num_active_params + 2 * model.num_layers * model.hidden_size * seq_len)
+
+
 def load_model(name_or_path: str) -> Model:
     """A shipped model by name, or a `config.json` (the file or its model directory)."""
     table = shipped_models()

@@ -2,7 +2,7 @@
 
 Megatron-Bridge (the NeMo Framework's Megatron training) publishes each model's pre-training
 throughput on DGX-H100 (`megatron_pretraining.csv`, with its source). Under rlsim's FLOP count
-(`rlsim.derive.train.flops_per_token`: active weights and causal attention, three forwards) the
+(`rlsim.derive.models.flops_per_token`: active weights and causal attention, three forwards) the
 tokens per second of a model and of the dense reference, LLAMA3_8B, of the same release, system
 and precision give the model's efficiency against a dense model:
 
@@ -34,6 +34,7 @@ from typing import Any
 
 import pandas as pd
 
+from rlsim.derive.models import flops_per_token, load_model
 from rlsim.errors import RlsimError
 
 REFERENCE = "LLAMA3_8B"
@@ -48,16 +49,11 @@ def published() -> pd.DataFrame:
 
 
 def _facts(name: str) -> dict[str, Any]:
-    from rlsim.derive.models import load_model  # (models imports nothing of this module; kept lazy)
-
     return load_model(name).facts("bf16", "bf16")
 
 
 def _rate(tokens_per_s: float, name: str, seq_len: int) -> float:
     """FLOP/s under rlsim's count of a model trained at `tokens_per_s` on `seq_len`-token sequences."""
-    from rlsim.derive.models import load_model
-    from rlsim.derive.train import flops_per_token  # (train imports this module: kept lazy)
-
     return tokens_per_s * flops_per_token(load_model(name), seq_len)
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from rlsim.derive.gpus import GpuSpec
-from rlsim.derive.models import Model, load_model
+from rlsim.derive.models import Model, flops_per_token, load_model
 from rlsim.derive.moe_training import moe_training_efficiency
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
@@ -45,12 +45,6 @@ MEGATRON_MFU = 0.47
 TRAIN_FIXED_S = 5.0  # assumed
 BACKENDS = ("fsdp2", "megatron")
 FRAMEWORK_NAMES = {f.name for f in fields(FrameworkSettings)}
-
-
-def flops_per_token(model: Model, seq_len: int) -> float:
-    """FLOPs of one update per trained token of a `seq_len`-token sequence, as rlsim counts them
-    (`rlsim.step_costs.forward_flops`, three forwards)."""
-    return 3 * (2 * model.num_active_params + 2 * model.num_layers * model.hidden_size * seq_len)
 
 
 def published_mfu(backend: str) -> float:
