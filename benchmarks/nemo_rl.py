@@ -33,13 +33,13 @@ recipe's: it is what was measured. Per row:
   the published mean of 5 steps.
 
 A row's profile holds what `rlsim profile derive` states; `fit` fits the four framework terms
-(`rlsim.derive.terms`: per decoder layer every engine iteration; a second term in one of two
-units, per running sequence per decoder layer or per routed token-expert pair per MoE layer; per
-refit tensor; Megatron's MFU on a dense model, an MoE model at its published efficiency against
-one) on the fit half alone, by the mean squared log error of the step
-time. `cross_validate` scores a unit by two-fold cross-validation inside the fit half, which is
-how the unit is chosen (`benchmarks/published_runs.py --units`). `--rows N` runs the first N
-expressible rows only (a quick look).
+(`rlsim.derive.terms`: per decoder layer every engine iteration; a second term in one of three
+units, per running sequence per decoder layer, per routed token-expert pair per MoE layer or per
+network hop of an all-reduce across scale-up domains; per refit tensor; Megatron's MFU on a dense
+model, an MoE model at its published efficiency against one) on the fit half alone, by the mean
+squared log error of the step time. `cross_validate` scores a unit by two-fold cross-validation
+inside the fit half, which is how the unit is chosen (`benchmarks/published_runs.py --units`).
+`--rows N` runs the first N expressible rows only (a quick look).
 """
 
 from __future__ import annotations
@@ -142,11 +142,14 @@ def run(rows: pd.DataFrame, terms: Terms, say: bool = False) -> pd.DataFrame:
     return pd.DataFrame(out).set_index("i")
 
 
-# the second term's candidate units: its field and its start (10 us a sequence, or a token, over 60 layers, x 8 experts)
-UNITS = {"sequence": ("sequence_layer_iteration_s", 1e-5 / 60), "expert": ("expert_token_layer_s", 1e-5 / 60 / 8)}
+# the second term's candidate units: its field and its start (10 us a sequence, or a token, over 60 layers, x 8
+# experts; 20 us a network hop, four times NCCL's wire latency)
+UNITS = {"sequence": ("sequence_layer_iteration_s", 1e-5 / 60), "expert": ("expert_token_layer_s", 1e-5 / 60 / 8),
+         "hop": ("net_hop_s", 2e-5)}  # fmt: skip
 # the unit `--fit` ships: the lower two-fold cross-validated loss inside the fit half (`--units
 # sequence,expert`: 0.0546 per token-expert pair against 0.0642 per sequence per layer, with an MoE
-# model's Megatron training at its published efficiency; 0.0533 against 0.0832 before it)
+# model's Megatron training at its published efficiency; 0.0533 against 0.0832 before it; `--units hop`:
+# 0.0555 per network hop of an all-reduce across scale-up domains)
 SHIPPED_UNIT = "expert"
 
 

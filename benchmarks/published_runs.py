@@ -3,7 +3,7 @@ as published (read by `--from nemo-rl:`'s reader), with the error; the rows it c
 with the reason.
 
     python benchmarks/published_runs.py [--rows N] [--fit] [--markdown | --readme]
-    python benchmarks/published_runs.py --units sequence,expert   # choose the second term's unit
+    python benchmarks/published_runs.py --units sequence,expert,hop   # choose the second term's unit
 
 Three tables: every row (`published_runs`), the k-step off-policy rows predicted apart
 (`published_async`), and the summary the README shows (`accuracy_summary`: which rows the terms

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from benchmarks.nemo_rl import FITTED, folds, load_rows, parts, run, run_setup, simulate_row
 from rlsim.cli.app import app
+from rlsim.config import EngineConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.terms import Terms, load_terms
 from rlsim.derive.train import Trainer
@@ -126,6 +127,26 @@ def test_the_expert_term_is_paid_per_routed_token_and_moe_layer() -> None:
         Terms(expert_token_layer_s=5e-7).apply(bare)
     with pytest.raises(RlsimError, match="expert_token_layer_s must be >= 0"):
         Terms(expert_token_layer_s=-1.0)
+
+
+def test_the_hop_term_is_paid_by_an_instance_across_scale_up_domains() -> None:
+    """`net_hop_s` adds 2 x layers x 2 log2(k) x it to an iteration of a TP group over k scale-up
+    domains: Qwen3-235B-A22B at TP 16 on 8-GPU H100 nodes (k = 2) pays 376 hops over its 94
+    layers, DeepSeek-V3 at TP 32 (k = 4) 488 over its 61; TP 8 inside a node and TP 16 inside a
+    GB200 NVL72 domain pay none; a profile without the GPU's domain cannot be scaled."""
+    term = Terms(net_hop_s=1e-5)
+    across = derive_profile(setup("qwen3-235b-a22b", "h100", 16))
+    assert term.apply(across)["t_w_s"] == pytest.approx(across["t_w_s"] + 376 * 1e-5)
+    dsv3 = derive_profile(setup("deepseek-v3", "h100", 32, dtype="fp8"))
+    assert term.apply(dsv3)["t_w_s"] == pytest.approx(dsv3["t_w_s"] + 2 * 61 * 2 * 2 * 1e-5)
+    for inside in (setup("qwen3-235b-a22b", "h100", 8), setup("qwen3-235b-a22b", "gb200", 16)):
+        raw = derive_profile(inside, EngineConfig(gpu_memory_utilization=0.9))
+        assert term.apply(raw)["t_w_s"] == raw["t_w_s"]
+    bare = {**across, "gpu_facts": {k: v for k, v in across["gpu_facts"].items() if k != "scale_up_domain"}}
+    with pytest.raises(RlsimError, match="net_hop_s needs a profile with model facts and the GPU's scale-up domain"):
+        term.apply(bare)
+    with pytest.raises(RlsimError, match="net_hop_s must be >= 0"):
+        Terms(net_hop_s=-1.0)
 
 
 def test_terms_on_the_command_line(tmp_path: Path) -> None:

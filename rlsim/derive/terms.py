@@ -23,6 +23,15 @@ what it stands for, so that one fit serves an 8B and a 671B model alike:
   dense model (`rlsim.derive.moe_training`, Megatron-Bridge's own pre-training throughput: 0.15
   for Qwen3-30B-A3B), as the derived default does.
 
+One more term is available to a user's file, fitted by nobody shipped: `net_hop_s`, seconds per
+network hop of an all-reduce that leaves the scale-up domain (added to `t_w_s` as `2 x num_layers
+x 2 log2(k) x` it for a TP group over k domains; an instance inside one domain pays none). The
+derivation charges each hop NCCL's wire latency (5 us, `rlsim.derive.derive`); what a collective
+across nodes costs beyond it (the proxy thread that drives the NIC, the GPU waiting on its flags)
+is paid per hop whatever the bytes, twice per tree level. As the second shipped term it
+cross-validates no better than the per-pair term inside NeMo RL's fit half (0.0555 against
+0.0546, `benchmarks/published_runs.py --units hop,expert`), so it is not shipped.
+
 Five older terms stay available to a user's file, fitted by nobody shipped: `megatron_mfu` (the
 Megatron MFU of every model, dense or MoE, as the shipped fit used it until the dense MFU above
 replaced it), `iteration_overhead_s` (seconds per iteration, whatever the model),
@@ -61,6 +70,7 @@ class Terms:
     layer_iteration_s: float = 0.0
     sequence_layer_iteration_s: float = 0.0
     expert_token_layer_s: float = 0.0
+    net_hop_s: float = 0.0
     refit_per_tensor_s: float | None = None
     megatron_dense_mfu: float | None = None
     megatron_mfu: float | None = None
@@ -69,7 +79,8 @@ class Terms:
     prefill_request_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("layer_iteration_s", "sequence_layer_iteration_s", "sequence_iteration_s", "expert_token_layer_s"):
+        for name in ("layer_iteration_s", "sequence_layer_iteration_s", "sequence_iteration_s", "expert_token_layer_s",
+                     "net_hop_s"):
             if getattr(self, name) < 0:
                 raise RlsimError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.iteration_overhead_s < 0:
@@ -93,6 +104,8 @@ class Terms:
             if getattr(self, name) and not layers:
                 raise RlsimError(f"{name} needs a profile with model facts (its number of layers)")
         raw["t_w_s"] = float(f"{raw['t_w_s'] + self.iteration_overhead_s + layers * self.layer_iteration_s:.9g}")
+        if self.net_hop_s:
+            raw["t_w_s"] = float(f"{raw['t_w_s'] + self._net_hops(raw, layers) * self.net_hop_s:.9g}")
         if self.sequence_iteration_s or self.sequence_layer_iteration_s:
             alpha = raw["alpha_s"] + self.sequence_iteration_s + self.sequence_layer_iteration_s * layers
             raw["alpha_s"] = float(f"{alpha:.9g}")
@@ -116,6 +129,18 @@ class Terms:
         if provenance:
             raw.setdefault("provenance", {})["fitted_terms"] = provenance
         return raw
+
+
+    @staticmethod
+    def _net_hops(raw: dict[str, Any], layers: float) -> float:
+        """Network hops of one iteration's all-reduces: two all-reduces a layer, each twice per
+        tree level over the k scale-up domains its TP group spans (none inside one domain)."""
+        domain = raw.get("gpu_facts", {}).get("scale_up_domain")
+        if not layers or not domain:
+            raise RlsimError("net_hop_s needs a profile with model facts and the GPU's scale-up domain")
+        tp = int(raw.get("tensor_parallel_size", 1))
+        k = tp // min(tp, int(domain))
+        return 2 * layers * 2 * math.log2(k) if k > 1 else 0.0
 
 
 def load_terms(name_or_path: str) -> tuple[Terms, str]:
