@@ -40,6 +40,11 @@ profile's facts (the model's parameters, the GPU's datasheet in `gpus.json`), no
   - `ref_offload`: the reference model's shard loaded before its pass.
   The rank's shard: dense weights over TP x PP, routed experts over EP x PP; the optimizer's
   over the data-parallel ranks too (Megatron's distributed optimizer, FSDP).
+- **The optimizer step** (AdamW, once an update): the rank's optimizer shard's fp32 parameters,
+  gradients and two moments read and its parameters and moments written, 28 bytes a parameter
+  (the same count as the CPU step above), at the GPU's HBM bandwidth, its memory roofline: the
+  step is memory-bound, a few flops a byte. What Megatron's CPU optimizer steps (f) is not on the
+  GPU; veRL's FSDP offload brings the moments back, so its whole shard steps there.
 - **MoE grouped GEMM with few tokens per expert**: an expert's GEMMs cannot run faster than
   reading its weights. Per micro-batch and MoE layer a rank reads its local experts' weights
   once a pass (forward; backward reads them for the input gradient and writes their weight
@@ -60,6 +65,7 @@ from rlsim.errors import RlsimError
 
 BF16_BYTES, FP32_BYTES = 2, 4
 ADAM_HOST_BYTES_PER_PARAM = 16 + 12  # CPU Adam: read param, grad, m, v (fp32); write param, m, v
+ADAM_GPU_BYTES_PER_PARAM = ADAM_HOST_BYTES_PER_PARAM  # the same step on the GPU
 RECOMPUTE_KINDS = ("none", "selective", "full")
 
 
@@ -214,6 +220,13 @@ def offload_s(shard: Shards, host_link: float, host_memory: float, param: bool, 
         link = moved * (FP32_BYTES + BF16_BYTES) / host_link
         out["optimizer"] = link + moved * ADAM_HOST_BYTES_PER_PARAM / host_memory
     return out
+
+
+def optimizer_step_s(shard: Shards, hbm: float, offloaded: float = 0.0, fsdp: bool = False) -> float:
+    """Seconds of one AdamW step on the GPU (the module docstring): the share of the rank's
+    optimizer shard that steps there, 28 bytes a parameter at HBM bandwidth."""
+    on_gpu = shard.optimizer * (1.0 if fsdp else 1.0 - offloaded)
+    return on_gpu * ADAM_GPU_BYTES_PER_PARAM / hbm
 
 
 def expert_floor_s(facts: dict, tokens_per_micro: float, micro: int, ep: int, pp: int, hbm: float, flop_rate: float,

@@ -256,6 +256,18 @@ def offload_costs(profile: Profile, gpus: int) -> dict[str, float]:
     return out
 
 
+def optimizer_s(profile: Profile, gpus: int) -> float:
+    """Seconds of one AdamW step on `gpus` training GPUs (`rlsim.framework_costs.optimizer_step_s`);
+    none where the profile states no HBM bandwidth."""
+    tc, mf, gf, fw = profile.train, profile.model_facts, profile.gpu_facts, profile.train.framework
+    if "hbm_bytes_per_s" not in gf:
+        return 0.0
+    dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
+    shard = framework_costs.shards(mf, tc.tp, tc.pp, tc.ep, dp)
+    fsdp = tc.backend == "fsdp2"
+    return framework_costs.optimizer_step_s(shard, float(gf["hbm_bytes_per_s"]), fw.optimizer_offload_fraction, fsdp)
+
+
 def sleep_s(profile: Profile) -> float:
     """Seconds to offload (or reload) one rank's weight shard over the host link."""
     link = profile.gpu_facts.get("host_link_bytes_per_s")
@@ -316,5 +328,6 @@ def derived_training(profile: Profile, seq_lens: np.ndarray, train_gpus: int, us
     off = offload_costs(profile, train_gpus) if fw.offloads else none
     old = lp + off["params"]
     ref = lp + off["ref"] if use_kl_loss else 0.0
-    update = tc.fixed_s + (3 + again) * fwd + off["params"] + off["grads"] + off["optimizer"]
+    step = optimizer_s(profile, train_gpus)
+    update = tc.fixed_s + (3 + again) * fwd + step + off["params"] + off["grads"] + off["optimizer"]
     return old, ref, update

@@ -18,6 +18,7 @@ from rlsim.step_costs import (
     check_layout,
     forward_flops,
     kv_capacity,
+    optimizer_s,
     padded_tokens,
     step_cost,
     weight_sync_s,
@@ -104,7 +105,8 @@ def test_training_phases_scale_with_tokens_and_context() -> None:
     off = step_cost(p, lens, 8, use_kl_loss=False, sleep=False)
     on = step_cost(p, lens, 8, use_kl_loss=True, sleep=True)
     assert off.ref == 0 and on.ref == pytest.approx(on.old_log_prob)
-    assert off.update_actor == pytest.approx(p.train.fixed_s + 3 * off.old_log_prob)
+    assert off.update_actor == pytest.approx(p.train.fixed_s + optimizer_s(p, 8) + 3 * off.old_log_prob)
+    assert 0 < optimizer_s(p, 8) < 0.05  # AdamW over an eighth of 7B at HBM bandwidth
     assert off.rollout_sleep == 0 and on.rollout_sleep == on.rollout_wake_up > 0
     assert forward_flops(p, np.array([4000.0])) > forward_flops(p, np.array([1000.0] * 4))
 

@@ -23,8 +23,8 @@ Megatron backend. On the command line a trainer is `--trainer megatron(tp=2,pp=4
 (`Trainer.parse`), with what the framework does around the FLOPs among its settings
 (`megatron(tp=4,recompute=full,optimizer_offload_fraction=1,param_offload=true)`: activation
 recompute, virtual pipeline stages, micro-batches and dynamic batch size, offload;
-`rlsim.framework_costs`). A fixed 5 s per update stands for the step's optimizer, offload and
-bookkeeping (assumed).
+`rlsim.framework_costs`). The update's AdamW step is costed there too (each GPU's optimizer shard
+at HBM bandwidth); a derived profile states no other fixed cost per update (`fixed_s` 0).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from rlsim.framework_costs import FrameworkSettings
 H100_BF16_FLOPS_PER_S = 989e12  # the published runs' GPU (gpus.json, h100)
 TORCHTITAN_TOKENS_PER_S_PER_GPU, TORCHTITAN_SEQ_LEN = 5762, 8192  # Llama 3.1 8B, 1D FSDP, eager
 MEGATRON_MFU = 0.47
-TRAIN_FIXED_S = 5.0  # assumed
+TRAIN_FIXED_S = 0.0  # nothing beyond what is costed (the optimizer step: rlsim.framework_costs)
 BACKENDS = ("fsdp2", "megatron")
 FRAMEWORK_NAMES = {f.name for f in fields(FrameworkSettings)}
 
@@ -159,6 +159,6 @@ class Trainer:
         return (
             f"{self.backend}: forward 2N T + 2 L d T^2 FLOPs, update 3 forwards, at {mfu:.1%} MFU of the GPU's dense "
             f"bf16 peak ({source}); layout TP {self.tp} PP {self.pp} EP {self.ep} CP {self.cp} "
-            f"(rlsim.step_costs.layout_cost); {TRAIN_FIXED_S:.0f} s fixed per update (assumed)"
+            f"(rlsim.step_costs.layout_cost); the AdamW step at HBM bandwidth (rlsim.framework_costs)"
             + (f"; framework: {framework} (rlsim.framework_costs)" if framework else "")
         )
