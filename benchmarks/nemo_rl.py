@@ -147,9 +147,10 @@ def run(rows: pd.DataFrame, terms: Terms, say: bool = False) -> pd.DataFrame:
 UNITS = {"sequence": ("sequence_layer_iteration_s", 1e-5 / 60), "expert": ("expert_token_layer_s", 1e-5 / 60 / 8),
          "hop": ("net_hop_s", 2e-5)}  # fmt: skip
 # the unit `--fit` ships: the lower two-fold cross-validated loss inside the fit half (`--units
-# sequence,expert`: 0.0546 per token-expert pair against 0.0642 per sequence per layer, with an MoE
-# model's Megatron training at its published efficiency; 0.0533 against 0.0832 before it; `--units hop`:
-# 0.0555 per network hop of an all-reduce across scale-up domains)
+# expert,hop,sequence`, with the update's AdamW step costed: 0.0529 per token-expert pair, 0.0532 per
+# network hop of an all-reduce across scale-up domains, 0.0594 per sequence per layer; with 5 s assumed
+# per update: 0.0546, 0.0555 and 0.0642; before an MoE model's Megatron training was charged at its
+# published efficiency: 0.0533 per pair against 0.0832 per sequence)
 SHIPPED_UNIT = "expert"
 
 

@@ -29,8 +29,8 @@ x 2 log2(k) x` it for a TP group over k domains; an instance inside one domain p
 derivation charges each hop NCCL's wire latency (5 us, `rlsim.derive.derive`); what a collective
 across nodes costs beyond it (the proxy thread that drives the NIC, the GPU waiting on its flags)
 is paid per hop whatever the bytes, twice per tree level. As the second shipped term it
-cross-validates no better than the per-pair term inside NeMo RL's fit half (0.0555 against
-0.0546, `benchmarks/published_runs.py --units hop,expert`), so it is not shipped.
+cross-validates no better than the per-pair term inside NeMo RL's fit half (0.0532 against
+0.0529, `benchmarks/published_runs.py --units hop,expert`), so it is not shipped.
 
 Five older terms stay available to a user's file, fitted by nobody shipped: `megatron_mfu` (the
 Megatron MFU of every model, dense or MoE, as the shipped fit used it until the dense MFU above
