@@ -239,14 +239,22 @@ def layout_cost(profile: Profile, seq_lens: np.ndarray, gpus: int) -> float:
     return comm
 
 
+def rank_shards(profile: Profile, gpus: int) -> framework_costs.Shards:
+    """One training rank's parameter and optimizer shards on `gpus` training GPUs
+    (`rlsim.framework_costs.shards`; FSDP shards the parameters too, over every rank)."""
+    tc = profile.train
+    dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
+    shard = framework_costs.shards(profile.model_facts, tc.tp, tc.pp, tc.ep, dp)
+    if tc.backend == "fsdp2":
+        shard = framework_costs.Shards(shard.optimizer, shard.optimizer)
+    return shard
+
+
 def offload_costs(profile: Profile, gpus: int) -> dict[str, float]:
     """Seconds of offload per update on `gpus` training GPUs (`rlsim.framework_costs.offload_s`),
     and `ref`: the reference model's load before its pass."""
-    tc, mf, gf, fw = profile.train, profile.model_facts, profile.gpu_facts, profile.train.framework
-    dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
-    shard = framework_costs.shards(mf, tc.tp, tc.pp, tc.ep, dp)
-    if tc.backend == "fsdp2":  # FSDP shards the parameters too, over every rank
-        shard = framework_costs.Shards(shard.optimizer, shard.optimizer)
+    tc, gf, fw = profile.train, profile.gpu_facts, profile.train.framework
+    shard = rank_shards(profile, gpus)
     link = float(gf.get("host_link_bytes_per_s") or HOST_LINK_FALLBACK_BPS)
     memory = float(gf.get("host_memory_bytes_per_s") or HOST_MEMORY_FALLBACK_BPS)
     out = framework_costs.offload_s(
@@ -259,13 +267,13 @@ def offload_costs(profile: Profile, gpus: int) -> dict[str, float]:
 def optimizer_s(profile: Profile, gpus: int) -> float:
     """Seconds of one AdamW step on `gpus` training GPUs (`rlsim.framework_costs.optimizer_step_s`);
     none where the profile states no HBM bandwidth."""
-    tc, mf, gf, fw = profile.train, profile.model_facts, profile.gpu_facts, profile.train.framework
+    tc, gf = profile.train, profile.gpu_facts
     if "hbm_bytes_per_s" not in gf:
         return 0.0
-    dp = max(1, gpus // (tc.tp * tc.pp * tc.cp))
-    shard = framework_costs.shards(mf, tc.tp, tc.pp, tc.ep, dp)
-    fsdp = tc.backend == "fsdp2"
-    return framework_costs.optimizer_step_s(shard, float(gf["hbm_bytes_per_s"]), fw.optimizer_offload_fraction, fsdp)
+    return framework_costs.optimizer_step_s(
+        rank_shards(profile, gpus), float(gf["hbm_bytes_per_s"]), tc.framework.optimizer_offload_fraction,
+        tc.backend == "fsdp2",
+    )  # fmt: skip
 
 
 def sleep_s(profile: Profile) -> float:

@@ -56,11 +56,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlsim.derive.derive import domains
 from rlsim.derive.moe_training import moe_training_efficiency
 from rlsim.errors import RlsimError
 from rlsim.files import read_json_object
 
 SHIPPED = ("nemo-rl",)
+# the terms that are a time per unit (layer, sequence, pair, hop): never negative
+PER_UNIT_TERMS = ("layer_iteration_s", "sequence_layer_iteration_s", "sequence_iteration_s", "expert_token_layer_s",
+                  "net_hop_s")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +83,7 @@ class Terms:
     prefill_request_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("layer_iteration_s", "sequence_layer_iteration_s", "sequence_iteration_s", "expert_token_layer_s",
-                     "net_hop_s"):
+        for name in PER_UNIT_TERMS:
             if getattr(self, name) < 0:
                 raise RlsimError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.iteration_overhead_s < 0:
@@ -130,17 +133,16 @@ class Terms:
             raw.setdefault("provenance", {})["fitted_terms"] = provenance
         return raw
 
-
     @staticmethod
     def _net_hops(raw: dict[str, Any], layers: float) -> float:
         """Network hops of one iteration's all-reduces: two all-reduces a layer, each twice per
-        tree level over the k scale-up domains its TP group spans (none inside one domain)."""
+        tree level over the k scale-up domains its TP group spans (`rlsim.derive.derive.domains`;
+        none inside one domain)."""
         domain = raw.get("gpu_facts", {}).get("scale_up_domain")
         if not layers or not domain:
             raise RlsimError("net_hop_s needs a profile with model facts and the GPU's scale-up domain")
-        tp = int(raw.get("tensor_parallel_size", 1))
-        k = tp // min(tp, int(domain))
-        return 2 * layers * 2 * math.log2(k) if k > 1 else 0.0
+        k, _ = domains(int(raw.get("tensor_parallel_size", 1)), int(domain))
+        return 2 * layers * 2 * math.log2(k)
 
 
 def load_terms(name_or_path: str) -> tuple[Terms, str]:
