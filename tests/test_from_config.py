@@ -230,6 +230,35 @@ def test_simulate_from_a_nemo_rl_recipe(tmp_path: Path) -> None:
     assert config["ClusterConfig"]["train_gpus"] == 16
 
 
+def test_a_profile_is_derived_at_the_memory_fraction_the_run_gives_vllm(tmp_path: Path) -> None:
+    """DeepSeek-V3 at TP 32 on H100s holds 41.9 GB of weights a GPU: more than veRL's default
+    0.5 of 80 GB, less than the 0.6 NeMo RL's recipe gives vLLM. The weights are held against
+    the run's fraction (the config's, else --gpu-memory-utilization), not against the default's."""
+    from rlsim.trace.format import save
+    from rlsim.trace.synth import SynthConfig, synthesize
+
+    cfg = SynthConfig(preset="dapo-qwen2.5-32b", num_prompts=32, samples_per_prompt=16, epochs=1, prompts_per_step=32,
+                      max_response_len=1536)  # fmt: skip
+    trace = str(save(synthesize(cfg), tmp_path / "t.parquet"))
+    recipe = NEMO / "9dbd9adc9/examples/configs/recipes/llm/performance/grpo-deepseek-v3-32n8g.yaml"
+    r = runner.invoke(app, ["simulate", "--from", f"nemo-rl:{recipe}", "--gpu", "h100", "--model", "deepseek-v3",
+                            "--max-steps", "1", "--trace", trace, "--out", str(tmp_path / "a")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["EngineConfig"]["gpu_memory_utilization"] == 0.6  # the recipe's defaults chain
+    derived = ["--model", "deepseek-v3", "--gpu", "h100", "--tp", "32", "--gpus", "32", "--max-steps", "1",
+               "--trace", trace, "--policies", "sync"]  # fmt: skip
+    r = runner.invoke(app, ["compare", *derived, "--gpu-memory-utilization", "0.6"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["compare", *derived])  # veRL's default 0.5: the weights do not fit, one sentence
+    assert r.exit_code == 2 and "more than gpu_memory_utilization 0.5" in r.output, r.output
+    plan = ["plan", *derived[:8], "--gpus", "32", "--gpu-memory-utilization", "0.6,0.7", "--gpu-budget", "32",
+            "--steps", "1", "--min-steps", "1", "--max-response-len", "1536", "--prompts-per-step", "32", "--trace",
+            trace, "--policies", "sync"]  # fmt: skip
+    r = runner.invoke(app, plan)  # the family derived at the least fraction searched
+    assert r.exit_code == 0, r.output
+
+
 RUN = Path(__file__).resolve().parent / "data" / "recorded_runs" / "20261126-000315"
 RUN_CONFIG = """python3 -m verl.trainer.main_ppo
 actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1

@@ -120,7 +120,9 @@ def register_compare(app: typer.Typer) -> None:
             opts, engine, setup = apply_from(ctx, from_, opts, engine, extra=("rollout_engine",))
             rollout_engine, framework = engine.rollout_engine, setup.framework
         else:
-            opts["profile"] = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
+            opts["profile"] = derive_opts.profile_or_derived(
+                profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp, engine.gpu_memory_utilization
+            )
         profile = opts["profile"]
         opts = from_trace(opts, tr)
         cluster, rl = configs(opts)

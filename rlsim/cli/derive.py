@@ -48,23 +48,28 @@ def derived_profile_path(
     model: str, gpu: str, tp: int, ep: int = 1, dtype: str = "bf16", trainer: str = "fsdp2", terms: str | None = None,
     pp: int = 1,
     dp: int = 1,
+    gpu_memory_utilization: float | None = None,
 ) -> str:
     """Derive the profile and write it under ~/.cache/rlsim/profiles (or $RLSIM_CACHE_DIR); its path.
     The folder is keyed by everything the profile's name leaves out (the model's config, the GPU's
-    facts, the trainer and the terms), so that two runs deriving the same name with other settings
-    never read each other's file; the TPs of one setting lie side by side, as `rlsim plan` finds them."""
+    facts, the trainer, the terms and the memory fraction), so that two runs deriving the same name
+    with other settings never read each other's file; the TPs of one setting lie side by side, as
+    `rlsim plan` finds them. `gpu_memory_utilization`: the run's (None: veRL's 0.5), so that the
+    weights are held against the memory the run gives vLLM, not against the default's."""
     from rlsim.derive.derive import derive_profile, setup
     from rlsim.derive.terms import load_terms
     from rlsim.derive.train import Trainer
     from rlsim.files import atomic_write_text
 
     s, parsed = setup(model, gpu, tp, ep, dtype, pp=pp, dp=dp), Trainer.parse(trainer)
-    raw = derive_profile(s, trainer=parsed)
+    raw = derive_profile(s, EngineConfig(gpu_memory_utilization=gpu_memory_utilization), parsed)
     fitted = None
     if terms:
         fitted, provenance = load_terms(terms)
         raw = fitted.apply(raw, provenance)
-    key = json.dumps([repr(s.model), repr(s.gpu), repr(parsed), repr(fitted)])
+    key = json.dumps([repr(s.model), repr(s.gpu), repr(parsed), repr(fitted)] + (
+        [gpu_memory_utilization] if gpu_memory_utilization is not None else []
+    ))
     root = Path(os.environ.get("RLSIM_CACHE_DIR") or Path.home() / ".cache" / "rlsim") / "profiles"
     folder = root / hashlib.sha256(key.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
@@ -84,8 +89,10 @@ def profile_or_derived(
     terms: str | None = None,
     pp: int = 1,
     dp: int = 1,
+    gpu_memory_utilization: float | None = None,
 ) -> str:
-    """`--profile`, or the profile `--model/--gpu/--tp` derive (the two are exclusive)."""
+    """`--profile`, or the profile `--model/--gpu/--tp` derive (the two are exclusive), at the
+    run's `gpu_memory_utilization` (None: veRL's default)."""
     if model is None and gpu is None:
         if trainer != "fsdp2" or terms or pp != 1 or dp != 1:
             raise RlsimError(
@@ -94,7 +101,7 @@ def profile_or_derived(
         return profile
     if model is None or gpu is None:
         raise RlsimError("--model and --gpu go together (with --tp): they derive the profile")
-    return derived_profile_path(model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
+    return derived_profile_path(model, gpu, tp, ep, dtype, trainer, terms, pp, dp, gpu_memory_utilization)
 
 
 def derive_family(
@@ -104,16 +111,19 @@ def derive_family(
     dtype: str,
     trainer: str = "fsdp2",
     terms: str | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> tuple[str, tuple[int, ...]]:
     """`rlsim plan --model M --gpu G`: the derived profile at every TP asked (default: 1, 2, 4 and
     8 where the model derives: heads divided, weights fitting, within the scale-up domain), side by
-    side so that the planner finds them as one family; the smallest TP's path, and the TPs."""
+    side so that the planner finds them as one family; the smallest TP's path, and the TPs.
+    `gpu_memory_utilization`: the smallest the plan searches (None: veRL's default), so that the
+    weights fit at every memory fraction searched."""
     if model is None or gpu is None:
         raise RlsimError("--model and --gpu go together: they derive the profiles the plan searches")
     paths: dict[int, str] = {}
     for t in tps or (1, 2, 4, 8):
         try:
-            paths[t] = derived_profile_path(model, gpu, t, 1, dtype, trainer, terms)
+            paths[t] = derived_profile_path(model, gpu, t, 1, dtype, trainer, terms, 1, 1, gpu_memory_utilization)
         except RlsimError:
             if tps:
                 raise

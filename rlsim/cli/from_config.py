@@ -107,10 +107,7 @@ def apply_from(
         measured_kv = not (prof.model_facts and memory)  # a measured KV capacity, not one derived from memory
     else:
         measured_kv = False
-        out["profile"] = derived_profile_path(
-            model_of(spec, setup, opts), opts["gpu"], setup.tp, setup.ep, opts["dtype"], setup.trainer.text(),
-            opts.get("terms"), setup.pp, setup.dp,
-        )  # fmt: skip
+        model = model_of(spec, setup, opts)  # its one sentence before anything else is read
         from rlsim.derive.gpus import load_gpu
 
         spec_gpu = load_gpu(opts["gpu"])
@@ -120,6 +117,11 @@ def apply_from(
     if measured_kv:  # the KV capacity the profile measured stands for the config's memory fraction
         keys = tuple(k for k in keys if k != "gpu_memory_utilization")
     merged = dataclasses.replace(engine, **{k: getattr(stated, k) for k in keys})
+    if "profile" not in given:  # derived at the memory fraction the run gives vLLM (the config's, else the option's)
+        out["profile"] = derived_profile_path(
+            model, opts["gpu"], setup.tp, setup.ep, opts["dtype"], setup.trainer.text(), opts.get("terms"),
+            setup.pp, setup.dp, merged.gpu_memory_utilization,
+        )  # fmt: skip
     err = make_console(sys.stderr)
     err.print(setup.describe(), highlight=False, soft_wrap=True)
     if measured_kv:

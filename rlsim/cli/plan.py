@@ -256,7 +256,9 @@ def register(app: typer.Typer) -> None:
         say_if_compiling()
         tps = parse_list(tp, int, "--tp")
         if model is not None or gpu is not None:  # the family of derived profiles, one per TP
-            profile, tps = derive_opts.derive_family(model, gpu, tps, dtype, trainer, terms)
+            utils = parse_list(gpu_memory_utilization, float, "--gpu-memory-utilization")
+            least = min(utils) if utils else engine.gpu_memory_utilization  # the weights fit at every one searched
+            profile, tps = derive_opts.derive_family(model, gpu, tps, dtype, trainer, terms, least)
         # HistoSpec variants are left out by default: a plan estimates an epoch from its first
         # steps, where no prompt has a previous visit to draft from yet.
         # By default every registered policy but the oracle and k_step_off (at its default k it is

@@ -103,7 +103,9 @@ def register(app: typer.Typer) -> None:
             policy = policy if "policy" in given_on_command_line(ctx) else setup.policy
             framework = setup.framework
         else:
-            opts["profile"] = derive_opts.profile_or_derived(profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp)
+            opts["profile"] = derive_opts.profile_or_derived(
+                profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp, engine.gpu_memory_utilization
+            )
         profile = opts["profile"]
         tr = load_trace(trace, [policy])
         opts = from_trace(opts, tr)
