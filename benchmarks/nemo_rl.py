@@ -110,7 +110,7 @@ def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms(), setup: R
     """The row's mean step time and phases over steps 2-5, simulated from its recipe's setup
     (`run_setup`, or `setup` instead), with its error against the published step time."""
     s = setup or run_setup(row)
-    gen = derive_setup(row.rlsim_model, row.gpu, s.tp, s.ep, row.precision, pp=s.pp)
+    gen = derive_setup(row.rlsim_model, row.gpu, s.tp, s.ep, s.dtype or "bf16", s.kv_cache_dtype, pp=s.pp)
     engine = s.engine_for(gen.gpu.memory_bytes, gen.gpu.name)
     raw = terms.apply(derive_profile(gen, engine, s.trainer))
     path = workdir / f"{raw['name']}-{row.name}.json"

@@ -160,7 +160,8 @@ def test_every_published_nemo_rl_recipe_maps_to_its_row() -> None:
     """Each NeMo RL performance recipe of the accuracy tables (three releases; the recipe and its
     defaults chain at the row's commit, in benchmarks/published_runs/nemo_rl/) reads to the row's setup: GPUs and
     the generation's share, generation TP, samples, prompts, vLLM's memory fraction and eager
-    mode, the KL term, the training layout, recompute and optimizer offload. Where the published
+    mode, the KL term, the training layout, recompute and optimizer offload, the rollout's
+    precision (the FP8 rows' vLLM weights; their KV cache stays bf16). Where the published
     table states another layout than its recipe, rows.csv keeps the table's, and the reader the
     recipe's (`TABLE_NOT_RECIPE`); a recipe whose model_name is a local path or a placeholder
     (DeepSeek-V3's) names no model, so --model gives it."""
@@ -189,6 +190,7 @@ def test_every_published_nemo_rl_recipe_maps_to_its_row() -> None:
         assert s.model == (None if r["rlsim_model"] == "deepseek-v3" else r["rlsim_model"]), key
         fp8 = [u for u in s.unmodelled if u.startswith("policy.megatron_cfg.fp8_cfg.enabled")]
         assert len(fp8) == (r["precision"] == "fp8"), key  # the FP8 rows' recipes train in FP8: said, not modelled
+        assert (s.dtype, s.kv_cache_dtype) == (r["precision"], "bf16"), key  # fp8 weights, the KV cache "auto": bf16
         assert s.policy == ("sync" if r["policy"] == "On policy" else "one_step_off" if r["policy"] == "1-step Off"
                             else f"k_step_off(k={r['policy'].split('-')[0]})") + (
             "+dynamic_sampling" if r["dynamic_sampling"] == "True" else ""), key  # fmt: skip
@@ -258,6 +260,58 @@ def test_a_profile_is_derived_at_the_memory_fraction_the_run_gives_vllm(tmp_path
     r = runner.invoke(app, plan)  # the family derived at the least fraction searched
     assert r.exit_code == 0, r.output
 
+
+
+def test_a_recipes_vllm_kwargs_and_precision_are_the_runs(tmp_path: Path) -> None:
+    """What a recipe passes vLLM itself stands over vLLM's defaults: NeMo RL's DeepSeek-V3 FP8
+    recipe runs at max_num_seqs 32 with fp8 weights and a bf16 KV cache (`kv_cache_dtype` auto), so
+    it simulates as read, and --dtype beside it is one sentence; CUDA graphs captured only up to a
+    batch size are said, not modelled."""
+    from rlsim.frameworks.nemo_rl import read_nemo_rl
+    from rlsim.trace.format import save
+    from rlsim.trace.synth import SynthConfig, synthesize
+
+    recipe = NEMO / "7ea279abf/examples/configs/recipes/llm/performance/grpo-deepseek-v3-64n8g-fp8-async-1off.yaml"
+    s = read_nemo_rl(recipe)
+    assert (s.engine.max_num_seqs, s.engine.max_num_batched_tokens, s.dtype, s.kv_cache_dtype) == (32, None, "fp8",
+                                                                                                   "bf16")  # fmt: skip
+    assert "max_num_seqs" in s.engine_keys and s.engine_for(80e9, "H100").max_num_batched_tokens == 16384
+    graphs = read_nemo_rl(NEMO / "7ea279abf/examples/configs/recipes/llm/performance/grpo-qwen3-235b-16n4g.yaml")
+    assert any("cudagraph_capture_sizes up to 64" in u for u in graphs.unmodelled)
+    cfg = SynthConfig(preset="dapo-qwen2.5-32b", num_prompts=64, samples_per_prompt=16, epochs=1, prompts_per_step=32,
+                      max_response_len=1536)  # fmt: skip
+    trace = str(save(synthesize(cfg), tmp_path / "t.parquet"))
+    args = ["simulate", "--from", f"nemo-rl:{recipe}", "--gpu", "h100", "--model", "deepseek-v3", "--max-steps", "2",
+            "--trace", trace]  # fmt: skip
+    r = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["EngineConfig"]["max_num_seqs"] == 32
+    assert "-fp8" in config["ClusterConfig"]["profile"]
+    r = runner.invoke(app, [*args, "--dtype", "bf16", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "--dtype is set by --from" in r.output, r.output
+
+
+def test_fp8_weights_read_and_written_by_both_frameworks(tmp_path: Path) -> None:
+    """veRL's `rollout.quantization=fp8` (vLLM's fp8 weights, the KV cache bf16) reads as NeMo RL's
+    `precision: fp8` does; a plan's fp8 profile is written back as each framework states it."""
+    from rlsim.derive.derive import derive_profile, setup
+    from rlsim.frameworks.emit import candidate_setup, nemo_rl_recipe, verl_overrides
+    from rlsim.profile import profile_from_dict
+
+    path = tmp_path / "run.overrides"
+    path.write_text(
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm data.train_batch_size=64\n"
+        "  actor_rollout_ref.rollout.quantization=fp8 actor_rollout_ref.model.path=Qwen/Qwen3-32B\n"
+    )
+    s = read_verl(path)
+    assert (s.dtype, s.kv_cache_dtype, s.options()["dtype"]) == ("fp8", "bf16", "fp8")
+    assert read_verl(DENSE).dtype is None  # no quantization: the command line's --dtype
+    prof = profile_from_dict(derive_profile(setup("qwen3-32b", "h100", 4, dtype="fp8", kv_cache_dtype="bf16")), "p")
+    planned = candidate_setup("sync", 8, "colocated", 0, prof, prof.engine, 64, 8, 4096)
+    assert (planned.dtype, planned.kv_cache_dtype) == ("fp8", "bf16")
+    assert "actor_rollout_ref.rollout.quantization=fp8" in verl_overrides(planned)
+    assert "precision: fp8" in nemo_rl_recipe(planned) and "kv_cache_dtype" not in nemo_rl_recipe(planned)
 
 RUN = Path(__file__).resolve().parent / "data" / "recorded_runs" / "20261126-000315"
 RUN_CONFIG = """python3 -m verl.trainer.main_ppo

@@ -49,27 +49,32 @@ def derived_profile_path(
     pp: int = 1,
     dp: int = 1,
     gpu_memory_utilization: float | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> str:
     """Derive the profile and write it under ~/.cache/rlsim/profiles (or $RLSIM_CACHE_DIR); its path.
     The folder is keyed by everything the profile's name leaves out (the model's config, the GPU's
-    facts, the trainer, the terms and the memory fraction), so that two runs deriving the same name
-    with other settings never read each other's file; the TPs of one setting lie side by side, as
-    `rlsim plan` finds them. `gpu_memory_utilization`: the run's (None: veRL's 0.5), so that the
-    weights are held against the memory the run gives vLLM, not against the default's."""
+    facts, the trainer, the terms, the memory fraction and a KV cache dtype other than the
+    weights'), so that two runs deriving the same name with other settings never read each
+    other's file; the TPs of one setting lie side by side, as `rlsim plan` finds them.
+    `gpu_memory_utilization`: the run's (None: veRL's 0.5), so that the weights are held against
+    the memory the run gives vLLM, not against the default's; `kv_cache_dtype`: the KV cache's
+    (None: `dtype`'s)."""
     from rlsim.derive.derive import derive_profile, setup
     from rlsim.derive.terms import load_terms
     from rlsim.derive.train import Trainer
     from rlsim.files import atomic_write_text
 
-    s, parsed = setup(model, gpu, tp, ep, dtype, pp=pp, dp=dp), Trainer.parse(trainer)
+    s, parsed = setup(model, gpu, tp, ep, dtype, kv_cache_dtype, pp=pp, dp=dp), Trainer.parse(trainer)
     raw = derive_profile(s, EngineConfig(gpu_memory_utilization=gpu_memory_utilization), parsed)
     fitted = None
     if terms:
         fitted, provenance = load_terms(terms)
         raw = fitted.apply(raw, provenance)
-    key = json.dumps([repr(s.model), repr(s.gpu), repr(parsed), repr(fitted)] + (
-        [gpu_memory_utilization] if gpu_memory_utilization is not None else []
-    ))
+    key = json.dumps(
+        [repr(s.model), repr(s.gpu), repr(parsed), repr(fitted)]
+        + ([gpu_memory_utilization] if gpu_memory_utilization is not None else [])
+        + ([s.kv_cache_dtype] if s.kv_cache_dtype != s.dtype else [])
+    )
     root = Path(os.environ.get("RLSIM_CACHE_DIR") or Path.home() / ".cache" / "rlsim") / "profiles"
     folder = root / hashlib.sha256(key.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
@@ -112,18 +117,21 @@ def derive_family(
     trainer: str = "fsdp2",
     terms: str | None = None,
     gpu_memory_utilization: float | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> tuple[str, tuple[int, ...]]:
     """`rlsim plan --model M --gpu G`: the derived profile at every TP asked (default: 1, 2, 4 and
     8 where the model derives: heads divided, weights fitting, within the scale-up domain), side by
     side so that the planner finds them as one family; the smallest TP's path, and the TPs.
     `gpu_memory_utilization`: the smallest the plan searches (None: veRL's default), so that the
-    weights fit at every memory fraction searched."""
+    weights fit at every memory fraction searched; `kv_cache_dtype`: the KV cache's (None: `dtype`'s)."""
     if model is None or gpu is None:
         raise RlsimError("--model and --gpu go together: they derive the profiles the plan searches")
     paths: dict[int, str] = {}
     for t in tps or (1, 2, 4, 8):
         try:
-            paths[t] = derived_profile_path(model, gpu, t, 1, dtype, trainer, terms, 1, 1, gpu_memory_utilization)
+            paths[t] = derived_profile_path(
+                model, gpu, t, 1, dtype, trainer, terms, 1, 1, gpu_memory_utilization, kv_cache_dtype
+            )
         except RlsimError:
             if tps:
                 raise

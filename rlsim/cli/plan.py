@@ -47,7 +47,7 @@ def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
     setup = read_from(spec)
     given = given_on_command_line(ctx)
     stated = {k for k in setup.engine_keys if k in ctx.params and k not in FROM_AXES}  # the engine's, held fixed
-    refuse_clash(given, set(FROM_FIXED) | stated, spec)
+    refuse_clash(given, set(FROM_FIXED) | stated | ({"dtype"} if setup.dtype else set()), spec)
     if max(setup.pp, setup.ep, setup.dp) > 1:
         raise RlsimError(
             f"--from {spec}: its rollout runs at PP {setup.pp}, EP {setup.ep}, DP {setup.dp}; plan searches TP "
@@ -69,7 +69,8 @@ def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
     return out | {
         "prompts_per_step": setup.prompts_per_step, "samples_per_prompt": setup.samples_per_prompt,
         "trainer": setup.trainer.text(), "engine": dataclasses.replace(opts["engine"], **fixed),
-        "use_kl_loss": setup.use_kl_loss, "model": model,
+        "use_kl_loss": setup.use_kl_loss, "model": model, "dtype": setup.dtype or opts["dtype"],
+        "kv_cache_dtype": setup.kv_cache_dtype,
     }  # fmt: skip
 
 
@@ -240,7 +241,7 @@ def register(app: typer.Typer) -> None:
         if cache_path is not None and (cache_path.is_dir() or cache_path.parent.exists()):
             check_output_file(cache_path, "--cache")  # a missing cache directory is created
         cfg = PlanConfig(target_epoch_hours, gpu_budget, steps, min_steps, eta, seeds)
-        use_kl_loss = False
+        use_kl_loss, kv_cache_dtype = False, None
         if from_ is not None:  # the axes not named on the command line, and the rest, from the config
             a = _from_config(ctx, from_, dict(locals()))
             gpus, placement, train_share, tp, max_num_seqs = a["gpus"], a["placement"], a["train_share"], a["tp"], a[
@@ -253,12 +254,13 @@ def register(app: typer.Typer) -> None:
                 "samples_per_prompt"
             ]
             trainer, engine, use_kl_loss, model = a["trainer"], a["engine"], a["use_kl_loss"], a["model"]
+            dtype, kv_cache_dtype = a["dtype"], a["kv_cache_dtype"]
         say_if_compiling()
         tps = parse_list(tp, int, "--tp")
         if model is not None or gpu is not None:  # the family of derived profiles, one per TP
             utils = parse_list(gpu_memory_utilization, float, "--gpu-memory-utilization")
             least = min(utils) if utils else engine.gpu_memory_utilization  # the weights fit at every one searched
-            profile, tps = derive_opts.derive_family(model, gpu, tps, dtype, trainer, terms, least)
+            profile, tps = derive_opts.derive_family(model, gpu, tps, dtype, trainer, terms, least, kv_cache_dtype)
         # HistoSpec variants are left out by default: a plan estimates an epoch from its first
         # steps, where no prompt has a previous visit to draft from yet.
         # By default every registered policy but the oracle and k_step_off (at its default k it is

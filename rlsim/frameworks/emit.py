@@ -54,12 +54,19 @@ def candidate_setup(
     tc = profile.train
     trainer = Trainer(tc.backend or "fsdp2", tp=tc.tp, pp=tc.pp, ep=tc.ep, cp=tc.cp, framework=tc.framework)
     m = re.search(r"-ep(\d+)", profile.name)
+    facts = profile.model_facts or {}
+    dtypes = {}  # the weights' and KV cache's, where the profile was derived (its facts say)
+    if "dtype_bytes" in facts:
+        kv = facts.get("kv_dtype_bytes", facts["dtype_bytes"])
+        weights = "fp8" if facts["dtype_bytes"] == 1 else "bf16"
+        dtypes = {"dtype": weights, "kv_cache_dtype": "fp8" if kv == 1 else "bf16"}
     return RunSetup(
         framework="rlsim", source=f"rlsim plan ({profile.name})", model=profile.model, model_path=profile.model,
         num_gpus=num_gpus, placement=placement, train_gpus=train_gpus, tp=profile.tensor_parallel_size,
         pp=profile.pipeline_parallel_size, ep=int(m.group(1)) if m else 1, dp=profile.data_parallel_size,
         engine=merged, trainer=trainer, policy=policy, prompts_per_step=prompts_per_step,
         samples_per_prompt=samples_per_prompt, max_response_len=max_response_len, use_kl_loss=use_kl_loss,
+        **dtypes,
     )  # fmt: skip
 
 
@@ -133,6 +140,10 @@ def verl_overrides(setup: RunSetup) -> str:
         v = getattr(setup.engine, k)
         if v is not None:
             sets[f"{r}.{k}"] = v
+    if setup.dtype == "fp8":  # vLLM's fp8 weights (veRL's rollout states no KV cache dtype: the model's bf16)
+        if setup.kv_cache_dtype == "fp8":
+            raise RlsimError("veRL's rollout states no fp8 KV cache: plan it with the KV cache in bf16")
+        sets[f"{r}.quantization"] = "fp8"
     if setup.placement == "colocated":
         sets[f"{r}.free_cache_engine"] = bool(setup.engine.free_cache_engine)
     if spec.name == "fully_async":
@@ -217,6 +228,13 @@ def nemo_rl_recipe(setup: RunSetup) -> str:
     }  # fmt: skip
     if setup.engine.gpu_memory_utilization is not None:
         gen["vllm_cfg"]["gpu_memory_utilization"] = setup.engine.gpu_memory_utilization
+    if setup.dtype == "fp8":  # vLLM's fp8 weights; the KV cache stays the model's bf16 unless stated
+        gen["vllm_cfg"]["precision"] = "fp8"
+    if setup.kv_cache_dtype == "fp8":
+        gen["vllm_cfg"]["kv_cache_dtype"] = "fp8"
+    limits = {k: getattr(setup.engine, k) for k in ("max_num_seqs", "max_num_batched_tokens")}
+    if any(v is not None for v in limits.values()):  # passed to vLLM as they are
+        gen["vllm_kwargs"] = {k: v for k, v in limits.items() if v is not None}
     n, g = _nodes(setup.num_gpus)
     if setup.placement == "disaggregated":
         rn, rg = _nodes(setup.num_gpus - setup.train_gpus)

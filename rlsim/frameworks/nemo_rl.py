@@ -12,7 +12,10 @@ the recipe, so nothing of NeMo RL is vendored.
 What NeMo RL leaves to vLLM, rlsim takes from vLLM 0.32: the `LLM` class's `max_num_seqs` and
 `max_num_batched_tokens` on the run's GPU (`vllm/engine/arg_utils.py`, `_set_default_args`: 1,024
 and 16,384 on a GPU of 70 GB or more other than an A100, else 256 and 8,192), applied once `--gpu`
-names it (`RunSetup.vllm_defaults`).
+names it (`RunSetup.vllm_defaults`), unless the recipe passes them to vLLM itself
+(`policy.generation.vllm_kwargs`, as NeMo RL's DeepSeek-V3 FP8 recipe sets `max_num_seqs` 32).
+`vllm_cfg.precision` fp8 quantizes the rollout's weights and `kv_cache_dtype` "auto" keeps its KV
+cache in bf16 (`_precision`); the derived profile is the recipe's (`RunSetup.dtype`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,29 @@ UNMODELLED = (
     ("policy.generation.mcore_generation_config.num_speculative_tokens", 0, "speculative decoding"),
     ("policy.megatron_cfg.fp8_cfg.enabled", False, "Megatron's FP8 training: rlsim trains at the bf16 peak"),
 )
+
+VLLM_LIMITS = ("max_num_seqs", "max_num_batched_tokens")  # vllm_kwargs rlsim's engine takes
+PRECISIONS = {"bfloat16": "bf16", "fp8": "fp8"}  # vllm_cfg.precision: the weights' (fp8: vLLM's quantization)
+
+
+def _precision(vc: dict, kwargs: dict) -> tuple[str, str, list[str]]:
+    """The rollout's weights and KV cache dtypes, and what of them is read but not modelled:
+    `vllm_cfg.precision` quantizes the weights (fp8) and `kv_cache_dtype` "auto" keeps the KV
+    cache in the model's own bf16 (vLLM's rule), an fp8 one halves it; CUDA graphs captured only
+    up to a batch size (`compilation_config.cudagraph_capture_sizes`) leave larger batches eager,
+    which rlsim does not model (it graphs every batch unless enforce_eager)."""
+    precision, kv = str(vc.get("precision") or "bfloat16"), str(vc.get("kv_cache_dtype") or "auto")
+    more = []
+    if precision not in PRECISIONS:
+        more.append(f"policy.generation.vllm_cfg.precision={precision!r} (costed as bf16)")
+    dtype = PRECISIONS.get(precision, "bf16")
+    sizes = ((kwargs.get("compilation_config") or {}).get("cudagraph_capture_sizes")) or ()
+    if sizes:
+        more.append(
+            f"policy.generation.vllm_kwargs.compilation_config.cudagraph_capture_sizes up to {max(sizes)} (batches "
+            "above it run without CUDA graphs; rlsim graphs every batch)"
+        )
+    return dtype, "fp8" if kv.startswith("fp8") else "bf16", more
 
 
 def _load(path: Path, seen: tuple[Path, ...] = ()):  # noqa: ANN202 - an OmegaConf DictConfig
@@ -171,13 +197,17 @@ def read_nemo_rl(path: Path) -> RunSetup:
         policy = "sync"
     if grpo.get("use_dynamic_sampling"):
         policy += "+dynamic_sampling"
+    kwargs = gen.get("vllm_kwargs") or {}  # passed to vLLM's engine as they are
+    limits = {k: _int(cfg, f"policy.generation.vllm_kwargs.{k}", where) for k in VLLM_LIMITS if k in kwargs}
     engine = EngineConfig(
         gpu_memory_utilization=float(vc.get("gpu_memory_utilization", 0.9)),
         enforce_eager=bool(vc.get("enforce_eager")),
-        enable_prefix_caching=False, free_cache_engine=bool(colocated), rollout_engine=backend,
+        enable_prefix_caching=False, free_cache_engine=bool(colocated), rollout_engine=backend, **limits,
     )  # fmt: skip
     kl = float(_get(cfg, "loss_fn.reference_policy_kl_penalty") or 0.0) > 0
     unmodelled = [f"{k}={_get(cfg, k)!r} ({what})" for k, d, what in UNMODELLED if _get(cfg, k, d) != d]
+    dtype, kv_dtype, more = _precision(vc, kwargs)
+    unmodelled += more
     model_path = str(_get(cfg, "policy.model_name") or "")
     return RunSetup(
         framework="nemo-rl", source=where, model=known_model(model_path), model_path=model_path, num_gpus=total,
@@ -189,6 +219,6 @@ def read_nemo_rl(path: Path) -> RunSetup:
         max_response_len=_int(cfg, "policy.generation.max_new_tokens", where), use_kl_loss=kl,
         unmodelled=tuple(unmodelled),
         engine_keys=("gpu_memory_utilization", "enforce_eager", "enable_prefix_caching", "free_cache_engine",
-                     "rollout_engine"),
-        vllm_defaults=True,
+                     "rollout_engine", *limits),
+        vllm_defaults=True, dtype=dtype, kv_cache_dtype=kv_dtype,
     )  # fmt: skip

@@ -47,6 +47,9 @@ class RunSetup:
     engine_keys: tuple[str, ...] = ENGINE_KEYS
     # vLLM's own `LLM`-class limits on the run's GPU where the framework sets none (NeMo RL)
     vllm_defaults: bool = False
+    # the rollout's weights and KV cache, bf16 or fp8, where the config states them (None: the command line's)
+    dtype: str | None = None
+    kv_cache_dtype: str | None = None
 
     def options(self) -> dict[str, object]:
         """The command-line options this setup gives a value, by their parameter names (the
@@ -57,6 +60,8 @@ class RunSetup:
             "prompts_per_step": self.prompts_per_step, "samples_per_prompt": self.samples_per_prompt,
             "max_response_len": self.max_response_len, "use_kl_loss": self.use_kl_loss,
         }  # fmt: skip
+        if self.dtype is not None:
+            out["dtype"] = self.dtype
         return out
 
     def engine_for(self, gpu_memory_bytes: float, gpu_name: str) -> EngineConfig:
@@ -65,8 +70,10 @@ class RunSetup:
         if not self.vllm_defaults:
             return self.engine
         big = gpu_memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower()
-        return dataclasses.replace(
-            self.engine, max_num_seqs=1024 if big else 256, max_num_batched_tokens=16384 if big else 8192
+        return dataclasses.replace(  # what the config passes vLLM itself (NeMo RL's vllm_kwargs) stands
+            self.engine,
+            max_num_seqs=self.engine.max_num_seqs or (1024 if big else 256),
+            max_num_batched_tokens=self.engine.max_num_batched_tokens or (16384 if big else 8192),
         )
 
     def describe(self) -> str:

@@ -301,6 +301,10 @@ def read_verl(path: Path) -> RunSetup:
     ]
     if _get(cfg, "algorithm.adv_estimator") == "gae":
         unmodelled.append("algorithm.adv_estimator='gae' (a critic's passes)")
+    quantization = roll.get("quantization")  # vLLM's: fp8 weights, the KV cache in the model's bf16
+    if quantization not in (None, "fp8"):
+        unmodelled.append(f"{ARR}.rollout.quantization={quantization!r} (costed as bf16)")
+    fp8 = {"dtype": "fp8", "kv_cache_dtype": "bf16"} if quantization == "fp8" else {}
     return RunSetup(
         framework="verl", source=where, model=known_model(model_path), model_path=model_path, num_gpus=num_gpus,
         placement=placement, train_gpus=train_gpus, tp=_int(cfg, f"{ARR}.rollout.tensor_model_parallel_size", where),
@@ -309,4 +313,5 @@ def read_verl(path: Path) -> RunSetup:
         dp=_int(cfg, f"{ARR}.rollout.data_parallel_size", where), engine=engine, trainer=_trainer(cfg, where),
         policy=policy, prompts_per_step=prompts, samples_per_prompt=_int(cfg, f"{ARR}.rollout.n", where),
         max_response_len=_int(cfg, "data.max_response_length", where), use_kl_loss=kl, unmodelled=tuple(unmodelled),
+        **fp8,
     )  # fmt: skip
