@@ -129,25 +129,40 @@ def write_run_dir(result: Result, out: Path, swap: bool = True) -> Path:
             _write_files(result, out)
             return out
         _remove_orphans(out)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent))
     except OSError as exc:
         raise write_error(out, exc) from None
+    mine = f".{out.name}.{os.getpid()}."
+    old = out.with_name(f"{mine}old")
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=mine, suffix=".tmp", dir=out.parent))
         _write_files(result, tmp)
         os.chmod(tmp, 0o755)
         if out.exists():
-            old = out.with_name(f".{out.name}.{os.getpid()}.old")
             out.rename(old)
             tmp.rename(out)
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _undo_swap(out, mine, old)
         if isinstance(exc, OSError):
             raise write_error(out, exc) from None
         raise
     return out
+
+
+def _undo_swap(out: Path, mine: str, old: Path) -> None:
+    """What an interrupted swap leaves (a SIGTERM or Ctrl-C can land between any two steps),
+    taken back: the earlier directory put back where the swap had moved it aside, and this
+    process's temporary folders removed, one made before its name was even returned included."""
+    if old.exists():
+        if out.exists():  # the swap was done: only the earlier directory's removal was cut short
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.rename(out)
+    for path in out.parent.iterdir():
+        if path.name.startswith(mine) and path.name.endswith(".tmp"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _remove_orphans(out: Path) -> None:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,6 +92,29 @@ def test_simulate_force_swaps_the_run_directory_in_whole(tmp_path: Path, small_t
     assert runner.invoke(app, [*args, "--policy", "rollpacker", "--force"]).exit_code == 0
     assert json.loads((out / "config.json").read_text())["policy"] == "rollpacker"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+    # a stop (SIGTERM unwinds as SystemExit) between any two steps of the swap takes it back whole:
+    # just after the temporary folder is made, before its name is returned; and between moving the
+    # old run aside and moving the new one in
+    real_mkdtemp, real_rename = tempfile.mkdtemp, Path.rename
+
+    def stopped_mkdtemp(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        real_mkdtemp(*a, **k)
+        raise SystemExit(143)
+
+    def stopped_rename(self: Path, target: Path):  # noqa: ANN202
+        if self.name.endswith(".tmp"):
+            raise SystemExit(143)
+        return real_rename(self, target)
+
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for where, patch in ((tempfile, ("mkdtemp", stopped_mkdtemp)), (Path, ("rename", stopped_rename))):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(where, *patch)
+            with pytest.raises(SystemExit):
+                write_run_dir(res, out)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before, patch[0]
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], patch[0]
 
 
 def _default_sigint() -> None:
