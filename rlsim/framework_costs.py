@@ -64,8 +64,7 @@ from rlsim import model_facts
 from rlsim.errors import RlsimError
 
 BF16_BYTES, FP32_BYTES = 2, 4
-ADAM_HOST_BYTES_PER_PARAM = 16 + 12  # CPU Adam: read param, grad, m, v (fp32); write param, m, v
-ADAM_GPU_BYTES_PER_PARAM = ADAM_HOST_BYTES_PER_PARAM  # the same step on the GPU
+ADAM_BYTES_PER_PARAM = 16 + 12  # Adam, on the host or the GPU: read param, grad, m, v (fp32); write param, m, v
 RECOMPUTE_KINDS = ("none", "selective", "full")
 
 
@@ -218,7 +217,7 @@ def offload_s(shard: Shards, host_link: float, host_memory: float, param: bool, 
     elif optimizer > 0:
         moved = optimizer * shard.optimizer
         link = moved * (FP32_BYTES + BF16_BYTES) / host_link
-        out["optimizer"] = link + moved * ADAM_HOST_BYTES_PER_PARAM / host_memory
+        out["optimizer"] = link + moved * ADAM_BYTES_PER_PARAM / host_memory
     return out
 
 
@@ -226,7 +225,7 @@ def optimizer_step_s(shard: Shards, hbm: float, offloaded: float = 0.0, fsdp: bo
     """Seconds of one AdamW step on the GPU (the module docstring): the share of the rank's
     optimizer shard that steps there, 28 bytes a parameter at HBM bandwidth."""
     on_gpu = shard.optimizer * (1.0 if fsdp else 1.0 - offloaded)
-    return on_gpu * ADAM_GPU_BYTES_PER_PARAM / hbm
+    return on_gpu * ADAM_BYTES_PER_PARAM / hbm
 
 
 def expert_floor_s(facts: dict, tokens_per_micro: float, micro: int, ep: int, pp: int, hbm: float, flop_rate: float,

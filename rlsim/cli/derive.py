@@ -106,7 +106,9 @@ def profile_or_derived(
         return profile
     if model is None or gpu is None:
         raise RlsimError("--model and --gpu go together (with --tp): they derive the profile")
-    return derived_profile_path(model, gpu, tp, ep, dtype, trainer, terms, pp, dp, gpu_memory_utilization)
+    return derived_profile_path(
+        model, gpu, tp, ep, dtype, trainer, terms, pp, dp, gpu_memory_utilization=gpu_memory_utilization
+    )
 
 
 def derive_family(
@@ -130,8 +132,9 @@ def derive_family(
     for t in tps or (1, 2, 4, 8):
         try:
             paths[t] = derived_profile_path(
-                model, gpu, t, 1, dtype, trainer, terms, 1, 1, gpu_memory_utilization, kv_cache_dtype
-            )
+                model, gpu, t, dtype=dtype, trainer=trainer, terms=terms,
+                gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
+            )  # fmt: skip
         except RlsimError:
             if tps:
                 raise

@@ -120,7 +120,8 @@ def apply_from(
     if "profile" not in given:  # derived at the memory fraction the run gives vLLM (the config's, else the option's)
         out["profile"] = derived_profile_path(
             model, opts["gpu"], setup.tp, setup.ep, out["dtype"], setup.trainer.text(), opts.get("terms"),
-            setup.pp, setup.dp, merged.gpu_memory_utilization, setup.kv_cache_dtype,
+            setup.pp, setup.dp, gpu_memory_utilization=merged.gpu_memory_utilization,
+            kv_cache_dtype=setup.kv_cache_dtype,
         )  # fmt: skip
     err = make_console(sys.stderr)
     err.print(setup.describe(), highlight=False, soft_wrap=True)
