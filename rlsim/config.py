@@ -218,6 +218,15 @@ class RLConfig:
     reward_workers: int = 64
     use_kl_loss: bool = False  # DAPO drops the KL term; with it on, a reference model scores every batch
     seed: int = 0
+    # vLLM's max_model_len: a request's response is capped at min(max_response_len, max_model_len
+    # less its prompt), as vLLM caps it (None: max_response_len alone)
+    max_model_len: int | None = None
+
+    def response_cap(self, prompt_tokens):  # noqa: ANN001, ANN201 - a numpy or pandas array, the same kind back
+        """Each request's response cap given its prompt tokens, as vLLM applies it."""
+        if self.max_model_len is None:
+            return prompt_tokens * 0 + self.max_response_len
+        return (self.max_model_len - prompt_tokens.astype("int64")).clip(None, self.max_response_len)
 
     def __post_init__(self) -> None:
         for name in (
@@ -235,6 +244,8 @@ class RLConfig:
             raise RlsimError(f"reward_latency_s must be a finite number >= 0, got {self.reward_latency_s}")
         if self.seed < 0:
             raise RlsimError(f"seed must be >= 0, got {self.seed}")
+        if self.max_model_len is not None and not 1 < self.max_model_len < 2**31:
+            raise RlsimError(f"max_model_len must be between 2 and {2**31 - 1:,} tokens, got {self.max_model_len}")
 
 
 def config_dict(*configs: Any) -> dict[str, Any]:

@@ -83,6 +83,7 @@ def register_compare(app: typer.Typer) -> None:
         prompts_per_step: int | None = options.PROMPTS_PER_STEP,
         samples_per_prompt: int | None = options.SAMPLES_PER_PROMPT,
         max_response_len: int | None = options.MAX_RESPONSE_LEN,
+        max_model_len: int | None = options.MAX_MODEL_LEN,
         epochs: int | None = options.EPOCHS,
         max_steps: int | None = options.MAX_STEPS,
         seed: int = options.SEED,
@@ -130,7 +131,7 @@ def register_compare(app: typer.Typer) -> None:
         engines = engine.per_rollout_engine(rollout_engine)
         say_which_rules(profile, [e.rollout_engine for e in engines])
         say_if_compiling()
-        check_len(tr, rl.max_response_len)
+        check_len(tr, rl.max_response_len, rl.max_model_len)
         prog = Progress(
             TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
             TextColumn("{task.description}"), TimeElapsedColumn(), console=make_console(), transient=True,

@@ -39,6 +39,9 @@ SAMPLES_PER_PROMPT = typer.Option(
     None, help="R0: samples per prompt, the GRPO group (default: a real log's own, else 16 or the trace's if fewer)."
 )
 MAX_RESPONSE_LEN = typer.Option(None, help="Response cap in tokens (default: the trace's).")
+MAX_MODEL_LEN = typer.Option(
+    None, help="vLLM's max_model_len: each response is also capped at it less the request's prompt (default: none)."
+)
 EPOCHS = typer.Option(None, help="Epochs over the trace's prompts (default: every epoch the trace holds).")
 MAX_STEPS = typer.Option(None, help="Stop after this many steps.")
 SEED = typer.Option(0, help="Seed of the data order.")
@@ -89,7 +92,7 @@ def configs(opts: dict):  # noqa: ANN202
     )
     rl = RLConfig(**{k: opts[k] for k in (
         "prompts_per_step", "samples_per_prompt", "max_response_len", "epochs", "max_steps", "seed", "use_kl_loss"
-    )}, reward_latency_s=opts["reward_latency"])  # fmt: skip
+    )}, reward_latency_s=opts["reward_latency"], max_model_len=opts.get("max_model_len"))  # fmt: skip
     return cluster, rl
 
 
@@ -134,11 +137,32 @@ def from_trace(opts: dict, trace) -> dict:  # noqa: ANN001
     return opts
 
 
-def check_len(trace, max_len: int) -> None:  # noqa: ANN001
-    if max_len > trace.meta.max_response_len:
+def check_len(trace, max_len: int, max_model_len: int | None = None) -> None:  # noqa: ANN001
+    """Refuse a run whose requests could run past the trace's cap: each request is capped at
+    `max_len`, or with `max_model_len` at min(max_len, max_model_len less its prompt), as vLLM
+    caps it (a trace capped at the model length less each prompt fits a run capped the same way)."""
+    cap = trace.meta.max_response_len
+    if max_model_len is not None and not 1 < max_model_len < 2**31:
+        raise RlsimError(f"--max-model-len must be between 2 and {2**31 - 1:,} tokens, got {max_model_len}")
+    if max_model_len is None:
+        if max_len > cap:
+            raise RlsimError(
+                f"max_response_len={max_len} exceeds the trace's cap {cap}: the trace does not say how long "
+                "responses would run past it"
+            )
+        return
+    prompts = trace.table["num_prompt_tokens"].astype("int64")
+    if len(prompts) and int(prompts.max()) >= max_model_len:
         raise RlsimError(
-            f"max_response_len={max_len} exceeds the trace's cap {trace.meta.max_response_len}: "
-            "the trace does not say how long responses would run past it"
+            f"a prompt of {int(prompts.max()):,} tokens leaves no room under max_model_len={max_model_len:,}: vLLM "
+            "refuses it; raise max_model_len or filter the trace's long prompts"
+        )
+    per_request = (max_model_len - prompts).clip(upper=max_len)
+    if len(prompts) and int(per_request.max()) > cap:
+        raise RlsimError(
+            f"max_response_len={max_len} with max_model_len={max_model_len:,} lets a {int(prompts.min()):,}-token "
+            f"prompt's response run to {int(per_request.max()):,} tokens, past the trace's cap {cap}: the trace "
+            "does not say how long responses would run past it"
         )
 
 

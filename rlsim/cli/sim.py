@@ -72,6 +72,7 @@ def register(app: typer.Typer) -> None:
         prompts_per_step: int | None = options.PROMPTS_PER_STEP,
         samples_per_prompt: int | None = options.SAMPLES_PER_PROMPT,
         max_response_len: int | None = options.MAX_RESPONSE_LEN,
+        max_model_len: int | None = options.MAX_MODEL_LEN,
         epochs: int | None = options.EPOCHS,
         max_steps: int | None = options.MAX_STEPS,
         seed: int = options.SEED,
@@ -110,7 +111,7 @@ def register(app: typer.Typer) -> None:
         tr = load_trace(trace, [policy])
         opts = from_trace(opts, tr)
         cluster, rl = configs(opts)
-        check_len(tr, rl.max_response_len)
+        check_len(tr, rl.max_response_len, rl.max_model_len)
         tools = tool_config(opts, tr)
         say_which_rules(profile, [engine.rollout_engine])
         say_if_compiling()

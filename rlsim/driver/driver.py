@@ -336,7 +336,7 @@ class Driver(Launcher):
                 ended = "finished"
                 if chunk is False:  # a trajectory that ended: its reason is its last turn's
                     pass
-                elif chunk or (reason == "length" and max_of[rid] < cap):
+                elif chunk or (reason == "length" and max_of[rid] < cap and not self._at_model_len(rid)):
                     if chunk or target_of[rid] > n:
                         # a chunk ended at the policy's max_tokens: the response goes on (or is dropped)
                         ended, reason = "chunk", "length"
@@ -375,6 +375,12 @@ class Driver(Launcher):
         if rewarded:  # scored in booking order, after the loop: only the update reads them
             self._rewards(rewarded)
         return train if on_event is not None else told_all
+
+    def _at_model_len(self, rid: int) -> bool:
+        """Whether request `rid`'s max_tokens is its cap under vLLM's max_model_len (its response
+        ended there, as it would under any policy), not a policy's shorter chunk."""
+        model_len, reqs = self.rl.max_model_len, self.requests
+        return model_len is not None and reqs.max_tokens[rid] >= model_len - reqs.num_prompt_tokens[rid]
 
     def _quiet_prefix(self, batch, quiet) -> int:  # noqa: ANN001 - events; a count or prompt id -> count
         """How many of the batch's first events a `quiet_for` answer covers: those before the

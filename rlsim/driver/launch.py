@@ -86,6 +86,9 @@ class Launcher:
         if epoch is None or (epoch, act.prompt_id) not in self.pending:
             raise RlsimError(f"policy launched prompt {act.prompt_id}, which it has not taken for this visit")
         max_tokens = min(act.max_tokens or self.rl.max_response_len, self.rl.max_response_len)
+        if self.rl.max_model_len is not None and self.turns is None:  # vLLM's cap: prompt plus response
+            prompt_tokens = self.index.prompt_ints[self.index.start[(epoch, act.prompt_id)]]
+            max_tokens = min(max_tokens, self.rl.max_model_len - prompt_tokens)
         inst = self._instance_for(act)
         if act.resume is not None:
             self._book_requests(batch)

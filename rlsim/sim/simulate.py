@@ -29,7 +29,7 @@ from rlsim.trace.format import Trace
 def check_engine_fits(prof: Profile, trace: Trace, rl: RLConfig) -> None:
     """Refuse, in one sentence, an engine (`prof.engine`) that could never run the trace's longest request."""
     t = trace.table
-    capped = t["num_output_tokens"].clip(upper=rl.max_response_len)
+    capped = t["num_output_tokens"].clip(upper=rl.response_cap(t["num_prompt_tokens"]))
     longest = int((t["num_prompt_tokens"] + capped).max()) if len(t) else 0
     if longest > prof.kv_capacity_tokens:
         raise RlsimError(
