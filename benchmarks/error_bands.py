@@ -9,13 +9,19 @@ GB200), veRL's per-phase steps (`verl_phases`, H20) and RollPacker's Figure 11 b
 (`tests/test_readme_tables.py`), so this reads the tables rather than simulating them again, and
 CI holds `rlsim/bands.json` equal to what it builds from them.
 
-A run's **kind** is its framework, its model class (dense or MoE) and its GPU; its **basis** is how
-its profile was set up: `derived` (the model's config and the GPU's datasheet, no term fitted) or
-`fitted` (the four NeMo RL terms, `--terms nemo-rl`, laid over it). A run is **held back** when
-nothing was fitted on it: every `derived` run (the derivation's constants come from Vidur's
-operator tables, slime's fit and TorchTitan's MFU, none of them these runs), and under `fitted`
-the rows outside NeMo RL's fit half. The band of a kind is the median and worst |error| of its
-held-back runs, with their count; a kind with fewer than three says so instead.
+A run's **kind** is its framework, its trainer backend (FSDP or Megatron), its model class (dense
+or MoE) and its GPU; its **basis** is how its profile was set up: `derived` (the model's config and
+the GPU's datasheet, no term fitted) or `fitted` (NeMo RL's shipped terms, `--terms nemo-rl`, laid
+over it). A run is **held back** when nothing was fitted on it: every `derived` run (the
+derivation's constants come from Vidur's operator tables, slime's fit and TorchTitan's MFU, none
+of them these runs), and under `fitted` the rows outside NeMo RL's fit half (the validation set,
+docs/accuracy.md). A band counts **configurations**, not runs: NeMo RL publishes one
+configuration in up to three releases, and those repeats are one error (their median). The band
+of a kind is the median and worst |error| over its held-back configurations, with the count of
+configurations and of runs, the signed median of each model (where they split in sign, the band
+averages opposite biases and says so), and the widest spread across releases of any of its
+configurations published with a byte-identical recipe (`benchmarks/release_spread.py`: the floor
+of a prediction from the recipe alone); a kind with fewer than three configurations says so.
 
 A **pair** is two published runs of one setup family whose step times the same source publishes,
 so that a ratio of them is published too: NeMo RL's rows of one release, system and model (on
@@ -36,7 +42,7 @@ import sys
 from readme_tables import REPO, emit, read_table
 
 BANDS = REPO / "rlsim" / "bands.json"
-MIN_RUNS = 3  # a kind with fewer held-back runs has no band
+MIN_RUNS = 3  # a kind with fewer held-back configurations has no band
 MOE = ("DeepSeek", "Qwen3-235B", "Qwen3-30B")
 POLICY = {"On policy": "sync", "1-step Off": "one_step_off", "8-step Off": "k_step_off(k=8)"}
 
@@ -55,6 +61,13 @@ def _err(pred: float, pub: float) -> float:
     return round(100 * (pred / pub - 1), 1)
 
 
+def _config(system: str, model: str, policy: str, gpus: str) -> str:
+    """A NeMo RL row's configuration, as `rows.csv` names it (model, GPU, precision, policy, GPUs):
+    its releases are repeats of one configuration, counted once in a band."""
+    gpu, _, fp8 = system.partition(" ")
+    return f"{model}|{gpu}|{'fp8' if fp8 else 'bf16'}|{policy}|{gpus}"
+
+
 def nemo_rl_runs() -> list[dict]:
     """Each published row twice: derived (held back) and fitted (held back outside the fit half)."""
     out = []
@@ -65,17 +78,20 @@ def nemo_rl_runs() -> list[dict]:
             "source": "NeMo RL performance summary", "framework": "nemo-rl", "model": model,
             "model_class": _model_class(model), "gpu": system.split()[0], "policy": POLICY[policy],
             "label": f"{release} {system} {model} {policy} {gpus} GPUs", "published_s": float(pub),
-            "release": release, "system": system, "half": half,
+            "release": release, "system": system, "half": half, "backend": layout.split()[0],
+            "config": _config(system, model, policy, gpus),
         }  # fmt: skip
         out.append({**base, "basis": "derived", "held_back": True, "predicted_s": float(derived)})
-        out.append({**base, "basis": "fitted", "held_back": half.startswith("test"), "predicted_s": float(fitted)})
+        out.append({**base, "basis": "fitted", "held_back": half.startswith("validation"),
+                    "predicted_s": float(fitted)})  # fmt: skip
     for r in _rows("published_async"):
         release, system, model, policy, _, gpus, pub, derived, fitted = r[:9]
         base = {
             "source": "NeMo RL performance summary", "framework": "nemo-rl", "model": model,
             "model_class": _model_class(model), "gpu": system.split()[0], "policy": POLICY[policy],
             "label": f"{release} {system} {model} {policy} {gpus} GPUs", "published_s": float(pub),
-            "release": release, "system": system, "half": "after the fit",
+            "release": release, "system": system, "half": "after the fit", "backend": "megatron",
+            "config": _config(system, model, policy, gpus),
         }  # fmt: skip
         out.append({**base, "basis": "derived", "held_back": True, "predicted_s": float(derived)})
         out.append({**base, "basis": "fitted", "held_back": True, "predicted_s": float(fitted)})
@@ -84,6 +100,9 @@ def nemo_rl_runs() -> list[dict]:
 
 def verl_runs() -> list[dict]:
     """veRL's colocated synchronous steps (fully_async_policy README), derived, no term."""
+    from verl_phases import RUNS
+
+    backend = {run.name: "fsdp" if run.trainer.backend.startswith("fsdp") else run.trainer.backend for run in RUNS}
     out = []
     for run, phase, pub, sim, _ in _rows("verl_phases"):
         if phase != "step":
@@ -93,7 +112,7 @@ def verl_runs() -> list[dict]:
             "source": "veRL fully_async_policy README", "framework": "verl", "model": model,
             "model_class": _model_class(model), "gpu": gpus.split()[1].lower(), "policy": "sync",
             "label": f"{model} {gpus}", "published_s": float(pub), "predicted_s": float(sim),
-            "basis": "derived", "held_back": True,
+            "basis": "derived", "held_back": True, "backend": backend[run], "config": f"{model} {gpus}",
         })  # fmt: skip
     return out
 
@@ -120,6 +139,7 @@ def rollpacker_runs() -> list[dict]:
         base = {
             "source": "RollPacker Figure 11", "framework": "roll", "model": model, "model_class": "dense",
             "gpu": "h800", "policy": "sync", "label": f"{model} {cap} on {gpus}", "published_s": pub,
+            "backend": "megatron", "config": f"{model} {cap} on {gpus}",
         }  # fmt: skip
         out.append({**base, "basis": "derived", "held_back": True, "predicted_s": derived})
         out.append({**base, "basis": "fitted", "held_back": True, "predicted_s": fitted})
@@ -181,21 +201,55 @@ def _band(errors: list[float]) -> dict:
             "median_pct": round(statistics.median(errors), 1) if errors else None}  # fmt: skip
 
 
+def _config_band(runs: list[dict], spread: dict[str, float]) -> dict:
+    """A band over distinct configurations: each configuration's runs (its release repeats) are
+    one error, their median; the band's median and worst |error| and signed median are over those;
+    per model, the signed median of its configurations (a band whose models' signs split averages
+    opposite biases, and says so); the widest release spread of its identical recipes."""
+    by_config: dict[str, list[dict]] = {}
+    for r in runs:
+        by_config.setdefault(r["config"], []).append(r)
+    errors = {c: statistics.median(r["error_pct"] for r in rs) for c, rs in by_config.items()}
+    out = _band(list(errors.values()))
+    out["runs"] = len(runs)
+    out["configurations"] = len(errors)
+    by_model: dict[str, list[float]] = {}
+    for c, rs in by_config.items():
+        by_model.setdefault(rs[0]["model"], []).append(errors[c])
+    out["by_model_median_pct"] = {m: round(statistics.median(e), 1) for m, e in sorted(by_model.items())}
+    signs = {v > 0 for v in out["by_model_median_pct"].values() if v != 0}
+    out["signs_split"] = len(signs) > 1
+    spreads = [spread[c] for c in errors if c in spread]
+    out["release_spread_pct"] = round(100 * max(spreads), 1) if spreads else None
+    return out
+
+
+def _identical_spreads() -> dict[str, float]:
+    """Each configuration published with an identical recipe across releases, its spread
+    (`benchmarks/release_spread.py`)."""
+    from release_spread import spreads
+
+    s = spreads()
+    return {r.config: float(r.spread) for _, r in s[s.identical].iterrows()}
+
+
 def build() -> dict:
     """`rlsim/bands.json`: every run and pair, and the bands of every kind and basis."""
     rs = runs()
     ps = pairs(rs)
+    spread = _identical_spreads()
     kinds: dict[str, dict] = {}
     for r in rs:
         if not r["held_back"]:
             continue
         for fw in (r["framework"], "any"):
-            key = f"{r['basis']}/{r['rollout_engine']}/{fw}/{r['model_class']}/{r['gpu']}"
-            kinds.setdefault(key, {"errors": [], "by_framework": {}})
-            kinds[key]["errors"].append(r["error_pct"])
+            key = f"{r['basis']}/{r['rollout_engine']}/{fw}/{r['backend']}/{r['model_class']}/{r['gpu']}"
+            kinds.setdefault(key, {"runs": [], "by_framework": {}})
+            kinds[key]["runs"].append(r)
             kinds[key]["by_framework"][r["framework"]] = kinds[key]["by_framework"].get(r["framework"], 0) + 1
-    bands = {k: {**_band(v["errors"]), "by_framework": v["by_framework"]} for k, v in sorted(kinds.items())}
-    ratio: dict[str, dict] = {}
+    bands = {k: {**_config_band(v["runs"], spread), "by_framework": v["by_framework"]}
+             for k, v in sorted(kinds.items())}  # fmt: skip
+    ratio: dict[str, list] = {}
     for p in ps:
         if not p["held_back"]:
             continue
@@ -203,13 +257,17 @@ def build() -> dict:
             ratio.setdefault(f"{p['basis']}/{p['rollout_engine']}/{fw}", []).append(p["error_pct"])
     return {
         "about": "Published runs rlsim predicts in its accuracy tables, with their errors, and the bands of every "
-                 "kind (basis/rollout engine/framework/model class/GPU) and of predicted ratios (basis/rollout "
-                 "engine/framework), held-back runs "
-                 "only. Written by benchmarks/error_bands.py from docs/accuracy.md, docs/policies.md and "
-                 "docs/simulate.md; see the module's docstring.",
-        "min_runs": MIN_RUNS,
+                 "kind (basis/rollout engine/framework/trainer backend/model class/GPU) and of predicted ratios "
+                 "(basis/rollout engine/framework), held-back runs only. A kind's band is over its distinct "
+                 "configurations (a configuration published in several releases is one error, the median of its "
+                 "runs'), with the count of each, the signed median of each model, and the widest spread across "
+                 "releases of a configuration published with an identical recipe. Written by "
+                 "benchmarks/error_bands.py from docs/accuracy.md, docs/policies.md and docs/simulate.md; see the "
+                 "module's docstring.",
+        "min_configurations": MIN_RUNS,
         "bands": bands,
         "ratio_bands": {k: _band(v) for k, v in sorted(ratio.items())},
+        "release_spread_pct": {c: round(100 * v, 1) for c, v in sorted(spread.items())},
         "runs": rs,
         "pairs": ps,
     }  # fmt: skip
@@ -220,22 +278,26 @@ FW_NAME = {"nemo-rl": "NeMo RL", "verl": "veRL", "roll": "ROLL", "any": "any (po
 
 
 def tables(data: dict) -> dict[str, str]:
-    lines = ["| basis | engine | framework | model class | GPU | held-back runs | median abs error | worst "
-             "| median signed |", "|---|---|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| basis | engine | framework | trainer | model class | GPU | held-back configurations (runs) | "
+             "median abs error | worst | median signed | per model, signed | widest release spread |",
+             "|---|---|---|---|---|---|---:|---:|---:|---:|---|---:|"]  # fmt: skip
     for key, b in data["bands"].items():
-        basis, engine, fw, cls, gpu = key.split("/")
-        if b["runs"] < data["min_runs"]:
-            cells = ["fewer than three runs", "", ""]
+        basis, engine, fw, backend, cls, gpu = key.split("/")
+        if b["configurations"] < data["min_configurations"]:
+            cells = ["fewer than three configurations", "", "", ""]
         else:
-            cells = [f"{b['median_abs_pct']:.0f}%", f"{b['worst_abs_pct']:.0f}%", f"{b['median_pct']:+.0f}%"]
+            per_model = "; ".join(f"{m} {v:+.0f}%" for m, v in b["by_model_median_pct"].items())
+            cells = [f"{b['median_abs_pct']:.0f}%", f"{b['worst_abs_pct']:.0f}%", f"{b['median_pct']:+.0f}%",
+                     per_model + (" (signs split)" if b["signs_split"] else "")]  # fmt: skip
+        spread = "" if b["release_spread_pct"] is None else f"{b['release_spread_pct']:.0f}%"
         model = "MoE" if cls == "moe" else "dense"
-        lines.append(f"| {basis} | {ENGINE[engine]} | {FW_NAME[fw]} | {model} | {gpu.upper()} | {b['runs']} | "
-                     + " | ".join(cells) + " |")  # fmt: skip
+        lines.append(f"| {basis} | {ENGINE[engine]} | {FW_NAME[fw]} | {backend} | {model} | {gpu.upper()} | "
+                     f"{b['configurations']} ({b['runs']}) | " + " | ".join(cells) + f" | {spread} |")  # fmt: skip
     ratio = ["| basis | engine | framework | held-back pairs | median abs error of the ratio | worst | median signed |",
              "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
     for key, b in data["ratio_bands"].items():
         basis, engine, fw = key.split("/")
-        if b["runs"] < data["min_runs"]:
+        if b["runs"] < data["min_configurations"]:
             cells = ["fewer than three pairs", "", ""]
         else:
             cells = [f"{b['median_abs_pct']:.0f}%", f"{b['worst_abs_pct']:.0f}%", f"{b['median_pct']:+.0f}%"]

@@ -21,9 +21,12 @@ recipe's: it is what was measured. Per row:
   and the row's precision, trained as the setup states;
 - the lengths: the DAPO preset (`dapo-qwen2.5-32b`) rescaled (`length_scale`) so that its mean
   response, capped at the row's maximum sequence length less the prompt, is the row's average
-  generated length; every prompt the median prompt length the model's on-policy rows imply
-  (tokens/s/GPU x step time x GPUs / samples per step, less the generated length). This is the
-  assumption the error carries: the published tables give only the mean and the cap;
+  generated length within 1% (`synthesize_to_mean`, which names its scale and its share of
+  responses at the cap); every prompt the median prompt length the model's fit-half on-policy
+  rows imply (tokens/s/GPU x step time x GPUs / samples per step, less the generated length), or
+  where the fit half has no on-policy row of the model, its fit-half one-step-off rows' (never a
+  test row's: `prompt_lengths`). This is the assumption the error carries: the published tables
+  give only the mean and the cap;
 - the step: the recipe's mode: on-policy rows colocated under `sync` (generation and training
   take turns, the engines sleep through training); k-step off-policy rows (async GRPO,
   `max_trajectory_age_steps` k) disaggregated under `k_step_off(k)` (`one_step_off` at k = 1),
@@ -32,13 +35,16 @@ recipe's: it is what was measured. Per row:
 - the figure: the mean step time of steps 2-5 (the first has no previous step to overlap), against
   the published mean of 5 steps.
 
-A row's profile holds what `rlsim profile derive` states; `fit` fits the four framework terms
+A row's profile holds what `rlsim profile derive` states; `fit` fits framework terms
 (`rlsim.derive.terms`: per decoder layer every engine iteration; a second term in one of three
 units, per running sequence per decoder layer, per routed token-expert pair per MoE layer or per
 network hop of an all-reduce across scale-up domains; per refit tensor; Megatron's MFU on a dense
 model, an MoE model at its published efficiency against one) on the fit half alone, by the mean
-squared log error of the step time. `cross_validate` scores a unit by two-fold cross-validation
-inside the fit half, which is how the unit is chosen (`benchmarks/published_runs.py --units`).
+squared log error of the step time, only those `keep` names. `cross_validate` scores a unit or a
+set of terms by two-fold cross-validation inside the fit half, which is how the unit was chosen
+(`benchmarks/published_runs.py --units`) and how the shipped set is (`--term-sets`, `choose`:
+the derived profile, all four and each set of three; the lowest loss ships, a set within 5% of it
+ties and the smaller ships).
 `--rows N` runs the first N expressible rows only (a quick look).
 """
 
@@ -80,11 +86,30 @@ TABLE_NOT_RECIPE = {
 }
 
 
+def prompt_lengths(d: pd.DataFrame) -> pd.Series:
+    """Each row's prompt length: the median prompt its model's fit-half on-policy rows imply, or
+    where the fit half has none of that model, its fit-half one-step-off rows'. A row's implied
+    prompt comes from its published step time, so a test row's never sets one (a model with no
+    fit-half row gets none: NaN)."""
+    fit = d[d.half == "fit"]
+    on = fit[fit.policy == "On policy"].groupby("model").prompt_tokens.median()
+    off = fit[fit.policy == "1-step Off"].groupby("model").prompt_tokens.median()
+    return d.model.map(on.combine_first(off)).round()
+
+# rows whose published table states a training global batch (T-GBS) other than its recipe's
+# `train_global_batch_size` at the row's commit: the recipe's is simulated, since the difference is
+# three AdamW steps an update (under 0.1% of these rows' steps); (release, recipe file) -> (table, recipe)
+GBS_NOT_RECIPE = {("0.6", f"grpo-qwen3-30ba3b-{n}{off}.yaml"): (512, 2048) for n in ("4n8g", "4n4g")
+                  for off in ("", "-async-1off")}  # fmt: skip
+
+
 def load_rows() -> pd.DataFrame:
     d = pd.read_csv(ROWS)
-    on = d[d.policy == "On policy"]
-    prompt = on.groupby("model").prompt_tokens.median()
-    return d.assign(prompt_len=d.model.map(prompt).fillna(d.prompt_tokens).round().astype(int))
+    prompt = prompt_lengths(d)
+    missing = d[prompt.isna() & d.expressible]
+    if len(missing):
+        raise SystemExit(f"{missing.model.iloc[0]} has no fit-half row to take a prompt length from")
+    return d.assign(prompt_len=prompt.fillna(0).astype(int))
 
 
 @functools.cache
@@ -106,9 +131,12 @@ def run_setup(row: pd.Series) -> RunSetup:
     return replace(s, tp=table.get("gen_tp", s.tp), trainer=trainer)
 
 
-def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms(), setup: RunSetup | None = None) -> dict:  # noqa: B008
+def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms(), setup: RunSetup | None = None,  # noqa: B008
+                 mean_scale: float = 1.0) -> dict:  # fmt: skip
     """The row's mean step time and phases over steps 2-5, simulated from its recipe's setup
-    (`run_setup`, or `setup` instead), with its error against the published step time."""
+    (`run_setup`, or `setup` instead), with its error against the published step time and what
+    its stand-in is (its share of responses at the cap, its scale); `mean_scale` moves the
+    stand-in's target mean (the sensitivity to the one length the table publishes)."""
     s = setup or run_setup(row)
     gen = derive_setup(row.rlsim_model, row.gpu, s.tp, s.ep, s.dtype or "bf16", s.kv_cache_dtype, pp=s.pp)
     engine = s.engine_for(gen.gpu.memory_bytes, gen.gpu.name)
@@ -117,7 +145,7 @@ def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms(), setup: R
     path.write_text(json.dumps(raw))
     samples, prompts_per_step = s.samples_per_prompt, s.prompts_per_step
     cap = min(s.max_response_len, int(row.max_seq_len) - int(row.prompt_len))  # vLLM's max_model_len bounds it
-    trace = _trace(prompts_per_step, samples, cap, int(row.prompt_len), float(row.avg_gen_len))
+    trace = _trace(prompts_per_step, samples, cap, int(row.prompt_len), float(row.avg_gen_len) * mean_scale)
     cluster = ClusterConfig(num_gpus=s.num_gpus, profile=str(path), placement=s.placement, train_gpus=s.train_gpus)
     rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples, max_response_len=cap, epochs=1,
                   max_steps=STEPS, use_kl_loss=s.use_kl_loss)  # fmt: skip
@@ -125,14 +153,17 @@ def simulate_row(row: pd.Series, workdir: Path, terms: Terms = Terms(), setup: R
     steps = res.steps.iloc[1:]
     phases = {k: float(steps[f"timing_s/{k}"].mean()) for k in PHASES}
     step = float(steps["timing_s/step"].mean())
-    return {"simulated_s": step, **phases, "error": step / float(row.step_s) - 1}
+    stand_in = trace.meta.source_params["stand_in"]
+    return {"simulated_s": step, **phases, "error": step / float(row.step_s) - 1, "at_cap": stand_in["clip_share"],
+            "length_scale": stand_in["length_scale"], "stand_in_mean": stand_in["mean"], "cap": cap,
+            "backend": "fsdp" if s.trainer.backend.startswith("fsdp") else s.trainer.backend}  # fmt: skip
 
 
-def run(rows: pd.DataFrame, terms: Terms, say: bool = False) -> pd.DataFrame:
+def run(rows: pd.DataFrame, terms: Terms, say: bool = False, mean_scale: float = 1.0) -> pd.DataFrame:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, row in rows.iterrows():
-            r = simulate_row(row, Path(tmp), terms)
+            r = simulate_row(row, Path(tmp), terms, mean_scale=mean_scale)
             out.append({"i": i, **r})
             if say:
                 print(f"{row.release} {row.system:11s} {row.precision} {row.model:11s} {row.policy:10s} {row.gpus:4d} "
@@ -146,7 +177,8 @@ def run(rows: pd.DataFrame, terms: Terms, say: bool = False) -> pd.DataFrame:
 # experts; 20 us a network hop, four times NCCL's wire latency)
 UNITS = {"sequence": ("sequence_layer_iteration_s", 1e-5 / 60), "expert": ("expert_token_layer_s", 1e-5 / 60 / 8),
          "hop": ("net_hop_s", 2e-5)}  # fmt: skip
-# the unit `--fit` ships: the lower two-fold cross-validated loss inside the fit half (`--units
+# the second term's unit, as `--term-sets` cross-validates it (it did not ship with the stand-ins at
+# their means: docs/accuracy.md); chosen by the lower two-fold cross-validated loss inside the fit half (`--units
 # expert,hop,sequence`, with the update's AdamW step costed: 0.0529 per token-expert pair, 0.0532 per
 # network hop of an all-reduce across scale-up domains, 0.0594 per sequence per layer; with 5 s assumed
 # per update: 0.0546, 0.0555 and 0.0642; before an MoE model's Megatron training was charged at its
@@ -159,22 +191,47 @@ def fit_half(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[(rows.half == "fit") & rows.expressible]
 
 
-def fit(rows: pd.DataFrame, unit: str = SHIPPED_UNIT) -> tuple[Terms, float]:
+# the four terms, by the names `--terms-sets` and the cross-validation table use: (field, start)
+TERM_NAMES = ("layer", "second", "refit", "mfu")
+STARTS = {"layer": ("layer_iteration_s", 2e-4), "refit": ("refit_per_tensor_s", 5e-4),
+          "mfu": ("megatron_dense_mfu", 0.35)}  # fmt: skip
+# the sets cross-validated before a refit: none (the derived profile), all four, and each with one dropped
+TERM_SETS = {"derived": (), "all four": TERM_NAMES,
+             **{f"without {t}": tuple(n for n in TERM_NAMES if n != t) for t in TERM_NAMES}}  # fmt: skip
+TIE = 0.05  # a set within 5% of the lowest cross-validated loss ties with it; the smaller set ships
+
+
+def _errors(args: tuple) -> pd.Series:
+    rows, terms = args
+    return run(rows, terms).error
+
+
+def fit(rows: pd.DataFrame, unit: str = SHIPPED_UNIT, keep: tuple[str, ...] = TERM_NAMES,
+        pool=None) -> tuple[Terms, float]:  # noqa: ANN001 - a process pool, or None
     """The terms minimising the mean squared log error of step time over the fit half's rows, with
-    the second term in `unit` (`UNITS`)."""
+    the second term in `unit` (`UNITS`); only the terms in `keep` are fitted, the others keep their
+    derived values (`keep` empty: the derived profile, its loss). `pool`: a process pool whose
+    workers simulate the rows in two parts (the same errors, in half the time on two cores)."""
     fit_rows = fit_half(rows)
-    second, start = UNITS[unit]
+    start = {**STARTS, "second": UNITS[unit]}
+    halves = [fit_rows.iloc[::2], fit_rows.iloc[1::2]]
 
     def terms_of(x: np.ndarray) -> Terms:
-        return Terms(layer_iteration_s=float(np.exp(x[0])), **{second: float(np.exp(x[1]))},
-                     refit_per_tensor_s=float(np.exp(x[2])),
-                     megatron_dense_mfu=float(min(1.0, np.exp(x[3]))))  # fmt: skip
+        values = {start[k][0]: float(np.exp(v)) for k, v in zip(keep, x, strict=True)}
+        if "megatron_dense_mfu" in values:
+            values["megatron_dense_mfu"] = min(1.0, values["megatron_dense_mfu"])
+        return Terms(**values)
 
     def loss(x: np.ndarray) -> float:
-        e = run(fit_rows, terms_of(x)).error
+        if pool is None:
+            e = run(fit_rows, terms_of(x)).error
+        else:
+            e = pd.concat(pool.map(_errors, [(h, terms_of(x)) for h in halves]))
         return float(np.mean(np.log1p(e) ** 2))
 
-    x0 = np.log([2e-4, start, 5e-4, 0.35])
+    if not keep:
+        return Terms(), loss(np.array([]))
+    x0 = np.log([start[k][1] for k in keep])
     best = minimize(loss, x0, method="Nelder-Mead", options={"xatol": 0.02, "fatol": 1e-4, "maxfev": 240})
     return terms_of(best.x), float(best.fun)
 
@@ -187,25 +244,38 @@ def folds(rows: pd.DataFrame) -> pd.Series:
     return ok.config.map(fold)
 
 
-def cross_validate(rows: pd.DataFrame, unit: str) -> float:
-    """Two-fold cross-validation inside the fit half: the terms fitted on one fold, the other
-    fold's mean squared log error, over both folds' rows. It chooses a unit from the fit half
-    alone (the test half is never read)."""
+def _fold_errors(args: tuple) -> pd.Series:
+    rows, unit, keep, k = args
     fold = folds(rows)
-    errors = []
-    for k in (0, 1):
-        train = rows.loc[fold.index[fold != k]]
-        terms, _ = fit(train, unit)
-        errors.append(run(rows.loc[fold.index[fold == k]], terms).error)
+    terms, _ = fit(rows.loc[fold.index[fold != k]], unit, keep)
+    return run(rows.loc[fold.index[fold == k]], terms).error
+
+
+def cross_validate(rows: pd.DataFrame, unit: str, keep: tuple[str, ...] = TERM_NAMES, pool=None) -> float:  # noqa: ANN001
+    """Two-fold cross-validation inside the fit half: the terms in `keep` fitted on one fold, the
+    other fold's mean squared log error, over both folds' rows. It chooses a unit and which terms
+    ship from the fit half alone (the validation half is never read). `pool`: a process pool's `map`."""
+    jobs = [(rows, unit, keep, k) for k in (0, 1)]
+    errors = list((pool or map)(_fold_errors, jobs))
     return float(np.mean(np.log1p(pd.concat(errors)) ** 2))
 
 
+def choose(losses: dict[str, float]) -> str:
+    """The term set that ships: the lowest cross-validated loss; a set within `TIE` of it ties,
+    and of tied sets the smaller ships (then the lower loss)."""
+    low = min(losses.values())
+    tied = [name for name, loss in losses.items() if loss <= low * (1 + TIE)]
+    return min(tied, key=lambda name: (len(TERM_SETS[name]), losses[name]))
+
+
 def parts(res: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """The rows by role: the fit half (both sets), the test half as a whole, and its two sets apart
-    (the first split's, and the rows generation across nodes added, which no analysis had seen)."""
+    """The rows by role: the fit half (both sets), the validation half as a whole (`rows.csv` calls
+    it `test`: it was held back from every fit, but model changes were made after its errors were
+    printed, docs/accuracy.md), and its two sets apart (the first split's, and the rows generation
+    across nodes added)."""
     ok = res[res.error.notna()]
     added = ok.added.fillna("").astype(str) != ""
     test = ok[ok.half == "test"]
-    return [("fit half", ok[ok.half == "fit"]), ("test half", test),
-            ("test half, first split", test[~added[test.index]]),
-            ("test half, added (generation across nodes)", test[added[test.index]])]  # fmt: skip
+    return [("fit half", ok[ok.half == "fit"]), ("validation half", test),
+            ("validation half, first split", test[~added[test.index]]),
+            ("validation half, added (generation across nodes)", test[added[test.index]])]  # fmt: skip

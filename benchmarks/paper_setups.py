@@ -134,7 +134,7 @@ def seer(model: str, gpus: int, tp: int, prompts: int, samples: int, cap: int, m
          rollout_engine: str = "vllm") -> dict:  # fmt: skip
     """Seer (grouped drafting on; under SGLang's rules, which rlsim models without speculation,
     its scheduling alone) and veRL's baseline in Seer's Table 3 setup: throughput and rollout seconds."""
-    tr = rescaled("reasoning-32k", prompts, samples, steps, cap, mean, lo=0.05, hi=8.0, iters=25)
+    tr = rescaled("reasoning-32k", prompts, samples, steps, cap, mean, bracket=(0.05, 8.0, 25))
     prof = record_profile(model, "h800", tp)
     rl = RLConfig(prompts_per_step=prompts, samples_per_prompt=samples, epochs=1, max_response_len=cap, max_steps=steps)
     eng = EngineConfig(rollout_engine=rollout_engine)

@@ -4,15 +4,23 @@ with the reason.
 
     python benchmarks/published_runs.py [--rows N] [--fit] [--markdown | --readme]
     python benchmarks/published_runs.py --units sequence,expert,hop   # choose the second term's unit
+    python benchmarks/published_runs.py --term-sets                   # choose which terms ship
 
-Three tables: every row (`published_runs`), the k-step off-policy rows predicted apart
-(`published_async`), and the summary the README shows (`accuracy_summary`: which rows the terms
-were fitted on and which they predict).
+The k-step off-policy rows are predicted apart (`published_async`), and the summary the README
+shows (`accuracy_summary`) says which rows the terms were fitted on and which validate them.
 
 How each row is set up, and which terms are fitted on which half, is `benchmarks/nemo_rl.py`.
-`--fit` re-fits the terms on the fit half and rewrites `rlsim/derive/terms_nemo-rl.json`.
-`--units` prints each candidate unit's two-fold cross-validated loss inside the fit half (the test
-half is not read); the unit with the lower one is `nemo_rl.SHIPPED_UNIT`, the one `--fit` uses.
+`--term-sets` cross-validates, by two folds inside the fit half, the derived profile (no term),
+the four terms and each set of three, and writes the losses and the set that ships (the lowest
+loss; a set within 5% of it ties, and the smaller ships) to
+`benchmarks/published_runs/term_sets.json`; about 30 min on a 2-core machine with `--jobs 2`.
+`--fit` fits that set on the fit half and rewrites `rlsim/derive/terms_nemo-rl.json`.
+Four tables: every row (`published_runs`, with each stand-in's scale and its share of responses at
+the cap), the rows whose stand-in has more than a quarter at the cap again at their mean -10% and
++10% (`published_sensitivity`), the k-step rows, and the summary.
+`--units` prints each candidate unit's two-fold cross-validated loss inside the fit half (the
+validation half is not read); the unit with the lower one is `nemo_rl.SHIPPED_UNIT`, the unit
+`--term-sets` gives the second term.
 """
 
 from __future__ import annotations
@@ -23,8 +31,27 @@ import sys
 from dataclasses import asdict
 
 import pandas as pd
-from nemo_rl import FITTED, UNITS, Terms, cross_validate, fit, load_rows, parts, run, run_setup
+from nemo_rl import (
+    FITTED,
+    ROWS,
+    TERM_SETS,
+    TIE,
+    UNITS,
+    Terms,
+    _fold_errors,
+    choose,
+    cross_validate,
+    fit,
+    load_rows,
+    parts,  # fmt: skip
+    run,
+    run_setup,
+)
 from readme_tables import emit
+
+HALF = {"fit": "fit", "test": "validation"}  # rows.csv's half, as the tables name it
+AT_CAP_MARK = 0.25  # a stand-in with more of its responses at the cap is marked: its tail is the cap's, not the run's
+TERM_SETS_FILE = ROWS.parent / "term_sets.json"
 
 
 def main() -> None:
@@ -32,6 +59,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=0)
     ap.add_argument("--fit", action="store_true", help="Fit the terms on the fit half; rewrite the terms file.")
     ap.add_argument("--units", help=f"Cross-validate these units of the second term ({', '.join(UNITS)}); print, exit.")
+    ap.add_argument("--term-sets", action="store_true", help="Cross-validate which terms ship (two folds inside the "
+                    "fit half, on a pool of --jobs processes); write benchmarks/published_runs/term_sets.json, exit.")
+    ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--readme", action="store_true")
     a = ap.parse_args()
@@ -44,13 +74,27 @@ def main() -> None:
             loss = cross_validate(d, unit)
             print(f"{unit}: two-fold cross-validated loss inside the fit half {loss:.5f}", flush=True)
         return
+    if a.term_sets:
+        term_sets(d, a.jobs)
+        return
     todo = d[d.expressible]
     if a.rows:
         todo = todo.head(a.rows)
     if a.fit:
-        terms, loss = fit(d)
+        chosen = json.loads(TERM_SETS_FILE.read_text())
+        keep = tuple(chosen["terms"][chosen["chosen"]])
+        if not keep:
+            raise SystemExit(f"{TERM_SETS_FILE.name}: the derived profile ships (no term): nothing to fit")
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(a.jobs) as pool:
+            terms, loss = fit(d, keep=keep, pool=pool)
         FITTED.write_text(json.dumps({
-            "terms": asdict(terms), "fit_loss_mean_sq_log_error": round(loss, 5),
+            "terms": asdict(terms), "fitted_terms": list(keep),
+            "cross_validated": f"{chosen['chosen']}: loss {chosen['losses'][chosen['chosen']]} against "
+            + ", ".join(f"{k} {v}" for k, v in chosen["losses"].items() if k != chosen["chosen"])
+            + " (benchmarks/published_runs/term_sets.json)",
+            "fit_loss_mean_sq_log_error": round(loss, 5),
             "fitted_on": "the fit half of benchmarks/published_runs/rows.csv (configurations alternating within each "
             "model, committed before fitting; the configurations generation across nodes added alternate among "
             "themselves), mean squared log error of the mean step time over steps 2-5",
@@ -62,17 +106,19 @@ def main() -> None:
     derived = run(todo, Terms(), say=True)
     fitted = run(todo, terms, say=True)
     res = d.join(derived.add_prefix("derived_")).join(fitted)
-    lines = ["| release | system | model | policy | GPUs | gen TP | train TP/CP/EP/PP | published (s) | derived (s) "
-             "| fitted (s) | gen / log-prob / train / refit (s) | error derived | error fitted | half |",
-             "|---|---|---|---|---:|---:|---|---:|---:|---:|---|---:|---:|---|"]  # fmt: skip
+    lines = ["| release | system | model | policy | GPUs | gen TP | trainer TP/CP/EP/PP | published (s) "
+             "| derived (s) | fitted (s) | gen / log-prob / train / refit (s) | error derived | error fitted "
+             "| stand-in: scale, at cap | half |",
+             "|---|---|---|---|---:|---:|---|---:|---:|---:|---|---:|---:|---|---|"]  # fmt: skip
     for _, r in res.sort_values(["model", "system", "policy", "gpus", "release"]).iterrows():
         if not r.expressible or pd.isna(r.error):
             continue
         lines.append(
             f"| {r.release} | {r.gpu}{' fp8' if r.precision == 'fp8' else ''} | {r.model} | {r.policy} | {r.gpus} | "
-            f"{r.gen_tp} | {r.train_tp}/{r.train_cp}/{r.train_ep}/{r.train_pp} | {r.step_s:.1f} | "
+            f"{r.gen_tp} | {r.backend} {r.train_tp}/{r.train_cp}/{r.train_ep}/{r.train_pp} | {r.step_s:.1f} | "
             f"{r.derived_simulated_s:.1f} | {r.simulated_s:.1f} | {r.gen:.0f} / {r.old_log_prob:.0f} / "
-            f"{r.update_actor:.0f} / {r.update_weights:.1f} | {r.derived_error:+.0%} | {r.error:+.0%} | {r.half}"
+            f"{r.update_actor:.0f} / {r.update_weights:.1f} | {r.derived_error:+.0%} | {r.error:+.0%} | "
+            f"x{r.length_scale:.2f}, {r.at_cap:.0%}{' (over 25%)' if r.at_cap > AT_CAP_MARK else ''} | {HALF[r.half]}"
             f"{' (added)' if isinstance(r.added, str) and r.added else ''} |"
         )
     summary = [f"Terms ({FITTED.name}): {', '.join(f'{k} {v:.4g}' for k, v in asdict(terms).items() if v)}"]
@@ -108,10 +154,89 @@ def main() -> None:
         emit("published_async", "\n".join(rows) + "\n", sys.argv)
         if not (a.markdown or a.readme):
             print("\n".join(rows))
+    if not a.rows:
+        body = sensitivity(res, terms)
+        emit("published_sensitivity", body, sys.argv)
+        if not (a.markdown or a.readme):
+            print(body)
+    if not a.rows:
+        body = term_sets_table()
+        emit("term_sets", body, sys.argv)
+        if not (a.markdown or a.readme):
+            print(body)
     summary = accuracy_summary(res, got)
     emit("accuracy_summary", summary, sys.argv)
     if not (a.markdown or a.readme):
         print(summary)
+
+
+def term_sets_table() -> str:
+    """The cross-validation that chose which terms ship (`--term-sets`, TERM_SETS_FILE), as a table."""
+    got = json.loads(TERM_SETS_FILE.read_text())
+    second = {"expert": "per routed token-expert pair per MoE layer", "sequence": "per running sequence per layer",
+              "hop": "per network hop across scale-up domains"}[got["unit"]]  # fmt: skip
+    names = {"layer": "per decoder layer per iteration", "second": second,
+             "refit": "per refit tensor", "mfu": "Megatron's dense MFU"}  # fmt: skip
+    lines = ["| terms fitted | which | two-fold cross-validated loss inside the fit half | ships |",
+             "|---|---|---:|---|"]  # fmt: skip
+    for name, loss in got["losses"].items():
+        which = ", ".join(names[t] for t in got["terms"][name]) or "none: the derived profile"
+        lines.append(f"| {name} | {which} | {loss:.4f} | {'yes' if name == got['chosen'] else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def sensitivity(res: pd.DataFrame, terms: Terms) -> str:
+    """The rows whose stand-in puts more than `AT_CAP_MARK` of its responses at the cap, their step
+    with the stand-in's mean 10% lower and higher: NeMo RL publishes no clip share, so how much of
+    the step rides on the tail's shape at the cap is shown, not assumed."""
+    rows = res[res.expressible & (res.at_cap > AT_CAP_MARK)]
+    lines = ["| release | system | model | policy | GPUs | at cap | published (s) | derived: mean -10% / at it / "
+             "+10% (s) | fitted: mean -10% / at it / +10% (s) | half |",
+             "|---|---|---|---|---:|---:|---:|---|---|---|"]  # fmt: skip
+    low_d, high_d = (run(rows, Terms(), mean_scale=k) for k in (0.9, 1.1))
+    low_f, high_f = (run(rows, terms, mean_scale=k) for k in (0.9, 1.1))
+    for i, r in rows.sort_values(["model", "system", "policy", "gpus", "release"]).iterrows():
+        lines.append(
+            f"| {r.release} | {r.gpu} | {r.model} | {r.policy} | {r.gpus} | {r.at_cap:.0%} | {r.step_s:.1f} | "
+            f"{low_d.simulated_s[i]:.1f} / {r.derived_simulated_s:.1f} / {high_d.simulated_s[i]:.1f} | "
+            f"{low_f.simulated_s[i]:.1f} / {r.simulated_s:.1f} / {high_f.simulated_s[i]:.1f} | {HALF[r.half]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def term_sets(d: pd.DataFrame, jobs: int) -> None:
+    """Each set of terms (`nemo_rl.TERM_SETS`) cross-validated inside the fit half, the folds' fits
+    on a process pool; the set that ships (`nemo_rl.choose`) and the table, to TERM_SETS_FILE."""
+    import multiprocessing
+    import time
+
+    import numpy as np
+
+    work = [(name, k) for name in TERM_SETS for k in (0, 1)]
+    errors: dict[str, list] = {name: [] for name in TERM_SETS}
+    t0 = time.time()
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        args = [(d, nemo_unit(), TERM_SETS[name], k) for name, k in work]
+        for (name, k), err in zip(work, pool.imap(_fold_errors, args), strict=True):
+            errors[name].append(err)
+            print(f"{name}, fold {k} predicted: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    losses = {name: float(np.mean(np.log1p(pd.concat(e)) ** 2)) for name, e in errors.items()}
+    chosen = choose(losses)
+    TERM_SETS_FILE.write_text(json.dumps({
+        "losses": {k: round(v, 5) for k, v in losses.items()}, "terms": {k: list(v) for k, v in TERM_SETS.items()},
+        "chosen": chosen, "tie": TIE, "unit": nemo_unit(),
+        "how": "two-fold cross-validation inside the fit half (folds by configuration, alternating within each "
+        "model): the set's terms fitted on one fold, the other fold's mean squared log error of the step time, "
+        "over both folds' rows; the lowest loss ships, a set within the tie of it ties and the smaller set ships",
+    }, indent=2) + "\n")  # fmt: skip
+    for name, loss in losses.items():
+        print(f"{name}: {loss:.5f}{'  <- ships' if name == chosen else ''}")
+
+
+def nemo_unit() -> str:
+    from nemo_rl import SHIPPED_UNIT
+
+    return SHIPPED_UNIT
 
 
 def accuracy_summary(res: pd.DataFrame, apart: pd.DataFrame | None) -> str:
@@ -119,7 +244,8 @@ def accuracy_summary(res: pd.DataFrame, apart: pd.DataFrame | None) -> str:
     fitted on, the half they predict (and its two sets apart), and the rows that came in after the fit."""
     lines = ["| NeMo RL published rows | role | rows | median abs error, fitted terms | worst | median abs error, "
              "derived (no term fitted) | worst |", "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    roles = [(name, "fitted on" if name == "fit half" else "predicted", part) for name, part in parts(res)]
+    roles = [(name, "fitted on" if name == "fit half" else "validation (held back from every fit)", part)
+             for name, part in parts(res)]  # fmt: skip
     if apart is not None and len(apart):
         roles.append(("k-step off-policy, after the fit", "predicted", apart))
     for name, role, part in roles:

@@ -2,8 +2,11 @@
 
 `rlsim/bands.json` (written by `benchmarks/error_bands.py` from the accuracy tables, which CI holds
 equal to their benchmarks) lists every published run rlsim predicts there, with its error, and
-the bands: for each **kind** (the profile's basis, the rollout engine, the framework, the model
-class and the GPU) the median and worst |error| of its held-back runs and their count; for each
+the bands: for each **kind** (the profile's basis, the rollout engine, the framework, the trainer
+backend, the model class and the GPU) the median and worst |error| over its held-back
+configurations (a configuration's release repeats are one error) and their count, each model's
+signed median (a band whose models' signs split says so) and the widest spread across releases
+of a configuration published with an identical recipe; for each
 basis, engine and framework the same of **predicted ratios** (two published runs of one setup
 family, such as a synchronous step against one step off-policy or `fully_async`).
 
@@ -14,7 +17,9 @@ no published run was predicted from). The engine is the one whose rules the simu
 The framework is the one a `--from` config names; a prediction that names none pools every
 framework's runs (`any`). The model class is `moe` when the model's active parameters are fewer
 than its parameters, and the GPU is the `gpus.json` entry the profile's hardware names. A kind
-with fewer than `min_runs` held-back runs has no band: it says so and how many it has.
+with fewer than `min_configurations` held-back configurations has no band: it says so and how
+many it has. The trainer backend is the profile's (`fsdp` for veRL's FSDP and NeMo RL's DTensor
+policy, `megatron`), so a dense FSDP run is not given a band built from Megatron runs.
 """
 
 from __future__ import annotations
@@ -44,11 +49,13 @@ class Kind:
     framework: str  # nemo-rl | verl | roll | any
     model_class: str  # dense | moe | unknown
     gpu: str  # a gpus.json key, or the profile's hardware where none matches
+    backend: str = "unknown"  # the trainer's: fsdp | megatron | unknown
 
     def text(self) -> str:
         cls = {"moe": "MoE", "dense": "dense"}.get(self.model_class, "model class unknown")
         fw = FRAMEWORK_NAMES.get(self.framework, self.framework)
-        return f"{self.basis} profile, {ENGINES[self.rollout_engine]}, {cls}, {self.gpu.upper()}, {fw}"
+        trainer = {"fsdp": "FSDP", "megatron": "Megatron"}.get(self.backend, "trainer unknown")
+        return f"{self.basis} profile, {ENGINES[self.rollout_engine]}, {trainer}, {cls}, {self.gpu.upper()}, {fw}"
 
 
 def _gpu_key(hardware: str) -> str:
@@ -70,22 +77,29 @@ def kind_of(profile: Profile, rollout_engine: str = "vllm", framework: str | Non
     facts = profile.model_facts or {}
     total, active = facts.get("num_params"), facts.get("num_active_params")
     model_class = "unknown" if not total or not active else ("moe" if active < total else "dense")
-    return Kind(basis, rollout_engine, framework or "any", model_class, _gpu_key(profile.hardware))
+    backend = (profile.train.backend or "") if profile.train is not None else ""
+    backend = "fsdp" if backend.startswith("fsdp") else (backend if backend == "megatron" else "unknown")
+    return Kind(basis, rollout_engine, framework or "any", model_class, _gpu_key(profile.hardware), backend)
 
 
 def _key(kind: Kind) -> str:
-    return f"{kind.basis}/{kind.rollout_engine}/{kind.framework}/{kind.model_class}/{kind.gpu}"
+    return f"{kind.basis}/{kind.rollout_engine}/{kind.framework}/{kind.backend}/{kind.model_class}/{kind.gpu}"
 
 
 def band(kind: Kind) -> dict[str, Any]:
-    """The band of `kind`: held-back runs, median and worst |error| (percent), the signed median,
-    runs by framework, and `enough` (at least `min_runs` runs; otherwise no figure is given)."""
+    """The band of `kind`: held-back configurations (and their runs), median and worst |error|
+    (percent) over the configurations, the signed median, each model's signed median and whether
+    their signs split, the widest release spread of an identical recipe, runs by framework, and
+    `enough` (at least `min_configurations`; otherwise no figure is given)."""
     data = _data()
-    got = data["bands"].get(_key(kind), {"runs": 0, "by_framework": {}})
-    enough = got["runs"] >= data["min_runs"]
-    out = {"kind": asdict(kind), "runs": got["runs"], "by_framework": got.get("by_framework", {}), "enough": enough}
+    got = data["bands"].get(_key(kind), {"runs": 0, "configurations": 0, "by_framework": {}})
+    enough = got["configurations"] >= data["min_configurations"]
+    out = {"kind": asdict(kind), "runs": got["runs"], "configurations": got["configurations"],
+           "by_framework": got.get("by_framework", {}), "enough": enough}  # fmt: skip
     if enough:
-        out |= {k: got[k] for k in ("median_abs_pct", "worst_abs_pct", "median_pct")}
+        keys = ("median_abs_pct", "worst_abs_pct", "median_pct", "by_model_median_pct", "signs_split",
+                "release_spread_pct")  # fmt: skip
+        out |= {k: got[k] for k in keys}
     return out
 
 
@@ -94,7 +108,7 @@ def ratio_band(kind: Kind) -> dict[str, Any]:
     GPUs: two candidates of one model and GPU share that bias, their ratio carries what is left)."""
     data = _data()
     got = data["ratio_bands"].get(f"{kind.basis}/{kind.rollout_engine}/{kind.framework}", {"runs": 0})
-    enough = got["runs"] >= data["min_runs"]
+    enough = got["runs"] >= data["min_configurations"]
     out = {"basis": kind.basis, "rollout_engine": kind.rollout_engine, "framework": kind.framework,
            "pairs": got["runs"], "enough": enough}  # fmt: skip
     if enough:
@@ -112,16 +126,23 @@ def band_text(b: dict[str, Any]) -> str:
         )
     if not b["enough"]:
         return (
-            f"error band ({kind.text()}): fewer than three published runs of this kind ({b['runs']}), so no band; "
-            f"every kind's is in {WHERE}"
+            f"error band ({kind.text()}): fewer than three published configurations of this kind "
+            f"({b['configurations']}), so no band; every kind's is in {WHERE}"
         )
     by = ", ".join(f"{FRAMEWORK_NAMES[f]} {n}" for f, n in sorted(b["by_framework"].items()))
     side = "shorter" if b["median_pct"] < 0 else "longer"
-    return (
-        f"error band ({kind.text()}): held-back published runs of this kind were off by a median "
-        f"{b['median_abs_pct']:.0f}%, worst {b['worst_abs_pct']:.0f}% ({b['runs']} runs: {by}; rlsim's "
-        f"median {abs(b['median_pct']):.0f}% {side})"
+    out = (
+        f"error band ({kind.text()}): held-back published configurations of this kind were off by a median "
+        f"{b['median_abs_pct']:.0f}%, worst {b['worst_abs_pct']:.0f}% ({b['configurations']} configurations, "
+        f"{b['runs']} runs: {by}; rlsim's median {abs(b['median_pct']):.0f}% {side})"
     )
+    if b["signs_split"]:
+        models = ", ".join(f"{m} {v:+.0f}%" for m, v in b["by_model_median_pct"].items())
+        out += f"; its models' biases are opposite ({models}), so your model's error may be larger than the band's"
+    if b["release_spread_pct"] is not None:
+        out += (f"; one of its configurations, published again with the same recipe, moved "
+                f"{b['release_spread_pct']:.0f}% between releases")  # fmt: skip
+    return out
 
 
 def ratio_text(r: dict[str, Any]) -> str:

@@ -40,7 +40,10 @@ profile's facts (the model's parameters, the GPU's datasheet in `gpus.json`), no
   - `ref_offload`: the reference model's shard loaded before its pass.
   The rank's shard: dense weights over TP x PP, routed experts over EP x PP; the optimizer's
   over the data-parallel ranks too (Megatron's distributed optimizer, FSDP).
-- **The optimizer step** (AdamW, once an update): the rank's optimizer shard's fp32 parameters,
+- **The optimizer step** (AdamW, `optimizer_steps` times an update: a step's samples over the
+  global batch of one optimizer step, NeMo RL's `train_global_batch_size`, veRL's
+  `train_batch_size / ppo_mini_batch_size x ppo_epochs`; each step with its gradient and
+  optimizer offload traffic): the rank's optimizer shard's fp32 parameters,
   gradients and two moments read and its parameters and moments written, 28 bytes a parameter
   (the same count as the CPU step above), at the GPU's HBM bandwidth, its memory roofline: the
   step is memory-bound, a few flops a byte. What Megatron's CPU optimizer steps (f) is not on the
@@ -84,6 +87,7 @@ class FrameworkSettings:
     grad_offload: bool = False
     optimizer_offload_fraction: float = 0.0
     ref_offload: bool = False
+    optimizer_steps: int = 1  # AdamW steps an update makes (samples / NeMo RL's train_global_batch_size)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_KINDS:
@@ -96,6 +100,8 @@ class FrameworkSettings:
                 raise RlsimError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.vpp < 1:
             raise RlsimError(f"vpp (virtual pipeline stages per rank) must be >= 1, got {self.vpp}")
+        if self.optimizer_steps < 1:
+            raise RlsimError(f"optimizer_steps (AdamW steps an update) must be >= 1, got {self.optimizer_steps}")
 
     def stated(self) -> dict[str, Any]:
         """The settings that differ from the defaults (what a profile records)."""

@@ -336,6 +336,7 @@ def derived_training(profile: Profile, seq_lens: np.ndarray, train_gpus: int, us
     off = offload_costs(profile, train_gpus) if fw.offloads else none
     old = lp + off["params"]
     ref = lp + off["ref"] if use_kl_loss else 0.0
-    step = optimizer_s(profile, train_gpus)
-    update = tc.fixed_s + (3 + again) * fwd + step + off["params"] + off["grads"] + off["optimizer"]
+    # each optimizer step (a mini-batch's) pays the AdamW step and its gradient and optimizer offload
+    n, step = fw.optimizer_steps, optimizer_s(profile, train_gpus)
+    update = tc.fixed_s + (3 + again) * fwd + n * step + off["params"] + n * off["grads"] + n * off["optimizer"]
     return old, ref, update

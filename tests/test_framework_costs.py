@@ -66,6 +66,24 @@ def test_the_optimizer_step_reads_and_writes_each_gpus_shard_at_hbm_bandwidth() 
     assert optimizer_s(p, 64) == pytest.approx(optimizer_s(p, 32) / 2)
 
 
+def test_each_optimizer_step_of_an_update_pays_adamw_and_its_offload() -> None:
+    """An update of n mini-batches makes n AdamW steps (NeMo RL's samples / train_global_batch_size,
+    veRL's train_batch_size / ppo_mini_batch_size x ppo_epochs), each with its gradient and
+    optimizer offload traffic; the parameters' offload is paid once a pass, and nothing else moves."""
+    offload = {"grad_offload": True, "optimizer_offload_fraction": 0.5, "param_offload": True}
+    one = _profile(trainer=_megatron(**offload))
+    four = _profile(trainer=_megatron(optimizer_steps=4, **offload))
+    a, b = step_cost(one, LENS, 32, False, False), step_cost(four, LENS, 32, False, False)
+    off = offload_costs(one, 32)
+    assert off["grads"] > 0 and off["optimizer"] > 0 and off["params"] > 0
+    per_step = optimizer_s(one, 32) + off["grads"] + off["optimizer"]
+    assert b.update_actor - a.update_actor == pytest.approx(3 * per_step)
+    assert b.old_log_prob == a.old_log_prob
+    with pytest.raises(RlsimError, match="optimizer_steps"):
+        FrameworkSettings(optimizer_steps=0)
+    assert Trainer.parse("megatron(tp=4,optimizer_steps=4)").framework.optimizer_steps == 4
+
+
 def test_virtual_stages_shrink_the_pipeline_bubble() -> None:
     assert fc.bubble_factor(8, 4) == pytest.approx(11 / 8)
     assert fc.bubble_factor(8, 4, vpp=3) == pytest.approx((8 + 1) / 8)

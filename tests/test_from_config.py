@@ -34,7 +34,7 @@ def test_the_published_moe_script_is_the_setup_its_table_runs() -> None:
     s = read_verl(MOE)
     assert s.trainer == Trainer("megatron", tp=2, cp=2, ep=8, framework=FrameworkSettings(
         param_offload=True, grad_offload=True, optimizer_offload_fraction=1.0, ref_offload=True, max_token_len=10240,
-        log_prob_max_token_len=10240))  # fmt: skip
+        log_prob_max_token_len=10240, optimizer_steps=4))  # fmt: skip (mini-batches of 128 of its 512 prompts)
     e = s.engine
     assert (e.gpu_memory_utilization, e.max_num_batched_tokens, e.enforce_eager) == (0.7, 10240, True)
     assert (s.model, s.tp, s.max_response_len, s.samples_per_prompt, s.use_kl_loss) == ("qwen3-30b-a3b", 4, 8192, 16,
@@ -54,7 +54,8 @@ def test_the_published_dense_script_is_the_setup_its_table_runs() -> None:
     tokens). The model path names a checkpoint rlsim knows only by its shape, so --model gives it."""
     s = read_verl(DENSE)
     assert s.trainer == Trainer("fsdp2", cp=4, framework=FrameworkSettings(
-        recompute="full", max_token_len=61440, log_prob_max_token_len=92160, ref_offload=True))  # fmt: skip
+        recompute="full", max_token_len=61440, log_prob_max_token_len=92160, ref_offload=True,
+        optimizer_steps=16))  # fmt: skip (mini-batches of 32 prompts: 4 required batches x 4 local steps)
     assert (s.engine.gpu_memory_utilization, s.engine.max_num_batched_tokens) == (0.8, 30720)
     assert (s.model, s.tp, s.max_response_len, s.use_kl_loss) == (None, 4, 28672, False)
     assert (s.num_gpus, s.train_gpus) == (64, 32)
@@ -302,6 +303,7 @@ def test_fp8_weights_read_and_written_by_both_frameworks(tmp_path: Path) -> None
     path = tmp_path / "run.overrides"
     path.write_text(
         "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm data.train_batch_size=64\n"
+        "actor_rollout_ref.actor.ppo_mini_batch_size=64\n"
         "  actor_rollout_ref.rollout.quantization=fp8 actor_rollout_ref.model.path=Qwen/Qwen3-32B\n"
     )
     s = read_verl(path)
@@ -316,7 +318,8 @@ def test_fp8_weights_read_and_written_by_both_frameworks(tmp_path: Path) -> None
 RUN = Path(__file__).resolve().parent / "data" / "recorded_runs" / "20261126-000315"
 RUN_CONFIG = """python3 -m verl.trainer.main_ppo
 actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1
-trainer.nnodes=1 trainer.n_gpus_per_node=1 data.train_batch_size=8 actor_rollout_ref.rollout.n=4
+trainer.nnodes=1 trainer.n_gpus_per_node=1 data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8
+actor_rollout_ref.rollout.n=4
 data.max_response_length=2048 actor_rollout_ref.rollout.enable_prefix_caching=False
 actor_rollout_ref.model.path=tiny-llama algorithm.adv_estimator=grpo
 """
@@ -356,13 +359,33 @@ def test_validate_a_run_against_its_own_config_phase_by_phase(tmp_path: Path) ->
     assert rows["response_length/mean"]["diff_pct"] == pytest.approx(0.0, abs=1e-9)
     assert abs(rows["timing_s/gen"]["diff_pct"]) < 5
     r = runner.invoke(app, base)
-    assert r.exit_code == 0 and "rescaled to the log's mean response" in " ".join(r.stdout.split()), r.output
+    assert r.exit_code == 0 and "standing in for the log's mean response" in " ".join(r.stdout.split()), r.output
     for extra, message in ((["--policy", "sortedrl"], "--policy is set by --from"),
                            (["--trace", str(metrics), "--log", str(metrics)], "once")):  # fmt: skip
         r = runner.invoke(app, [*base, *extra])
         assert r.exit_code == 2 and message in r.stderr, (extra, r.output)
     r = runner.invoke(app, ["validate", "--metrics", str(metrics)])
     assert r.exit_code == 2 and "go with --from" in r.stderr, r.output
+
+
+def test_validate_reaches_a_logs_mean_at_08_of_its_cap_and_its_clip_share(tmp_path: Path) -> None:
+    """A log whose mean response is 0.8 of its cap (2,048 here) with 40% of responses at the cap:
+    the stand-in reaches both (the old fixed bound on its scale fell short of such means without a
+    word), and the output names its scale and its share at the cap."""
+    config, metrics = tmp_path / "run.overrides", _real_run_as_verl_metrics(tmp_path)
+    config.write_text(RUN_CONFIG)
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    for rec in lines:
+        rec["data"] |= {"response_length/mean": 0.8 * 2048, "response_length/clip_ratio": 0.4}
+    metrics.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    r = runner.invoke(app, ["validate", "--from", f"verl:{config}", "--metrics", str(metrics), "--profile",
+                            str(RUN / "profile.json"), "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    row = {x["metric"]: x for x in res["rows"]}["response_length/mean"]
+    assert row["real"] == pytest.approx(1638.4) and row["sim"] == pytest.approx(1638.4, rel=0.01)
+    assert "40.0% of responses at the cap 2,048 (the log's 40.0%)" in res["stand_in"] or "(the log's 40.0%)" in res[
+        "stand_in"], res["stand_in"]  # fmt: skip
 
 
 def test_an_emitted_config_reads_back_as_the_same_setup(tmp_path: Path) -> None:
@@ -414,6 +437,7 @@ def test_plan_from_a_config_searches_only_the_axes_named(tmp_path: Path, small_t
     config.write_text(
         "actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1\n"
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 data.train_batch_size=16\n"
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16\n"
         "actor_rollout_ref.rollout.n=4\n"
         "data.max_response_length=2048 actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n"
         "algorithm.adv_estimator=grpo\n"
@@ -434,3 +458,32 @@ def test_plan_from_a_config_searches_only_the_axes_named(tmp_path: Path, small_t
     r = runner.invoke(app, own)
     assert r.exit_code == 0, r.output
     assert {row["profile"] for row in json.loads(r.stdout)["rows"]} == {"h100-qwen2.5-7b-tp1"}
+
+
+def test_optimizer_steps_and_the_model_length_are_read_as_the_frameworks_mean_them(tmp_path: Path) -> None:
+    """veRL: train_batch_size / ppo_mini_batch_size x ppo_epochs AdamW steps a step (and
+    rollout.max_model_len where set); NeMo RL: samples / train_global_batch_size, and vLLM's
+    max_model_len (the recipe's max_total_sequence_length). A batch smaller than its mini-batch is
+    refused in one sentence, as veRL refuses it without dynamic batch size."""
+    from rlsim.frameworks.nemo_rl import read_nemo_rl
+
+    base = ("python3 -m verl.trainer.main_ppo\nactor_rollout_ref.rollout.name=vllm\n"
+            "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B\n")  # fmt: skip
+    for extra, steps, model_len in (("data.train_batch_size=1024\nactor_rollout_ref.actor.ppo_mini_batch_size=256\n", 4,
+                                     None),
+                                    ("data.train_batch_size=512\nactor_rollout_ref.actor.ppo_mini_batch_size=64\n"
+                                     "actor_rollout_ref.actor.ppo_epochs=2\nactor_rollout_ref.rollout.max_model_len=9000\n",
+                                     16, 9000)):  # fmt: skip
+        path = tmp_path / "run.overrides"
+        path.write_text(base + extra)
+        s = read_verl(path)
+        assert (s.trainer.framework.optimizer_steps, s.max_model_len) == (steps, model_len)
+    path.write_text(base + "data.train_batch_size=500\nactor_rollout_ref.actor.ppo_mini_batch_size=64\n")
+    assert read_verl(path).trainer.framework.optimizer_steps == 8  # seven of 64 and a last one of 52
+    path.write_text(base + "data.train_batch_size=32\nactor_rollout_ref.actor.ppo_mini_batch_size=64\n")
+    with pytest.raises(RlsimError, match="data.train_batch_size 32 is smaller than"):
+        read_verl(path)
+    recipe = NEMO / "9dbd9adc9/examples/configs/recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g.yaml"
+    s = read_nemo_rl(recipe)
+    assert (s.prompts_per_step * s.samples_per_prompt, s.trainer.framework.optimizer_steps) == (2048, 4)
+    assert (s.max_response_len, s.max_model_len) == (4096, 4096)

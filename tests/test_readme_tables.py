@@ -26,8 +26,9 @@ DETERMINISTIC = {
     "plan_table": ["plan_example", "plan_async"],
     "fit_workload": ["fit_coder_metrics", "fit_coder_speedups"],
     "recorded_runs": ["recorded_runs"],
-    "published_runs": ["published_runs", "published_async", "accuracy_summary"],
+    "published_runs": ["published_runs", "published_async", "published_sensitivity", "term_sets", "accuracy_summary"],
     "error_bands": ["error_bands", "ratio_bands"],
+    "release_spread": ["release_spread"],
     "verl_fully_async": ["verl_fully_async"],
     "verl_phases": ["verl_phases", "verl_weight_sync"],
     "multi_turn": ["search_r1_fit", "search_r1_sim", "tool_latency_sweep", "search_r1_compare", "search_r1_engines"],
@@ -55,7 +56,7 @@ SLOW = {"sglang_setups": ["sglang_setups"], "compare_engines": ["compare_engines
 # statement of what was fitted on what, and the records' columns in docs/architecture.md)
 REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it does |", "| column | type | meaning |",
              "| figure | fitted on | role |", "| column | holds |", "| rule | rlsim | where in sglang 0.5.23 |",
-             "| veRL key | rlsim |", "| NeMo RL key | rlsim |")
+             "| veRL key | rlsim |", "| NeMo RL key | rlsim |", "| commit | change | disclosed in |")
 
 
 def _markdown(script: str) -> dict[str, str]:

@@ -12,10 +12,10 @@ what it stands for, so that one fit serves an 8B and a 671B model alike:
   expert weights it reads, vLLM's fused-MoE layer does a fixed piece of work for every (token,
   expert) pair it routes (the top-k selection, sorting the pairs into expert blocks padded to
   the kernel's block size, gathering each pair's activations and combining its weighted output),
-  so it grows with the tokens and the experts each token uses, and a dense model pays none. With
-  MoE training charged at its published efficiency the shipped fit puts it at almost nothing
-  (0.003 us), where one MFU for every model had put it at 0.60 us, many times what vLLM's own
-  kernel benchmark puts beyond the derived routed experts (docs/accuracy.md);
+  so it grows with the tokens and the experts each token uses, and a dense model pays none. The
+  shipped fit leaves it out: cross-validated inside NeMo RL's fit half with the stand-ins at
+  their published means, the three other terms score 0.0407 and the four 0.0483
+  (`benchmarks/published_runs/term_sets.json`), so it is left to users' files;
 - `refit_per_tensor_s`, seconds per weight tensor of a refit (it replaces the derived
   resharding collective): each tensor is gathered, converted and loaded by the engine one by one;
 - `megatron_dense_mfu`: the Megatron trainer's MFU on a dense model, the one training term (MFU
@@ -23,14 +23,20 @@ what it stands for, so that one fit serves an 8B and a 671B model alike:
   dense model (`rlsim.derive.moe_training`, Megatron-Bridge's own pre-training throughput: 0.15
   for Qwen3-30B-A3B), as the derived default does.
 
+The shipped `nemo-rl` file fits three of them (`fitted_terms`: per layer per iteration, per refit
+tensor, Megatron's dense MFU): the set with the lowest two-fold cross-validated loss inside the fit
+half among the derived profile, the four terms and each set of three
+(`benchmarks/published_runs.py --term-sets`; docs/accuracy.md gives the table).
+
 One more term is available to a user's file, fitted by nobody shipped: `net_hop_s`, seconds per
 network hop of an all-reduce that leaves the scale-up domain (added to `t_w_s` as `2 x num_layers
 x 2 log2(k) x` it for a TP group over k domains; an instance inside one domain pays none). The
 derivation charges each hop NCCL's wire latency (5 us, `rlsim.derive.derive`); what a collective
 across nodes costs beyond it (the proxy thread that drives the NIC, the GPU waiting on its flags)
 is paid per hop whatever the bytes, twice per tree level. As the second shipped term it
-cross-validates no better than the per-pair term inside NeMo RL's fit half (0.0532 against
-0.0529, `benchmarks/published_runs.py --units hop,expert`), so it is not shipped.
+cross-validated no better than the per-pair term inside NeMo RL's fit half (0.0532 against
+0.0529, `benchmarks/published_runs.py --units hop,expert`, before the stand-ins reached their
+published means), so it is not shipped.
 
 Five older terms stay available to a user's file, fitted by nobody shipped: `megatron_mfu` (the
 Megatron MFU of every model, dense or MoE, as the shipped fit used it until the dense MFU above

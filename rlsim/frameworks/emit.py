@@ -165,7 +165,16 @@ def verl_overrides(setup: RunSetup) -> str:
         if "device_buffer_size_M" in c:
             sets["async_training.checkpoint_engine.device_buffer_size_M"] = c["device_buffer_size_M"]
     else:
-        sets["data.train_batch_size"] = setup.prompts_per_step
+        steps = setup.trainer.framework.optimizer_steps  # veRL's actor steps once a mini-batch
+        if setup.prompts_per_step % steps:
+            raise RlsimError(
+                f"{setup.prompts_per_step} prompts a step do not split into {steps} optimizer steps (veRL's "
+                "train_batch_size / ppo_mini_batch_size)"
+            )
+        sets |= {"data.train_batch_size": setup.prompts_per_step,
+                 f"{ARR}.actor.ppo_mini_batch_size": setup.prompts_per_step // steps, f"{ARR}.actor.ppo_epochs": 1}
+    if setup.max_model_len is not None:
+        sets[f"{r}.max_model_len"] = setup.max_model_len
     sets |= _verl_trainer(setup)
     lines = [f"python3 -m {entry}", f"--config-name={name}"]
     for key, v in sets.items():
@@ -228,6 +237,8 @@ def nemo_rl_recipe(setup: RunSetup) -> str:
     }  # fmt: skip
     if setup.engine.gpu_memory_utilization is not None:
         gen["vllm_cfg"]["gpu_memory_utilization"] = setup.engine.gpu_memory_utilization
+    # vLLM's cap on prompt plus response (null: the model's own context, no cap of the run's)
+    gen["vllm_cfg"]["max_model_len"] = setup.max_model_len
     if setup.dtype == "fp8":  # vLLM's fp8 weights; the KV cache stays the model's bf16 unless stated
         gen["vllm_cfg"]["precision"] = "fp8"
     if setup.kv_cache_dtype == "fp8":
@@ -248,7 +259,11 @@ def nemo_rl_recipe(setup: RunSetup) -> str:
         grpo["async_grpo"] = {"enabled": False}
     else:
         grpo["async_grpo"] = {"enabled": True, "max_trajectory_age_steps": int(spec.knobs.get("k", 1))}
-    policy: dict = {"generation": gen}
+    samples = setup.prompts_per_step * setup.samples_per_prompt
+    if samples % setup.trainer.framework.optimizer_steps:
+        raise RlsimError(f"{samples} samples a step do not split into {setup.trainer.framework.optimizer_steps} "
+                         "optimizer steps (NeMo RL's train_global_batch_size)")  # fmt: skip
+    policy: dict = {"generation": gen, "train_global_batch_size": samples // setup.trainer.framework.optimizer_steps}
     if f.max_token_len:
         packing = {"enabled": True, "train_mb_tokens": f.max_token_len,
                    "logprob_mb_tokens": f.log_prob_max_token_len or f.max_token_len}  # fmt: skip

@@ -123,6 +123,21 @@ def read_config(path: Path) -> dict:
         raise RlsimError(f"{path}: {str(exc).splitlines()[0]}") from None
 
 
+def _optimizer_steps(cfg: dict, where: str) -> int:
+    """AdamW steps a step makes: its samples over `policy.train_global_batch_size` (NeMo RL's
+    trainer steps once a global batch; at 2,048 samples and 512 a batch, four times)."""
+    samples = _int(cfg, "grpo.num_prompts_per_step", where) * _int(cfg, "grpo.num_generations_per_prompt", where)
+    if _get(cfg, "policy.train_global_batch_size") is None:
+        return 1
+    gbs = _int(cfg, "policy.train_global_batch_size", where)
+    if samples % gbs:
+        raise RlsimError(
+            f"{where}: policy.train_global_batch_size {gbs} does not divide a step's {samples} samples "
+            "(grpo.num_prompts_per_step x grpo.num_generations_per_prompt), as NeMo RL requires"
+        )
+    return samples // gbs
+
+
 def _trainer(cfg: dict, where: str) -> Trainer:
     policy = _get(cfg, "policy") or {}
     mc, dt = policy.get("megatron_cfg") or {}, policy.get("dtensor_cfg") or {}
@@ -161,6 +176,7 @@ def _trainer(cfg: dict, where: str) -> Trainer:
         layout, backend = {"cp": int(dt.get("context_parallel_size") or 1)}, "fsdp2"
     else:
         raise RlsimError(f"{where}: neither policy.megatron_cfg nor policy.dtensor_cfg is enabled")
+    settings["optimizer_steps"] = _optimizer_steps(cfg, where)
     try:
         return Trainer(backend, **layout, framework=FrameworkSettings(**settings))
     except RlsimError as exc:
@@ -220,5 +236,15 @@ def read_nemo_rl(path: Path) -> RunSetup:
         unmodelled=tuple(unmodelled),
         engine_keys=("gpu_memory_utilization", "enforce_eager", "enable_prefix_caching", "free_cache_engine",
                      "rollout_engine", *limits),
-        vllm_defaults=True, dtype=dtype, kv_cache_dtype=kv_dtype,
+        vllm_defaults=True, dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=_max_model_len(cfg, vc, where),
     )  # fmt: skip
+
+
+def _max_model_len(cfg: dict, vc: dict, where: str) -> int | None:
+    """vLLM's `max_model_len` (`vllm_cfg.max_model_len`, NeMo RL's `policy.max_total_sequence_length`
+    in its base config): the whole sequence's cap, so each request's response is capped at the
+    model length less its prompt (where `max_new_tokens` equals the model length, as NeMo RL's
+    recipes set it); null leaves vLLM at the model's own context (no cap of the run's)."""
+    if vc.get("max_model_len") is None:
+        return None
+    return _int(cfg, "policy.generation.vllm_cfg.max_model_len", where)

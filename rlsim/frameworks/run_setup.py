@@ -50,6 +50,9 @@ class RunSetup:
     # the rollout's weights and KV cache, bf16 or fp8, where the config states them (None: the command line's)
     dtype: str | None = None
     kv_cache_dtype: str | None = None
+    # vLLM's max_model_len where the config sets it: each request's response is capped at
+    # min(max_response_len, max_model_len less its prompt) (NeMo RL sets it to the whole sequence)
+    max_model_len: int | None = None
 
     def options(self) -> dict[str, object]:
         """The command-line options this setup gives a value, by their parameter names (the
@@ -62,6 +65,8 @@ class RunSetup:
         }  # fmt: skip
         if self.dtype is not None:
             out["dtype"] = self.dtype
+        if self.max_model_len is not None:
+            out["max_model_len"] = self.max_model_len
         return out
 
     def engine_for(self, gpu_memory_bytes: float, gpu_name: str) -> EngineConfig:
@@ -87,5 +92,7 @@ class RunSetup:
             f"{self.framework} config {self.source}: {self.model or self.model_path}, {where}, "
             f"{self.engine.rollout_engine} at {layout}, trainer {self.trainer.text()}, "
             f"{self.prompts_per_step} prompts x {self.samples_per_prompt}, responses up to "
-            f"{self.max_response_len:,}, policy {self.policy}"
+            f"{self.max_response_len:,}"
+            + (f" (and max_model_len {self.max_model_len:,} less the prompt)" if self.max_model_len else "")
+            + f", policy {self.policy}"
         )

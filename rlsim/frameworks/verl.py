@@ -194,6 +194,28 @@ def known_model(path: str) -> str | None:
     return None
 
 
+def _optimizer_steps(cfg: dict, where: str) -> int:
+    """AdamW steps a step's batch makes: `data.train_batch_size / ppo_mini_batch_size x
+    ppo_epochs`, as veRL's actor splits a batch into mini-batches (both sizes in prompts; a last,
+    smaller mini-batch is one more step) and steps once each, every epoch. Without dynamic batch
+    size veRL asserts that the batch holds a mini-batch. A fully_async step is
+    `ppo_mini_batch_size x require_batches x trigger_parameter_sync_step` prompts (`read_verl`), so
+    `require_batches x trigger_parameter_sync_step` mini-batches."""
+    actor = _get(cfg, f"{ARR}.actor")
+    mini = _int(cfg, f"{ARR}.actor.ppo_mini_batch_size", where)
+    epochs = _int(cfg, f"{ARR}.actor.ppo_epochs", where) if actor.get("ppo_epochs") is not None else 1
+    at = _get(cfg, "async_training") or {}
+    if at:
+        return int(at.get("require_batches", 1)) * int(at.get("trigger_parameter_sync_step", 1)) * epochs
+    batch = _int(cfg, "data.train_batch_size", where)
+    if batch < mini and not actor.get("use_dynamic_bsz"):
+        raise RlsimError(
+            f"{where}: data.train_batch_size {batch} is smaller than {ARR}.actor.ppo_mini_batch_size {mini}, which "
+            "veRL refuses without dynamic batch size: set ppo_mini_batch_size to at most the batch"
+        )
+    return -(-batch // mini) * epochs
+
+
 def _trainer(cfg: dict, where: str) -> Trainer:
     """The trainer backend, layout and what it does around the FLOPs."""
     actor, ref = _get(cfg, f"{ARR}.actor"), _get(cfg, f"{ARR}.ref") or {}
@@ -238,6 +260,7 @@ def _trainer(cfg: dict, where: str) -> Trainer:
         backend = "megatron"
     else:
         raise RlsimError(f"{where}: {ARR}.actor.strategy {strategy!r}: rlsim models fsdp, fsdp2 and megatron")
+    settings["optimizer_steps"] = _optimizer_steps(cfg, where)
     try:
         return Trainer(backend, **layout, framework=FrameworkSettings(**settings))
     except RlsimError as exc:
@@ -313,5 +336,8 @@ def read_verl(path: Path) -> RunSetup:
         dp=_int(cfg, f"{ARR}.rollout.data_parallel_size", where), engine=engine, trainer=_trainer(cfg, where),
         policy=policy, prompts_per_step=prompts, samples_per_prompt=_int(cfg, f"{ARR}.rollout.n", where),
         max_response_len=_int(cfg, "data.max_response_length", where), use_kl_loss=kl, unmodelled=tuple(unmodelled),
+        # veRL's vLLM rollout caps prompt plus response at rollout.max_model_len where it is set (else at
+        # max_prompt_length + max_response_length, which binds no prompt veRL admits)
+        max_model_len=_int(cfg, f"{ARR}.rollout.max_model_len", where) if roll.get("max_model_len") else None,
         **fp8,
     )  # fmt: skip

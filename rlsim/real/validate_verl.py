@@ -176,7 +176,7 @@ def validate_config(
     trace=None,  # noqa: ANN001 - the run's lengths (rlsim.trace.format.Trace), or None: a stand-in
 ) -> dict[str, Any]:
     """The run `setup` describes, simulated for as many steps as `metrics` logs, against them phase by phase."""
-    from rlsim.trace.synth import synthesize_to_mean
+    from rlsim.trace.synth import describe_stand_in, synthesize_to_mean
 
     real = read_verl_metrics(metrics)
     steps = [int(s) for s in real["step"]]
@@ -185,16 +185,19 @@ def validate_config(
         if "response_length/mean" not in real.columns:
             raise RlsimError(f"{metrics} logs no response_length/mean: give the run's lengths with --trace or --log")
         mean = float(real["response_length/mean"].mean())
+        # veRL's share of responses cut at the cap, where the log has it: the stand-in matches it too
+        clipped = "response_length/clip_ratio" in real.columns
+        clip = float(real["response_length/clip_ratio"].mean()) if clipped else None
         spare = 2 if policy != "sync" else 0  # an asynchronous run generates ahead of the trainer
         trace = synthesize_to_mean(STAND_IN, setup.prompts_per_step, setup.samples_per_prompt, len(steps) + spare,
-                                   setup.max_response_len, mean)  # fmt: skip
-        stand_in = (f"the {STAND_IN} preset rescaled to the log's mean response of {mean:,.0f} tokens (the run's own "
-                    "lengths: --trace or --log)")  # fmt: skip
+                                   setup.max_response_len, mean, clip_share=clip)  # fmt: skip
+        stand_in = (f"{describe_stand_in(trace)}, standing in for the log's mean response of {mean:,.0f} tokens "
+                    "(the run's own lengths: --trace or --log)")  # fmt: skip
     cluster = ClusterConfig(num_gpus=setup.num_gpus, profile=profile, placement=setup.placement,
                             train_gpus=setup.train_gpus)  # fmt: skip
     rl = RLConfig(prompts_per_step=setup.prompts_per_step, samples_per_prompt=setup.samples_per_prompt,
                   max_response_len=setup.max_response_len, epochs=len(trace.epochs), max_steps=len(steps),
-                  use_kl_loss=setup.use_kl_loss)  # fmt: skip
+                  use_kl_loss=setup.use_kl_loss, max_model_len=setup.max_model_len)  # fmt: skip
     res = simulate(trace, policy, cluster, rl, engine_cfg=engine)
     sim = res.steps.assign(step=steps[: len(res.steps)])  # the simulation's i-th step is the log's i-th
     both = real.merge(sim, on="step", suffixes=("_real", "_sim"))

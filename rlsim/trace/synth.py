@@ -270,6 +270,12 @@ def synthesize(config: SynthConfig, prompts: pd.DataFrame | None = None, preset:
     return Trace(table, meta)
 
 
+# the highest mean a stand-in is built for, as a share of its cap: above it nearly every response
+# sits at the cap, and the preset's shape no longer says anything about the run
+STAND_IN_REACH = 0.95
+STAND_IN_TOLERANCE = 0.01  # a stand-in's capped mean is within 1% of its target, or it is refused
+
+
 def synthesize_to_mean(
     preset: str,
     prompts_per_step: int,
@@ -278,20 +284,98 @@ def synthesize_to_mean(
     cap: int,
     mean: float,
     prompts: pd.DataFrame | None = None,
-    lo: float = 0.01,
-    hi: float = 4.0,
-    iters: int = 30,
+    clip_share: float | None = None,
+    bracket: tuple[float, float, int] | None = None,
 ) -> Trace:
-    """`preset` rescaled (`length_scale`, bisection over [lo, hi]) so that its mean response,
-    capped at `cap`, is `mean`: a stand-in for a run that publishes its mean length alone."""
+    """`preset` rescaled (`length_scale`) so that its mean response, capped at `cap`, is `mean`
+    within 1%: a stand-in for a run that publishes its mean length alone. The scale has no upper
+    bound: it doubles until the capped mean passes the target, then bisects. Any mean up to 0.95
+    of the cap is reached; above it the call is refused (the stand-in would be the cap itself).
 
-    def make(scale: float) -> Trace:
+    `clip_share` (veRL's `response_length/clip_ratio`) also matches the share of responses at the
+    cap, by raising the preset's upper tail (`SynthConfig.clip_ratio`); where the mean leaves more
+    responses at the cap than the log's share, the stand-in keeps the mean and says the share it
+    reached. The trace's `source_params["stand_in"]` says what it is: its target, the capped mean
+    it reached, its scale and its share of responses at the cap (`describe_stand_in`).
+
+    `bracket` (lo, hi, iterations): bisect the scale that many times inside [lo, hi] instead of
+    doubling (a setup of record that states its own search, as the paper checks do); the mean it
+    reaches is held to the same 1%, and a bracket that cannot reach it is refused."""
+    if not (math.isfinite(mean) and 0 < mean <= STAND_IN_REACH * cap):
+        raise RlsimError(
+            f"a stand-in cannot reach a mean response of {mean:,.0f} tokens under a cap of {cap:,}: above "
+            f"{STAND_IN_REACH:.0%} of the cap ({STAND_IN_REACH * cap:,.0f}) nearly every response sits at the cap; "
+            "give the run's own lengths (a trace)"
+        )
+    if clip_share is not None and not (math.isfinite(clip_share) and 0 <= clip_share < 0.5):
+        raise RlsimError(f"a stand-in's share of responses at the cap must be in [0, 0.5), got {clip_share}")
+
+    def make(scale: float, clip: float | None) -> Trace:
         cfg = SynthConfig(preset=preset, num_prompts=prompts_per_step * steps, samples_per_prompt=samples, epochs=1,
-                          prompts_per_step=prompts_per_step, max_response_len=cap, length_scale=scale)  # fmt: skip
+                          prompts_per_step=prompts_per_step, max_response_len=cap, length_scale=scale,
+                          clip_ratio=clip)  # fmt: skip
         return synthesize(cfg, prompts)
 
-    for _ in range(iters):
-        mid = (lo + hi) / 2
-        got = make(mid).table["num_output_tokens"].clip(upper=cap).mean()
-        lo, hi = (mid, hi) if got < mean else (lo, mid)
-    return make((lo + hi) / 2)
+    def capped(t: Trace) -> np.ndarray:
+        return t.table["num_output_tokens"].clip(upper=cap).to_numpy()
+
+    def to_mean(clip: float | None) -> tuple[Trace, float]:
+        lo, hi = 0.0, 1.0
+        while capped(make(hi, clip)).mean() < mean:  # the capped mean rises to the cap as the scale grows
+            lo, hi = hi, hi * 2
+            if hi > 2.0**60:
+                raise RlsimError(f"the {preset} preset does not reach a mean of {mean:,.0f} under a cap of {cap:,}")
+        best = make(hi, clip), hi
+        for _ in range(60):
+            got = capped(best[0]).mean()
+            if abs(got / mean - 1) < STAND_IN_TOLERANCE / 10:
+                break
+            mid = (lo + hi) / 2
+            t = make(mid, clip)
+            lo, hi = (mid, hi) if capped(t).mean() < mean else (lo, mid)
+            if abs(capped(t).mean() / mean - 1) < abs(got / mean - 1):
+                best = t, mid
+        return best
+
+    if bracket is not None:
+        lo, hi, iters = bracket
+        for _ in range(iters):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if capped(make(mid, None)).mean() < mean else (lo, mid)
+        trace, scale = make((lo + hi) / 2, None), (lo + hi) / 2
+    else:
+        trace, scale = to_mean(None)
+    clip = None
+    share = float((capped(trace) >= cap).mean())
+    if clip_share is not None and clip_share > share:  # raise the tail until the share at the cap is the log's
+        lo, hi = 1e-4, 0.499
+        for _ in range(20):
+            mid = (lo + hi) / 2
+            t, s = to_mean(mid)
+            got = float((capped(t) >= cap).mean())
+            lo, hi = (mid, hi) if got < clip_share else (lo, mid)
+            if abs(got - clip_share) < abs(share - clip_share):
+                trace, scale, clip, share = t, s, mid, got
+            if abs(got - clip_share) < 0.002:
+                break
+    reached = float(capped(trace).mean())
+    if abs(reached / mean - 1) > STAND_IN_TOLERANCE:
+        raise RlsimError(f"the {preset} preset reaches a mean of {reached:,.0f} tokens, not {mean:,.0f}, under a cap "
+                         f"of {cap:,}" + (f" with its scale inside {bracket[:2]}" if bracket else ""))  # fmt: skip
+    trace.meta.source_params["stand_in"] = {
+        "preset": preset, "target_mean": round(float(mean), 3), "mean": round(reached, 3),
+        "length_scale": round(scale, 6), "cap": int(cap), "clip_share": round(share, 5),
+        "target_clip_share": None if clip_share is None else round(float(clip_share), 5),
+        "tail_clip_ratio": None if clip is None else round(clip, 5),
+    }  # fmt: skip
+    return trace
+
+
+def describe_stand_in(trace: Trace) -> str:
+    """One line: what a stand-in made by `synthesize_to_mean` is (its target and reached mean, its
+    scale, its share of responses at the cap)."""
+    s = trace.meta.source_params["stand_in"]
+    clip = (f", {s['clip_share']:.1%} of responses at the cap {s['cap']:,}"
+            + (f" (the log's {s['target_clip_share']:.1%})" if s.get("target_clip_share") is not None else ""))
+    return (f"the {s['preset']} preset rescaled x{s['length_scale']:.3g} to a capped mean of {s['mean']:,.0f} tokens "
+            f"(target {s['target_mean']:,.0f}){clip}")  # fmt: skip
