@@ -487,3 +487,58 @@ def test_optimizer_steps_and_the_model_length_are_read_as_the_frameworks_mean_th
     s = read_nemo_rl(recipe)
     assert (s.prompts_per_step * s.samples_per_prompt, s.trainer.framework.optimizer_steps) == (2048, 4)
     assert (s.max_response_len, s.max_model_len) == (4096, 4096)
+
+
+def test_a_trace_capped_at_the_model_length_runs_under_its_nemo_rl_recipe(tmp_path: Path) -> None:
+    """NeMo RL's recipes set max_new_tokens to the model length (4,096 here) and vLLM caps prompt
+    plus response at max_model_len: a trace capped there, 4,096 less its 102-token prompts, runs
+    under the recipe (it was refused: "max_response_len=4096 exceeds the trace's cap 3994"), and
+    every response stays within the model length."""
+    import numpy as np
+    import pandas as pd
+
+    from rlsim.trace.format import save
+    from rlsim.trace.synth import SynthConfig, synthesize
+
+    prompts = pd.DataFrame({"prompt_id": np.arange(128), "num_prompt_tokens": np.full(128, 102)})
+    cfg = SynthConfig(preset="dapo-qwen2.5-32b", num_prompts=128, samples_per_prompt=32, epochs=1, prompts_per_step=64,
+                      max_response_len=4096 - 102, length_scale=3.0)  # fmt: skip
+    trace = save(synthesize(cfg, prompts), tmp_path / "t.parquet")
+    recipe = NEMO / "7ea279abf/examples/configs/recipes/llm/performance/grpo-qwen3-30ba3b-4n8g.yaml"
+    r = runner.invoke(app, ["simulate", "--from", f"nemo-rl:{recipe}", "--gpu", "h100", "--max-steps", "1",
+                            "--trace", str(trace), "--out", str(tmp_path / "a")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    req = pd.read_parquet(tmp_path / "a" / "requests.parquet")
+    assert (req.num_output_tokens + req.num_prompt_tokens <= 4096).all() and (req.num_output_tokens == 3994).any()
+
+
+@pytest.mark.parametrize("framework", ["verl", "nemo-rl"])
+def test_a_config_that_cannot_be_read_is_one_sentence(tmp_path: Path, framework: str) -> None:
+    """A directory, a file of non-UTF-8 bytes and a YAML file with a key written twice at one level
+    exit 2 in one sentence naming the file and what is wrong (the second key used to win without a
+    word, and the bytes ended in a UnicodeDecodeError traceback)."""
+    from typer.testing import CliRunner
+
+    bad_bytes = tmp_path / "latin1.yaml"
+    bad_bytes.write_bytes("policy:\n  model_name: caf\xe9\n".encode("latin-1"))
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("grpo:\n  num_prompts_per_step: 64\ngrpo:\n  num_prompts_per_step: 32\n")
+    for path, message in ((tmp_path, "is a directory"), (bad_bytes, "is not UTF-8 text"),
+                          (twice, "key 'grpo' twice")):  # fmt: skip
+        r = CliRunner().invoke(app, ["simulate", "--from", f"{framework}:{path}", "--gpu", "h100",
+                                     "--out", str(tmp_path / "o")])  # fmt: skip
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], (path.name, r.output)
+
+
+def test_nemo_rl_async_grpo_without_age_is_refused(tmp_path: Path) -> None:
+    """`async_grpo` with `max_trajectory_age_steps: 0` was read as one step off (`or 1`); a
+    trajectory no step old is no asynchrony NeMo RL runs, so it is refused in one sentence naming
+    the key."""
+    from rlsim.frameworks.nemo_rl import read_nemo_rl
+
+    parent = NEMO / "7ea279abf/examples/configs/recipes/llm/performance/grpo-qwen3-30ba3b-4n8g-async-1off.yaml"
+    recipe = tmp_path / "zero_age.yaml"  # its parent named by its absolute path, as NeMo RL's loader allows
+    recipe.write_text(f"defaults: {parent}\ngrpo:\n  async_grpo:\n    max_trajectory_age_steps: 0\n")
+    with pytest.raises(RlsimError, match="max_trajectory_age_steps 0"):
+        read_nemo_rl(recipe)
