@@ -23,12 +23,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rlsim.config import EngineConfig
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
+from rlsim.frameworks.files import load_yaml, read_text
 from rlsim.frameworks.keys import get as _get
 from rlsim.frameworks.keys import positive_int as _int
 from rlsim.frameworks.run_setup import RunSetup
@@ -74,12 +73,7 @@ def _load(path: Path, seen: tuple[Path, ...] = ()):  # noqa: ANN202 - an OmegaCo
 
     if path in seen:
         raise RlsimError(f"{path}: its defaults chain comes back to itself")
-    if not path.is_file():
-        raise RlsimError(f"--from nemo-rl:{seen[0] if seen else path}: no such file {path}")
-    try:
-        cfg = OmegaConf.create(yaml.safe_load(path.read_text()) or {})
-    except yaml.YAMLError as exc:
-        raise RlsimError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    cfg = OmegaConf.create(load_yaml(read_text(path, f"--from nemo-rl:{seen[0] if seen else path}"), str(path)) or {})
     if not isinstance(cfg, DictConfig):
         raise RlsimError(f"{path}: a NeMo RL recipe is a mapping of keys")
     if "defaults" not in cfg:
@@ -207,7 +201,12 @@ def read_nemo_rl(path: Path) -> RunSetup:
     grpo = _get(cfg, "grpo") or {}
     asy = grpo.get("async_grpo") or {}
     if asy.get("enabled"):
-        k = int(asy.get("max_trajectory_age_steps") or 1)
+        k = asy.get("max_trajectory_age_steps", 1)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise RlsimError(
+                f"{where}: grpo.async_grpo.max_trajectory_age_steps {k!r}: an asynchronous run's trajectories are at "
+                "least one step old; turn async_grpo off for on-policy GRPO"
+            )
         policy = "one_step_off" if k == 1 else f"k_step_off(k={k})"
     else:
         policy = "sync"

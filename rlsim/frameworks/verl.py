@@ -35,6 +35,7 @@ from rlsim.derive.models import shipped_models
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
+from rlsim.frameworks.files import load_yaml, read_text
 from rlsim.frameworks.keys import get as _get
 from rlsim.frameworks.keys import positive_int as _int
 from rlsim.frameworks.run_setup import RunSetup
@@ -62,10 +63,7 @@ UNMODELLED = (
 
 
 def _load_yaml(text: str, where: str) -> dict:
-    try:
-        out = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RlsimError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    out = load_yaml(text, where)
     if out is None:
         return {}
     if not isinstance(out, dict):
@@ -161,9 +159,7 @@ def read_config(path: Path) -> tuple[dict, str]:
     from omegaconf.errors import OmegaConfBaseException
 
     where = str(path)
-    if not path.is_file():
-        raise RlsimError(f"--from verl:{path}: no such file")
-    text = path.read_text()
+    text = read_text(path, f"--from verl:{path}")
     if path.suffix in (".yaml", ".yml"):
         raw = _load_yaml(text, where)
         name = next((d for d in raw.get("defaults", []) if isinstance(d, str) and d in CONFIGS), None)
