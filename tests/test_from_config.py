@@ -542,3 +542,18 @@ def test_nemo_rl_async_grpo_without_age_is_refused(tmp_path: Path) -> None:
     recipe.write_text(f"defaults: {parent}\ngrpo:\n  async_grpo:\n    max_trajectory_age_steps: 0\n")
     with pytest.raises(RlsimError, match="max_trajectory_age_steps 0"):
         read_nemo_rl(recipe)
+
+
+def test_from_or_emit_given_twice_is_refused(tmp_path: Path) -> None:
+    """`--from` (or plan's `--emit`) given twice kept the last one without a word, even across
+    frameworks; now every command that takes it refuses in one sentence naming both."""
+    from typer.testing import CliRunner
+
+    a, b = f"verl:{DENSE}", f"nemo-rl:{NEMO / '7ea279abf/examples/configs/grpo_math_1B.yaml'}"
+    for cmd in (["simulate", "--out", str(tmp_path / "o")], ["compare"], ["plan"],
+                ["validate", "--metrics", str(tmp_path / "m.jsonl")]):  # fmt: skip
+        r = CliRunner().invoke(app, [*cmd, "--from", a, "--from", b, "--gpu", "h100"])
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1 and "--from given twice" in lines[0], (cmd, r.output)
+    r = CliRunner().invoke(app, ["plan", "--emit", f"verl:{tmp_path / 'a'}", "--emit", f"verl:{tmp_path / 'b'}"])
+    assert r.exit_code == 2 and "--emit given twice" in r.stderr, r.output
