@@ -13,7 +13,7 @@ from rich.table import Table
 from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.from_config import FROM, apply_from
+from rlsim.cli.from_config import FROM, apply_from, single
 from rlsim.cli.options import (
     check_len,
     configs,
@@ -100,7 +100,7 @@ def register_compare(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
         markdown: bool = typer.Option(False, "--markdown", help="Print the table as Markdown."),
         plot: Path | None = typer.Option(None, help="Write a bar chart of epoch time per policy."),
-        from_: str | None = FROM,
+        from_: list[str] | None = FROM,  # one value (`single`)
     ) -> None:
         """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
         from policies.registry import COMPARE_DEFAULT
@@ -111,6 +111,7 @@ def register_compare(app: typer.Typer) -> None:
         from rlsim.sim.compare import compare as run_all
         from rlsim.sim.compare import compare_seeds
 
+        from_ = single(from_)
         if plot is not None:
             check_plot_file(plot)  # before minutes of simulation, not after
         names = split_policies(policies) or list(COMPARE_DEFAULT)

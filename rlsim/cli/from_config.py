@@ -20,11 +20,32 @@ from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 
+
+def once(flag: str):  # noqa: ANN201 - a click callback
+    """A callback for an option declared as a list (so that click keeps every time it is given): one
+    sentence where it was given more than once (click would keep the last without a word); the
+    command takes its one value with `single`."""
+
+    def one(value):  # noqa: ANN001, ANN202
+        if value and len(value) > 1:
+            raise RlsimError(f"{flag} given {'twice' if len(value) == 2 else f'{len(value)} times'} "
+                             f"({', '.join(value)}): give it once")  # fmt: skip
+        return value
+
+    return one
+
+
+def single(values: list[str] | None) -> str | None:
+    """The one value of an option `once` checks (None where it was not given)."""
+    return values[0] if values else None
+
+
+# declared as a list (`list[str] | None`) so that a second --from is seen; the command takes `single(from_)`
 FROM = typer.Option(
     None, "--from", help="A run's own config: verl:CONFIG (a veRL run's YAML, or a file of its Hydra overrides) or "
     "nemo-rl:RECIPE.yaml (with its defaults chain). It sets the GPUs, rollout engine and layout, trainer, batch and "
     "mode; give --gpu, and --model where the config names a local path (or your own --profile); --trace gives the "
-    "lengths.",
+    "lengths.", callback=once("--from"),
 )
 FRAMEWORKS = ("verl", "nemo-rl")
 

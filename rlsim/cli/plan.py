@@ -12,7 +12,7 @@ from rich.table import Table
 
 from rlsim.cli import derive as derive_opts
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.from_config import FROM
+from rlsim.cli.from_config import FROM, once, single
 from rlsim.cli.options import PROFILE, say_if_compiling, say_which_rules
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
@@ -214,11 +214,11 @@ def register(app: typer.Typer) -> None:
         no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
         plot: Path | None = typer.Option(None, help="Write the candidates, Pareto front and finalists (PNG)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-        emit: str | None = typer.Option(
+        emit: list[str] | None = typer.Option(  # one value (`single`)
             None, "--emit", help="Write the best configuration as a framework's config, FRAMEWORK:PATH: verl:PATH (a "
-            "launch's overrides) or nemo-rl:PATH (a recipe over NeMo RL's grpo_math_1B.yaml).",
+            "launch's overrides) or nemo-rl:PATH (a recipe over NeMo RL's grpo_math_1B.yaml).", callback=once("--emit"),
         ),
-        from_: str | None = FROM,
+        from_: list[str] | None = FROM,  # one value (`single`)
     ) -> None:
         """Search GPUs, placement, rollout TP, engine knobs and response cap per policy; the best
         configuration per policy with error bars over seeds, and the Pareto front."""
@@ -234,6 +234,7 @@ def register(app: typer.Typer) -> None:
         from rlsim.plan.sweep import make_executor
         from rlsim.trace.format import load
 
+        from_, emit = single(from_), single(emit)
         if plot is not None:
             check_plot_file(plot)  # before minutes of simulation, not after
         emit_to = _emit_target(emit)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from rlsim.cli import derive as derive_opts
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.from_config import FROM
+from rlsim.cli.from_config import FROM, single
 from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import engine_log
 from rlsim.config import EngineConfig
@@ -190,7 +190,7 @@ def register(app: typer.Typer) -> None:
         policy: str = typer.Option("sync", help="With --verl-metrics: the policy the run used."),
         log_format: str = typer.Option("auto", "--format", help="With --verl-metrics: the log's format."),
         tokenizer: Path | None = typer.Option(None, help="With --verl-metrics and a veRL dump: its tokenizer."),
-        from_: str | None = FROM,
+        from_: list[str] | None = FROM,  # one value (`single`)
         metrics: Path | None = typer.Option(
             None, help="With --from: the run's logged per-step metrics (veRL's file logger JSON Lines, or console log)."
         ),
@@ -205,6 +205,7 @@ def register(app: typer.Typer) -> None:
         and --metrics, a run of your framework's against its own config, phase by phase."""
         from rlsim.real.validate import validate as run_validate
 
+        from_ = single(from_)
         if from_ is not None:
             if metrics is None or run_dir is not None or verl_metrics is not None:
                 raise RlsimError("--from validates the run its config describes against --metrics FILE (no RUN_DIR)")

@@ -10,7 +10,7 @@ from rich.table import Table
 from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.from_config import FROM, apply_from, given_on_command_line
+from rlsim.cli.from_config import FROM, apply_from, given_on_command_line, single
 from rlsim.cli.options import (
     check_len,
     configs,
@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         exact: bool = typer.Option(False, "--exact", help="Iteration-by-iteration reference mode."),
         force: bool = typer.Option(False, "--force", help="Write into an existing run directory."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
-        from_: str | None = FROM,
+        from_: list[str] | None = FROM,  # one value (`single`)
     ) -> None:
         """Simulate one policy and write a run directory (tables, summary, timeline, trace.json); with --from,
         the run a framework's config describes, in its own mode unless --policy is given."""
@@ -94,6 +94,7 @@ def register(app: typer.Typer) -> None:
         from rlsim.report import to_json, write_run_dir
         from rlsim.sim.simulate import simulate as run
 
+        from_ = single(from_)
         check_output_dir(out, "--out")
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
