@@ -557,3 +557,20 @@ def test_from_or_emit_given_twice_is_refused(tmp_path: Path) -> None:
         assert r.exit_code == 2 and len(lines) == 1 and "--from given twice" in lines[0], (cmd, r.output)
     r = CliRunner().invoke(app, ["plan", "--emit", f"verl:{tmp_path / 'a'}", "--emit", f"verl:{tmp_path / 'b'}"])
     assert r.exit_code == 2 and "--emit given twice" in r.stderr, r.output
+
+
+def test_an_omegaconf_interpolation_in_an_override_is_read_not_called_a_shell_variable(tmp_path: Path) -> None:
+    """Hydra's overrides take OmegaConf interpolations: `${data.train_batch_size}` resolves; one
+    that names no key, or a cycle, is one sentence naming the interpolation (it used to be called a
+    shell variable); `$NAME` is still a shell variable to expand first."""
+    base = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm data.train_batch_size=64\n"
+    path = tmp_path / "run.overrides"
+    path.write_text(base + "actor_rollout_ref.actor.ppo_mini_batch_size=${data.train_batch_size}\n")
+    assert read_verl(path).trainer.framework.optimizer_steps == 1
+    for extra, message in (("actor_rollout_ref.actor.ppo_mini_batch_size=${nonesuch.key}", "does not resolve"),
+                           ("+x.a=${x.b} +x.b=${x.a}", "does not resolve"),
+                           ("actor_rollout_ref.actor.ppo_mini_batch_size=$BSZ", "shell variable")):  # fmt: skip
+        path.write_text(base + extra + "\n")
+        with pytest.raises(RlsimError, match=message) as exc:
+            read_verl(path)
+        assert "\n" not in str(exc.value) and "${" in str(exc.value) or "$BSZ" in str(exc.value)
