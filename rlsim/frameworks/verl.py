@@ -23,6 +23,7 @@ set away from the defaults, that rlsim does not model are listed in `RunSetup.un
 
 from __future__ import annotations
 
+import re
 import shlex
 from importlib import resources
 from pathlib import Path
@@ -113,7 +114,7 @@ def _overrides(text: str, where: str) -> tuple[str, list[str]]:
             elif i + 1 < len(words):
                 name, i = words[i + 1], i + 1
             name = name.removesuffix(".yaml")
-        elif "$" in w:
+        elif re.search(r"\$(?!\{)", w):  # $NAME; ${...} is an OmegaConf interpolation, as Hydra reads it
             raise RlsimError(
                 f"{where}: {w.split('=')[0]} holds a shell variable ({w}): expand the script's variables first"
             )
@@ -173,7 +174,20 @@ def read_config(path: Path) -> tuple[dict, str]:
     try:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), name
     except OmegaConfBaseException as exc:
-        raise RlsimError(f"{where}: {str(exc).splitlines()[0]}") from None
+        raise RlsimError(f"{where}: {_unresolved(exc)}") from None
+
+
+def _unresolved(exc: Exception) -> str:
+    """One sentence for an OmegaConf error while resolving: the key and the interpolation that does
+    not resolve (no key of that name, or a cycle), and what a shell variable would need."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    key = getattr(exc, "full_key", None)
+    first = str(exc).splitlines()[0]
+    if isinstance(exc, (InterpolationResolutionError, RecursionError)) or "nterpolation" in type(exc).__name__:
+        return (f"{key or 'a key'}: its interpolation does not resolve ({first}); a ${{...}} names another key of the "
+                "config (a shell variable must be expanded first)")  # fmt: skip
+    return first
 
 
 def known_model(path: str) -> str | None:
