@@ -85,6 +85,11 @@ def test_a_runs_written_yaml_reads_as_its_overrides(tmp_path: Path) -> None:
         ("data.train_batch_size=8", "rollout.name is not set"),
         ("actor_rollout_ref.rollout.name=hf", "rlsim models vllm and sglang"),
         ("--config-name=ppo_nonesuch actor_rollout_ref.rollout.name=vllm", "rlsim knows veRL's"),
+        # an override with no '=' was dropped, a +++ prefix read as +, an unknown entry point as ppo_trainer
+        ("python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm data.train_batch_size",
+         "not an override"),
+        ("actor_rollout_ref.rollout.name=vllm +++data.extra=1", "+, ++ and ~"),
+        ("python3 -m verl.trainer.main_nonesuch actor_rollout_ref.rollout.name=vllm", "entry point"),
     ],
 )
 def test_hydras_override_rules_and_bad_configs_are_one_sentence(tmp_path: Path, words: str, message: str) -> None:
