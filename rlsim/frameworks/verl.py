@@ -103,11 +103,17 @@ def _overrides(text: str, where: str) -> tuple[str, list[str]]:
     except ValueError as exc:
         raise RlsimError(f"{where}: cannot split its words ({exc})") from None
     name, out, i = "ppo_trainer", [], 0
+    launch = True  # the words before the entry point (or the first override) launch it: python3, a script
     while i < len(words):
         w = words[i]
         if w == "-m" and i + 1 < len(words):  # the entry point: its own config, unless --config-name says
             entry = words[i + 1].replace("verl.experimental.", "recipe.")
-            name, i = ENTRY_CONFIGS.get(entry, name), i + 1
+            if entry not in ENTRY_CONFIGS:
+                raise RlsimError(
+                    f"{where}: -m {words[i + 1]} is not an entry point of veRL 0.7.0 rlsim reads "
+                    f"({', '.join(ENTRY_CONFIGS)}): give --config-name, or a run's .hydra/config.yaml"
+                )
+            name, i, launch = ENTRY_CONFIGS[entry], i + 1, False
         elif w.startswith("--config-name"):
             if "=" in w:
                 name = w.split("=", 1)[1]
@@ -118,8 +124,15 @@ def _overrides(text: str, where: str) -> tuple[str, list[str]]:
             raise RlsimError(
                 f"{where}: {w.split('=')[0]} holds a shell variable ({w}): expand the script's variables first"
             )
+        elif w.startswith("+++"):
+            raise RlsimError(f"{where}: {w.split('=')[0]}: Hydra's override prefixes are +, ++ and ~")
         elif w.startswith("~") or ("=" in w and not w.startswith("-")):
             out.append(w)
+            launch = False
+        elif not launch and not w.startswith("-"):
+            raise RlsimError(
+                f"{where}: {w} is not an override: write KEY=VALUE (or +KEY=VALUE to add a key, ~KEY to delete one)"
+            )
         i += 1
     return name, out
 
