@@ -579,3 +579,21 @@ def test_an_omegaconf_interpolation_in_an_override_is_read_not_called_a_shell_va
         with pytest.raises(RlsimError, match=message) as exc:
             read_verl(path)
         assert "\n" not in str(exc.value) and "${" in str(exc.value) or "$BSZ" in str(exc.value)
+
+
+def test_emit_names_the_model_as_the_framework_would_load_it() -> None:
+    """A planned configuration is written with the model as its framework loads it: the input's
+    path (a `--from` config's), else the Hugging Face id `models.json` gives; a model with neither
+    is refused in one sentence rather than written as rlsim's short name."""
+    from rlsim.frameworks.emit import candidate_setup, nemo_rl_recipe, verl_overrides
+    from rlsim.profile import load_profile
+
+    prof = load_profile("h100-qwen2.5-7b-tp1")
+    args = ("sync", 8, "colocated", 0, prof, prof.engine, 16, 4, 2048)
+    named = candidate_setup(*args)
+    assert named.model_path == "Qwen/Qwen2.5-7B-Instruct" and "model_name: Qwen/Qwen2.5-7B-Instruct" in nemo_rl_recipe(
+        named)  # fmt: skip
+    assert candidate_setup(*args, model_path="/ckpt/my-7b").model_path == "/ckpt/my-7b"
+    unknown = dataclasses.replace(prof, model="my-own-7b")
+    with pytest.raises(RlsimError, match="no Hugging Face id"):
+        verl_overrides(candidate_setup("sync", 8, "colocated", 0, unknown, prof.engine, 16, 4, 2048))

@@ -171,6 +171,9 @@ def test_plan_command_prints_the_front_writes_the_plot_and_json(tmp_path: Path, 
         best["policy"], best["num_gpus"], best["placement"], best["tp"], best["max_response_len"]
     )
     assert (back.prompts_per_step, back.samples_per_prompt, back.model) == (16, 4, "qwen2.5-7b")
+    # the model as veRL would load it: its Hugging Face id (models.json), not rlsim's short name
+    assert back.model_path == "Qwen/Qwen2.5-7B-Instruct"
+    assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct" in emitted.read_text()
 
 
 def test_plan_command_bad_inputs(tmp_path: Path, small_trace_path: Path) -> None:
