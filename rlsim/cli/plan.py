@@ -70,6 +70,7 @@ def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
         "prompts_per_step": setup.prompts_per_step, "samples_per_prompt": setup.samples_per_prompt,
         "trainer": setup.trainer.text(), "engine": dataclasses.replace(opts["engine"], **fixed),
         "use_kl_loss": setup.use_kl_loss, "model": model, "dtype": setup.dtype or opts["dtype"],
+        "model_path": setup.model_path,
         "kv_cache_dtype": setup.kv_cache_dtype,
     }  # fmt: skip
 
@@ -88,8 +89,20 @@ def _emit_target(emit: str | None) -> tuple[str, Path] | None:
     return framework, Path(path)
 
 
-def _emit_best(res: dict, target: tuple[str, Path], rl) -> None:  # noqa: ANN001 - rlsim.config.RLConfig
-    """Write the plan's best configuration as the framework's config (`rlsim.frameworks.emit`)."""
+def _checkpoint(model: str | None) -> str | None:
+    """`--model`'s checkpoint folder where it names a config.json or its folder (else None: a name
+    rlsim knows, written as its Hugging Face id)."""
+    if model is None:
+        return None
+    path = Path(model)
+    if path.is_file():
+        return str(path.parent)
+    return str(path) if path.is_dir() else None
+
+
+def _emit_best(res: dict, target: tuple[str, Path], rl, model_path: str | None) -> None:  # noqa: ANN001 - RLConfig
+    """Write the plan's best configuration as the framework's config (`rlsim.frameworks.emit`), the
+    model as `model_path` names it (else its Hugging Face id)."""
     from rlsim.errors import RlsimError
     from rlsim.files import atomic_write_text
     from rlsim.frameworks.emit import candidate_setup
@@ -104,7 +117,7 @@ def _emit_best(res: dict, target: tuple[str, Path], rl) -> None:  # noqa: ANN001
     cand = Candidate(**{k: v for k, v in best.items() if k in fields})
     setup = candidate_setup(cand.policy, cand.num_gpus, cand.placement, cand.train_gpus, load_profile(cand.profile),
                             cand.engine_config(), rl.prompts_per_step, rl.samples_per_prompt, cand.max_response_len,
-                            rl.use_kl_loss)  # fmt: skip
+                            rl.use_kl_loss, model_path)  # fmt: skip
     framework, path = target
     atomic_write_text(path, write(framework, setup))
     import sys
@@ -256,6 +269,8 @@ def register(app: typer.Typer) -> None:
             ]
             trainer, engine, use_kl_loss, model = a["trainer"], a["engine"], a["use_kl_loss"], a["model"]
             dtype, kv_cache_dtype = a["dtype"], a["kv_cache_dtype"]
+        # the model as --emit names it: the config's path, else --model's checkpoint folder (its config.json's)
+        emit_model = a["model_path"] if from_ is not None else _checkpoint(model)
         say_if_compiling()
         tps = parse_list(tp, int, "--tp")
         if model is not None or gpu is not None:  # the family of derived profiles, one per TP
@@ -314,7 +329,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(res, indent=2, default=str))
             if emit_to is not None:
-                _emit_best(res, emit_to, rl)
+                _emit_best(res, emit_to, rl, emit_model)
             return
         con = make_console()
         table = Table(title=f"Plan: {objective_text(res)} ({profile} family)")
@@ -356,4 +371,4 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             con.print(f"plot: {plot}")
         if emit_to is not None:  # last: a configuration the framework cannot run is refused after the answer
-            _emit_best(res, emit_to, rl)
+            _emit_best(res, emit_to, rl, emit_model)

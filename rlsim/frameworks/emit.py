@@ -21,6 +21,7 @@ import yaml
 
 from policies.registry import parse_policy
 from rlsim.config import EngineConfig
+from rlsim.derive.models import shipped_models
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.frameworks.keys import has as _has
@@ -47,9 +48,12 @@ def candidate_setup(
     samples_per_prompt: int,
     max_response_len: int,
     use_kl_loss: bool = False,
+    model_path: str | None = None,
 ) -> RunSetup:
     """A planned configuration as a `RunSetup`: its engine laid over the profile's (every setting
-    concrete), the trainer the profile's train block states, the rollout's EP from its derived name."""
+    concrete), the trainer the profile's train block states, the rollout's EP from its derived name,
+    and the model as its framework would load it: `model_path` (the input's: a `--from` config's,
+    or `--model`'s folder), else its Hugging Face id in `models.json`, else none (the writers refuse)."""
     merged = with_engine(profile, engine).engine
     tc = profile.train
     trainer = Trainer(tc.backend or "fsdp2", tp=tc.tp, pp=tc.pp, ep=tc.ep, cp=tc.cp, framework=tc.framework)
@@ -61,13 +65,24 @@ def candidate_setup(
         weights = "fp8" if facts["dtype_bytes"] == 1 else "bf16"
         dtypes = {"dtype": weights, "kv_cache_dtype": "fp8" if kv == 1 else "bf16"}
     return RunSetup(
-        framework="rlsim", source=f"rlsim plan ({profile.name})", model=profile.model, model_path=profile.model,
+        framework="rlsim", source=f"rlsim plan ({profile.name})", model=profile.model,
         num_gpus=num_gpus, placement=placement, train_gpus=train_gpus, tp=profile.tensor_parallel_size,
         pp=profile.pipeline_parallel_size, ep=int(m.group(1)) if m else 1, dp=profile.data_parallel_size,
         engine=merged, trainer=trainer, policy=policy, prompts_per_step=prompts_per_step,
+        model_path=model_path or str(shipped_models().get(profile.model, {}).get("source") or ""),
         samples_per_prompt=samples_per_prompt, max_response_len=max_response_len, use_kl_loss=use_kl_loss,
         **dtypes,
     )  # fmt: skip
+
+
+def _model_path(setup: RunSetup) -> str:
+    """The model as the framework loads it, or one sentence where the setup names none."""
+    if not setup.model_path:
+        raise RlsimError(
+            f"--emit: the model {setup.model!r} has no Hugging Face id rlsim knows (models.json) and no path was "
+            "given: give --model PATH (the checkpoint's folder, with its config.json) or --from the run's config"
+        )
+    return setup.model_path
 
 
 def emit(framework: str, setup: RunSetup) -> str:
@@ -134,7 +149,7 @@ def verl_overrides(setup: RunSetup) -> str:
              f"{r}.data_parallel_size": setup.dp, f"{r}.n": setup.samples_per_prompt,
              "data.max_response_length": setup.max_response_len, "algorithm.adv_estimator": "grpo",
              f"{ARR}.actor.use_kl_loss": setup.use_kl_loss,
-             f"{ARR}.model.path": setup.model_path or setup.model}  # fmt: skip
+             f"{ARR}.model.path": _model_path(setup)}  # fmt: skip
     for k in ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
               "enable_chunked_prefill", "enable_prefix_caching"):  # fmt: skip
         v = getattr(setup.engine, k)
@@ -284,8 +299,7 @@ def nemo_rl_recipe(setup: RunSetup) -> str:
         policy |= {"megatron_cfg": {"enabled": False}, "dtensor_cfg": {
             "enabled": True, "tensor_parallel_size": 1, "context_parallel_size": t.cp,
             "activation_checkpointing": f.recompute == "full", "cpu_offload": f.param_offload}}  # fmt: skip
-    if setup.model_path or setup.model:
-        policy["model_name"] = setup.model_path or setup.model
+    policy["model_name"] = _model_path(setup)
     recipe = {
         "defaults": NEMO_RL_BASE, "grpo": grpo, "policy": policy,
         "loss_fn": {"reference_policy_kl_penalty": 0.01 if setup.use_kl_loss else 0.0},
