@@ -597,3 +597,31 @@ def test_emit_names_the_model_as_the_framework_would_load_it() -> None:
     unknown = dataclasses.replace(prof, model="my-own-7b")
     with pytest.raises(RlsimError, match="no Hugging Face id"):
         verl_overrides(candidate_setup("sync", 8, "colocated", 0, unknown, prof.engine, 16, 4, 2048))
+
+
+def test_plan_from_a_nemo_rl_recipe_plans_vllms_own_limits(tmp_path: Path) -> None:
+    """NeMo RL leaves max_num_seqs and max_num_batched_tokens to vLLM: `plan --from` searches and
+    writes vLLM's LLM-class limits on the GPU (1,024 and 16,384 on an H100), as `simulate --from`
+    runs them; it planned the profile's 1,024 and 8,192 before."""
+    from rlsim.frameworks.nemo_rl import read_nemo_rl
+    from rlsim.trace.format import save
+    from rlsim.trace.synth import SynthConfig, synthesize
+
+    small_trace_path = save(synthesize(SynthConfig(num_prompts=64, samples_per_prompt=32, epochs=1, prompts_per_step=64,
+                                                   max_response_len=512, length_scale=0.2)), tmp_path / "t.parquet")
+    recipe = NEMO / "9dbd9adc9/examples/configs/recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g.yaml"
+    emitted = tmp_path / "best.yaml"
+    args = ["plan", "--from", f"nemo-rl:{recipe}", "--gpu", "h100", "--gpu-budget", "16", "--trace",
+            str(small_trace_path), "--max-response-len", "512", "--steps", "1", "--min-steps", "1", "--seeds", "1",
+            "--workers", "1", "--no-cache", "--json"]  # fmt: skip
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    best = json.loads(r.stdout)["best"]
+    assert best["max_num_seqs"] == 1024 and best["engine"]["max_num_batched_tokens"] == 16384
+    configs = tmp_path / "examples" / "configs"
+    configs.mkdir(parents=True)
+    (configs / "grpo_math_1B.yaml").write_text((NEMO / "9dbd9adc9/examples/configs/grpo_math_1B.yaml").read_text())
+    r = runner.invoke(app, [*args[:-1], "--emit", f"nemo-rl:{configs / 'best.yaml'}"])
+    assert r.exit_code == 0, r.output
+    back = read_nemo_rl(configs / "best.yaml")
+    assert (back.engine.max_num_seqs, back.engine.max_num_batched_tokens) == (1024, 16384)
