@@ -610,7 +610,6 @@ def test_plan_from_a_nemo_rl_recipe_plans_vllms_own_limits(tmp_path: Path) -> No
     small_trace_path = save(synthesize(SynthConfig(num_prompts=64, samples_per_prompt=32, epochs=1, prompts_per_step=64,
                                                    max_response_len=512, length_scale=0.2)), tmp_path / "t.parquet")
     recipe = NEMO / "9dbd9adc9/examples/configs/recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g.yaml"
-    emitted = tmp_path / "best.yaml"
     args = ["plan", "--from", f"nemo-rl:{recipe}", "--gpu", "h100", "--gpu-budget", "16", "--trace",
             str(small_trace_path), "--max-response-len", "512", "--steps", "1", "--min-steps", "1", "--seeds", "1",
             "--workers", "1", "--no-cache", "--json"]  # fmt: skip

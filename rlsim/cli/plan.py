@@ -34,6 +34,19 @@ FROM_AXES = ("gpus", "placement", "train_share", "tp", "max_num_seqs", "gpu_memo
 FROM_FIXED = ("prompts_per_step", "samples_per_prompt", "trainer")
 
 
+def _gpu_of(opts: dict, given: set[str]) -> tuple[float, str]:
+    """(memory in bytes, name) of the GPU a plan runs on: the user's --profile's, else --gpu's."""
+    if "profile" in given:
+        from rlsim.profile import load_profile
+
+        prof = load_profile(opts["profile"])
+        return float(prof.gpu_facts.get("memory_bytes", 0.0)), prof.hardware
+    from rlsim.derive.gpus import load_gpu
+
+    gpu = load_gpu(opts["gpu"])
+    return gpu.memory_bytes, gpu.name
+
+
 def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
     """`plan --from FRAMEWORK:CONFIG`: each search axis the command line does not name is the
     config's one value, and the settings the config states are held fixed (one sentence where the
@@ -55,17 +68,19 @@ def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
         )
     # a profile of the user's own: its family is searched and nothing is derived
     model = opts.get("model") if "profile" in given else model_of(spec, setup, opts)
+    engine = setup.engine_for(*_gpu_of(opts, given))  # vLLM's own limits where the framework leaves them to it
     axes = {
         "gpus": str(setup.num_gpus), "placement": setup.placement, "tp": str(setup.tp),
         "train_share": f"{setup.train_gpus / setup.num_gpus:g}" if setup.placement == "disaggregated" else "0.25,0.5",
-        "max_num_seqs": str(setup.engine.max_num_seqs or ""),
+        "max_num_seqs": str(engine.max_num_seqs or ""),
         "gpu_memory_utilization": f"{setup.engine.gpu_memory_utilization or ''}",
         "max_response_len": str(setup.max_response_len), "policies": setup.policy,
         "rollout_engine": setup.engine.rollout_engine,
     }  # fmt: skip
     out = {k: (opts[k] if k in given else v) for k, v in axes.items()}
     fields = opts["engine"].__dataclass_fields__
-    fixed = {k: getattr(setup.engine, k) for k in setup.engine_keys if k not in FROM_AXES and k in fields}
+    keys = (*setup.engine_keys, *(("max_num_batched_tokens",) if setup.vllm_defaults else ()))
+    fixed = {k: getattr(engine, k) for k in keys if k not in FROM_AXES and k in fields}
     return out | {
         "prompts_per_step": setup.prompts_per_step, "samples_per_prompt": setup.samples_per_prompt,
         "trainer": setup.trainer.text(), "engine": dataclasses.replace(opts["engine"], **fixed),
