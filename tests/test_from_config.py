@@ -624,3 +624,19 @@ def test_plan_from_a_nemo_rl_recipe_plans_vllms_own_limits(tmp_path: Path) -> No
     assert r.exit_code == 0, r.output
     back = read_nemo_rl(configs / "best.yaml")
     assert (back.engine.max_num_seqs, back.engine.max_num_batched_tokens) == (1024, 16384)
+
+
+def test_vllms_limits_are_not_laid_over_an_sglang_recipe(tmp_path: Path) -> None:
+    """A NeMo RL recipe generating with SGLang leaves its limits to SGLang's own rules: vLLM's
+    LLM-class defaults (1,024 sequences, 16,384 batched tokens on an H100) are vLLM's, and were
+    laid over SGLang runs too."""
+    from rlsim.frameworks.nemo_rl import read_nemo_rl
+
+    parent = NEMO / "9dbd9adc9/examples/configs/recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g.yaml"
+    recipe = tmp_path / "sglang.yaml"
+    recipe.write_text(f"defaults: {parent}\npolicy:\n  generation:\n    backend: sglang\n")
+    s = read_nemo_rl(recipe)
+    engine = s.engine_for(80 * 2**30, "NVIDIA H100 SXM")
+    assert engine.rollout_engine == "sglang" and (engine.max_num_seqs, engine.max_num_batched_tokens) == (None, None)
+    vllm = read_nemo_rl(parent).engine_for(80 * 2**30, "NVIDIA H100 SXM")
+    assert (vllm.max_num_seqs, vllm.max_num_batched_tokens) == (1024, 16384)
