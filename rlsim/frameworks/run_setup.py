@@ -71,8 +71,9 @@ class RunSetup:
 
     def engine_for(self, gpu_memory_bytes: float, gpu_name: str) -> EngineConfig:
         """The engine settings the config states, with vLLM's `LLM`-class limits on this GPU
-        where the framework leaves them to vLLM (vllm/engine/arg_utils.py, `_set_default_args`)."""
-        if not self.vllm_defaults:
+        where the framework leaves them to vLLM (vllm/engine/arg_utils.py, `_set_default_args`); an
+        SGLang rollout keeps SGLang's own rules' defaults (its limits are not vLLM's)."""
+        if not self.vllm_defaults or self.engine.rollout_engine != "vllm":
             return self.engine
         big = gpu_memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower()
         return dataclasses.replace(  # what the config passes vLLM itself (NeMo RL's vllm_kwargs) stands
