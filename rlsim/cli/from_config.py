@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 import typer
 
@@ -47,21 +46,13 @@ FROM = typer.Option(
     "mode; give --gpu, and --model where the config names a local path (or your own --profile); --trace gives the "
     "lengths.", callback=once("--from"),
 )
-FRAMEWORKS = ("verl", "nemo-rl")
 
 
 def read_from(spec: str):  # noqa: ANN201 - rlsim.frameworks.run_setup.RunSetup
-    """The setup of `--from FRAMEWORK:CONFIG`."""
-    framework, sep, path = spec.partition(":")
-    if not sep or framework not in FRAMEWORKS or not path:
-        raise RlsimError(f"--from {spec}: write FRAMEWORK:CONFIG, with FRAMEWORK one of {', '.join(FRAMEWORKS)}")
-    if framework == "nemo-rl":
-        from rlsim.frameworks.nemo_rl import read_nemo_rl
+    """The setup of `--from FRAMEWORK:CONFIG` (`rlsim.frameworks.registry`, one for every command)."""
+    from rlsim.frameworks.registry import read
 
-        return read_nemo_rl(Path(path))
-    from rlsim.frameworks.verl import read_verl
-
-    return read_verl(Path(path))
+    return read(spec)
 
 
 def given_on_command_line(ctx: typer.Context) -> set[str]:

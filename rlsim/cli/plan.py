@@ -92,16 +92,14 @@ def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
 
 def _emit_target(emit: str | None) -> tuple[str, Path] | None:
     """`--emit FRAMEWORK:PATH`, checked before the search."""
-    from rlsim.errors import RlsimError
+    from rlsim.frameworks.registry import split
     from rlsim.paths import check_output_file
 
     if emit is None:
         return None
-    framework, sep, path = emit.partition(":")
-    if not sep or framework not in ("verl", "nemo-rl") or not path:
-        raise RlsimError(f"--emit {emit}: write verl:PATH or nemo-rl:PATH")
-    check_output_file(Path(path), "--emit")
-    return framework, Path(path)
+    framework, path = split(emit, "--emit", "PATH")
+    check_output_file(path, "--emit")
+    return framework, path
 
 
 def _checkpoint(model: str | None) -> str | None:
