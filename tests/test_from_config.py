@@ -640,3 +640,15 @@ def test_vllms_limits_are_not_laid_over_an_sglang_recipe(tmp_path: Path) -> None
     assert engine.rollout_engine == "sglang" and (engine.max_num_seqs, engine.max_num_batched_tokens) == (None, None)
     vllm = read_nemo_rl(parent).engine_for(80 * 2**30, "NVIDIA H100 SXM")
     assert (vllm.max_num_seqs, vllm.max_num_batched_tokens) == (1024, 16384)
+
+
+def test_a_metrics_file_that_is_not_there_is_named_by_the_option_typed(tmp_path: Path) -> None:
+    """`validate --from ... --metrics FILE` names `--metrics` when FILE is missing (it said
+    `--verl-metrics`, the other command form's option)."""
+    from typer.testing import CliRunner
+
+    config = tmp_path / "run.overrides"
+    config.write_text(RUN_CONFIG)
+    r = CliRunner().invoke(app, ["validate", "--from", f"verl:{config}", "--metrics", str(tmp_path / "none.jsonl"),
+                                 "--profile", str(RUN / "profile.json")])  # fmt: skip
+    assert r.exit_code == 2 and "--metrics" in r.stderr and "--verl-metrics" not in r.stderr, r.output
