@@ -51,11 +51,12 @@ PHASES = (
 STAND_IN = "dapo-qwen2.5-32b"
 
 
-def read_verl_metrics(path: Path) -> pd.DataFrame:
-    """One row per step (column `step`), numeric metrics as columns; one sentence if unreadable."""
+def read_verl_metrics(path: Path, flag: str = "--verl-metrics") -> pd.DataFrame:
+    """One row per step (column `step`), numeric metrics as columns; one sentence if unreadable,
+    naming the option (`flag`) the user gave the file with."""
     path = Path(path)
     if not path.is_file():
-        raise RlsimError(f"--verl-metrics {path} is not a file")
+        raise RlsimError(f"{flag} {path} is not a file")
     rows: dict[int, dict[str, float]] = {}
     for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         line = line.strip()
@@ -178,7 +179,7 @@ def validate_config(
     """The run `setup` describes, simulated for as many steps as `metrics` logs, against them phase by phase."""
     from rlsim.trace.synth import describe_stand_in, synthesize_to_mean
 
-    real = read_verl_metrics(metrics)
+    real = read_verl_metrics(metrics, "--metrics")
     steps = [int(s) for s in real["step"]]
     stand_in = None
     if trace is None:
