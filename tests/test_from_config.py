@@ -652,3 +652,17 @@ def test_a_metrics_file_that_is_not_there_is_named_by_the_option_typed(tmp_path:
     r = CliRunner().invoke(app, ["validate", "--from", f"verl:{config}", "--metrics", str(tmp_path / "none.jsonl"),
                                  "--profile", str(RUN / "profile.json")])  # fmt: skip
     assert r.exit_code == 2 and "--metrics" in r.stderr and "--verl-metrics" not in r.stderr, r.output
+
+
+def test_a_partial_yaml_with_a_key_veRL_lacks_is_refused(tmp_path: Path) -> None:
+    """A partial veRL YAML is merged over the defaults in struct mode, as Hydra merges a config: a
+    typo'd key (`tensor_model_paralel_size`) or an unknown top-level section is one sentence naming
+    it, where it was ignored (while the same typo as an override was refused)."""
+    for raw, key in (({"actor_rollout_ref": {"rollout": {"name": "vllm", "tensor_model_paralel_size": 4}}},
+                      "actor_rollout_ref.rollout.tensor_model_paralel_size"),
+                     ({"actor_rollout_ref": {"rollout": {"name": "vllm"}}, "my_section": {"a": 1}}, "my_section")):  # fmt: skip
+        path = tmp_path / "partial.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        with pytest.raises(RlsimError, match=f"{key} is not a key of veRL 0.7.0's config") as exc:
+            read_verl(path)
+        assert "\n" not in str(exc.value)
