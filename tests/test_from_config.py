@@ -660,7 +660,8 @@ def test_a_partial_yaml_with_a_key_veRL_lacks_is_refused(tmp_path: Path) -> None
     it, where it was ignored (while the same typo as an override was refused)."""
     for raw, key in (({"actor_rollout_ref": {"rollout": {"name": "vllm", "tensor_model_paralel_size": 4}}},
                       "actor_rollout_ref.rollout.tensor_model_paralel_size"),
-                     ({"actor_rollout_ref": {"rollout": {"name": "vllm"}}, "my_section": {"a": 1}}, "my_section")):  # fmt: skip
+                     ({"actor_rollout_ref": {"rollout": {"name": "vllm"}}, "my_section": {"a": 1}},
+                      "my_section")):  # fmt: skip
         path = tmp_path / "partial.yaml"
         path.write_text(yaml.safe_dump(raw))
         with pytest.raises(RlsimError, match=f"{key} is not a key of veRL 0.7.0's config") as exc:

@@ -179,7 +179,11 @@ def read_config(path: Path) -> tuple[dict, str]:
         name = next((d for d in raw.get("defaults", []) if isinstance(d, str) and d in CONFIGS), None)
         strategy = (raw.get(ARR) or {}).get("actor", {}).get("strategy") if isinstance(raw.get(ARR), dict) else None
         name = name or ("ppo_megatron_trainer" if strategy == "megatron" else "ppo_trainer")
-        cfg = OmegaConf.merge(OmegaConf.create(default_config(name)), OmegaConf.create(_compose(raw, where)))
+        base, own = default_config(name), _compose(raw, where)
+        if set(base) <= set(own):  # a run's written config: every section, keys its run added with + among them
+            cfg = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(own))
+        else:  # a partial YAML: merged as Hydra merges one, in struct mode
+            cfg = _merge_struct(OmegaConf.create(base), own, where)
     else:
         name, words = _overrides(text, where)
         cfg = OmegaConf.create(default_config(name))
@@ -201,6 +205,27 @@ def _unresolved(exc: Exception) -> str:
         return (f"{key or 'a key'}: its interpolation does not resolve ({first}); a ${{...}} names another key of the "
                 "config (a shell variable must be expanded first)")  # fmt: skip
     return first
+
+
+def _merge_struct(base, raw: dict, where: str):  # noqa: ANN001, ANN202 - OmegaConf DictConfigs
+    """A partial YAML `raw` merged over veRL's defaults in struct mode, as Hydra merges a config: a
+    key the defaults lack (a typo, a section of another release) is one sentence naming it. (A
+    run's written config, which holds every section, is merged as it is: the keys its run added
+    with + are in it.)"""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError
+
+    OmegaConf.set_struct(base, True)
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.create(raw))
+    except ConfigKeyError as exc:
+        key = getattr(exc, "full_key", None) or str(exc).splitlines()[0]
+        raise RlsimError(
+            f"{where}: {key} is not a key of veRL 0.7.0's config: correct it, or drop it (a partial YAML is merged "
+            "as Hydra merges one; a run's own .hydra/config.yaml holds every section and is read whole)"
+        ) from None
+    OmegaConf.set_struct(merged, False)
+    return merged
 
 
 def known_model(path: str) -> str | None:
