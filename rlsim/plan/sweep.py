@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -98,9 +99,16 @@ class RayExecutor(Executor):
             self.ray.shutdown()
 
 
+def _ignore_sigint() -> None:
+    """A pool worker leaves Ctrl-C to the command: the command cancels what is pending and the
+    workers end their point. A worker that took the SIGINT the terminal sends the whole group could
+    be inside numba's compile, whose ctypes callback prints the KeyboardInterrupt as a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def make_executor(kind: str, workers: int | None, address: str | None = None) -> Executor:
     if kind == "process":
-        return ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1)
+        return ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1, initializer=_ignore_sigint)
     if kind == "ray":
         return RayExecutor(address, workers)
     raise RlsimError(f"--executor must be process or ray, got {kind!r}")
