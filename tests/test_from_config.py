@@ -219,6 +219,22 @@ def test_nemo_rls_defaults_chain_and_override_marker(tmp_path: Path) -> None:
         read_config(tmp_path / "loop.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [("a: 0\nb: ${div:1,${a}}\n", "b: ${div:1,${a}} does not resolve"),
+     ("b: ${policy.nonesuch}\n", "b: ${policy.nonesuch} does not resolve")],
+)
+def test_a_nemo_rl_resolvers_error_shows_what_the_recipe_wrote(tmp_path: Path, text: str, shown: str) -> None:
+    """A resolver that fails, or an interpolation that names no key, is one sentence showing the key
+    and its value as the recipe wrote it (the input), not what it resolved to."""
+    from rlsim.frameworks.nemo_rl import read_config
+
+    (tmp_path / "r.yaml").write_text(text)
+    with pytest.raises(RlsimError) as err:
+        read_config(tmp_path / "r.yaml")
+    assert shown in str(err.value) and "\n" not in str(err.value)
+
+
 def test_simulate_from_a_nemo_rl_recipe(tmp_path: Path) -> None:
     """NeMo RL leaves max_num_seqs and max_num_batched_tokens to vLLM: the run takes vLLM's
     LLM-class defaults on its GPU (1,024 and 16,384 on an H100)."""
