@@ -106,7 +106,8 @@ def read_config(path: Path) -> dict:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver  # (2.4 renamed it)
+    # NeMo RL's own call (OmegaConf 2.3, as Hydra pins it; 2.4 renamed it register_resolver)
+    register = getattr(OmegaConf, "register_new_resolver", None) or OmegaConf.register_resolver
     for name, fn in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             register(name, fn)
@@ -114,7 +115,25 @@ def read_config(path: Path) -> dict:
     try:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except OmegaConfBaseException as exc:
-        raise RlsimError(f"{path}: {str(exc).splitlines()[0]}") from None
+        key = getattr(exc, "full_key", None)
+        raw = _raw(OmegaConf.to_container(cfg, resolve=False), key) if key else None
+        what = f"{key}: {raw} does not resolve" if raw is not None else "a value does not resolve"
+        cause = str(exc).splitlines()[0]
+        fix = f"a ${{...}} names another key, or a resolver ({', '.join(RESOLVERS)}) and its arguments"
+        raise RlsimError(f"{path}: {what} ({cause}); {fix}") from None
+
+
+def _raw(cfg: dict, key: str) -> object:
+    """The value at `key` (dotted, as OmegaConf names it) as the recipe wrote it, before resolving."""
+    node: object = cfg
+    for part in key.replace("[", ".").replace("]", "").split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
 def _optimizer_steps(cfg: dict, where: str) -> int:

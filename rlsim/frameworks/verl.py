@@ -4,18 +4,18 @@ CONFIG is either
 - a YAML config: the one a run writes (`.hydra/config.yaml`, every key), or a partial one laid
   over the defaults (a `defaults:` list naming one of the configs below picks them), or
 - a file of Hydra overrides, as a launch script passes them (`key=value`, `+key=value` to add a
-  key, `++key=value` to add or set, `~key` to delete; `--config-name=NAME` picks the defaults,
-  else the entry point after `-m` does, as its `@hydra.main` names them: `main_ppo`'s
-  `ppo_trainer`, the recipes' own; other words, such as `python3`, are skipped). Shell variables must be
-  expanded first: a `$` is refused in one sentence.
+  key, `++key=value` to add or set, `~key` to delete, `group@package=choice` to pick a config
+  group's choice; `--config-name=NAME` picks the config, else the entry point after `-m` does, as
+  its `@hydra.main` names it: `main_ppo`'s `ppo_trainer`, the recipes' own; the words before it,
+  such as `python3`, are skipped). Shell variables must be expanded first: a `$` is refused.
 
-The defaults are veRL 0.7.0's (github.com/volcengine/verl, tag v0.7.0, commit
-f9c855f7cf04d603c9546bc01776c74806a879c1), vendored in `verl_v0.7.0/` with their licence
-(Apache-2.0): the trainer configs Hydra composes for `main_ppo` (`ppo_trainer`,
-`ppo_megatron_trainer`: veRL's `_generated_*.yaml`, every key flattened) and the two async
-recipes (`recipe/one_step_off_policy`, `recipe/fully_async_policy`), each composed over its base as
-its `defaults:` list says. Merging and interpolation are OmegaConf's (`${oc.select:...}` as veRL
-writes it), as Hydra's are.
+The configs are veRL 0.7.0's (github.com/volcengine/verl, tag v0.7.0, commit
+f9c855f7cf04d603c9546bc01776c74806a879c1): its config tree `verl/trainer/config/` and the two async
+recipes' `config/` folders (`recipe/one_step_off_policy`, `recipe/fully_async_policy`), vendored in
+`verl_v0.7.0/` with their licence (Apache-2.0). Hydra composes them, as veRL's entry points do
+(`initialize_config_dir` + `compose(name, overrides)`, each override read by Hydra's grammar), and
+OmegaConf resolves the result (`${oc.select:...}` as veRL writes it). A partial YAML is merged over
+its composed config in struct mode, as Hydra merges one.
 
 What is mapped, key by key, is `KEYS` below and docs/simulate.md's table; keys that change cost,
 set away from the defaults, that rlsim does not model are listed in `RunSetup.unmodelled`.
@@ -29,8 +29,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rlsim.config import EngineConfig
 from rlsim.derive.models import shipped_models
 from rlsim.derive.train import Trainer
@@ -42,8 +40,15 @@ from rlsim.frameworks.keys import positive_int as _int
 from rlsim.frameworks.run_setup import RunSetup
 
 RELEASE = "verl_v0.7.0"
-CONFIGS = ("ppo_trainer", "ppo_megatron_trainer", "one_step_off_ppo_trainer", "one_step_off_ppo_megatron_trainer",
-           "fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer")  # fmt: skip
+# each config veRL's entry points compose, and its folder in veRL's tree (vendored in RELEASE)
+CONFIG_DIRS = {
+    "ppo_trainer": "verl/trainer/config", "ppo_megatron_trainer": "verl/trainer/config",
+    "one_step_off_ppo_trainer": "recipe/one_step_off_policy/config",
+    "one_step_off_ppo_megatron_trainer": "recipe/one_step_off_policy/config",
+    "fully_async_ppo_trainer": "recipe/fully_async_policy/config",
+    "fully_async_ppo_megatron_trainer": "recipe/fully_async_policy/config",
+}  # fmt: skip
+CONFIGS = tuple(CONFIG_DIRS)
 ARR = "actor_rollout_ref"
 # the entry points' own config (`@hydra.main(config_name=...)`), for overrides without --config-name
 ENTRY_CONFIGS = {
@@ -72,27 +77,103 @@ def _load_yaml(text: str, where: str) -> dict:
     return out
 
 
-def default_config(name: str) -> dict:
-    """veRL 0.7.0's composed config `name` (one of `CONFIGS`), before overrides."""
-    if name not in CONFIGS:
-        raise RlsimError(f"--config-name {name}: rlsim knows veRL's {', '.join(CONFIGS)}")
-    raw = _load_yaml((resources.files("rlsim.frameworks") / RELEASE / f"{name}.yaml").read_text(), name)
-    return _compose(raw, name)
+def _tree() -> Path:
+    """The vendored veRL 0.7.0 config tree (a folder in both an editable and a wheel install)."""
+    return Path(str(resources.files("rlsim.frameworks") / RELEASE))
 
 
-def _compose(raw: dict, where: str) -> dict:
-    """A config with a `defaults:` list: its base (the list's first config name), then its own keys."""
+def _search_path() -> str:
+    """Hydra's search path as an override: veRL's trainer configs, then the two recipes' folders
+    (a recipe's own `hydra.searchpath` names `verl/trainer/config` relative to a veRL checkout)."""
+    dirs = [_tree() / d for d in dict.fromkeys(CONFIG_DIRS.values())]
+    return "hydra.searchpath=[" + ",".join(f"'file://{d}'" for d in dirs) + "]"
+
+
+def compose(name: str, overrides: list[str] | tuple[str, ...] = (), where: str | None = None) -> Any:  # noqa: ANN401
+    """veRL's config `name` (one of `CONFIGS`) composed by Hydra from the vendored tree, as veRL's
+    entry points compose it: `initialize_config_dir` + `compose(name, overrides)`, each override
+    read by Hydra's own grammar. (An OmegaConf DictConfig, out of struct mode.)"""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    where = where or name
+    if name not in CONFIG_DIRS:
+        raise RlsimError(f"{where}: --config-name {name}: rlsim knows veRL's {', '.join(CONFIG_DIRS)}")
+    config_dir = _tree() / CONFIG_DIRS[name]
+    _parse(overrides, where)
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+            cfg = hydra_compose(config_name=name, overrides=[*overrides, _search_path()])
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise RlsimError(f"{where}: {_composition_sentence(exc)}") from None
     from omegaconf import OmegaConf
 
-    defaults = raw.pop("defaults", None)
-    raw.pop("hydra", None)
-    if not defaults:
-        return raw
-    base = next((d for d in defaults if isinstance(d, str) and d != "_self_"), None)
-    if base is None:
-        raise RlsimError(f"{where}: its defaults list names no config rlsim knows ({', '.join(CONFIGS)})")
-    merged = OmegaConf.merge(OmegaConf.create(default_config(base)), OmegaConf.create(raw))
-    return OmegaConf.to_container(merged, resolve=False)
+    OmegaConf.set_struct(cfg, False)
+    cfg.pop("hydra", None)
+    return cfg
+
+
+def _parse(overrides: list[str] | tuple[str, ...], where: str) -> None:
+    """Each override through Hydra's own parser, so a refusal names the override it refuses."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for w in overrides:
+        try:
+            parser.parse_override(w)
+        except HydraException as exc:
+            first = str(exc).splitlines()[0]
+            raise RlsimError(
+                f"{where}: {w} is not an override Hydra parses ({first}): Hydra's override prefixes are +, ++ and ~ "
+                "(KEY=VALUE sets a key, +KEY=VALUE adds one, ++KEY=VALUE adds or sets, ~KEY deletes)"
+            ) from None
+
+
+# Hydra's composition errors, as one sentence each: (its words, rlsim's sentence over the key)
+_COMPOSITION = (
+    (r"Could not override '([^']+)'", "{0} is not a key of veRL 0.7.0's config: write +{0}=... to add it"),
+    (r"Could not append to config\. An item is already at '([^']+)'",
+     "+{0} adds a key the config already has: write {0}=... (or ++{0}=...)"),
+    (r"Could not delete from config\. '([^']+)' does not exist", "~{0} deletes a key the config does not have"),
+    (r"Ambiguous value for argument '([^']+)'",
+     "{0}: a comma makes a Hydra sweep, which one run does not take: write [a,b] for a list, or quote the value"),
+)
+
+
+def _composition_sentence(exc: Exception) -> str:
+    """A Hydra composition error in one sentence: rlsim's for the override rules, else Hydra's own
+    lines joined, without the search path and the docs' address."""
+    text = str(exc)
+    group = r"Could not find '([^']+)'\s*Available options in '([^']+)':\s*(.*?)\n\s*Config search"
+    missing = re.search(group, text, re.S)
+    if missing:
+        options = ", ".join(missing.group(3).split())
+        return f"veRL 0.7.0 has no config {missing.group(1)} (its {missing.group(2)} configs: {options})"
+    for pattern, sentence in _COMPOSITION:
+        m = re.search(pattern, text)
+        if m:
+            return sentence.format(m.group(1))
+    return _hydra_sentence(exc)
+
+
+def _hydra_sentence(exc: Exception) -> str:
+    """A Hydra error in one line: its lines joined, without the search path and the docs' address."""
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    if any(ln.startswith("Config search path") for ln in lines):
+        lines = lines[: next(i for i, ln in enumerate(lines) if ln.startswith("Config search path"))]
+    lines = [ln for ln in lines if ln and not ln.startswith(("See https://hydra.cc", "provider="))]
+    text = "; ".join(ln.rstrip(".:") for ln in lines)
+    return text.replace("Available options in", "options in").replace(":;", ":")
+
+
+def default_config(name: str) -> dict:
+    """veRL 0.7.0's config `name` (one of `CONFIGS`) as Hydra composes it, before overrides."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose(name), resolve=False)
 
 
 def _overrides(text: str, where: str) -> tuple[str, list[str]]:
@@ -120,14 +201,14 @@ def _overrides(text: str, where: str) -> tuple[str, list[str]]:
             elif i + 1 < len(words):
                 name, i = words[i + 1], i + 1
             name = name.removesuffix(".yaml")
+        elif w.startswith("--config-path") and "=" not in w:
+            i += 1  # its folder: the config is found by name in the vendored tree
         elif re.search(r"\$(?!\{)", w):  # $NAME; ${...} is an OmegaConf interpolation, as Hydra reads it
             raise RlsimError(
                 f"{where}: {w.split('=')[0]} holds a shell variable ({w}): expand the script's variables first"
             )
-        elif w.startswith("+++"):
-            raise RlsimError(f"{where}: {w.split('=')[0]}: Hydra's override prefixes are +, ++ and ~")
-        elif w.startswith("~") or ("=" in w and not w.startswith("-")):
-            out.append(w)
+        elif w.startswith("~") or w.startswith("+") or ("=" in w and not w.startswith("-")):
+            out.append(w)  # Hydra's grammar reads it (and refuses what it does not parse)
             launch = False
         elif not launch and not w.startswith("-"):
             raise RlsimError(
@@ -135,36 +216,6 @@ def _overrides(text: str, where: str) -> tuple[str, list[str]]:
             )
         i += 1
     return name, out
-
-
-def _apply(cfg: Any, words: list[str], where: str) -> None:  # noqa: ANN401 - an OmegaConf DictConfig
-    """Hydra's override rules: `key=v` sets an existing key, `+key=v` adds one, `++key=v` either, `~key` deletes."""
-    from omegaconf import OmegaConf
-
-    for w in words:
-        if w.startswith("~"):
-            key = w[1:].split("=", 1)[0]
-            parent, _, leaf = key.rpartition(".")
-            node = OmegaConf.select(cfg, parent) if parent else cfg
-            if node is None or leaf not in node.keys():
-                raise RlsimError(f"{where}: ~{key} deletes a key the config does not have")
-            node.pop(leaf)
-            continue
-        force = w.startswith("++")
-        add = not force and w.startswith("+")
-        key, _, value = w.lstrip("+").partition("=")
-        parent, _, leaf = key.rpartition(".")
-        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-        exists = OmegaConf.is_dict(node) and leaf in node.keys()  # (a "???" value is not `in` it)
-        if add and exists:
-            raise RlsimError(f"{where}: +{key} adds a key the config already has: write {key}=...")
-        if not (add or force) and not exists:
-            raise RlsimError(f"{where}: {key} is not a key of veRL 0.7.0's config: write +{key}=... to add it")
-        try:
-            parsed = yaml.safe_load(value) if value != "" else ""
-        except yaml.YAMLError:
-            parsed = value
-        OmegaConf.update(cfg, key, parsed, merge=True, force_add=True)
 
 
 def read_config(path: Path) -> tuple[dict, str]:
@@ -176,18 +227,27 @@ def read_config(path: Path) -> tuple[dict, str]:
     text = read_text(path, f"--from verl:{path}")
     if path.suffix in (".yaml", ".yml"):
         raw = _load_yaml(text, where)
-        name = next((d for d in raw.get("defaults", []) if isinstance(d, str) and d in CONFIGS), None)
+        defaults = raw.get("defaults")
+        if defaults is not None and not isinstance(defaults, list):
+            raise RlsimError(f"{where}: its defaults: is a list (of config names), not a {type(defaults).__name__}")
+        names = [d for d in defaults or [] if d != "_self_"]
+        if defaults and (len(names) != 1 or names[0] not in CONFIGS):
+            raise RlsimError(
+                f"{where}: its defaults list is one of veRL 0.7.0's configs ({', '.join(CONFIGS)}) and _self_, "
+                f"not {names}: give a config group's choice as an override (actor@actor_rollout_ref.actor=...)"
+            )
+        name = names[0] if defaults else None
         strategy = (raw.get(ARR) or {}).get("actor", {}).get("strategy") if isinstance(raw.get(ARR), dict) else None
         name = name or ("ppo_megatron_trainer" if strategy == "megatron" else "ppo_trainer")
-        base, own = default_config(name), _compose(raw, where)
+        base = compose(name, where=where)
+        own = {k: v for k, v in raw.items() if k not in ("defaults", "hydra")}
         if set(base) <= set(own):  # a run's written config: every section, keys its run added with + among them
-            cfg = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(own))
+            cfg = OmegaConf.merge(base, OmegaConf.create(own))
         else:  # a partial YAML: merged as Hydra merges one, in struct mode
-            cfg = _merge_struct(OmegaConf.create(base), own, where)
+            cfg = _merge_struct(base, own, where)
     else:
         name, words = _overrides(text, where)
-        cfg = OmegaConf.create(default_config(name))
-        _apply(cfg, words, where)
+        cfg = compose(name, words, where=where)
     try:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), name
     except OmegaConfBaseException as exc:
