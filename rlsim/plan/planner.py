@@ -121,6 +121,16 @@ def score(row: dict[str, Any], cfg: PlanConfig) -> tuple[int, float]:
     return (1, row["epoch_hours"])
 
 
+def run_configs(
+    c: Candidate, rl: dict[str, Any], steps: int, seed: int
+) -> tuple[ClusterConfig, RLConfig, EngineConfig]:
+    """What a candidate is simulated as: its cluster, the RL settings (`rl`, the run's own, at the
+    candidate's response cap, for `steps` steps under `seed`) and its engine."""
+    run_rl = RLConfig(**{**rl, "max_response_len": c.max_response_len, "epochs": 1, "max_steps": steps, "seed": seed})
+    cluster = ClusterConfig(num_gpus=c.num_gpus, profile=c.profile, placement=c.placement, train_gpus=c.train_gpus)
+    return cluster, run_rl, c.engine_config()
+
+
 def estimate(trace_path: str, cand: dict[str, Any], rl: dict[str, Any], steps: int, seed: int) -> dict[str, Any]:
     """Simulate one candidate for `steps` steps under `seed` (in a worker); its estimate as a row.
     A configuration the simulator refuses (a request larger than the KV cache...) is a row with
@@ -133,11 +143,7 @@ def estimate(trace_path: str, cand: dict[str, Any], rl: dict[str, Any], steps: i
     k = per_step(rl["prompts_per_step"]) if per_step is not None else 1.0
     run_steps = math.ceil(steps * k) if k != 1.0 else steps
     n_steps = max(1, round(n_steps * k)) if k != 1.0 else n_steps
-    run_rl = RLConfig(
-        **{**rl, "max_response_len": c.max_response_len, "epochs": 1, "max_steps": run_steps, "seed": seed}
-    )
-    cluster = ClusterConfig(num_gpus=c.num_gpus, profile=c.profile, placement=c.placement, train_gpus=c.train_gpus)
-    engine = c.engine_config()
+    cluster, run_rl, engine = run_configs(c, rl, run_steps, seed)
     row: dict[str, Any] = {**cand, "steps_simulated": steps, "seed": seed, "steps_per_epoch": n_steps}
     try:
         res = simulate(trace, c.policy, cluster, run_rl, tables=False, engine_cfg=engine)
