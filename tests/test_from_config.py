@@ -640,6 +640,7 @@ def test_plan_from_a_nemo_rl_recipe_plans_vllms_own_limits(tmp_path: Path) -> No
     assert r.exit_code == 0, r.output
     back = read_nemo_rl(configs / "best.yaml")
     assert (back.engine.max_num_seqs, back.engine.max_num_batched_tokens) == (1024, 16384)
+    assert back.max_model_len == 4096  # the recipe's vllm_cfg.max_model_len (plan wrote null)
 
 
 def test_vllms_limits_are_not_laid_over_an_sglang_recipe(tmp_path: Path) -> None:
