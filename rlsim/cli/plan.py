@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rlsim.cli import derive as derive_opts
+from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
 from rlsim.cli.from_config import FROM, once, single
 from rlsim.cli.options import PROFILE, say_if_compiling, say_which_rules
@@ -31,7 +32,7 @@ def _bar(label: str, total: int) -> tuple[Progress, int]:
 # the settings it holds fixed (which the command line must then leave out)
 FROM_AXES = ("gpus", "placement", "train_share", "tp", "max_num_seqs", "gpu_memory_utilization", "max_response_len",
              "policies", "rollout_engine")  # fmt: skip
-FROM_FIXED = ("prompts_per_step", "samples_per_prompt", "trainer")
+FROM_FIXED = ("prompts_per_step", "samples_per_prompt", "trainer", "max_model_len")
 
 
 def _gpu_of(opts: dict, given: set[str]) -> tuple[float, str]:
@@ -85,7 +86,7 @@ def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
         "prompts_per_step": setup.prompts_per_step, "samples_per_prompt": setup.samples_per_prompt,
         "trainer": setup.trainer.text(), "engine": dataclasses.replace(opts["engine"], **fixed),
         "use_kl_loss": setup.use_kl_loss, "model": model, "dtype": setup.dtype or opts["dtype"],
-        "model_path": setup.model_path,
+        "model_path": setup.model_path, "max_model_len": setup.max_model_len,
         "kv_cache_dtype": setup.kv_cache_dtype,
     }  # fmt: skip
 
@@ -130,7 +131,7 @@ def _emit_best(res: dict, target: tuple[str, Path], rl, model_path: str | None) 
     cand = Candidate(**{k: v for k, v in best.items() if k in fields})
     setup = candidate_setup(cand.policy, cand.num_gpus, cand.placement, cand.train_gpus, load_profile(cand.profile),
                             cand.engine_config(), rl.prompts_per_step, rl.samples_per_prompt, cand.max_response_len,
-                            rl.use_kl_loss, model_path)  # fmt: skip
+                            rl.use_kl_loss, model_path, rl.max_model_len)  # fmt: skip
     framework, path = target
     atomic_write_text(path, write(framework, setup))
     import sys
@@ -218,6 +219,7 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: str = typer.Option("", help="vLLM max_num_seqs values to try, e.g. 256,1024."),
         gpu_memory_utilization: str = typer.Option("", help="vLLM gpu_memory_utilization values to try, e.g. 0.5,0.8."),
         max_response_len: str = typer.Option("20480", help="Response caps to try, e.g. 16384,20480."),
+        max_model_len: int | None = options.MAX_MODEL_LEN,
         staleness: str = typer.Option(
             "", help="Staleness bounds to try for the policies that have one (fully_async's staleness_threshold, "
             "areal's max_head_offpolicyness), e.g. 0.1,0.5,1."
@@ -281,7 +283,7 @@ def register(app: typer.Typer) -> None:
                 "samples_per_prompt"
             ]
             trainer, engine, use_kl_loss, model = a["trainer"], a["engine"], a["use_kl_loss"], a["model"]
-            dtype, kv_cache_dtype = a["dtype"], a["kv_cache_dtype"]
+            dtype, kv_cache_dtype, max_model_len = a["dtype"], a["kv_cache_dtype"], a["max_model_len"]
         # the model as --emit names it: the config's path, else --model's checkpoint folder (its config.json's)
         emit_model = a["model_path"] if from_ is not None else _checkpoint(model)
         say_if_compiling()
@@ -309,7 +311,7 @@ def register(app: typer.Typer) -> None:
             rollout_engines=tuple(e.rollout_engine for e in engine.per_rollout_engine(rollout_engine)),
         )  # fmt: skip
         rl = RLConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, epochs=1,
-                      use_kl_loss=use_kl_loss)  # fmt: skip
+                      use_kl_loss=use_kl_loss, max_model_len=max_model_len)  # fmt: skip
         path = trace or default_trace()
         load(path, columns=[])  # a bad trace fails here, in one sentence, before a pool starts
         candidates(space, profile, gpu_budget, engine)  # and a bad search space

@@ -49,11 +49,13 @@ def candidate_setup(
     max_response_len: int,
     use_kl_loss: bool = False,
     model_path: str | None = None,
+    max_model_len: int | None = None,
 ) -> RunSetup:
     """A planned configuration as a `RunSetup`: its engine laid over the profile's (every setting
     concrete), the trainer the profile's train block states, the rollout's EP from its derived name,
     and the model as its framework would load it: `model_path` (the input's: a `--from` config's,
-    or `--model`'s folder), else its Hugging Face id in `models.json`, else none (the writers refuse)."""
+    or `--model`'s folder), else its Hugging Face id in `models.json`, else none (the writers refuse);
+    `max_model_len`, vLLM's cap on prompt plus response, where the run sets one."""
     merged = with_engine(profile, engine).engine
     tc = profile.train
     trainer = Trainer(tc.backend or "fsdp2", tp=tc.tp, pp=tc.pp, ep=tc.ep, cp=tc.cp, framework=tc.framework)
@@ -71,7 +73,7 @@ def candidate_setup(
         engine=merged, trainer=trainer, policy=policy, prompts_per_step=prompts_per_step,
         model_path=model_path or str(shipped_models().get(profile.model, {}).get("source") or ""),
         samples_per_prompt=samples_per_prompt, max_response_len=max_response_len, use_kl_loss=use_kl_loss,
-        **dtypes,
+        max_model_len=max_model_len, **dtypes,
     )  # fmt: skip
 
 
