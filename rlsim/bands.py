@@ -12,7 +12,10 @@ family, such as a synchronous step against one step off-policy or `fully_async`)
 
 The basis is `derived` when `rlsim profile derive` set the profile up with no term, `fitted` when
 framework terms were laid over it (`--terms`), `measured` otherwise (a calibrated profile, which
-no published run was predicted from). The engine is the one whose rules the simulation runs
+no published run was predicted from), and `calibrated` when the terms were calibrated on the
+user's own logged runs (`rlsim calibrate run`): its band is that calibration's held-out residual
+and the transfer band (`transfer` in bands.json: calibrating on one published run and predicting
+the others of its family, `benchmarks/transfer.py`). The engine is the one whose rules the simulation runs
 (every published run there rolled out with vLLM, so one under SGLang's rules has no band yet).
 The framework is the one a `--from` config names; a prediction that names none pools every
 framework's runs (`any`). The model class is `moe` when the model's active parameters are fewer
@@ -44,7 +47,7 @@ def _data() -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Kind:
-    basis: str  # derived | fitted | measured
+    basis: str  # derived | fitted | measured | calibrated
     rollout_engine: str  # vllm | sglang
     framework: str  # nemo-rl | verl | roll | any
     model_class: str  # dense | moe | unknown
@@ -71,9 +74,11 @@ def _gpu_key(hardware: str) -> str:
 def kind_of(profile: Profile, rollout_engine: str = "vllm", framework: str | None = None) -> Kind:
     """The kind of a prediction made with `profile` under `rollout_engine`'s rules, of a run of
     `framework` (None: not named)."""
-    prov = profile.provenance or {}
+    prov = profile.provenance if isinstance(profile.provenance, dict) else {}
     derived = str(prov.get("kind", "")).startswith("derived")
     basis = ("fitted" if prov.get("fitted_terms") else "derived") if derived else "measured"
+    if prov.get("calibrated"):  # terms calibrated on the user's own runs, over whatever profile
+        basis = "calibrated"
     facts = profile.model_facts or {}
     total, active = facts.get("num_params"), facts.get("num_active_params")
     model_class = "unknown" if not total or not active else ("moe" if active < total else "dense")
@@ -116,9 +121,34 @@ def ratio_band(kind: Kind) -> dict[str, Any]:
     return out
 
 
+def _calibrated(profile: Profile, kind: Kind) -> dict[str, Any]:
+    """The band of a calibrated prediction: its own held-out residual and the transfer band (a
+    calibration on one published run predicting the others of its family, `benchmarks/transfer.py`)."""
+    cal = (profile.provenance or {}).get("calibrated") or {}
+    transfer = _data().get("transfer") or {}
+    return {"kind": asdict(kind), "calibrated": cal, "transfer": transfer.get("steps"), "enough": True}
+
+
+def _calibrated_text(b: dict[str, Any]) -> str:
+    cal, tr = b["calibrated"], b.get("transfer")
+    runs = cal.get("runs") or 0
+    out = (f"error band (calibrated on {cal.get('steps')} steps of {runs} run{'s' if runs != 1 else ''}, "
+           f"{cal.get('terms_file')}): ")  # fmt: skip
+    res = cal.get("step_residual_pct")
+    out += (f"its held-out steps were off by at most {res:.1f}%" if res is not None
+            else "no held-out step residual recorded")  # fmt: skip
+    if tr:
+        out += (f"; calibrating on one published run and predicting the others of its family was off by a median "
+                f"{tr['median_abs_pct']:.0f}%, worst {tr['worst_abs_pct']:.0f}% ({tr['predictions']} predictions, "
+                f"{WHERE.split(',')[0]}, Transfer)")  # fmt: skip
+    return out
+
+
 def band_text(b: dict[str, Any]) -> str:
     """One line for a prediction's band."""
     kind = Kind(**b["kind"])
+    if kind.basis == "calibrated":
+        return _calibrated_text(b)
     if kind.basis == "measured":
         return (
             "error band: none; the profile was measured, and no published run was predicted from a measured "
@@ -148,6 +178,13 @@ def band_text(b: dict[str, Any]) -> str:
 def ratio_text(r: dict[str, Any]) -> str:
     """One line for the band of a ratio of two predictions (a speedup, a plan's ranking)."""
     fw = FRAMEWORK_NAMES.get(r["framework"], r["framework"])
+    if r["basis"] == "calibrated":
+        tr = r.get("transfer")
+        if not tr:
+            return "ratio band (calibrated): no transfer figures for ratios yet"
+        return (f"ratio band (calibrated): calibrating on one published run, its family's async-against-sync ratios "
+                f"were off by a median {tr['median_abs_pct']:.0f}%, worst {tr['worst_abs_pct']:.0f}% "
+                f"({tr['predictions']} ratios)")  # fmt: skip
     if r["basis"] == "measured":
         return "ratio band: none; no published pair was predicted from a measured profile"
     if not r["enough"]:
@@ -166,4 +203,10 @@ def for_prediction(profile: Profile, rollout_engine: str = "vllm", framework: st
     """`error_band` (for absolute times) and `ratio_band` (for ratios of two predictions) of a
     prediction made with `profile`."""
     kind = kind_of(profile, rollout_engine, framework)
+    if kind.basis == "calibrated":
+        ratios = (_data().get("transfer") or {}).get("ratios")
+        return {"error_band": _calibrated(profile, kind),
+                "ratio_band": {"basis": "calibrated", "rollout_engine": rollout_engine, "framework": kind.framework,
+                               "transfer": ratios, "enough": bool(ratios),
+                               **({"median_abs_pct": ratios["median_abs_pct"]} if ratios else {})}}  # fmt: skip
     return {"error_band": band(kind), "ratio_band": ratio_band(kind)}

@@ -66,6 +66,10 @@ class TrainCost:
     # > 0: the tokens above are padded ones, the trainer padding micro-batches of at most this many
     # tokens to their longest sample (rlsim.real.trainer; rlsim.step_costs.padded_tokens); 0: unpadded
     padded_micro_batch_tokens: int = 0
+    # The forward-only passes' (old log-probs, the reference's) own efficiency, where a calibration
+    # on a logged run set it apart from the update's (`rlsim.derive.terms`, `forward_mfu`); 0: `mfu`.
+    # Over a measured forward (`forward_s_per_token`) it is relative to the measurement (1: as measured).
+    forward_mfu: float = 0.0
     # The trainer a derived profile assumes (`rlsim.derive.train`): its backend, whose published
     # MFU `mfu` defaults to, and its layout, which prices what the MFU does not hold (tensor- and
     # expert-parallel traffic, the pipeline's bubble); "" in a fitted profile (measured whole)
@@ -88,6 +92,8 @@ class TrainCost:
             raise RlsimError(f"field 'train.flops_per_token' must be >= 0, got {self.flops_per_token}")
         if not 0 < self.mfu <= 1:
             raise RlsimError(f"field 'train.mfu' must be in (0, 1], got {self.mfu}")
+        if not 0 <= self.forward_mfu <= 1:
+            raise RlsimError(f"field 'train.forward_mfu' must be in (0, 1] (0: the mfu), got {self.forward_mfu}")
         for name in ("fixed_s", "forward_fixed_s", "forward_s_per_token", "padded_micro_batch_tokens"):
             if getattr(self, name) < 0:
                 raise RlsimError(f"field 'train.{name}' must be >= 0, got {getattr(self, name)}")
@@ -104,7 +110,9 @@ class TrainCost:
 
     def forward_seconds(self, tokens: int, gpus: int) -> float:
         """One forward pass without gradient over `tokens` trained tokens (0 where not measured)."""
-        return self.forward_fixed_s + tokens * self.forward_s_per_token / gpus if self.measures_forward else 0.0
+        if not self.measures_forward:
+            return 0.0
+        return self.forward_fixed_s + tokens * self.forward_s_per_token / gpus / (self.forward_mfu or 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +349,8 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
                 raise RlsimError(f"{k} must be positive")
         for k in ("t_w_s", "alpha_s", "beta_s", "gamma_s", "prefill_s_per_token", "weight_sync_s"):
             kwargs[k] = float(kwargs[k])
-        names = ("flops_per_token", "peak_flops_per_gpu", "mfu", "fixed_s", "forward_fixed_s", "forward_s_per_token")
+        names = ("flops_per_token", "peak_flops_per_gpu", "mfu", "fixed_s", "forward_fixed_s", "forward_s_per_token",
+                 "forward_mfu")  # fmt: skip
         cost = TrainCost(
             **{k: float(train[k]) for k in names if k in train},
             padded_micro_batch_tokens=int(train.get("padded_micro_batch_tokens", 0)),
@@ -448,6 +457,11 @@ def _optional_seconds(value: Any, what: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise RlsimError(f"{what} must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def profile_file(name_or_path: str | Path) -> Path:
+    """The JSON file of a shipped profile's name, or the path given."""
+    return _resolve(name_or_path)
 
 
 def load_profile(name_or_path: str | Path) -> Profile:

@@ -326,7 +326,10 @@ def derived_training(profile: Profile, seq_lens: np.ndarray, train_gpus: int, us
             mf, per_micro, micro, tc.ep, tc.pp, float(gf["hbm_bytes_per_s"]), tc.peak_flops_per_gpu * tc.mfu
         )
     body = flops / rate + comm + floor
-    fwd, lp = body * bubble, body * lp_bubble
+    # the forward-only passes at their own efficiency where a calibration set one (else the update's)
+    lp_rate = train_gpus * tc.peak_flops_per_gpu * tc.forward_mfu if tc.forward_mfu else rate
+    lp_body = flops / lp_rate + comm + floor
+    fwd, lp = body * bubble, lp_body * lp_bubble
     t = np.asarray(seq_lens, dtype=float)
     attention = 2.0 * mf["num_layers"] * mf["hidden_size"] * float(np.sum(t * t)) / flops if flops else 0.0
     fw = tc.framework

@@ -176,7 +176,7 @@ def test_terms_on_the_command_line(tmp_path: Path) -> None:
     for extra, message in ((["--terms", str(bad)], "unknown term 'bogus'"), (["--terms", "nosuch"], "unknown terms")):
         r = CliRunner().invoke(app, [*args[:-2], *extra])
         assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.output
-    r = CliRunner().invoke(app, ["simulate", "--profile", "h100-qwen2.5-7b-tp1", "--terms", "nemo-rl"])
+    r = CliRunner().invoke(app, ["simulate", "--profile", "h100-qwen2.5-7b-tp1", "--trainer", "megatron"])
     assert r.exit_code == 2 and "go with --model and --gpu" in r.stderr
 
 

@@ -235,3 +235,106 @@ def fit(
             )
     atomic_write_text(out, json.dumps(prof, indent=2) + "\n")
     console.print(f"wrote {out}")
+
+
+@calibrate_app.command("run")
+def run_(
+    ctx: typer.Context,
+    from_: list[str] = typer.Option(
+        ..., "--from", help="A logged run's config: verl:CONFIG or nemo-rl:RECIPE.yaml; repeat it with --metrics for "
+        "several runs of one cluster, fitted jointly."
+    ),
+    metrics: list[Path] = typer.Option(
+        ..., help="The run's per-step metrics, one per --from, in order: veRL's file-logger JSON Lines or console "
+        "log, an rlsim run directory, NeMo RL's TensorBoard event files or their JSON dump."
+    ),
+    trace: list[Path] | None = typer.Option(
+        None, help="The run's own lengths as a trace, one per --from (default: a stand-in at each log's mean "
+        "response and clip share, named in the output)."
+    ),
+    gpu: str | None = typer.Option(None, help="The GPU the runs ran on (rlsim profile list), to derive the profile."),
+    model: str | None = typer.Option(None, help="The model, where the config names only a local path."),
+    profile: str | None = typer.Option(None, help="A measured profile (rlsim calibrate) instead of --gpu/--model."),
+    dtype: str = typer.Option("bf16", "--dtype", help="Weights and KV cache, where the config does not say."),
+    out: Path = typer.Option(..., "--out", "-o", help="The terms file to write (then --terms FILE)."),
+    hold_out_every: int = typer.Option(4, help="Hold every k-th step after the first out of the fit, to report on."),
+    bootstrap: int = typer.Option(1000, help="Bootstrap resamples for each term's 90% interval."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --out file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the terms file as JSON instead of tables."),
+) -> None:
+    """Fit the framework terms on your own logged runs (rlsim.calibration.run): each term only from
+    the phases that identify it, with its 90% interval and the held-out steps' residual."""
+    from rlsim import __version__
+    from rlsim.calibration.run import calibrate
+    from rlsim.cli.options import refuse_overwrite
+
+    refuse_overwrite(out, force)
+    if len(metrics) != len(from_):
+        raise RlsimError(f"give one --metrics per --from ({len(from_)} --from, {len(metrics)} --metrics), in order")
+    if trace and len(trace) != len(from_):
+        raise RlsimError(f"give one --trace per --from ({len(from_)} --from, {len(trace)} --trace), or none")
+    opts = {"gpu": gpu, "model": model, "profile": profile, "dtype": dtype, "terms": None}
+    runs = [_logged_run(ctx, spec, path, trace[i] if trace else None, opts) for i, (spec, path) in
+            enumerate(zip(from_, metrics, strict=True))]  # fmt: skip
+    err = make_console(__import__("sys").stderr)
+    with err.status("calibrating") as status:
+        cal = calibrate(runs, hold_out_every, bootstrap, seed, progress=lambda m: status.update(m))
+    data = cal.to_json(__version__)
+    atomic_write_text(out, json.dumps(data, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    _print_calibration(cal, out)
+
+
+def _logged_run(ctx: typer.Context, spec: str, metrics: Path, trace: Path | None, opts: dict):  # noqa: ANN202
+    """One --from/--metrics pair as the simulator replays it (`rlsim.calibration.run.LoggedRun`)."""
+    from rlsim.calibration.run import LoggedRun
+    from rlsim.cli.from_config import apply_from
+    from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+    from rlsim.files import read_json_object
+    from rlsim.real.run_metrics import read_run_metrics
+    from rlsim.real.validate_verl import stand_in_lengths
+    from rlsim.trace.format import load
+
+    real, fmt = read_run_metrics(metrics)
+    opts, engine, setup = apply_from(ctx, spec, dict(opts), EngineConfig())
+    if trace is not None:
+        lengths, text = load(trace), f"the run's own ({trace})"
+    else:
+        lengths, text = stand_in_lengths(real, metrics, setup, setup.policy)
+    cluster = ClusterConfig(num_gpus=setup.num_gpus, profile=opts["profile"], placement=setup.placement,
+                            train_gpus=setup.train_gpus)  # fmt: skip
+    rl = RLConfig(prompts_per_step=setup.prompts_per_step, samples_per_prompt=setup.samples_per_prompt,
+                  max_response_len=setup.max_response_len, epochs=len(lengths.epochs), max_steps=len(real),
+                  use_kl_loss=setup.use_kl_loss, max_model_len=setup.max_model_len)  # fmt: skip
+    return LoggedRun(f"{metrics.name} ({fmt})", lengths, setup.policy, cluster, rl, engine,
+                     read_json_object(Path(opts["profile"])), real, text)  # fmt: skip
+
+
+def _print_calibration(cal, out: Path) -> None:  # noqa: ANN001 - rlsim.calibration.run.Calibration
+    """The terms kept and refused, the held-out residual per phase, and what it rests on."""
+    con = make_console()
+    terms = Table(title=f"terms ({cal.fitted_on()})", title_justify="left")
+    for col in ("term", "value", "90% interval", "or why not"):
+        terms.add_column(col)
+    for name, value in cal.terms.items():
+        lo, hi = cal.intervals[name]
+        terms.add_row(name, f"{value:.4g}", f"{lo:.4g} to {hi:.4g}", "")
+    for name, why in cal.refused.items():
+        terms.add_row(name, "-", "-", f"not written: {why}; it keeps the profile's value")
+    con.print(terms)
+    held = Table(title="held-out steps: simulated at these terms against the log", title_justify="left")
+    for col in ("phase", "steps", "median |error|", "worst |error|", "error of the sum"):
+        held.add_column(col, justify="left" if col == "phase" else "right")
+    for phase, r in cal.held_out.items():
+        held.add_row(phase, str(r["steps"]), f"{r['median_abs_pct']:.1f}%", f"{r['worst_abs_pct']:.1f}%",
+                     f"{r['sum_pct']:+.1f}%")  # fmt: skip
+    con.print(held)
+    for r in cal.runs:
+        con.print(f"{r['name']}: {r['steps']} steps, {r['policy']}, profile {r['profile']}; lengths: {r['lengths']}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
+    for note in cal.notes:
+        con.print(note, highlight=False, soft_wrap=True)
+    con.print(f"wrote {out}: give it as --terms {out} to simulate, compare, plan or validate", highlight=False)

@@ -68,8 +68,8 @@ def derived_profile_path(
     raw = derive_profile(s, EngineConfig(gpu_memory_utilization=gpu_memory_utilization), parsed)
     fitted = None
     if terms:
-        fitted, provenance = load_terms(terms)
-        raw = fitted.apply(raw, provenance)
+        fitted, _ = load_terms(terms)
+        raw = lay_terms(raw, terms)
     key = json.dumps(
         [repr(s.model), repr(s.gpu), repr(parsed), repr(fitted)]
         + ([gpu_memory_utilization] if gpu_memory_utilization is not None else [])
@@ -79,6 +79,45 @@ def derived_profile_path(
     folder = root / hashlib.sha256(key.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{raw['name']}.json"
+    atomic_write_text(path, json.dumps(raw, indent=2) + "\n")
+    return str(path)
+
+
+def lay_terms(raw: dict, terms: str) -> dict:
+    """The profile `raw` with the terms of `terms` (a shipped name or a file) laid over it: a
+    calibrated file's record in its provenance (the bands' basis), and one sentence on stderr
+    where that file was calibrated over another derivation of this profile."""
+    import sys
+
+    from rlsim.derive.terms import calibrated_provenance, derivation_warning, load_terms, terms_record
+
+    fitted, provenance = load_terms(terms)
+    record = terms_record(terms)
+    warning = derivation_warning(record, raw, terms)
+    if warning:
+        make_console(sys.stderr).print(warning, highlight=False, soft_wrap=True)
+    out = fitted.apply(raw, provenance)
+    calibrated = calibrated_provenance(record, terms)
+    if calibrated is not None:
+        out.setdefault("provenance", {})
+        if not isinstance(out["provenance"], dict):
+            out["provenance"] = {"source": out["provenance"]}
+        out["provenance"]["calibrated"] = calibrated
+    return out
+
+
+def profile_with_terms(profile: str, terms: str) -> str:
+    """A given profile (measured, or derived elsewhere) with `terms` laid over it, written beside
+    the derived ones (keyed by both files' contents); its path."""
+    from rlsim.files import atomic_write_text, read_json_object
+    from rlsim.profile import load_profile, profile_file
+
+    load_profile(profile)  # a bad profile is its own sentence, before the terms
+    raw = lay_terms(read_json_object(profile_file(profile)), terms)
+    key = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+    folder = Path(os.environ.get("RLSIM_CACHE_DIR") or Path.home() / ".cache" / "rlsim") / "profiles" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{raw.get('name', 'profile')}.json"
     atomic_write_text(path, json.dumps(raw, indent=2) + "\n")
     return str(path)
 
@@ -99,11 +138,11 @@ def profile_or_derived(
     """`--profile`, or the profile `--model/--gpu/--tp` derive (the two are exclusive), at the
     run's `gpu_memory_utilization` (None: veRL's default)."""
     if model is None and gpu is None:
-        if trainer != "fsdp2" or terms or pp != 1 or dp != 1:
+        if trainer != "fsdp2" or pp != 1 or dp != 1:
             raise RlsimError(
-                "--trainer, --terms, --pp and --dp go with --model and --gpu: a given --profile states its own costs"
+                "--trainer, --pp and --dp go with --model and --gpu: a given --profile states its own costs"
             )
-        return profile
+        return profile_with_terms(profile, terms) if terms else profile  # terms lie over any profile
     if model is None or gpu is None:
         raise RlsimError("--model and --gpu go together (with --tp): they derive the profile")
     return derived_profile_path(
@@ -168,7 +207,6 @@ def register_derive(profile_app: typer.Typer) -> None:
         """A profile from a model's config and a GPU's datasheet: dense or MoE, GQA or MLA, bf16 or fp8, with
         the training cost of a trainer backend and layout."""
         from rlsim.derive.derive import derive_profile, setup
-        from rlsim.derive.terms import load_terms
         from rlsim.derive.train import Trainer
         from rlsim.files import atomic_write_text
         from rlsim.profile import profile_from_dict
@@ -179,8 +217,7 @@ def register_derive(profile_app: typer.Typer) -> None:
         engine = EngineConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs)
         raw = derive_profile(setup(model, gpu, tp, ep, dtype, kv_cache_dtype, pp, dp), engine, Trainer.parse(trainer))
         if terms:
-            fitted, provenance = load_terms(terms)
-            raw = fitted.apply(raw, provenance)
+            raw = lay_terms(raw, terms)
         prof = profile_from_dict(raw, raw["name"])
         check_roofline(prof, raw["name"])
         text = json.dumps(raw, indent=2) + "\n"

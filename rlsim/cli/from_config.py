@@ -117,6 +117,10 @@ def apply_from(
             )
         memory, gpu_name = float(prof.gpu_facts.get("memory_bytes", 0.0)), prof.hardware
         measured_kv = not (prof.model_facts and memory)  # a measured KV capacity, not one derived from memory
+        if opts.get("terms"):  # terms (a calibration's) lie over the user's own profile too
+            from rlsim.cli.derive import profile_with_terms
+
+            out["profile"] = profile_with_terms(opts["profile"], opts["terms"])
     else:
         measured_kv = False
         model = model_of(spec, setup, opts)  # its one sentence before anything else is read

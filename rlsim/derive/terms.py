@@ -48,6 +48,12 @@ replaced them) and `prefill_request_s` (seconds per request an iteration prefill
 holds the fitted values with their provenance (which rows, which objective); `nemo-rl` is the
 shipped one, fitted on the fit half of NeMo RL's published step times
 (`benchmarks/published_runs.py`, whose other half is its test).
+Two more are what `rlsim calibrate run` fits on a user's own logged run (`rlsim.calibration.run`),
+each from the phases that identify it: `train_mfu`, the trainer's MFU in the update (forward and
+backward, `timing_s/update_actor`), whatever the backend, and `forward_mfu`, its MFU in the
+forward-only passes (old log-probs and the reference's, `timing_s/old_log_prob` and `/ref`),
+apart from the update's. Over a measured training block (`rlsim calibrate train`, whose `mfu` is
+1: the rate as measured) both are efficiencies relative to the measurement.
 A term a file leaves out keeps the derived value. No other framework's terms are shipped: a
 veRL, slime or ROLL run simulates with the derived values and that framework's own settings
 (docs/accuracy.md), never with NeMo RL's unless `--terms nemo-rl` is given.
@@ -55,6 +61,7 @@ veRL, slime or ROLL run simulates with the derived values and that framework's o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, fields
@@ -71,6 +78,8 @@ SHIPPED = ("nemo-rl",)
 # the terms that are a time per unit (layer, sequence, pair, hop): never negative
 PER_UNIT_TERMS = ("layer_iteration_s", "sequence_layer_iteration_s", "sequence_iteration_s", "expert_token_layer_s",
                   "net_hop_s")  # fmt: skip
+# the terms whose None keeps the derived value (a file may write them as null)
+NULLABLE = ("refit_per_tensor_s", "megatron_dense_mfu", "megatron_mfu", "train_mfu", "forward_mfu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,8 @@ class Terms:
     iteration_overhead_s: float = 0.0
     sequence_iteration_s: float = 0.0
     prefill_request_s: float = 0.0
+    train_mfu: float | None = None
+    forward_mfu: float | None = None
 
     def __post_init__(self) -> None:
         for name in PER_UNIT_TERMS:
@@ -98,12 +109,14 @@ class Terms:
             raise RlsimError(f"prefill_request_s must be >= 0, got {self.prefill_request_s}")
         if self.refit_per_tensor_s is not None and self.refit_per_tensor_s < 0:
             raise RlsimError(f"refit_per_tensor_s must be >= 0, got {self.refit_per_tensor_s}")
-        for name in ("megatron_dense_mfu", "megatron_mfu"):
+        for name in ("megatron_dense_mfu", "megatron_mfu", "train_mfu", "forward_mfu"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
                 raise RlsimError(f"{name} must be in (0, 1], got {value}")
         if self.megatron_dense_mfu is not None and self.megatron_mfu is not None:
             raise RlsimError("give megatron_dense_mfu or megatron_mfu, not both")
+        if self.train_mfu is not None and (self.megatron_dense_mfu is not None or self.megatron_mfu is not None):
+            raise RlsimError("give train_mfu (any trainer) or a Megatron MFU, not both")
 
     def apply(self, raw: dict[str, Any], provenance: str = "") -> dict[str, Any]:
         """A copy of the profile dict `raw` with these terms laid over it."""
@@ -129,6 +142,10 @@ class Terms:
             raw["prefill_request_s"] = float(f"{raw.get('prefill_request_s', 0.0) + self.prefill_request_s:.9g}")
         if self.refit_per_tensor_s is not None:
             raw["gpu_facts"]["weight_sync_per_tensor_s"] = self.refit_per_tensor_s
+        if self.train_mfu is not None:  # the update's MFU, whatever the trainer (a run's own, calibrated)
+            raw["train"]["mfu"] = self.train_mfu
+        if self.forward_mfu is not None:  # the forward-only passes' (old log-probs, reference)
+            raw["train"]["forward_mfu"] = self.forward_mfu
         if raw["train"].get("backend") == "megatron":
             if self.megatron_mfu is not None:
                 raw["train"]["mfu"] = self.megatron_mfu
@@ -169,7 +186,7 @@ def load_terms(name_or_path: str) -> tuple[Terms, str]:
     if unknown:
         raise RlsimError(f"{where}: unknown term {unknown[0]!r}; known: {', '.join(sorted(known))}")
     for key, value in values.items():  # (None keeps the derived value of a term that has one)
-        if value is None and key in ("refit_per_tensor_s", "megatron_dense_mfu", "megatron_mfu"):
+        if value is None and key in NULLABLE:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise RlsimError(f"{where}: '{key}' must be a number >= 0, got {value!r}")
@@ -178,3 +195,38 @@ def load_terms(name_or_path: str) -> tuple[Terms, str]:
     except TypeError as exc:
         raise RlsimError(f"{where}: {exc}") from None
     return terms, f"{where}: {raw.get('fitted_on', 'provenance not stated')}"
+
+
+def derivation_digest(raw: dict[str, Any]) -> str:
+    """A digest of a profile as derived or measured, before terms (its name and provenance left
+    out): a calibrated terms file records it, and a later rlsim that derives the profile otherwise
+    says so (`derivation_warning`)."""
+    body = {k: v for k, v in raw.items() if k not in ("provenance", "name")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def terms_record(name_or_path: str) -> dict[str, Any]:
+    """The whole terms file (a shipped name or a path): what it rests on besides its terms."""
+    if name_or_path in SHIPPED:
+        text = (resources.files("rlsim.derive") / f"terms_{name_or_path}.json").read_text(encoding="utf-8")
+        return json.loads(text)
+    return read_json_object(Path(name_or_path))
+
+
+def derivation_warning(record: dict[str, Any], raw: dict[str, Any], where: str) -> str | None:
+    """One sentence where a calibrated terms file was fitted over another derivation of this profile."""
+    recorded = (record.get("derivation") or {}).get(str(raw.get("name", "")))
+    if recorded is None or recorded == derivation_digest(raw):
+        return None
+    version = record.get("rlsim_version", "?")
+    return (f"warning: {where} was calibrated (rlsim {version}) over a derivation of {raw.get('name')} that this "
+            "rlsim derives otherwise: its terms may no longer fit; calibrate again")  # fmt: skip
+
+
+def calibrated_provenance(record: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """What a calibrated terms file's prediction rests on, for the profile's provenance (the bands' basis)."""
+    cal = record.get("calibration")
+    if record.get("basis") != "calibrated" or not isinstance(cal, dict):
+        return None
+    return {"terms_file": where, "steps": cal.get("steps"), "runs": len(cal.get("runs") or []),
+            "step_residual_pct": cal.get("step_residual_pct")}  # fmt: skip

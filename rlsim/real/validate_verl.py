@@ -168,6 +168,26 @@ def _span(steps: Any) -> str:  # noqa: ANN401
     return f"{s[0]}-{s[-1]}" if s else "none"
 
 
+def stand_in_lengths(real: pd.DataFrame, metrics: Path, setup, policy: str):  # noqa: ANN001, ANN201
+    """The stand-in trace for a log without its lengths: the preset at the setup's batch and cap,
+    scaled to the log's mean response (and its share at the cap, where logged), as many steps as
+    it logs (two more ahead for an asynchronous mode), with its one-line description."""
+    from rlsim.trace.synth import describe_stand_in, synthesize_to_mean
+
+    if "response_length/mean" not in real.columns:
+        raise RlsimError(f"{metrics} logs no response_length/mean: give the run's lengths with --trace or --log")
+    mean = float(real["response_length/mean"].mean())
+    # veRL's share of responses cut at the cap, where the log has it: the stand-in matches it too
+    clipped = "response_length/clip_ratio" in real.columns
+    clip = float(real["response_length/clip_ratio"].mean()) if clipped else None
+    spare = 2 if policy != "sync" else 0  # an asynchronous run generates ahead of the trainer
+    trace = synthesize_to_mean(STAND_IN, setup.prompts_per_step, setup.samples_per_prompt, len(real) + spare,
+                               setup.max_response_len, mean, clip_share=clip)  # fmt: skip
+    text = (f"{describe_stand_in(trace)}, standing in for the log's mean response of {mean:,.0f} tokens "
+            "(the run's own lengths: --trace or --log)")  # fmt: skip
+    return trace, text
+
+
 def validate_config(
     metrics: Path,
     setup,  # noqa: ANN001 - rlsim.frameworks.run_setup.RunSetup
@@ -177,23 +197,11 @@ def validate_config(
     trace=None,  # noqa: ANN001 - the run's lengths (rlsim.trace.format.Trace), or None: a stand-in
 ) -> dict[str, Any]:
     """The run `setup` describes, simulated for as many steps as `metrics` logs, against them phase by phase."""
-    from rlsim.trace.synth import describe_stand_in, synthesize_to_mean
-
     real = read_verl_metrics(metrics, "--metrics")
     steps = [int(s) for s in real["step"]]
     stand_in = None
     if trace is None:
-        if "response_length/mean" not in real.columns:
-            raise RlsimError(f"{metrics} logs no response_length/mean: give the run's lengths with --trace or --log")
-        mean = float(real["response_length/mean"].mean())
-        # veRL's share of responses cut at the cap, where the log has it: the stand-in matches it too
-        clipped = "response_length/clip_ratio" in real.columns
-        clip = float(real["response_length/clip_ratio"].mean()) if clipped else None
-        spare = 2 if policy != "sync" else 0  # an asynchronous run generates ahead of the trainer
-        trace = synthesize_to_mean(STAND_IN, setup.prompts_per_step, setup.samples_per_prompt, len(steps) + spare,
-                                   setup.max_response_len, mean, clip_share=clip)  # fmt: skip
-        stand_in = (f"{describe_stand_in(trace)}, standing in for the log's mean response of {mean:,.0f} tokens "
-                    "(the run's own lengths: --trace or --log)")  # fmt: skip
+        trace, stand_in = stand_in_lengths(real, metrics, setup, policy)
     cluster = ClusterConfig(num_gpus=setup.num_gpus, profile=profile, placement=setup.placement,
                             train_gpus=setup.train_gpus)  # fmt: skip
     rl = RLConfig(prompts_per_step=setup.prompts_per_step, samples_per_prompt=setup.samples_per_prompt,
