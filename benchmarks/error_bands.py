@@ -42,6 +42,7 @@ import sys
 from readme_tables import REPO, emit, read_table
 
 BANDS = REPO / "rlsim" / "bands.json"
+TRANSFER = REPO / "benchmarks" / "published_runs" / "transfer.json"
 MIN_RUNS = 3  # a kind with fewer held-back configurations has no band
 MOE = ("DeepSeek", "Qwen3-235B", "Qwen3-30B")
 POLICY = {"On policy": "sync", "1-step Off": "one_step_off", "8-step Off": "k_step_off(k=8)"}
@@ -268,6 +269,8 @@ def build() -> dict:
         "bands": bands,
         "ratio_bands": {k: _band(v) for k, v in sorted(ratio.items())},
         "release_spread_pct": {c: round(100 * v, 1) for c, v in sorted(spread.items())},
+        # the band a calibrated prediction prints: benchmarks/transfer.py's summary at the stand-in's lengths
+        "transfer": json.loads(TRANSFER.read_text()) if TRANSFER.exists() else None,
         "runs": rs,
         "pairs": ps,
     }  # fmt: skip

@@ -167,7 +167,7 @@ def test_a_config_of_verl_takes_verls_band(tmp_path: Path, small_trace_path: Pat
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1 trainer.nnodes=1 trainer.n_gpus_per_node=4 "
         "data.train_batch_size=16 actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.rollout.n=4 "
         "data.max_response_length=4096 "
-        "actor_rollout_ref.model.path=~/models/my-7b algorithm.adv_estimator=grpo\n"
+        "actor_rollout_ref.model.path=/models/my-7b algorithm.adv_estimator=grpo\n"
     )
     r = runner.invoke(app, ["simulate", "--from", f"verl:{config}", "--gpu", "h20", "--model", "qwen2.5-7b", "--trace",
                             str(small_trace_path), "--max-steps", "1", "--out", str(tmp_path / "v")])  # fmt: skip

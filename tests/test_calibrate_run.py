@@ -169,3 +169,33 @@ def test_nemo_rl_scalars_dumped_to_json_are_read_under_verls_names(tmp_path: Pat
     path.write_text(json.dumps({"train/loss": series}))
     with pytest.raises(RlsimError, match="none of NeMo RL's step timings"):
         read_run_metrics(path)
+
+
+def test_the_four_commands_say_a_calibrated_prediction_rests_on_its_calibration(
+    tmp_path: Path, small_trace_path: Path
+) -> None:
+    """simulate, compare, plan and validate with a calibrated --terms file print its basis (N steps of
+    M runs, the file) and the band it has earned (its held-out residual, the transfer band)."""
+    cal = calibrate([_known_run()], bootstrap=200)
+    terms = tmp_path / "terms.json"
+    terms.write_text(json.dumps(cal.to_json("test")))
+    derived = ["--model", "qwen2.5-7b", "--gpu", "h100", "--terms", str(terms)]
+    small = ["--trace", str(small_trace_path), "--prompts-per-step", "16", "--samples-per-prompt", "4",
+             "--max-steps", "2"]  # fmt: skip
+    config = tmp_path / "run.overrides"
+    config.write_text(RUN_CONFIG)
+    metrics = _real_run_as_verl_metrics(tmp_path)
+    runs = {
+        "simulate": ["simulate", *derived, *small, "--gpus", "8", "--out", str(tmp_path / "s")],
+        "compare": ["compare", *derived, *small, "--gpus", "8", "--policies", "sync,one_step_off"],
+        "plan": ["plan", *derived, "--trace", str(small_trace_path), "--gpus", "8", "--gpu-budget", "8",
+                 "--policies", "sync", "--max-response-len", "1024", "--steps", "1", "--min-steps", "1", "--seeds",
+                 "1", "--no-cache", "--workers", "1", "--prompts-per-step", "16", "--samples-per-prompt", "4"],
+        "validate": ["validate", "--from", f"verl:{config}", "--metrics", str(metrics), *derived],
+    }  # fmt: skip
+    for name, args in runs.items():
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, (name, r.output)
+        text = " ".join(r.stdout.split())
+        assert f"calibrated on 8 steps of 1 run, {terms}" in text, (name, text[-1500:])
+        assert "transfer" in text.lower() or "calibrating on one published run" in text, (name, text[-800:])

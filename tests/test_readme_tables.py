@@ -31,6 +31,7 @@ DETERMINISTIC = {
     "release_spread": ["release_spread"],
     "verl_fully_async": ["verl_fully_async"],
     "verl_phases": ["verl_phases", "verl_weight_sync"],
+    "transfer": ["transfer", "transfer_ratios", "transfer_summary"],
     "multi_turn": ["search_r1_fit", "search_r1_sim", "tool_latency_sweep", "search_r1_compare", "search_r1_engines"],
     "policy_table": ["policy_knobs"],
     "formats_table": ["model_config_fields", "gpu_fields"],

@@ -200,6 +200,7 @@ def register(app: typer.Typer) -> None:
         gpu: str | None = derive_opts.GPU,
         model: str | None = derive_opts.MODEL,
         dtype: str = derive_opts.DTYPE,
+        terms: str | None = derive_opts.TERMS,
     ) -> None:
         """Simulate a recorded real run and print real vs simulated with Diff%, and where it comes from; with --from
         and --metrics, a run of your framework's against its own config, phase by phase."""
@@ -210,8 +211,8 @@ def register(app: typer.Typer) -> None:
             if metrics is None or run_dir is not None or verl_metrics is not None:
                 raise RlsimError("--from validates the run its config describes against --metrics FILE (no RUN_DIR)")
             res = _validate_from(ctx, from_, metrics, trace, log, log_format, tokenizer, dict(locals()))
-        elif metrics is not None or trace is not None:
-            raise RlsimError("--metrics and --trace go with --from: the run's config says what to simulate")
+        elif metrics is not None or trace is not None or terms is not None:
+            raise RlsimError("--metrics, --trace and --terms go with --from: the run's config says what to simulate")
         elif verl_metrics is not None or log is not None:
             if run_dir is not None:
                 raise RlsimError("give either RUN_DIR or --verl-metrics with --log, not both")
@@ -241,6 +242,8 @@ def register(app: typer.Typer) -> None:
             table.caption += f"; lengths: {res['stand_in']}"
         console = make_console()
         console.print(table)
+        if res.get("error_band"):
+            console.print(f"the prediction's {res['error_band']}", highlight=False, soft_wrap=True)
         if res.get("phases"):
             print_phases(console, res["phases"], res["profile"])
         if "parts" in res:
@@ -259,12 +262,18 @@ def _validate_from(ctx, spec, metrics, trace, log, log_format, tokenizer, opts):
 
     if trace is not None and log is not None:
         raise RlsimError("give the run's lengths once: --trace or --log")
-    opts = opts | {"terms": None}
     opts, engine, setup = apply_from(ctx, spec, opts, EngineConfig(), extra=("policy",))  # the run's own mode
     lengths = load(trace) if trace is not None else None
     if log is not None:
         lengths = import_logs(Path(log), log_format, None, None, tokenizer).trace
-    return validate_config(metrics, setup, opts["profile"], engine, setup.policy, lengths)
+    res = validate_config(metrics, setup, opts["profile"], engine, setup.policy, lengths)
+    from rlsim.bands import band_text, for_prediction
+    from rlsim.profile import load_profile
+
+    # what the prediction rests on: the profile's basis (derived, fitted, measured or calibrated) and its band
+    res["error_band"] = band_text(for_prediction(load_profile(opts["profile"]), engine.rollout_engine,
+                                                 setup.framework)["error_band"])  # fmt: skip
+    return res
 
 
 def print_phases(console, phases: list[dict], profile: str) -> None:  # noqa: ANN001 - a rich Console

@@ -1,0 +1,235 @@
+"""Transfer accuracy: calibrate on one published run, predict the others of its family.
+
+    python benchmarks/transfer.py [--markdown | --readme]   # --readme also writes published_runs/transfer.json
+
+What a user does with their last run: `rlsim calibrate run` on it (`rlsim.calibration.run`), then
+predict the runs they are deciding between. Every calibration starts from the derived profile
+(`rlsim profile derive` on the H20 with the scripts' settings, as `verl_phases.py` sets each run
+up), never from terms fitted on published runs; each family is left one out: every run whose
+phases are published is the calibration run in turn, and every other run of its family is
+predicted (a run's own mode against the other mode at its own GPU count counts too).
+
+Families (veRL's `recipe/fully_async_policy` README, tag v0.7.0; H20 GPUs):
+- Qwen2.5-Math-7B, DAPO, 512 prompts x 16, 28K responses: the colocated synchronous runs at 32,
+  64 and 128 GPUs (step, gen, old_log_prob, update_actor published) and `fully_async` at the same
+  counts split half and half (its time per 512 prompts), as `verl_fully_async.py` sets it up;
+- Qwen3-30B-A3B-Base, GRPO, 8K responses: the colocated synchronous run at 128 GPUs (with its
+  reference pass) and `fully_async` at 96 rollout : 32 trainer GPUs, as its launch script sets it
+  (`published_runs/verl/grpo_30b_a3b_base_math_megatron_96_32.overrides`). With one run of each
+  mode, only the synchronous run is a calibration run.
+
+The published figures are per-phase means, not per-step logs: the benchmark writes each as a
+metrics file of `STEPS` equal steps (veRL's names) and says so; a phase the README does not give
+(the weight update) is not in it, so its term is refused and keeps its derived value. The runs
+publish no lengths: both the calibration and the predictions run on the stand-in (the DAPO preset
+at the run's cap), and every figure is given at the stand-in's lengths and at 25% shorter and
+longer (`length_scale` 0.75 and 1.25), the same in calibration and prediction.
+
+Targets (the calibration issue's): predicted steps, median at most 10% and worst at most 20%;
+every async-against-sync ratio within 10% of the published one, none on the wrong side of 1.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from readme_tables import emit
+from verl_fully_async import POLICY as DENSE_POLICY
+from verl_fully_async import PUBLISHED as DENSE_ASYNC
+from verl_phases import DENSE_ENGINE, DENSE_TRAINER, MOE_SETUP, PRESET, RUNS, _engine
+
+from rlsim.calibration.run import LoggedRun, calibrate
+from rlsim.config import ClusterConfig, EngineConfig, RLConfig
+from rlsim.derive.derive import derive_profile, setup
+from rlsim.derive.terms import Terms
+from rlsim.profile import profile_from_dict
+from rlsim.sim.simulate import simulate
+from rlsim.trace.synth import SynthConfig, synthesize
+
+STEPS = 9  # the metrics file's steps: the first, then 8 (every 4th of them held out)
+ASYNC_UPDATES = 32
+SCALES = (1.0, 0.75, 1.25)
+OUT = Path(__file__).resolve().parent / "published_runs" / "transfer.json"
+MOE_ASYNC_STEP = 282.75  # README, "30B Model Mode Experiment": Fully Async Policy 96:32, Step (s)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A run of a family: the setup rlsim simulates and what was published."""
+
+    family: str
+    label: str
+    model: str
+    gpus: int
+    train_gpus: int  # 0: colocated synchronous
+    policy: str
+    cap: int
+    engine: EngineConfig
+    trainer: object
+    use_kl_loss: bool
+    step: float  # published seconds per 512 prompts
+    phases: dict  # published phase means (synchronous runs), else {}
+
+
+def members() -> list[Member]:
+    out = []
+    for run in RUNS:
+        dense = run.model == "qwen2.5-7b"
+        family = "Qwen2.5-Math-7B" if dense else "Qwen3-30B-A3B"
+        phases = {k: v for k, v in run.published.items() if k != "step"}
+        out.append(Member(family, f"sync, {run.gpus} GPUs", run.model, run.gpus, 0, "sync", run.cap, run.engine,
+                          run.trainer, run.use_kl_loss, run.published["step"], phases))  # fmt: skip
+        if dense:
+            pub = DENSE_ASYNC[run.gpus]
+            out.append(Member(family, f"fully_async, {run.gpus // 2}:{run.gpus // 2}", run.model, run.gpus,
+                              run.gpus // 2, DENSE_POLICY, run.cap, DENSE_ENGINE, DENSE_TRAINER, run.use_kl_loss,
+                              pub["async_step"], {}))  # fmt: skip
+        else:
+            out.append(Member(family, "fully_async, 96:32", run.model, MOE_SETUP.num_gpus, MOE_SETUP.train_gpus,
+                              MOE_SETUP.policy, run.cap, _engine(MOE_SETUP), MOE_SETUP.trainer, MOE_SETUP.use_kl_loss,
+                              MOE_ASYNC_STEP, {}))  # fmt: skip
+    return out
+
+
+def _raw(m: Member) -> dict:
+    return derive_profile(setup(m.model, "h20", 4), m.engine, m.trainer)
+
+
+def _trace(m: Member, scale: float, prompts: int):  # noqa: ANN202
+    return synthesize(SynthConfig(preset=PRESET, num_prompts=prompts, samples_per_prompt=16, epochs=1,
+                                  prompts_per_step=512, max_response_len=m.cap, length_scale=scale))  # fmt: skip
+
+
+def metrics_file(m: Member) -> pd.DataFrame:
+    """The published phase means as a veRL metrics file of `STEPS` equal steps (what the README gives)."""
+    row = {f"timing_s/{k}": v for k, v in m.phases.items()} | {"timing_s/step": m.step}
+    return pd.DataFrame([{"step": s, **row} for s in range(1, STEPS + 1)])
+
+
+def calibrated(m: Member, scale: float):  # noqa: ANN201 - rlsim.calibration.run.Calibration
+    raw = _raw(m)
+    rl = RLConfig(prompts_per_step=512, samples_per_prompt=16, max_response_len=m.cap, epochs=1, max_steps=STEPS,
+                  use_kl_loss=m.use_kl_loss)  # fmt: skip
+    run = LoggedRun(m.label, _trace(m, scale, 512 * STEPS), "sync", ClusterConfig(num_gpus=m.gpus, profile=raw["name"]),
+                    rl, m.engine, raw, metrics_file(m), f"the stand-in at length_scale {scale}")  # fmt: skip
+    return calibrate([run], bootstrap=200)
+
+
+def predict(m: Member, terms: dict, scale: float) -> float:
+    """Seconds per 512 prompts of `m` simulated at `terms` over its derived profile (the synchronous
+    step's mean after the first; fully_async's time per four updates after the first sync)."""
+    prof = profile_from_dict(Terms(**terms).apply(_raw(m)), "calibrated")
+    if m.policy == "sync":
+        rl = RLConfig(prompts_per_step=512, samples_per_prompt=16, max_response_len=m.cap, epochs=1, max_steps=STEPS,
+                      use_kl_loss=m.use_kl_loss)  # fmt: skip
+        res = simulate(_trace(m, scale, 512 * STEPS), "sync", ClusterConfig(num_gpus=m.gpus, profile=prof.name), rl,
+                       profile=prof, engine_cfg=m.engine)  # fmt: skip
+        return float(res.steps["timing_s/step"].iloc[1:].mean())
+    rl = RLConfig(prompts_per_step=512, samples_per_prompt=16, max_response_len=m.cap, epochs=1,
+                  max_steps=ASYNC_UPDATES, use_kl_loss=m.use_kl_loss)  # fmt: skip
+    cluster = ClusterConfig(num_gpus=m.gpus, profile=prof.name, placement="disaggregated", train_gpus=m.train_gpus)
+    res = simulate(_trace(m, scale, 512 * 12), m.policy, cluster, rl, profile=prof, engine_cfg=m.engine)
+    ends = res.steps["time/end"].to_numpy()
+    return float((ends[-1] - ends[3]) / ((len(ends) - 4) / 4))
+
+
+def build() -> dict:
+    """Every calibration run, every prediction of its family, every ratio, and the summary."""
+    ms = members()
+    preds, ratios, cals = [], [], []
+    for scale in SCALES:
+        for src in (m for m in ms if m.phases):
+            cal = calibrated(src, scale)
+            cals.append({"family": src.family, "run": src.label, "scale": scale, "terms": cal.terms,
+                         "refused": sorted(cal.refused)})  # fmt: skip
+            got = {m.label: predict(m, cal.terms, scale) for m in ms if m.family == src.family}
+            for m in ms:
+                if m.family != src.family or m is src:
+                    continue
+                preds.append({"family": src.family, "calibrated_on": src.label, "scale": scale, "run": m.label,
+                              "published": m.step, "rlsim": got[m.label],
+                              "error_pct": 100 * (got[m.label] / m.step - 1)})  # fmt: skip
+            for m in ms:
+                if m.family != src.family or m.policy != "sync":
+                    continue
+                twin = next(a for a in ms if a.family == m.family and a.policy != "sync" and a.gpus == m.gpus)
+                pub, sim = m.step / twin.step, got[m.label] / got[twin.label]
+                ratios.append({"family": src.family, "calibrated_on": src.label, "scale": scale, "gpus": m.gpus,
+                               "published": pub, "rlsim": sim, "error_pct": 100 * (sim / pub - 1),
+                               "wrong_side": (pub > 1) != (sim > 1)})  # fmt: skip
+    return {"calibrations": cals, "predictions": preds, "ratios": ratios, "summary": summary(preds, ratios)}
+
+
+def _stats(errs: list[float]) -> dict:
+    a = [abs(e) for e in errs]
+    return {"predictions": len(a), "median_abs_pct": round(statistics.median(a), 1), "worst_abs_pct": round(max(a), 1)}
+
+
+def summary(preds: list[dict], ratios: list[dict]) -> dict:
+    """At the stand-in's lengths (the band a calibrated prediction prints) and at +/-25%."""
+    out = {}
+    for scale in SCALES:
+        p = [r["error_pct"] for r in preds if r["scale"] == scale]
+        q = [r for r in ratios if r["scale"] == scale]
+        out[str(scale)] = {"steps": _stats(p), "ratios": _stats([r["error_pct"] for r in q]) | {
+            "wrong_side": sum(r["wrong_side"] for r in q)}}  # fmt: skip
+    return out
+
+
+def tables(data: dict) -> dict[str, str]:
+    steps = ["| family | calibrated on | predicted | published (s) | rlsim, stand-in (s) | error | at lengths -25% / +25% |",
+             "|---|---|---|---:|---:|---:|---|"]  # fmt: skip
+    by = {(r["calibrated_on"], r["run"], r["scale"]): r for r in data["predictions"]}
+    for r in (r for r in data["predictions"] if r["scale"] == 1.0):
+        lo, hi = by[(r["calibrated_on"], r["run"], 0.75)], by[(r["calibrated_on"], r["run"], 1.25)]
+        steps.append(f"| {r['family']} | {r['calibrated_on']} | {r['run']} | {r['published']:.0f} | {r['rlsim']:.0f} | "
+                     f"{r['error_pct']:+.0f}% | {lo['error_pct']:+.0f}% / {hi['error_pct']:+.0f}% |")  # fmt: skip
+    rat = ["| family | calibrated on | GPUs | published sync / fully_async | rlsim, stand-in | error | "
+           "at lengths -25% / +25% |", "|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    byr = {(r["calibrated_on"], r["gpus"], r["scale"]): r for r in data["ratios"]}
+    for r in (r for r in data["ratios"] if r["scale"] == 1.0):
+        lo, hi = byr[(r["calibrated_on"], r["gpus"], 0.75)], byr[(r["calibrated_on"], r["gpus"], 1.25)]
+        side = " (wrong side of 1)" if r["wrong_side"] else ""
+        rat.append(f"| {r['family']} | {r['calibrated_on']} | {r['gpus']} | {r['published']:.2f}x | "
+                   f"{r['rlsim']:.2f}x{side} | {r['error_pct']:+.0f}% | {lo['rlsim']:.2f}x / {hi['rlsim']:.2f}x |")
+    summ = ["| lengths | steps: median / worst abs error (target 10% / 20%) | ratios: median / worst (target: all "
+            "within 10%) | ratios on the wrong side of 1 |", "|---|---|---|---:|"]  # fmt: skip
+    for scale, s in data["summary"].items():
+        st, ra = s["steps"], s["ratios"]
+        name = {"1.0": "stand-in", "0.75": "25% shorter", "1.25": "25% longer"}[scale]
+        summ.append(f"| {name} | {st['median_abs_pct']:.0f}% / {st['worst_abs_pct']:.0f}% ({st['predictions']}) | "
+                    f"{ra['median_abs_pct']:.0f}% / {ra['worst_abs_pct']:.0f}% ({ra['predictions']}) | "
+                    f"{ra['wrong_side']} |")  # fmt: skip
+    return {"transfer": "\n".join(steps) + "\n", "transfer_ratios": "\n".join(rat) + "\n",
+            "transfer_summary": "\n".join(summ) + "\n"}  # fmt: skip
+
+
+def transfer_json(data: dict) -> str:
+    """The figures `rlsim/bands.json` carries as `transfer` (the band a calibrated prediction prints)."""
+    s = data["summary"]["1.0"]
+    return json.dumps({"about": "Calibrate on one published run, predict the others of its family "
+                       "(benchmarks/transfer.py), at the stand-in's lengths.", "steps": s["steps"],
+                       "ratios": s["ratios"]}, indent=1) + "\n"  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    with tempfile.TemporaryDirectory():
+        data = build()
+    if "--readme" in argv:
+        OUT.write_text(transfer_json(data))
+    for name, body in tables(data).items():
+        emit(name, body, argv)
+    if not {"--markdown", "--readme"} & set(argv):
+        print("\n".join(tables(data).values()))
+        print(json.dumps(data["calibrations"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
