@@ -1,6 +1,7 @@
 """Transfer accuracy: calibrate on one published run, predict the others of its family.
 
     python benchmarks/transfer.py [--markdown | --readme]   # --readme also writes published_runs/transfer.json
+    python benchmarks/transfer.py --nemo-rl [--markdown | --readme]   # NeMo RL's rows, apart (minutes)
 
 What a user does with their last run: `rlsim calibrate run` on it (`rlsim.calibration.run`), then
 predict the runs they are deciding between. Every calibration starts from the derived profile
@@ -17,6 +18,9 @@ Families (veRL's `recipe/fully_async_policy` README, tag v0.7.0; H20 GPUs):
   reference pass) and `fully_async` at 96 rollout : 32 trainer GPUs, as its launch script sets it
   (`published_runs/verl/grpo_30b_a3b_base_math_megatron_96_32.overrides`). With one run of each
   mode, only the synchronous run is a calibration run.
+- apart from the targets (`--nemo-rl`): NeMo RL's published rows of one model, GPU and release
+  (`published_runs.py`'s rows, each set up as `nemo_rl.simulate_row` sets it up), step time only,
+  so each calibration keeps at most one term (the one its step identifies).
 
 The published figures are per-phase means, not per-step logs: the benchmark writes each as a
 metrics file of `STEPS` equal steps (veRL's names) and says so; a phase the README does not give
@@ -183,8 +187,8 @@ def summary(preds: list[dict], ratios: list[dict]) -> dict:
 
 
 def tables(data: dict) -> dict[str, str]:
-    steps = ["| family | calibrated on | predicted | published (s) | rlsim, stand-in (s) | error | at lengths -25% / +25% |",
-             "|---|---|---|---:|---:|---:|---|"]  # fmt: skip
+    steps = ["| family | calibrated on | predicted | published (s) | rlsim, stand-in (s) | error | "
+             "at lengths -25% / +25% |", "|---|---|---|---:|---:|---:|---|"]  # fmt: skip
     by = {(r["calibrated_on"], r["run"], r["scale"]): r for r in data["predictions"]}
     for r in (r for r in data["predictions"] if r["scale"] == 1.0):
         lo, hi = by[(r["calibrated_on"], r["run"], 0.75)], by[(r["calibrated_on"], r["run"], 1.25)]
@@ -218,7 +222,79 @@ def transfer_json(data: dict) -> str:
                        "ratios": s["ratios"]}, indent=1) + "\n"  # fmt: skip
 
 
+NEMO_STEPS = 9
+
+
+def _nemo_rl_calibration(row: pd.Series):  # noqa: ANN202 - rlsim.calibration.run.Calibration
+    """One NeMo RL row as a step-only log (its published step time written as `NEMO_STEPS` equal
+    steps), its run set up as `nemo_rl.simulate_row` sets it up, calibrated from the derived profile."""
+    import numpy as np
+    from nemo_rl import PRESET as NEMO_PRESET
+    from nemo_rl import run_setup
+
+    from rlsim.derive.derive import setup as derive_setup
+    from rlsim.trace.synth import synthesize_to_mean
+
+    s = run_setup(row)
+    gen = derive_setup(row.rlsim_model, row.gpu, s.tp, s.ep, s.dtype or "bf16", s.kv_cache_dtype, pp=s.pp)
+    engine = s.engine_for(gen.gpu.memory_bytes, gen.gpu.name)
+    raw = derive_profile(gen, engine, s.trainer)
+    cap = min(s.max_response_len, int(row.max_seq_len) - int(row.prompt_len))
+    n = s.prompts_per_step * NEMO_STEPS
+    prompts = pd.DataFrame({"prompt_id": np.arange(n), "num_prompt_tokens": np.full(n, int(row.prompt_len))})
+    trace = synthesize_to_mean(NEMO_PRESET, s.prompts_per_step, s.samples_per_prompt, NEMO_STEPS, cap,
+                               float(row.avg_gen_len), prompts)  # fmt: skip
+    rl = RLConfig(prompts_per_step=s.prompts_per_step, samples_per_prompt=s.samples_per_prompt, max_response_len=cap,
+                  epochs=1, max_steps=NEMO_STEPS, use_kl_loss=s.use_kl_loss)  # fmt: skip
+    cluster = ClusterConfig(num_gpus=s.num_gpus, profile=raw["name"], placement=s.placement, train_gpus=s.train_gpus)
+    metrics = pd.DataFrame([{"step": k, "timing_s/step": float(row.step_s)} for k in range(1, NEMO_STEPS + 1)])
+    run = LoggedRun(f"{row.release} {row.model} {row.policy} {row.gpus}", trace, s.policy, cluster, rl, engine, raw,
+                    metrics, "the stand-in at the row's published mean")  # fmt: skip
+    return calibrate([run], bootstrap=200)
+
+
+def nemo_rl() -> list[dict]:
+    """NeMo RL's rows of one model, GPU and release (step only): each calibrated on in turn, the
+    others predicted (`nemo_rl.simulate_row` at the calibrated terms)."""
+    from nemo_rl import load_rows, simulate_row
+
+    d = load_rows()
+    d = d[d.expressible]
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for (release, model, gpu), group in d.groupby(["release", "model", "gpu"]):
+            if len(group) < 2:
+                continue
+            for i, src in group.iterrows():
+                cal = _nemo_rl_calibration(src)
+                for j, other in group.iterrows():
+                    if j == i:
+                        continue
+                    got = simulate_row(other, Path(tmp), Terms(**cal.terms))
+                    out.append({"release": str(release), "model": model, "gpu": gpu,
+                                "calibrated_on": f"{src.policy}, {src.gpus} GPUs",
+                                "term": ", ".join(f"{k} {v:.3g}" for k, v in cal.terms.items()) or "none kept",
+                                "run": f"{other.policy}, {other.gpus} GPUs", "published": float(other.step_s),
+                                "rlsim": got["simulated_s"], "error_pct": 100 * got["error"]})  # fmt: skip
+    return out
+
+
+def nemo_rl_table(rows: list[dict]) -> str:
+    lines = ["| release | model | GPU | calibrated on | its term | predicted | published (s) | rlsim (s) | error |",
+             "|---|---|---|---|---|---|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['release']} | {r['model']} | {r['gpu'].upper()} | {r['calibrated_on']} | {r['term']} | "
+                     f"{r['run']} | {r['published']:.1f} | {r['rlsim']:.1f} | {r['error_pct']:+.0f}% |")
+    errs = [abs(r["error_pct"]) for r in rows]
+    lines.append(f"| all | | | | | {len(errs)} predictions | | median {statistics.median(errs):.0f}% | "
+                 f"worst {max(errs):.0f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
+    if "--nemo-rl" in argv:  # minutes: written with --readme, not re-run by CI (tests/test_readme_tables.py, SLOW)
+        emit("transfer_nemo_rl", nemo_rl_table(nemo_rl()), argv)
+        return 0
     with tempfile.TemporaryDirectory():
         data = build()
     if "--readme" in argv:

@@ -199,3 +199,24 @@ def test_the_four_commands_say_a_calibrated_prediction_rests_on_its_calibration(
         text = " ".join(r.stdout.split())
         assert f"calibrated on 8 steps of 1 run, {terms}" in text, (name, text[-1500:])
         assert "transfer" in text.lower() or "calibrating on one published run" in text, (name, text[-800:])
+
+
+def test_nemo_rl_tensorboard_event_files_are_read_as_its_json_dump(tmp_path: Path) -> None:
+    """Event files written by TensorBoard's own writer (the protos torch's SummaryWriter, which NeMo
+    RL logs with, writes) read as the same frame as their JSON dump."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    from rlsim.real.run_metrics import read_run_metrics
+
+    tags = ("timing/train/total_step_time", "timing/train/generation", "timing/train/policy_training")
+    writer = EventFileWriter(str(tmp_path / "tb"))
+    for step in range(1, 6):
+        values = [summary_pb2.Summary.Value(tag=t, simple_value=float(10 * step + i)) for i, t in enumerate(tags)]
+        writer.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=values)))
+    writer.close()
+    frame, fmt = read_run_metrics(tmp_path / "tb")
+    dump = tmp_path / "dump.json"
+    dump.write_text(json.dumps({t: {str(s): float(10 * s + i) for s in range(1, 6)} for i, t in enumerate(tags)}))
+    assert fmt == "NeMo RL's TensorBoard event files"
+    pd.testing.assert_frame_equal(frame, read_run_metrics(dump)[0])

@@ -52,7 +52,8 @@ TIMING = {
 # checked row by row in tests/test_scheduler_parity.py, and a subset in tests/test_sglang_parity.py
 OTHER = {"scheduler_parity": ["scheduler_parity"], "sglang_parity": ["sglang_parity"]}
 # deterministic but minutes long under SimEngine (SGLang's rules): written with --readme, not re-run here
-SLOW = {"sglang_setups": ["sglang_setups"], "compare_engines": ["compare_engines"]}
+SLOW = {"sglang_setups": ["sglang_setups"], "compare_engines": ["compare_engines"],
+        "transfer --nemo-rl": ["transfer_nemo_rl"]}  # fmt: skip
 # tables written by hand: reference, not measurement (their header lines; among them the README's
 # statement of what was fitted on what, and the records' columns in docs/architecture.md)
 REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it does |", "| column | type | meaning |",

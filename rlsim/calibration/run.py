@@ -231,8 +231,8 @@ def calibrate(
         shares = {}
         for spec in specs:
             if spec.name in bases:
-                shares[spec.name] = sum(float(sim[list(p for p in spec.phases if p in sim)].sum().sum())
-                                        for sim in base_sims)  # fmt: skip
+                cols = [p for p in spec.phases if p != "timing_s/log_probs"]  # (that is their sum)
+                shares[spec.name] = sum(float(sim[[c for c in cols if c in sim]].sum().sum()) for sim in base_sims)
         chosen = max(shares, key=shares.get)
         total = sum(float(sim[STEP].sum()) for sim in base_sims)
         spec0 = next(s for s in specs if s.name == chosen)

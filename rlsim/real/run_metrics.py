@@ -91,7 +91,7 @@ def _tensorboard(files: list[Path], flag: str) -> dict:
         from tensorboard.util import tensor_util
     except ImportError:
         raise RlsimError(
-            f"{flag}: reading TensorBoard event files needs the tensorboard package (pip install tensorboard), "
+            f"{flag}: reading TensorBoard event files needs the tensorboard package (pip install 'rlsim[logs]'), "
             "or give their JSON dump ({tag: {step: value}})"
         ) from None
     out: dict[str, dict[str, float]] = {}
