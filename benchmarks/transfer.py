@@ -1,7 +1,6 @@
 """Transfer accuracy: calibrate on one published run, predict the others of its family.
 
     python benchmarks/transfer.py [--markdown | --readme]   # --readme also writes published_runs/transfer.json
-    python benchmarks/transfer.py --nemo-rl [--markdown | --readme]   # NeMo RL's rows, apart (minutes)
 
 What a user does with their last run: `rlsim calibrate run` on it (`rlsim.calibration.run`), then
 predict the runs they are deciding between. Every calibration starts from the derived profile
@@ -18,7 +17,7 @@ Families (veRL's `recipe/fully_async_policy` README, tag v0.7.0; H20 GPUs):
   reference pass) and `fully_async` at 96 rollout : 32 trainer GPUs, as its launch script sets it
   (`published_runs/verl/grpo_30b_a3b_base_math_megatron_96_32.overrides`). With one run of each
   mode, only the synchronous run is a calibration run.
-- apart from the targets (`--nemo-rl`): NeMo RL's published rows of one model, GPU and release
+- apart from the targets (`transfer_nemo_rl`): NeMo RL's published rows of one model, GPU and release
   (`published_runs.py`'s rows, each set up as `nemo_rl.simulate_row` sets it up), step time only,
   so each calibration keeps at most one term (the one its step identifies).
 
@@ -292,17 +291,14 @@ def nemo_rl_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if "--nemo-rl" in argv:  # minutes: written with --readme, not re-run by CI (tests/test_readme_tables.py, SLOW)
-        emit("transfer_nemo_rl", nemo_rl_table(nemo_rl()), argv)
-        return 0
-    with tempfile.TemporaryDirectory():
-        data = build()
+    data = build()
     if "--readme" in argv:
         OUT.write_text(transfer_json(data))
-    for name, body in tables(data).items():
+    out = tables(data) | {"transfer_nemo_rl": nemo_rl_table(nemo_rl())}
+    for name, body in out.items():
         emit(name, body, argv)
     if not {"--markdown", "--readme"} & set(argv):
-        print("\n".join(tables(data).values()))
+        print("\n".join(out.values()))
         print(json.dumps(data["calibrations"], indent=1))
     return 0
 

@@ -31,7 +31,7 @@ DETERMINISTIC = {
     "release_spread": ["release_spread"],
     "verl_fully_async": ["verl_fully_async"],
     "verl_phases": ["verl_phases", "verl_weight_sync"],
-    "transfer": ["transfer", "transfer_ratios", "transfer_summary"],
+    "transfer": ["transfer", "transfer_ratios", "transfer_summary", "transfer_nemo_rl"],
     "multi_turn": ["search_r1_fit", "search_r1_sim", "tool_latency_sweep", "search_r1_compare", "search_r1_engines"],
     "policy_table": ["policy_knobs"],
     "formats_table": ["model_config_fields", "gpu_fields"],
@@ -52,8 +52,7 @@ TIMING = {
 # checked row by row in tests/test_scheduler_parity.py, and a subset in tests/test_sglang_parity.py
 OTHER = {"scheduler_parity": ["scheduler_parity"], "sglang_parity": ["sglang_parity"]}
 # deterministic but minutes long under SimEngine (SGLang's rules): written with --readme, not re-run here
-SLOW = {"sglang_setups": ["sglang_setups"], "compare_engines": ["compare_engines"],
-        "transfer --nemo-rl": ["transfer_nemo_rl"]}  # fmt: skip
+SLOW = {"sglang_setups": ["sglang_setups"], "compare_engines": ["compare_engines"]}
 # tables written by hand: reference, not measurement (their header lines; among them the README's
 # statement of what was fitted on what, and the records' columns in docs/architecture.md)
 REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it does |", "| column | type | meaning |",

@@ -303,7 +303,7 @@ def _logged_run(ctx: typer.Context, spec: str, metrics: Path, trace: Path | None
     if trace is not None:
         lengths, text = load(trace), f"the run's own ({trace})"
     else:
-        lengths, text = stand_in_lengths(real, metrics, setup, setup.policy)
+        lengths, text = stand_in_lengths(real, metrics, setup, setup.policy, "--trace")
     cluster = ClusterConfig(num_gpus=setup.num_gpus, profile=opts["profile"], placement=setup.placement,
                             train_gpus=setup.train_gpus)  # fmt: skip
     rl = RLConfig(prompts_per_step=setup.prompts_per_step, samples_per_prompt=setup.samples_per_prompt,

@@ -168,14 +168,14 @@ def _span(steps: Any) -> str:  # noqa: ANN401
     return f"{s[0]}-{s[-1]}" if s else "none"
 
 
-def stand_in_lengths(real: pd.DataFrame, metrics: Path, setup, policy: str):  # noqa: ANN001, ANN201
+def stand_in_lengths(real: pd.DataFrame, metrics: Path, setup, policy: str, give: str = "--trace or --log"):  # noqa: ANN001, ANN201
     """The stand-in trace for a log without its lengths: the preset at the setup's batch and cap,
     scaled to the log's mean response (and its share at the cap, where logged), as many steps as
     it logs (two more ahead for an asynchronous mode), with its one-line description."""
     from rlsim.trace.synth import describe_stand_in, synthesize_to_mean
 
     if "response_length/mean" not in real.columns:
-        raise RlsimError(f"{metrics} logs no response_length/mean: give the run's lengths with --trace or --log")
+        raise RlsimError(f"{metrics} logs no response_length/mean: give the run's lengths with {give}")
     mean = float(real["response_length/mean"].mean())
     # veRL's share of responses cut at the cap, where the log has it: the stand-in matches it too
     clipped = "response_length/clip_ratio" in real.columns
@@ -184,7 +184,7 @@ def stand_in_lengths(real: pd.DataFrame, metrics: Path, setup, policy: str):  # 
     trace = synthesize_to_mean(STAND_IN, setup.prompts_per_step, setup.samples_per_prompt, len(real) + spare,
                                setup.max_response_len, mean, clip_share=clip)  # fmt: skip
     text = (f"{describe_stand_in(trace)}, standing in for the log's mean response of {mean:,.0f} tokens "
-            "(the run's own lengths: --trace or --log)")  # fmt: skip
+            f"(the run's own lengths: {give})")  # fmt: skip
     return trace, text
 
 
