@@ -273,6 +273,8 @@ class Profile:
             if out["train"][name] == default:
                 del out["train"][name]
         out["train"].pop("framework")
+        if not out["train"]["forward_mfu"]:  # nor one whose forward passes run at the update's MFU
+            del out["train"]["forward_mfu"]
         out["train"] |= self.train.framework.stated()
         if not out["prefill_request_s"]:  # a profile without the per-request term is written as before it
             del out["prefill_request_s"]
