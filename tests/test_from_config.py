@@ -19,6 +19,7 @@ from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
 from rlsim.frameworks.verl import known_model, read_config, read_verl
+from tests.recorded_run import RUN, RUN_CONFIG, real_run_as_verl_metrics
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs" / "verl"
 MOE = DATA / "grpo_30b_a3b_base_math_megatron_96_32.overrides"
@@ -336,30 +337,6 @@ def test_fp8_weights_read_and_written_by_both_frameworks(tmp_path: Path) -> None
     assert "actor_rollout_ref.rollout.quantization=fp8" in verl_overrides(planned)
     assert "precision: fp8" in nemo_rl_recipe(planned) and "kv_cache_dtype" not in nemo_rl_recipe(planned)
 
-RUN = Path(__file__).resolve().parent / "data" / "recorded_runs" / "20261126-000315"
-RUN_CONFIG = """python3 -m verl.trainer.main_ppo
-actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1
-trainer.nnodes=1 trainer.n_gpus_per_node=1 data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8
-actor_rollout_ref.rollout.n=4
-data.max_response_length=2048 actor_rollout_ref.rollout.enable_prefix_caching=False
-actor_rollout_ref.model.path=tiny-llama algorithm.adv_estimator=grpo
-"""
-
-
-def _real_run_as_verl_metrics(tmp_path: Path) -> Path:
-    """A recorded real run's steps (rlsim run --real writes veRL's metric names) as veRL's file
-    logger writes them, `{"step": N, "data": {...}}`, steps counted from 1 as veRL counts them."""
-    import pandas as pd
-
-    steps = pd.read_parquet(RUN / "run-sync" / "steps.parquet")
-    path = tmp_path / "metrics.jsonl"
-    with path.open("w") as f:
-        for _, r in steps.iterrows():
-            data = {k: float(r[k]) for k in steps.columns if k.startswith(("timing_s/", "response_length/"))}
-            f.write(json.dumps({"step": int(r["step"]) + 1, "data": data}) + "\n")
-    return path
-
-
 def test_validate_a_run_against_its_own_config_phase_by_phase(tmp_path: Path) -> None:
     """`rlsim validate --from verl:CONFIG --metrics FILE`: the config's run (here rlsim's own
     real run of the tiny model, described as veRL describes a run, on the run's measured profile)
@@ -367,7 +344,7 @@ def test_validate_a_run_against_its_own_config_phase_by_phase(tmp_path: Path) ->
     the generation within 5% of the engine's measured seconds (the training phases of this run were
     modelled from the same profile, so they agree by construction); without --trace the output
     names its stand-in."""
-    config, metrics = tmp_path / "run.overrides", _real_run_as_verl_metrics(tmp_path)
+    config, metrics = tmp_path / "run.overrides", real_run_as_verl_metrics(tmp_path)
     config.write_text(RUN_CONFIG)
     base = ["validate", "--from", f"verl:{config}", "--metrics", str(metrics), "--profile", str(RUN / "profile.json")]
     r = runner.invoke(app, [*base, "--trace", str(RUN / "run-sync" / "recorded_trace.parquet"), "--json"])
@@ -393,7 +370,7 @@ def test_validate_reaches_a_logs_mean_at_08_of_its_cap_and_its_clip_share(tmp_pa
     """A log whose mean response is 0.8 of its cap (2,048 here) with 40% of responses at the cap:
     the stand-in reaches both (the old fixed bound on its scale fell short of such means without a
     word), and the output names its scale and its share at the cap."""
-    config, metrics = tmp_path / "run.overrides", _real_run_as_verl_metrics(tmp_path)
+    config, metrics = tmp_path / "run.overrides", real_run_as_verl_metrics(tmp_path)
     config.write_text(RUN_CONFIG)
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     for rec in lines:

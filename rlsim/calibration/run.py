@@ -311,25 +311,18 @@ def _bootstrap(
     """z over `n` resamples (of the runs where there are several, else of blocks of the one run's
     steps), and how many units (runs or blocks) were resampled."""
     runs = [[x for step in pr for x in step] for pr in per_run if pr]
-    out = []
     if len(runs) > 1:
-        for _ in range(n):
-            pick = rng.integers(0, len(runs), len(runs))
-            rows = [x for i in pick for x in runs[i]]
-            den = sum(b * b for _, _, b in rows)
-            if den > 0:
-                out.append(_solve(rows))
-        return np.asarray(out), len(runs)
-    steps = next(pr for pr in per_run if pr)  # the one run's fitting steps, in order, each its phases
-    size = max(1, math.floor(len(steps) ** (1 / 3)))
-    blocks = [[x for step in steps[i : i + size] for x in step] for i in range(0, len(steps), size)]
+        units = runs
+    else:
+        steps = next(pr for pr in per_run if pr)  # the one run's fitting steps, in order, each its phases
+        size = max(1, math.floor(len(steps) ** (1 / 3)))
+        units = [[x for step in steps[i : i + size] for x in step] for i in range(0, len(steps), size)]
+    out = []
     for _ in range(n):
-        pick = rng.integers(0, len(blocks), len(blocks))
-        sample = [x for i in pick for x in blocks[i]]
-        den = sum(b * b for _, _, b in sample)
-        if den > 0:
+        sample = [x for i in rng.integers(0, len(units), len(units)) for x in units[i]]
+        if sum(b * b for _, _, b in sample) > 0:
             out.append(_solve(sample))
-    return np.asarray(out), len(blocks)
+    return np.asarray(out), len(units)
 
 
 def expanded_tail(units: int, level: float = 0.90) -> float:
