@@ -117,7 +117,7 @@ def test_calibrate_a_recorded_real_run_and_simulate_its_held_out_steps_with_the_
     errs = [100 * abs(sim[i] / real[i] - 1) for i in held if i < len(real)]
     assert errs and max(errs) <= residual + 1e-6, (errs, residual)
     r = runner.invoke(app, ["calibrate", "run", *base, "--metrics", str(metrics), "-o", str(terms)])
-    assert r.exit_code == 2 and "already exists" in r.stderr.lower() or "--force" in r.stderr, r.output
+    assert r.exit_code == 2 and "--force" in r.stderr, r.output  # the terms file written is kept
 
 
 def test_a_terms_file_from_another_derivation_warns_in_one_sentence(tmp_path: Path) -> None:
@@ -202,3 +202,14 @@ def test_nemo_rl_tensorboard_event_files_are_read_as_its_json_dump(tmp_path: Pat
     dump.write_text(json.dumps({t: {str(s): float(10 * s + i) for s in range(1, 6)} for i, t in enumerate(tags)}))
     assert fmt == "NeMo RL's TensorBoard event files"
     pd.testing.assert_frame_equal(frame, read_run_metrics(dump)[0])
+
+
+def test_lengths_shorter_than_the_log_are_refused_not_fitted_in_part() -> None:
+    """A trace with fewer steps than the log has (the user's --trace of part of the run) is one
+    sentence; the fit used to keep the steps both had without a word."""
+    run = _known_run()
+    longer = pd.concat([run.metrics, run.metrics.tail(1).assign(step=len(run.metrics) + 1)], ignore_index=True)
+    short = LoggedRun(run.name, run.trace, run.policy, run.cluster, run.rl, run.engine, run.profile, longer,
+                      run.lengths)  # fmt: skip
+    with pytest.raises(RlsimError, match="give 9 steps of 32 prompts, and the log has 10"):
+        calibrate([short], bootstrap=50)

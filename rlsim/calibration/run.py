@@ -170,8 +170,12 @@ def _simulate(run: LoggedRun, values: dict[str, float]) -> pd.DataFrame:
     prof = profile_from_dict(raw, run.name)
     res = simulate(run.trace, run.policy, run.cluster, run.rl, profile=prof, engine_cfg=run.engine)
     steps = sorted(int(s) for s in run.metrics["step"])
-    n = min(len(steps), len(res.steps))
-    out = res.steps.iloc[:n].assign(step=steps[:n]).set_index("step")
+    if len(res.steps) < len(steps):  # the lengths run out before the log does: say so, never fit a part
+        raise RlsimError(
+            f"{run.name}: its lengths ({run.lengths}) give {len(res.steps)} steps of {run.rl.prompts_per_step} "
+            f"prompts, and the log has {len(steps)}: give lengths for every logged step"
+        )
+    out = res.steps.iloc[: len(steps)].assign(step=steps).set_index("step")
     return out.assign(**{"timing_s/log_probs": out["timing_s/old_log_prob"] + out["timing_s/ref"]})
 
 

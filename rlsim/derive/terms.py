@@ -78,6 +78,10 @@ SHIPPED = ("nemo-rl",)
 # the terms that are a time per unit (layer, sequence, pair, hop): never negative
 PER_UNIT_TERMS = ("layer_iteration_s", "sequence_layer_iteration_s", "sequence_iteration_s", "expert_token_layer_s",
                   "net_hop_s")  # fmt: skip
+# a profile's fields that follow the run's engine settings, not the derivation: left out of its digest, so
+# terms calibrated at one memory fraction are not warned about at another
+RUN_FIELDS = ("kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "block_size",
+              "async_scheduling")  # fmt: skip
 # the terms whose None keeps the derived value (a file may write them as null)
 NULLABLE = ("refit_per_tensor_s", "megatron_dense_mfu", "megatron_mfu", "train_mfu", "forward_mfu")
 
@@ -170,14 +174,10 @@ class Terms:
 
 def load_terms(name_or_path: str) -> tuple[Terms, str]:
     """The terms of a shipped name (`nemo-rl`) or a JSON file, and a line of provenance."""
-    if name_or_path in SHIPPED:
-        raw = json.loads((resources.files("rlsim.derive") / f"terms_{name_or_path}.json").read_text(encoding="utf-8"))
-        where = f"rlsim/derive/terms_{name_or_path}.json"
-    else:
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise RlsimError(f"unknown terms {name_or_path!r}: give a JSON file or one of {', '.join(SHIPPED)}")
-        raw, where = read_json_object(path), str(path)
+    if name_or_path not in SHIPPED and not Path(name_or_path).is_file():
+        raise RlsimError(f"unknown terms {name_or_path!r}: give a JSON file or one of {', '.join(SHIPPED)}")
+    raw = terms_record(name_or_path)
+    where = f"rlsim/derive/terms_{name_or_path}.json" if name_or_path in SHIPPED else name_or_path
     values = raw.get("terms")
     if not isinstance(values, dict):
         raise RlsimError(f"{where} has no 'terms' object")
@@ -201,7 +201,7 @@ def derivation_digest(raw: dict[str, Any]) -> str:
     """A digest of a profile as derived or measured, before terms (its name and provenance left
     out): a calibrated terms file records it, and a later rlsim that derives the profile otherwise
     says so (`derivation_warning`)."""
-    body = {k: v for k, v in raw.items() if k not in ("provenance", "name")}
+    body = {k: v for k, v in raw.items() if k not in ("provenance", "name", *RUN_FIELDS)}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
