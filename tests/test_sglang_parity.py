@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from rlsim.sim.sglang_parity import CI_GRID, GRID, WARMUP, counts, first_difference, run_rlsim, run_sglang
+from rlsim.sim.sglang_parity import CI_GRID, GRID, WARMUP, abort_rids, counts, first_difference, run_rlsim, run_sglang
 
 REQUIRED = os.environ.get("RLSIM_REQUIRE_SGLANG") == "1"
 if not os.environ.get("RLSIM_SGLANG_PYTHON") and not REQUIRED:
@@ -37,5 +37,28 @@ def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool) -> N
         assert len({rid for rid, _ in extends if rid >= WARMUP}) == cfg.num_prompts
         ones = sum(take == 1 for rid, take in extends if rid < WARMUP)
         assert ones > cfg.num_prompts * cfg.samples_per_prompt // 2, ones  # (the rest: evicted before admission)
+    if cfg.drain:  # a later wave's first prefill read the initial ratio again, after decodes had lowered it
+        _assert_idle_reset(cfg, theirs)
+    if name == "abort mid-chunk":  # an aborted request was cut mid-prompt and never extended again
+        _assert_aborted_mid_chunk(cfg, theirs)
+    if name == "abort during prefills":  # the wave came while a prefill batch ran
+        assert any("extend" in r for r in theirs["iterations"] if cfg.abort_at - 2 <= r["at"] <= cfg.abort_at)
     assert first_difference(ours, theirs) is None
     assert counts(ours) == got
+
+
+def _assert_idle_reset(cfg, log: dict) -> None:  # noqa: ANN001 - a SGLangParityConfig
+    first = {w.request_id for w in cfg.work() if w.arrive == 0}
+    rows = [r for r in log["iterations"] if "extend" in r]
+    later = [r for r in rows if any(rid not in first and rid < WARMUP for rid, _ in r["extend"])]
+    assert later and min(r["ratio"] for r in rows) < rows[0]["ratio"]
+    assert later[0]["ratio"] == rows[0]["ratio"], later[0]
+
+
+def _assert_aborted_mid_chunk(cfg, log: dict) -> None:  # noqa: ANN001 - a SGLangParityConfig
+    plen = {w.request_id: w.prompt_tokens for w in cfg.work()}
+    gone = set(abort_rids(cfg))
+    cut = {rid for r in log["iterations"] if r["at"] < cfg.abort_at for rid, take in r.get("extend", [])
+           if rid in gone and take < plen[rid]}  # fmt: skip
+    assert cut
+    assert not any(rid in cut for r in log["iterations"] if r["at"] > cfg.abort_at for rid, _ in r.get("extend", []))

@@ -6,14 +6,18 @@ is `SGLangScheduler`, step by step or through its event jumps (`fast=True`, each
 into its iterations). Both get the same seeded workload (`rlsim.sim.sched_parity.workload`:
 prompt and output lengths, GRPO groups sharing a prompt, arrival waves) and the same limits, and
 each iteration is logged on both sides as the requests a prefill batch extends (and by how many
-tokens) or the number a decode batch runs, with the requests retracted before it; the test is
-that both logs are equal and every request finishes on the same iteration.
+tokens, with the new-token ratio its admission read) or the requests a decode batch runs, by id,
+with the requests retracted before it; the test is that both logs are equal and every request
+finishes on the same iteration. Between arrivals the engine idles as SGLang's loop does
+(`on_idle`); `drain` workloads send each wave once the last has drained, as an RL loop's steps
+come, and `sleep` ones put the engine to sleep between them, as veRL does.
 
     RLSIM_SGLANG_PYTHON=/path/to/sglang-venv/bin/python python benchmarks/sglang_parity.py
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -58,6 +62,8 @@ class SGLangParityConfig:
     abort_at: int | None = None  # at this iteration, abort every third request not yet finished
     schedule_policy: str = "fcfs"
     parallel_sample: bool = False  # a group arriving together is one request with n > 1 (a warm-up first)
+    drain: bool = False  # each wave arrives once the engine has drained and idled (an RL step's, as veRL sends them)
+    sleep: bool = False  # with `drain`: the engine sleeps and wakes between waves (its KV released, its cache flushed)
     seed: int = 0
 
     def work(self) -> list[sched_parity.Work]:
@@ -96,12 +102,29 @@ GRID = {
                                             output_tokens=(50, 1500), output_dist="lognormal", kv_tokens=12_000,
                                             chunked_prefill_size=1024, waves=3, wave_gap=150, eos=True,
                                             parallel_sample=True),
+    # an RL loop's steps: each wave arrives once the last has drained and the engine idled (SGLang's
+    # `on_idle` resets the new-token ratio), then with veRL's sleep and wake between them
+    "idle waves": SGLangParityConfig("idle waves", num_prompts=24, samples_per_prompt=4, output_tokens=(50, 1500),
+                                     output_dist="lognormal", kv_tokens=12_000, chunked_prefill_size=1024, waves=3,
+                                     eos=True, drain=True),
+    "sleep waves": SGLangParityConfig("sleep waves", num_prompts=24, samples_per_prompt=4, output_tokens=(50, 1500),
+                                      output_dist="lognormal", kv_tokens=12_000, chunked_prefill_size=1024, waves=3,
+                                      eos=True, drain=True, sleep=True),
+    # an abort while a long prompt is prefilled in chunks: the chunk computed last is discarded
+    "abort mid-chunk": SGLangParityConfig("abort mid-chunk", num_prompts=8, samples_per_prompt=4,
+                                          prompt_tokens=(2500, 5000), output_tokens=(50, 600), kv_tokens=40_000,
+                                          chunked_prefill_size=1024, abort_at=2),
+    # an abort wave while arrivals keep prefilling (the overlap loop's result in flight)
+    "abort during prefills": SGLangParityConfig("abort during prefills", num_prompts=32, samples_per_prompt=2,
+                                                output_tokens=(50, 800), kv_tokens=30_000, chunked_prefill_size=512,
+                                                waves=16, wave_gap=12, abort_at=61),
 }  # fmt: skip
 CI_GRID = (("retractions", True), ("abort wave", True), ("tight KV, EOS stops", False), ("lpm, arrival waves", True),
-           ("parallel sampling", True))  # fmt: skip
+           ("parallel sampling", True), ("idle waves", True), ("sleep waves", False), ("abort mid-chunk", False),
+           ("abort mid-chunk", True), ("abort during prefills", True))  # fmt: skip
 
 
-def _abort_rids(cfg: SGLangParityConfig) -> list[int]:
+def abort_rids(cfg: SGLangParityConfig) -> list[int]:
     return [w.request_id for w in cfg.work() if w.request_id % 3 == 0] if cfg.abort_at is not None else []
 
 
@@ -114,26 +137,38 @@ def _rid(seq: Seq) -> int:
     rid = seq.req.request_id
     return rid if rid >= 0 else WARMUP + seq.req.prompt_id
 
+
+def _decoding(s: SGLangScheduler) -> list[int]:
+    """The requests the decode batch runs, by id as SGLang's side logs them."""
+    return sorted(_rid(q) for q in s.running.values() if q.decoding)
+
+
 def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000_000) -> dict:
     """rlsim's log of the workload: {"iterations": [...], "finish": {rid: iteration}}."""
     s = SGLangScheduler(cfg.kv_tokens, cfg.max_running_requests, cfg.chunked_prefill_size,
                         enable_radix_cache=cfg.radix_cache, overlap=cfg.overlap, schedule_policy=cfg.schedule_policy,
                         parallel_sampling=cfg.parallel_sample)  # fmt: skip
     work = sorted(cfg.work(), key=lambda w: (w.arrive, w.request_id))
+    if cfg.drain:  # (arrival waves in order; each arrives when the engine has drained: see below)
+        starts = sorted({w.arrive for w in work})
+        wave_no = {w.request_id: starts.index(w.arrive) for w in work}
+        work = [dataclasses.replace(w, arrive=0 if wave_no[w.request_id] == 0 else -1) for w in work]
     rows: list[dict] = []
     finish: dict[str, int] = {}
-    i, it, wave, gone = 0, 0, cfg.abort_at, set(_abort_rids(cfg))
+    i, it, wave, gone = 0, 0, cfg.abort_at, set(abort_rids(cfg))
     while (i < len(work) or s.running or s.waiting) and it < max_iters:
         if wave is not None and it >= wave:  # SGLang aborts a running request, or drops a waiting one
             wave = None
             s.remove_waiting({r for r in gone if str(r) not in finish})
             for rid in sorted(r for r in s.running if r in gone and not s.running[r].reported):
                 s.abort(s.running[rid])
-        while i < len(work) and work[i].arrive <= it:
+        while i < len(work) and 0 <= work[i].arrive <= it:
             group = [work[i]]  # one request or, with parallel sampling, a group arriving together
             i += 1
-            while cfg.parallel_sample and i < len(work) and (work[i].prompt_id, work[i].arrive) == (
-                group[0].prompt_id, group[0].arrive
+            while (
+                cfg.parallel_sample
+                and i < len(work)
+                and (work[i].prompt_id, work[i].arrive) == (group[0].prompt_id, group[0].arrive)
             ):
                 group.append(work[i])
                 i += 1
@@ -144,19 +179,27 @@ def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000
                 call.append(Seq(req, w.output_tokens))
             s.add_call(call)
         if not s.running and not s.waiting:  # idle until the next arrival
+            if cfg.drain:  # the next wave arrives now, the engine asleep and awake again before it
+                if cfg.sleep:
+                    s.free_all()
+                nxt = wave_no[work[i].request_id]
+                work[i:] = [dataclasses.replace(w, arrive=it) if wave_no[w.request_id] == nxt else w for w in work[i:]]
+                work[i:] = sorted(work[i:], key=lambda w: (w.arrive if w.arrive >= 0 else 1 << 60, w.request_id))
             it = work[i].arrive
             continue
         k = s.jump_plan() if fast else 0
-        if k and i < len(work):
+        if k and i < len(work) and work[i].arrive >= 0:
             k = min(k, work[i].arrive - it)
         if k and wave is not None:
             k = min(k, wave - it)
         if k > 0:
-            rows.extend({"at": it + j, "retracted": [], "decode": s.num_decoding} for j in range(k))
+            batch = _decoding(s)
+            rows.extend({"at": it + j, "retracted": [], "decode": batch} for j in range(k))
             s.advance(k)
             done = s.finish_due()
             it += k
         else:
+            ratio = s.new_token_ratio  # what admission reads this pass
             out = s.schedule()
             if not out.chunks and not out.num_decodes:  # overlap: only finished requests held slots
                 s.release_finishing()
@@ -164,8 +207,10 @@ def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000
             row: dict = {"at": it, "retracted": [_rid(q) for q in out.preempted]}
             if out.chunks:
                 row["extend"] = [[_rid(q), take] for q, take in out.chunks]
+                row["ratio"] = ratio
             else:
-                row["decode"] = out.num_decodes
+                row["decode"] = _decoding(s)
+                assert len(row["decode"]) == out.num_decodes
             rows.append(row)
             done = s.complete(out)
             it += 1
@@ -197,7 +242,8 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
             "chunked_prefill_size": cfg.chunked_prefill_size, "radix_cache": cfg.radix_cache, "overlap": cfg.overlap,
             "schedule_policy": cfg.schedule_policy, "eos": cfg.eos, "max_tokens": cfg.output_tokens[1],
             "requests": [[w.request_id, w.prompt_id, w.prompt_tokens, w.output_tokens, w.arrive] for w in cfg.work()],
-            "abort_at": cfg.abort_at, "abort_rids": _abort_rids(cfg), "parallel_sample": cfg.parallel_sample,
+            "abort_at": cfg.abort_at, "abort_rids": abort_rids(cfg), "parallel_sample": cfg.parallel_sample,
+            "drain": cfg.drain, "sleep": cfg.sleep,
         }  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         env.pop("PYTHONPATH", None)  # (nothing of this environment's packages)
@@ -233,4 +279,3 @@ def counts(log: dict) -> dict:
         "retractions": sum(len(r["retracted"]) for r in its),
         "finished": len(log["finish"]),
     }
-

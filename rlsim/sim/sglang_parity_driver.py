@@ -19,6 +19,16 @@ the tokenizer manager hands it (`TokenizerManager._handle_batch_request`): the p
 with `max_new_tokens` 0 and a request id of its own, then the n samples, at the first loop pass
 after that warm-up's result is processed.
 
+Where both loops call `Scheduler.on_idle` (a pass that schedules nothing; the overlap loop only
+once the last batch's result is processed), the driver calls it too, and it moves on to the next
+arrival only after such a pass has found the engine fully idle: an RL step's arrivals come
+seconds, thousands of loop passes, apart. With `drain`, each arrival wave waits until the last
+has drained (as an RL step's requests wait for the last step's), and with `sleep` the engine
+sleeps and wakes between them, as veRL's hybrid engine does (`release_memory_occupation` and
+`resume_memory_occupation` with the KV cache's tag, through SGLang's own weight updater). Each
+iteration logs the requests a prefill batch extends (and by how many tokens) with the new-token
+ratio its admission read, or the requests a decode batch runs, by id.
+
 One stub, and why it cannot change a scheduling decision:
 - `torchvision` (an empty package, version 0.0.0): imported by sglang's multimodal processors at
   module level; no text request reaches them.
@@ -130,6 +140,36 @@ def main() -> None:
         return bool(s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req or (overlap and s.result_queue)
                     or sendable or warm)  # fmt: skip
 
+    drain = cfg.get("drain")  # each arrival wave waits until the engine is fully idle, as an RL step's does
+    if drain:
+        work = [[*w[:4], -1] for w in work]  # (arrivals set when the engine drains)
+        waves_left = sorted({w[4] for w in cfg["requests"]})
+        wave_of = {w[0]: w[4] for w in cfg["requests"]}
+
+        def release() -> None:  # the next wave arrives now
+            first = waves_left.pop(0)
+            for w in work:
+                if wave_of[w[0]] == first:
+                    w[4] = it
+
+        release()
+        work.sort(key=lambda w: (w[4] if w[4] >= 0 else 1 << 60, w[0]))
+
+    def sleep_and_wake() -> None:
+        """veRL between steps: `release_memory_occupation` (the KV pool paused, the radix cache
+        flushed), then `resume_memory_occupation`, through SGLang's own weight updater."""
+        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput, ResumeMemoryOccupationReqInput
+
+        s.weight_updater.release_memory_occupation(ReleaseMemoryOccupationReqInput(tags=["kv_cache"]))
+        s.weight_updater.resume_memory_occupation(ResumeMemoryOccupationReqInput(tags=["kv_cache"]))
+
+    def on_idle() -> bool:
+        """`Scheduler.on_idle`, called where both event loops call it; whether the engine was fully idle."""
+        idle_now = s.is_fully_idle()
+        s.on_idle()
+        return idle_now
+
+    idled = False  # whether the last pass called `on_idle` with the engine fully idle
     while i < len(work) or busy():
         if abort_at is not None and it >= abort_at:
             abort_at = None
@@ -139,7 +179,7 @@ def main() -> None:
         for w in sendable:  # the samples of the warm-ups processed since the last pass
             submit(w)
         sendable.clear()
-        while i < len(work) and work[i][4] <= it:
+        while i < len(work) and 0 <= work[i][4] <= it:
             group = [work[i]]
             i += 1
             same = (group[0][1], group[0][4])  # (prompt, arrival)
@@ -153,14 +193,16 @@ def main() -> None:
             warm[name(rid)] = group
             submit([rid, *group[0][1:]], max_new_tokens=0)
         retracted.clear()
+        ratio = s.new_token_ratio_tracker.current  # what admission reads this pass
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
         row = {"at": it, "retracted": [int(r[1:]) for r in retracted]}
         if batch and batch.forward_mode.is_extend():
             row["extend"] = [[int(r.rid[1:]), int(n)] for r, n in zip(batch.reqs, batch.extend_lens, strict=True)]
+            row["ratio"] = ratio
         elif batch:
-            row["decode"] = len(batch.reqs)
+            row["decode"] = sorted(int(r.rid[1:]) for r in batch.reqs)
         if overlap:  # `event_loop_overlap`'s order
             disable = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
             if disable:
@@ -174,15 +216,27 @@ def main() -> None:
             if s.last_batch and not disable:
                 b, r = s.result_queue.popleft()
                 process(b, r, batch_iter.pop(id(b)))
+            elif not batch:
+                idled = on_idle()
             if batch:
                 s.launch_batch_sample_if_needed(res, batch)
         elif batch:
             process(batch, s.run_batch(batch), it)
+        else:
+            idled = on_idle()
         s.last_batch = batch
         if not batch:
             idle += 1
-            if i < len(work) and not busy():
-                it = work[i][4]  # idle until the next arrival
+            # idle until the next arrival, once a pass has found the engine idle (an RL step's
+            # arrivals come seconds apart, thousands of loop passes)
+            if i < len(work) and not busy() and idled:
+                idled = False
+                if drain:
+                    if cfg.get("sleep"):
+                        sleep_and_wake()
+                    release()
+                    work[i:] = sorted(work[i:], key=lambda w: (w[4] if w[4] >= 0 else 1 << 60, w[0]))
+                it = work[i][4]
             elif idle > 1000:
                 raise RuntimeError("sglang's scheduler runs nothing while requests remain")
             continue
