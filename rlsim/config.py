@@ -75,7 +75,83 @@ ROLLOUT_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 # settings only one engine has, refused under the other's rules: SGLang's KV page is one token and
 # its overlap scheduler is its own (always on, as SGLang's default)
 VLLM_ONLY = ("block_size", "async_scheduling")
-SGLANG_ONLY = ("schedule_policy", "parallel_sampling")
+SGLANG_ONLY = ("schedule_policy", "parallel_sampling", "schedule_conservativeness", "sglang_env")
+
+
+def sglang_chunked_prefill_size(gpu_memory_bytes: float) -> int:
+    """SGLang 0.5.23's `chunked_prefill_size` where the run leaves it unset, by the GPU's memory
+    (`arg_groups/memory_hook.py`, `_handle_gpu_memory_settings`: 2,048 under 20 GiB, 4,096 under
+    60, 8,192 under 160 (H100, H200), 16,384 above (B200, MI300))."""
+    mib = gpu_memory_bytes / 2**20
+    for below, size in ((20 * 1024, 2048), (60 * 1024, 4096), (160 * 1024, 8192)):
+        if mib < below:
+            return size
+    return 16384
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangSettings:
+    """What SGLang 0.5.23's admission and retraction read beside its limits: the server argument
+    `--schedule-conservativeness` and the environment variables named beside each field (their
+    defaults SGLang's). The ratio's start, floor and decay follow as
+    `NewTokenRatioTracker.from_config` derives them (`scheduler_components/new_token_ratio_tracker.py`)."""
+
+    schedule_conservativeness: float = 1.0  # --schedule-conservativeness
+    init_new_token_ratio: float = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
+    min_new_token_ratio_factor: float = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+    new_token_ratio_decay_steps: int = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+    retract_decode_steps: int = 20  # SGLANG_RETRACT_DECODE_STEPS
+    clip_max_new_tokens_estimation: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+
+    def __post_init__(self) -> None:
+        if not self.schedule_conservativeness >= 0:
+            raise RlsimError(f"schedule_conservativeness must be non-negative, got {self.schedule_conservativeness}")
+        for name in ("init_new_token_ratio", "min_new_token_ratio_factor"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise RlsimError(f"SGLANG_{name.upper()} must be a non-negative number, got {getattr(self, name)}")
+        for name in ("new_token_ratio_decay_steps", "retract_decode_steps", "clip_max_new_tokens_estimation"):
+            if getattr(self, name) <= 0:
+                raise RlsimError(f"SGLANG_{name.upper()} must be positive, got {getattr(self, name)}")
+
+    @property
+    def init_ratio(self) -> float:
+        return min(self.init_new_token_ratio * self.schedule_conservativeness, 1.0)
+
+    @property
+    def min_ratio(self) -> float:
+        return min(self.init_ratio * self.min_new_token_ratio_factor, 1.0)
+
+    @property
+    def ratio_decay(self) -> float:
+        return (self.init_ratio - self.min_ratio) / self.new_token_ratio_decay_steps
+
+    @staticmethod
+    def env_names() -> tuple[str, ...]:
+        skip = "schedule_conservativeness"  # (a server argument)
+        return tuple(f"SGLANG_{f.name.upper()}" for f in fields(SGLangSettings) if f.name != skip)
+
+    @classmethod
+    def parse(cls, env: str | None, schedule_conservativeness: float | None = None) -> SGLangSettings:
+        """`--sglang-env NAME=VALUE,...` (SGLang's environment variables above) and the conservativeness."""
+        values: dict[str, Any] = {}
+        if schedule_conservativeness is not None:
+            values["schedule_conservativeness"] = schedule_conservativeness
+        names = cls.env_names()
+        for part in (env or "").split(","):
+            if not part.strip():
+                continue
+            key, eq, raw = part.partition("=")
+            key = key.strip()
+            if not eq or key not in names:
+                raise RlsimError(f"--sglang-env takes NAME=VALUE pairs of {', '.join(names)}: got {part.strip()!r}")
+            name = key.removeprefix("SGLANG_").lower()
+            kind = int if isinstance(getattr(cls(), name), int) else float
+            try:
+                values[name] = kind(raw.strip())
+            except ValueError:
+                raise RlsimError(f"--sglang-env {key} must be {'an integer' if kind is int else 'a number'}, "
+                                 f"got {raw.strip()!r}") from None  # fmt: skip
+        return cls(**values)
 
 
 def _knob(default: Any, help: str, flag: str | None = None) -> Any:  # noqa: A002 - the CLI's word
@@ -136,6 +212,18 @@ class EngineConfig:
         "off, one request per sample, as veRL, slime and AReaL send them). Needs --dispatch per_prompt.",
         "parallel-sampling",
     )
+    schedule_conservativeness: float | None = _knob(
+        None,
+        "SGLang --schedule-conservativeness (rollout engine sglang only): scales the new-token ratio its admission "
+        "reserves for running requests' outputs (default: 1.0, SGLang's).",
+    )
+    sglang_env: str | None = _knob(
+        None,
+        "SGLang's scheduling environment variables (rollout engine sglang only), NAME=VALUE,...: "
+        "SGLANG_INIT_NEW_TOKEN_RATIO (0.7), SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR (0.14), "
+        "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS (600), SGLANG_RETRACT_DECODE_STEPS (20), "
+        "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION (4096).",
+    )
     rollout_engine: str = _knob(
         "vllm",
         "Whose scheduling rules the rollout instances follow: vllm (0.32) or sglang (0.5.23). Under sglang, "
@@ -155,6 +243,11 @@ class EngineConfig:
                 raise RlsimError(f"{name} must be positive, got {v}")
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise RlsimError(f"unknown rollout engine {self.rollout_engine!r}: use {' or '.join(ROLLOUT_ENGINES)}")
+        self.sglang_settings()  # (refused here, in one sentence, not at the first schedule)
+
+    def sglang_settings(self) -> SGLangSettings:
+        """SGLang's conservativeness and ratio settings of this run (SGLang's defaults where unset)."""
+        return SGLangSettings.parse(self.sglang_env, self.schedule_conservativeness)
 
     def check_settings_for_engine(self) -> None:
         """Refuse a run's setting that its rollout engine does not have (call before `over`: a

@@ -101,14 +101,18 @@ class Finished(NamedTuple):
     time: float
     instance: int
     num_output_tokens: int
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop" or "length"; or the engine's own abort's reason (`Aborted.reason`)
 
 
 class Aborted(NamedTuple):
+    """A request ended without its response: the policy aborted it ("abort"), or the engine did of
+    its own accord and went on (SGLang: "prompt_too_long", a prompt its KV pool cannot hold)."""
+
     request_id: int
     time: float
     instance: int
     num_output_tokens: int  # tokens generated before the abort (wasted)
+    reason: str = "abort"
 
 
 class Preempted(NamedTuple):
@@ -151,8 +155,10 @@ class EventBatch(list):
     def finished(self, request_id: int, time: float, instance: int, num_output_tokens: int, reason: str) -> None:
         self.append(Finished(request_id, time, instance, num_output_tokens, reason))
 
-    def aborted(self, request_id: int, time: float, instance: int, num_output_tokens: int) -> None:
-        self.append(Aborted(request_id, time, instance, num_output_tokens))
+    def aborted(
+        self, request_id: int, time: float, instance: int, num_output_tokens: int, reason: str = "abort"
+    ) -> None:
+        self.append(Aborted(request_id, time, instance, num_output_tokens, reason))
 
     def preempted(self, request_id: int, time: float, instance: int, num_output_tokens: int) -> None:
         self.append(Preempted(request_id, time, instance, num_output_tokens))

@@ -159,6 +159,14 @@ class Records:
             col = c[name]
             col.extend(array(col.typecode, [value]) * k if isinstance(col, array) else [value] * k)
 
+    def engine_aborts(self) -> dict[str, int]:
+        """Requests the engine aborted of its own accord, by reason (not a policy's aborts)."""
+        c, out = self.cols, {}
+        for outcome, reason in zip(c["outcome"], c["finish_reason"], strict=True):
+            if outcome == "aborted" and reason != "abort":
+                out[reason] = out.get(reason, 0) + 1
+        return out
+
     def continued(self, rid: int) -> None:
         """An ended chunk whose response a later request continues (its tokens are not waste)."""
         self.cols["outcome"][rid] = "continued"

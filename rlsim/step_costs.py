@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlsim import framework_costs, model_facts
-from rlsim.config import EngineConfig
+from rlsim.config import EngineConfig, sglang_chunked_prefill_size
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import micro_batches
 from rlsim.profile import Profile
@@ -124,6 +124,16 @@ def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
     The result's `engine` is the one configuration every part of the run reads."""
     engine.check_settings_for_engine()
     merged = engine.over(profile.engine)
+    unset = engine.max_num_batched_tokens is None and profile.rollout_engine != "sglang"
+    if merged.rollout_engine == "sglang" and unset:
+        # SGLang sizes its chunked prefill by the GPU's memory where the run leaves it unset (veRL does)
+        memory = profile.gpu_facts.get("memory_bytes")
+        if not memory:
+            raise RlsimError(
+                f"profile {profile.name} has no GPU memory facts, by which SGLang sizes its chunked prefill: "
+                "give --max-num-batched-tokens (SGLang's chunked_prefill_size)"
+            )
+        merged = dataclasses.replace(merged, max_num_batched_tokens=sglang_chunked_prefill_size(memory))
     changes: dict = {"engine": merged}
     if merged.enforce_eager and not profile.engine.enforce_eager and profile.model_facts:
         # CUDA graphs off: every layer's kernels launched from Python, each iteration

@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from rlsim.config import SGLangSettings
 from rlsim.sim.sglang_parity import CI_GRID, GRID, WARMUP, abort_rids, counts, first_difference, run_rlsim, run_sglang
 
 REQUIRED = os.environ.get("RLSIM_REQUIRE_SGLANG") == "1"
@@ -41,6 +42,16 @@ def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool) -> N
         _assert_idle_reset(cfg, theirs)
     if name == "abort mid-chunk":  # an aborted request was cut mid-prompt and never extended again
         _assert_aborted_mid_chunk(cfg, theirs)
+    if cfg.sglang_env:  # the settings reached SGLang: its first admission read their initial ratio
+        settings = SGLangSettings.parse(cfg.sglang_env, cfg.schedule_conservativeness)
+        assert theirs["iterations"][0]["ratio"] == settings.init_ratio != SGLangSettings().init_ratio
+    if name == "cannot fit":  # prompts the pool cannot hold (aborted, one token prefilled), outputs clipped
+        kv = cfg.kv_tokens
+        refused = {w.request_id for w in cfg.work() if w.prompt_tokens >= kv - 1 - 5}
+        assert refused and not refused & set(map(int, theirs["finish"]))
+        assert all(take == 1 for r in theirs["iterations"] for rid, take in r.get("extend", []) if rid in refused)
+        assert any(w.prompt_tokens + w.output_tokens > kv - 2 for w in cfg.work() if w.request_id not in refused)
+        assert got["finished"] == cfg.num_prompts * cfg.samples_per_prompt - len(refused)
     if name == "abort during prefills":  # the wave came while a prefill batch ran
         assert any("extend" in r for r in theirs["iterations"] if cfg.abort_at - 2 <= r["at"] <= cfg.abort_at)
     assert first_difference(ours, theirs) is None

@@ -447,3 +447,135 @@ def test_parallel_sampling_is_sglangs_and_needs_per_prompt_dispatch(small_trace_
     assert res.exit_code == 2 and "add --dispatch per_prompt" in res.output
     res = CliRunner().invoke(app, [*args, "--rollout-engine", "sglang", "--dispatch", "per_prompt"])
     assert res.exit_code == 0, res.output
+
+
+# ---- SGLang on RL's own loop: the idle reset, aborts, the settings users run with --------------
+def test_a_fully_idle_engine_resets_the_new_token_ratio_and_a_busy_one_does_not() -> None:
+    s = SGLangScheduler(20_000, max_running_requests=64, chunked_prefill_size=8192, overlap=False)
+    s.add(_seq(0, 50, 300))
+    s.add(_seq(1, 50, 400))
+    _run(s, 320)  # request 0 finished; request 1 decodes on
+    assert s.running and s.new_token_ratio < INIT_NEW_TOKEN_RATIO
+    s.on_idle()  # not idle: nothing resets
+    assert s.new_token_ratio < INIT_NEW_TOKEN_RATIO
+    _run(s, 200)
+    assert not s.running and not s.waiting
+    s.on_idle()
+    assert s.new_token_ratio == INIT_NEW_TOKEN_RATIO
+
+
+def test_the_engine_idling_between_steps_resets_sglangs_ratio() -> None:
+    prof = with_engine(load_profile("h100-qwen2.5-7b-tp1"), EngineConfig(rollout_engine="sglang"))
+    eng = SimEngine(prof, 1)
+    eng.submit([_req(i, 100, 700) for i in range(4)])
+    while eng.step():
+        pass
+    assert eng.instances[0].sched.new_token_ratio == INIT_NEW_TOKEN_RATIO  # (it had decayed over 700 steps)
+
+
+def test_an_abort_mid_chunk_discards_the_chunk_computed_last() -> None:
+    """Two samples of a 3,000-token prompt, chunks of 1,000: the first is aborted after two chunks;
+    the first chunk was stashed in the tree, the second not yet, so its sibling hits 1,000 tokens."""
+    s = SGLangScheduler(40_000, max_running_requests=64, chunked_prefill_size=1000, overlap=False)
+    a, b = _seq(0, 3000, 50, prompt_id=7), _seq(1, 3000, 50, prompt_id=7)
+    s.add(a)
+    s.add(b)
+    for _ in range(2):
+        s.complete(s.schedule())
+    assert s.chunked is a and a.computed == 2000
+    s.abort(a)
+    out = s.schedule()
+    assert [(q.req.request_id, take) for q, take in out.chunks] == [(1, 1000)]
+    assert b.computed == 1000  # the hit: the first chunk only
+    assert s.cache.free == 40_000 - 2 * 1000  # the cached chunk (b holds it) and b's new one: the discarded one freed
+
+
+def test_an_overlap_abort_after_prefills_decodes_twice_more() -> None:
+    """Under the overlap loop a decoding request aborted while prefills run stays in the first decode
+    batch and the one after it (its result is processed after that schedule); one aborted right after
+    a decode step stays in the next one only."""
+    for prefill_between, extra in ((True, 2), (False, 1)):
+        s = SGLangScheduler(40_000, max_running_requests=64, chunked_prefill_size=8192, overlap=True)
+        s.add(_seq(0, 50, 500))
+        for _ in range(10):
+            s.complete(s.schedule())
+        if prefill_between:
+            s.add(_seq(1, 50, 500))
+            out = s.schedule()
+            assert out.chunks
+            s.complete(out)
+        s.abort(s.running[0])
+        runs = 0
+        for _ in range(5):
+            out = s.schedule()
+            if out.num_decodes:
+                runs += 0 in {q.req.request_id for q in s.running.values() if q.decoding}
+            s.complete(out)
+        assert runs == extra and 0 not in s.running
+
+
+def test_a_prompt_the_pool_cannot_hold_is_aborted_and_the_engine_goes_on() -> None:
+    prof = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), kv_capacity_tokens=6000)
+    eng = SimEngine(with_engine(prof, EngineConfig(rollout_engine="sglang")), 1)
+    eng.submit([_req(0, 5995, 100), _req(1, 500, 100), _req(2, 3000, 4000, max_tokens=4000)])
+    events = []
+    while batch := eng.step():
+        events += batch
+    aborted = [e for e in events if type(e) is Aborted]
+    assert [(e.request_id, e.reason, e.num_output_tokens) for e in aborted] == [(0, "prompt_too_long", 0)]
+    finished = {e.request_id: e for e in events if type(e) is Finished}
+    assert finished[1].num_output_tokens == 100 and finished[1].finish_reason == "stop"
+    # its output clipped to what the pool holds beside its prompt: 6,000 - 1 - 3,000 - 1 tokens
+    assert (finished[2].num_output_tokens, finished[2].finish_reason) == (2998, "length")
+
+
+def test_conservativeness_and_sglangs_variables_set_the_ratio() -> None:
+    eng = EngineConfig(rollout_engine="sglang", schedule_conservativeness=1.3,
+                       sglang_env="SGLANG_INIT_NEW_TOKEN_RATIO=0.6,SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS=100")  # fmt: skip
+    s = SGLangScheduler(20_000, max_running_requests=64, chunked_prefill_size=8192, settings=eng.sglang_settings())
+    assert s.new_token_ratio == pytest.approx(0.78)
+    s.add(_seq(0, 50, 300))
+    _run(s, 150)
+    assert s.new_token_ratio == pytest.approx(0.78 * 0.14)  # the floor, reached in 100 decode steps
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [("SGLANG_NOPE=1", "NAME=VALUE pairs"), ("SGLANG_RETRACT_DECODE_STEPS=x", "must be an integer"),
+     ("SGLANG_RETRACT_DECODE_STEPS=0", "must be positive"), ("SGLANG_INIT_NEW_TOKEN_RATIO", "NAME=VALUE")],
+)  # fmt: skip
+def test_bad_sglang_settings_are_refused_in_one_sentence(env: str, says: str) -> None:
+    with pytest.raises(RlsimError, match=says):
+        EngineConfig(rollout_engine="sglang", sglang_env=env)
+    with pytest.raises(RlsimError, match="SGLang setting that vLLM does not have"):
+        with_engine(load_profile("h100-qwen2.5-7b-tp1"), EngineConfig(schedule_conservativeness=1.2))
+
+
+@pytest.mark.parametrize(("gib", "chunk"), [(16, 2048), (48, 4096), (80, 8192), (141, 8192), (180, 16384)])
+def test_sglangs_chunk_budget_follows_the_gpus_memory_where_the_run_leaves_it(gib: int, chunk: int) -> None:
+    prof = load_profile("h100-qwen2.5-7b-tp1")
+    prof = dataclasses.replace(prof, gpu_facts={**prof.gpu_facts, "memory_bytes": gib * 10**9})
+    assert with_engine(prof, EngineConfig(rollout_engine="sglang")).engine.max_num_batched_tokens == chunk
+    given = EngineConfig(rollout_engine="sglang", max_num_batched_tokens=4096)
+    assert with_engine(prof, given).engine.max_num_batched_tokens == 4096
+    assert with_engine(prof, EngineConfig()).engine.max_num_batched_tokens == prof.engine.max_num_batched_tokens
+
+
+@pytest.mark.parametrize("policy", ["sync", "rollpacker", "one_step_off"])
+def test_a_run_whose_prompts_the_pool_cannot_hold_goes_on_under_sglang(small_trace, policy: str) -> None:  # noqa: ANN001
+    """Two prompts of 7,000 tokens against a 6,000-token pool: vLLM's rules refuse the run, SGLang's
+    abort those samples (recorded with their reason, each policy told its sample ended) and go on."""
+    from rlsim.config import ClusterConfig, RLConfig
+    from rlsim.sim.simulate import simulate
+
+    t = small_trace.table
+    t.loc[t.prompt_id.isin(t.prompt_id.unique()[:2]), "num_prompt_tokens"] = 7000
+    prof = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), kv_capacity_tokens=6000)
+    cluster, rl = ClusterConfig(num_gpus=2), RLConfig(prompts_per_step=8, samples_per_prompt=4, max_response_len=2000)
+    with pytest.raises(RlsimError, match="does not fit an instance's KV cache"):
+        simulate(small_trace, policy, cluster, rl, profile=prof)
+    res = simulate(small_trace, policy, cluster, rl, profile=prof, engine_cfg=EngineConfig(rollout_engine="sglang"))
+    gone = res.requests[res.requests.finish_reason == "prompt_too_long"]
+    assert len(gone) == res.summary["engine_aborts"]["prompt_too_long"] > 0
+    assert set(gone.outcome) == {"aborted"} and (gone.num_prompt_tokens == 7000).all()
+    assert res.summary["num_steps"] == 10

@@ -166,6 +166,9 @@ def _print_summary(s: dict, title: str) -> None:
         ]
     if s.get("reused_samples"):
         rows.append(("reused samples (past the trace's)", f"{s['reused_samples']:,}"))
+    if s.get("engine_aborts"):  # SGLang's own aborts: prompts its KV pool cannot hold
+        said = ", ".join(f"{n:,} {why.replace('_', ' ')}" for why, n in s["engine_aborts"].items())
+        rows.append(("aborted by the engine, which went on", said))
     table = Table(title=title, title_justify="left")
     table.add_column("figure")
     table.add_column("value", justify="right")

@@ -345,8 +345,12 @@ class Driver(Launcher):
             elif kind is Aborted:
                 if turns is not None:
                     told = turns.aborted(ev)
-                _, t, _, n = told
-                ended, reason = "aborted", "abort"
+                t, n = told.time, told.num_output_tokens
+                ended, reason = "aborted", told.reason
+                if reason != "abort":  # the engine's own (SGLang's refusal): recorded as an abort with its
+                    # reason, told to the policy as its sample's end, as SGLang answers it (a response ended
+                    # with that reason, which frameworks count among the step's)
+                    told = Finished(rid, t, told.instance, n, reason)
             else:
                 told = self._handle_other(ev)
                 ended = None
@@ -363,6 +367,8 @@ class Driver(Launcher):
                     first_token[rid] = first
                 if ended == "finished":
                     finished.setdefault((epoch_of[rid], pid), []).append(n)
+                    rewarded.append((rid, t))
+                elif reason != "abort":  # the engine's own abort, told as an ended sample: scored as one
                     rewarded.append((rid, t))
             if on_event is not None:  # the adapter: the policy hears of this event before the next is booked
                 if told is not None and (acts := on_event(told, view)):
@@ -390,7 +396,7 @@ class Driver(Launcher):
             prompt_of, count = self.requests.prompt_id, quiet.get
             for j, ev in enumerate(batch):
                 kind = type(ev)
-                if kind is Finished:
+                if kind is Finished or (kind is Aborted and ev.reason != "abort"):  # (the latter told as a finish)
                     p = prompt_of[ev[0]]
                     c = count(p)
                     if c is not None:
@@ -406,7 +412,7 @@ class Driver(Launcher):
             return 0
         for j, ev in enumerate(batch):
             kind = type(ev)
-            if kind is Finished:
+            if kind is Finished or (kind is Aborted and ev.reason != "abort"):  # (the latter told as a finish)
                 k -= 1
                 if not k:
                     return j

@@ -394,6 +394,22 @@ def _policy(cfg: dict, name: str) -> str:
     return f"fully_async({text})"
 
 
+def _chunk_budget(roll: dict, engine_name: str, where: str) -> int | None:
+    """The rollout's chunk budget: vLLM is given `rollout.max_num_batched_tokens`; veRL's SGLang server
+    (`async_sglang_server.py`) passes no chunk size, so SGLang sizes it by the GPU's memory
+    (`rlsim.config.sglang_chunked_prefill_size`, None here) unless `engine_kwargs.sglang` names one."""
+    if engine_name == "vllm":
+        return int(roll["max_num_batched_tokens"])
+    size = ((roll.get("engine_kwargs") or {}).get("sglang") or {}).get("chunked_prefill_size")
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise RlsimError(
+            f"{where}: {ARR}.rollout.engine_kwargs.sglang.chunked_prefill_size {size!r}: a positive integer"
+        )
+    return size
+
+
 def read_verl(path: Path) -> RunSetup:
     """The `RunSetup` of a veRL config (the module docstring)."""
     cfg, name = read_config(path)
@@ -419,7 +435,7 @@ def read_verl(path: Path) -> RunSetup:
         prompts = _int(cfg, "data.train_batch_size", where)
     engine = EngineConfig(
         gpu_memory_utilization=float(roll["gpu_memory_utilization"]), max_num_seqs=int(roll["max_num_seqs"]),
-        max_num_batched_tokens=int(roll["max_num_batched_tokens"]),
+        max_num_batched_tokens=_chunk_budget(roll, engine_name, where),
         enable_prefix_caching=bool(roll.get("enable_prefix_caching", True)),
         free_cache_engine=bool(roll.get("free_cache_engine", True)) if placement == "colocated" else False,
         enable_chunked_prefill=bool(roll.get("enable_chunked_prefill", True)),

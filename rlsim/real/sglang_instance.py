@@ -35,7 +35,7 @@ from array import array
 from collections import deque
 from typing import Any
 
-from rlsim.config import EngineConfig
+from rlsim.config import EngineConfig, SGLangSettings
 from rlsim.errors import RlsimError
 from rlsim.real.vllm_engine import (
     PROBE_REPEATS,
@@ -90,6 +90,20 @@ def sglang_server_args(engine: EngineConfig) -> dict[str, Any]:
         out["disable_cuda_graph"] = True
     if engine.schedule_policy is not None:
         out["schedule_policy"] = engine.schedule_policy
+    if engine.schedule_conservativeness is not None:
+        out["schedule_conservativeness"] = engine.schedule_conservativeness
+    return out
+
+
+def sglang_environment(engine: EngineConfig) -> dict[str, str]:
+    """The run's SGLANG_* scheduling variables (`--sglang-env`), which SGLang reads from its process's
+    environment: set in the instance's own process before its scheduler is built."""
+    settings, defaults = engine.sglang_settings(), SGLangSettings()
+    out = {}
+    for name in SGLangSettings.env_names():
+        field_name = name.removeprefix("SGLANG_").lower()
+        if getattr(settings, field_name) != getattr(defaults, field_name):
+            out[name] = str(getattr(settings, field_name))
     return out
 
 
@@ -126,6 +140,7 @@ class SglangInstance:
                 del kwargs["max_total_tokens"]
         if cfg.enable_sleep_mode:
             kwargs["enable_memory_saver"] = True
+        os.environ.update(sglang_environment(cfg.engine))  # (this instance's process: SGLang reads them there)
         t0 = time.perf_counter()
         try:
             sa = ServerArgs(**kwargs)
@@ -220,6 +235,8 @@ class SglangInstance:
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
         from sglang.srt.sampling.sampling_params import SamplingParams
 
+        if self.s.is_fully_idle():  # SGLang's loop ran idle passes before these arrived (`on_idle`)
+            self.s.on_idle()
         for r in requests:
             ids = list(r["prompt_token_ids"]) if "prompt_token_ids" in r else self._tokenize(r["prompt"])
             ignore_eos = bool(r.get("ignore_eos", False))
@@ -274,12 +291,17 @@ class SglangInstance:
             if batch:
                 res = s.run_batch(batch)
                 s.result_queue.append((batch.copy(), res))
-            if s.last_batch and not disable and s.result_queue:
-                processed.append(self._process(*s.result_queue.popleft()))
+            if s.last_batch:
+                if not disable and s.result_queue:
+                    processed.append(self._process(*s.result_queue.popleft()))
+            elif not batch:
+                s.on_idle()  # (where both loops call it: a fully idle engine's new-token ratio is reset)
             if batch:
                 s.launch_batch_sample_if_needed(res, batch)
         elif batch:
             processed.append(self._process(batch, s.run_batch(batch)))
+        else:
+            s.on_idle()
         s.last_batch = batch
         step_s = time.perf_counter() - t0
         self.iterations += 1 if batch else 0

@@ -226,7 +226,7 @@ class SimEngine:
         call: list[Seq] = []
         for req in requests:
             target = min(req.target_tokens, req.max_tokens)
-            if req.num_prompt_tokens + target > cap:
+            if req.num_prompt_tokens + target > cap and not self._sglang:  # (SGLang aborts it and goes on)
                 raise request_too_large(req, target, cap)
             if self._caps is not None:  # (a replay-mode real run under SGLang: see __init__)
                 self._caps[req.request_id] = req.max_tokens
@@ -528,11 +528,17 @@ class SimEngine:
         inst.emitted = True
         self._num_finished += len(done)
         append, where, generated, watch = self._outbox.append, self._where, inst.sched.generated, self._watch
+        own_abort = inst.sched.own_abort
         for seq in done:
             rid = seq.req.request_id
-            gen = generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
-            cap = self._caps.pop(rid) if self._caps else seq.req.max_tokens
-            append(Finished(rid, now, inst.idx, gen, "length" if gen >= cap else "stop"))
+            if (why := own_abort(seq)) is not None:  # the engine aborted it of its own accord, and went on
+                self._outbox.aborted(rid, now, inst.idx, 0, why)  # (the driver tells it as the sample's end)
+                if self._caps:
+                    self._caps.pop(rid, None)
+            else:
+                gen = generated(seq)  # (async: an end-of-sequence stop still decodes, its count in start_iter)
+                cap = self._caps.pop(rid) if self._caps else seq.req.max_tokens
+                append(Finished(rid, now, inst.idx, gen, "length" if gen >= cap else "stop"))
             where.pop(rid, None)
             if watch and seq.req.prompt_id in watch:  # a watched prompt's finish (a count below 1 counts 1)
                 pid = seq.req.prompt_id
@@ -602,9 +608,11 @@ class SimEngine:
             if self._paused:
                 if self._sleep:
                     self._free_kv(inst)
+                sched.on_idle()  # (an engine left with nothing has idled before the pause reached it)
                 yield self._resume
                 continue
             if not sched.running and not sched.waiting:
+                sched.on_idle()  # SGLang: a fully idle engine's new-token ratio goes back to its start
                 inst.wake = env.event()
                 yield inst.wake
                 inst.wake = None

@@ -71,6 +71,12 @@ class RolloutScheduler(Protocol):
     def abort(self, seq: Seq) -> int:
         """Take a running request out, its KV freed; return its generated tokens."""
 
+    def own_abort(self, seq: Seq) -> str | None:
+        """Why the engine aborted this ended request of its own accord (None: it did not)."""
+
+    def on_idle(self) -> None:
+        """A loop pass found nothing to schedule (SGLang resets its new-token ratio when fully idle)."""
+
     def free_all(self) -> list[Seq]:
         """Sleep: free all KV and the prefix cache; running requests wait again, first, with their
         tokens; return them."""
@@ -90,7 +96,7 @@ def make_scheduler(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
         return SGLangScheduler(
             kv_tokens, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
             engine.enable_prefix_caching, schedule_policy=engine.schedule_policy or "fcfs",
-            parallel_sampling=bool(engine.parallel_sampling),
+            parallel_sampling=bool(engine.parallel_sampling), settings=engine.sglang_settings(),
         )  # fmt: skip
     return vllm_scheduler(
         kv_tokens // engine.block_size, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,

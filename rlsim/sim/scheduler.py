@@ -466,6 +466,13 @@ class InstanceScheduler:
     def abort(self, seq: Seq) -> int:
         return self._free(seq, "abort")
 
+    def own_abort(self, seq: Seq) -> str | None:
+        """vLLM aborts nothing of its own accord here (a prompt it cannot hold is refused before the run)."""
+        return None
+
+    def on_idle(self) -> None:
+        """Nothing to schedule: vLLM's scheduler keeps no state that an idle pass resets."""
+
     def free_all(self) -> list[Seq]:
         """Sleep: every running request's KV and the prefix cache are dropped; running requests go
         back to the front of the waiting queue in running order, keeping their tokens."""

@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlsim.config import SGLangSettings
 from rlsim.errors import RlsimError
 from rlsim.protocol import Request
 from rlsim.sim import sched_parity
@@ -63,6 +64,8 @@ class SGLangParityConfig:
     schedule_policy: str = "fcfs"
     parallel_sample: bool = False  # a group arriving together is one request with n > 1 (a warm-up first)
     drain: bool = False  # each wave arrives once the engine has drained and idled (an RL step's, as veRL sends them)
+    schedule_conservativeness: float = 1.0  # --schedule-conservativeness
+    sglang_env: str = ""  # SGLang's scheduling variables, NAME=VALUE,... (`SGLangSettings`)
     sleep: bool = False  # with `drain`: the engine sleeps and wakes between waves (its KV released, its cache flushed)
     seed: int = 0
 
@@ -118,10 +121,20 @@ GRID = {
     "abort during prefills": SGLangParityConfig("abort during prefills", num_prompts=32, samples_per_prompt=2,
                                                 output_tokens=(50, 800), kv_tokens=30_000, chunked_prefill_size=512,
                                                 waves=16, wave_gap=12, abort_at=61),
+    # the settings users run with: a conservativeness and SGLang's ratio variables, on a retracting workload
+    "ratio settings": dataclasses.replace(
+        _RETRACT, name="ratio settings", schedule_conservativeness=1.3,
+        sglang_env="SGLANG_INIT_NEW_TOKEN_RATIO=0.6,SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR=0.3,"
+        "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS=200,SGLANG_RETRACT_DECODE_STEPS=40,SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION=1024",
+    ),
+    # prompts the pool cannot hold (aborted at arrival, the engine going on) and outputs clipped to it
+    "cannot fit": SGLangParityConfig("cannot fit", num_prompts=16, samples_per_prompt=2, prompt_tokens=(100, 6500),
+                                     output_tokens=(50, 3000), kv_tokens=6000, chunked_prefill_size=1024),
 }  # fmt: skip
 CI_GRID = (("retractions", True), ("abort wave", True), ("tight KV, EOS stops", False), ("lpm, arrival waves", True),
            ("parallel sampling", True), ("idle waves", True), ("sleep waves", False), ("abort mid-chunk", False),
-           ("abort mid-chunk", True), ("abort during prefills", True))  # fmt: skip
+           ("abort mid-chunk", True), ("abort during prefills", True), ("ratio settings", True),
+           ("cannot fit", False))  # fmt: skip
 
 
 def abort_rids(cfg: SGLangParityConfig) -> list[int]:
@@ -147,7 +160,8 @@ def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000
     """rlsim's log of the workload: {"iterations": [...], "finish": {rid: iteration}}."""
     s = SGLangScheduler(cfg.kv_tokens, cfg.max_running_requests, cfg.chunked_prefill_size,
                         enable_radix_cache=cfg.radix_cache, overlap=cfg.overlap, schedule_policy=cfg.schedule_policy,
-                        parallel_sampling=cfg.parallel_sample)  # fmt: skip
+                        parallel_sampling=cfg.parallel_sample,
+                        settings=SGLangSettings.parse(cfg.sglang_env, cfg.schedule_conservativeness))  # fmt: skip
     work = sorted(cfg.work(), key=lambda w: (w.arrive, w.request_id))
     if cfg.drain:  # (arrival waves in order; each arrives when the engine has drained: see below)
         starts = sorted({w.arrive for w in work})
@@ -179,6 +193,7 @@ def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000
                 call.append(Seq(req, w.output_tokens))
             s.add_call(call)
         if not s.running and not s.waiting:  # idle until the next arrival
+            s.on_idle()
             if cfg.drain:  # the next wave arrives now, the engine asleep and awake again before it
                 if cfg.sleep:
                     s.free_all()
@@ -215,7 +230,8 @@ def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000
             done = s.complete(out)
             it += 1
         for q in done:
-            finish[str(q.req.request_id)] = it - 1
+            if s.own_abort(q) is None:  # (one SGLang aborted at arrival is not a finish)
+                finish[str(q.req.request_id)] = it - 1
     return {"iterations": rows, "finish": finish}
 
 
@@ -243,9 +259,12 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
             "schedule_policy": cfg.schedule_policy, "eos": cfg.eos, "max_tokens": cfg.output_tokens[1],
             "requests": [[w.request_id, w.prompt_id, w.prompt_tokens, w.output_tokens, w.arrive] for w in cfg.work()],
             "abort_at": cfg.abort_at, "abort_rids": abort_rids(cfg), "parallel_sample": cfg.parallel_sample,
-            "drain": cfg.drain, "sleep": cfg.sleep,
+            "drain": cfg.drain, "sleep": cfg.sleep, "schedule_conservativeness": cfg.schedule_conservativeness,
         }  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        for part in filter(None, cfg.sglang_env.split(",")):  # (SGLang reads them from its environment)
+            key, _, value = part.partition("=")
+            env[key.strip()] = value.strip()
         env.pop("PYTHONPATH", None)  # (nothing of this environment's packages)
         proc = subprocess.run(
             [sglang_python(), str(DRIVER)], input=json.dumps(payload), capture_output=True, text=True,

@@ -61,17 +61,19 @@ import heapq
 import itertools
 from collections import deque
 
+from rlsim.config import SGLangSettings
 from rlsim.errors import RlsimError
 from rlsim.protocol import Request
 from rlsim.sim.radix_cache import Node, RadixCache
 from rlsim.sim.running_offsets import RunningOffsets
 from rlsim.sim.seq import Scheduled, Seq, count_hits
 
-CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (times schedule_conservativeness 1.0)
-MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
-NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
-RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+DEFAULTS = SGLangSettings()  # SGLang's own (`--schedule-conservativeness`, its SGLANG_* variables)
+CLIP_MAX_NEW_TOKENS = DEFAULTS.clip_max_new_tokens_estimation  # 4096
+INIT_NEW_TOKEN_RATIO = DEFAULTS.init_ratio  # 0.7 times schedule_conservativeness 1.0
+MIN_NEW_TOKEN_RATIO = DEFAULTS.min_ratio  # times SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14
+NEW_TOKEN_RATIO_DECAY = DEFAULTS.ratio_decay  # (INIT - MIN) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS 600
+RETRACT_DECODE_STEPS = DEFAULTS.retract_decode_steps  # 20
 WAITING_PREFIX_REFRESH_INTERVAL = 32  # schedule_policy.py (SGLANG_ENABLE_WAITING_PREFIX_REFRESH on)
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # lpm over a longer queue falls back to fcfs
 IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
@@ -83,6 +85,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm")  # --schedule-policy (SGLang's default: fcfs
 # compared as one int (request ids, warm-ups' negative ones too, lie within +-2**31)
 _RID_BITS, _RID_OFFSET = 32, 2**31
 _RID_MASK = (1 << _RID_BITS) - 1
+_REFUSED_PROMPT = -(2**62)  # the one-token prompt SGLang gives a refused request (token 0, shared by all)
 
 
 def _check_rid(rid: int) -> None:
@@ -108,15 +111,20 @@ class SGLangScheduler:
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
         schedule_policy: str = "fcfs",
         parallel_sampling: bool = False,
+        settings: SGLangSettings = DEFAULTS,
     ) -> None:
         if schedule_policy not in SCHEDULE_POLICIES:
             raise RlsimError(
                 f"unknown SGLang schedule policy {schedule_policy!r}: use {' or '.join(SCHEDULE_POLICIES)}"
             )
         self.schedule_policy = schedule_policy
+        self.settings = settings
+        self._init_ratio, self._min_ratio, self._decay = settings.init_ratio, settings.min_ratio, settings.ratio_decay
+        self._clip, self._retract_steps = settings.clip_max_new_tokens_estimation, settings.retract_decode_steps
         self.parallel_sampling = parallel_sampling
         self._warmups: dict[int, list[Seq]] = {}  # a warm-up's request id (negative) -> the samples it holds back
         self._warmups_sent = 0
+        self._refused: dict[int, tuple] = {}  # request id -> (why SGLang aborted it at arrival, its request as sent)
         self.num_blocks = num_tokens
         self.max_running_requests = max_running_requests
         self.chunked_prefill_size = chunked_prefill_size if enable_chunked_prefill else None
@@ -128,7 +136,7 @@ class SGLangScheduler:
         self.chunked: Seq | None = None  # the request whose prompt is being prefilled in chunks
         self.finishing: list[Seq] = []  # overlap: finished, their slots held until the next schedule
         self.batch_is_full = False
-        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.new_token_ratio = self._init_ratio
         self.iters = 0  # iterations run
         self.dsteps = 0  # decode steps run: a decoding request's clock
         self.heap: list[int] = []  # decoding requests' (finish decode step, rid), keyed as one int
@@ -142,6 +150,7 @@ class SGLangScheduler:
         self._offsets = RunningOffsets()  # the running batch's reservations, summed at each prefill pass
         self._aborting: set[int] = set()  # aborted requests that still run their last decode step
         self._pending_insert: list[Seq] = []  # overlap: prefills whose tree insert waits for their result
+        self._stash: Seq | None = None  # the chunked request, its last chunk not yet in the tree
         self._last_prefill: set[int] | None = set()  # rids the last iteration prefilled (None: it decoded)
         self._order = 0
         self.prefix_hit_tokens = 0
@@ -154,7 +163,37 @@ class SGLangScheduler:
         if seq.rate != 1.0:
             raise RlsimError("speculative decoding is modelled under vLLM's rules only: use --rollout-engine vllm")
         _check_rid(seq.req.request_id)
+        self._arrive(seq)
         self.waiting.append(seq)
+
+    def _arrive(self, seq: Seq) -> None:
+        """SGLang's checks as a request arrives (`handle_generate_request`): its output is clipped to
+        what the pool could hold with it alone (`init_req_max_new_tokens`: `max_req_len - input - 1`
+        and `max_new_tokens_for_memory`, `max_req_len = kv - 1` with a page of one token), and a
+        prompt of `max_req_len - 5` tokens or more is refused (`validate_input_length`): SGLang
+        queues it as a one-token prompt that finishes, aborted, at its prefill, and goes on. Such a
+        request is reported as aborted (`own_abort`), not finished."""
+        req = seq.req
+        ntok = req.num_prompt_tokens + seq.generated
+        max_req_len = self.num_blocks - 1
+        if ntok >= max_req_len - 5:
+            self._refused[req.request_id] = ("prompt_too_long", req)
+            seq.req = req._replace(prompt_id=_REFUSED_PROMPT, num_prompt_tokens=1, max_tokens=1, prompt_len=0,
+                                   kept_tokens=0)  # fmt: skip
+            seq.generated, seq.target = 0, 1
+            return
+        room = max(0, max_req_len - ntok - 1)
+        if req.max_tokens - seq.generated > room:  # (finishes at "length" there)
+            seq.req = req._replace(max_tokens=seq.generated + room)
+            seq.target = min(seq.target, seq.generated + room)
+
+    def own_abort(self, seq: Seq) -> str | None:
+        """Why SGLang aborted this ended request of its own accord (None: it did not): "prompt_too_long".
+        The request is given back as it was sent."""
+        if not self._refused or (got := self._refused.pop(seq.req.request_id, None)) is None:
+            return None
+        why, seq.req = got
+        return why
 
     def add_call(self, seqs: list[Seq]) -> None:
         """One request with `n = len(seqs)` samples of one prompt (`parallel_sampling`): the
@@ -167,6 +206,12 @@ class SGLangScheduler:
         req = seqs[0].req
         for seq in seqs:
             _check_rid(seq.req.request_id)
+        if req.num_prompt_tokens + seqs[0].generated >= self.num_blocks - 1 - 5:  # refused, one by one
+            for seq in seqs:
+                self.add(seq)
+            return
+        for seq in seqs:
+            self._arrive(seq)
         self._warmups_sent += 1
         rid = -self._warmups_sent
         warm = Request(rid, req.prompt_id, -1, req.epoch, req.num_prompt_tokens, 0, 1, req.instance, req.policy_version)
@@ -206,6 +251,10 @@ class SGLangScheduler:
     # ---- one iteration -----------------------------------------------------------------------
     def schedule(self) -> Scheduled:
         out = Scheduled()
+        if self._stash is not None:  # `stash_chunked_request`: the last chunk enters the tree now
+            seq, self._stash = self._stash, None
+            if self.running.get(seq.req.request_id) is seq:
+                self._insert_prefix(seq)
         if self._takes_last_batch:
             # the last prefill batch became the running batch (`get_next_batch_to_run` merges it into
             # an empty one by taking it whole), and a new batch is not full
@@ -231,7 +280,7 @@ class SGLangScheduler:
         """`PrefillAdder`'s offset for the running batch, one request at a time: each one's
         `min(max_new_tokens - output, 4096) * ratio`, summed in batch order (what
         `RunningOffsets` computes at once; tests hold the two equal to the bit)."""
-        d, chunked, clip = self.dsteps, self.chunked, CLIP_MAX_NEW_TOKENS
+        d, chunked, clip = self.dsteps, self.chunked, self._clip
         last = self._last_prefill
         lag_all = self.overlap and last is None
         lag_some = last if self.overlap and last else ()
@@ -266,7 +315,7 @@ class SGLangScheduler:
         # The running batch's reservations, summed when first needed: a head that does not fit
         # even with none (they are never negative without warm-ups) is refused without the sum.
         lazy = self.chunked is None and not self._warmups
-        clip = CLIP_MAX_NEW_TOKENS
+        clip = self._clip
         total = 0.0 if lazy else self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, clip)
         current = 0.0
         rem_input, rem_chunk = self.max_prefill_tokens, self.chunked_prefill_size
@@ -278,7 +327,7 @@ class SGLangScheduler:
             room = min(rem_chunk, int(self._budget(total))) if rem_chunk is not None else cand
             take = min(cand, room if room > 0 else rem_chunk)
             done = take >= cand
-            res = min(seq.req.max_tokens, CLIP_MAX_NEW_TOKENS) if done else 0
+            res = min(seq.req.max_tokens, clip) if done else 0
             total += take + 1 + res
             current += take + 1
             rem_input -= take
@@ -423,7 +472,7 @@ class SGLangScheduler:
             self._retract([s for s in self.running.values() if s.decoding], out)
             n = self.num_decoding
         else:
-            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            self.new_token_ratio = max(self.new_token_ratio - self._decay, self._min_ratio)
         self.cache.alloc(n)
         out.decode_tokens = out.num_decodes = n
         self.ctx += n
@@ -439,7 +488,7 @@ class SGLangScheduler:
             lag, aborting = self._lag(seq), seq.req.request_id in self._aborting
             self._release(seq, insert=False)
             seq.generated -= lag  # the batch in flight's token is dropped with it
-            self.cache.evict_to_free(len(keep) * RETRACT_DECODE_STEPS)
+            self.cache.evict_to_free(len(keep) * self._retract_steps)
             if not aborting:  # (an aborted one is not requeued: the engine has reported it)
                 self.waiting.append(seq)
             out.preempted.append(seq)
@@ -451,7 +500,7 @@ class SGLangScheduler:
             )
         self.new_token_ratio = min(
             1.0,
-            (sum(self._output_len(s) for s in keep) + RETRACT_DECODE_STEPS * len(keep))
+            (sum(self._output_len(s) for s in keep) + self._retract_steps * len(keep))
             / (sum(s.req.max_tokens for s in keep) + 1),
         )
         self.batch_is_full = False
@@ -481,8 +530,10 @@ class SGLangScheduler:
                 if self.overlap:  # its result, and the tree insert with it, come after the next schedule
                     self._pending_insert.append(seq)
                     continue
-            # a chunk is stashed into the tree when the next batch is scheduled (`stash_chunked_request`)
-            self._insert_prefix(seq)
+            if seq is self.chunked:  # a chunk is stashed into the tree when the next batch is scheduled
+                self._stash = seq  # (`stash_chunked_request`, after a pending abort, which discards it)
+            else:  # a finished prefill's tokens, when its result is processed
+                self._insert_prefix(seq)
         return self.finish_due()
 
     def _insert_prefix(self, seq: Seq) -> None:
@@ -592,24 +643,38 @@ class SGLangScheduler:
 
     def abort(self, seq: Seq) -> int:
         """`abort_request`: a decoding request gets `to_finish`, which finishes it when the next
-        result is processed, and it is freed as a finished one: the result of its next decode step
-        without the overlap scheduler, the result in flight with it (after the next schedule, so
-        it decodes once more meanwhile). A request in prefill is freed at once. Returns the tokens
+        result of a batch that ran it is processed, and it is freed as a finished one: the result of
+        its next decode step without the overlap scheduler; with it, the result in flight where the
+        last batch ran it (after the next schedule, so it decodes once more meanwhile), else the
+        result of its next decode step, processed after the schedule that follows it. A request in
+        chunked prefill is freed at once, the chunk it computed last discarded. Returns the tokens
         it had (what the engine reports now)."""
         gen = self.generated(seq)
-        if not seq.decoding:
-            self._release(seq, insert=True)
+        if not seq.decoding:  # in chunked prefill (`process_pending_chunked_abort`): the chunks stashed in
+            if self._stash is seq:  # the tree stay there, the last one's slots are freed
+                self._stash = None
+            self._release(seq, insert=False)
             return gen
-        if self.overlap:
+        if self.overlap and self._lag(seq):  # its result in flight finishes it
             seq.reported = True
             self.finishing.append(seq)
             return gen
+        # its next decode step's result finishes it (under overlap, processed after the next
+        # schedule, so it decodes twice more where prefills ran since its last decode step)
         self._stop_decoding(seq)
         seq.target = seq.generated + 1
         seq.reported = True
         self._aborting.add(seq.req.request_id)
         self._start_decoding(seq)
         return gen
+
+    def on_idle(self) -> None:
+        """`Scheduler.on_idle`, which both event loops call on a pass that schedules nothing: a
+        fully idle engine's new-token ratio goes back to its initial value
+        (`new_token_ratio_tracker.reset`). RL frameworks leave the engines idle between steps, so
+        each step's first admissions reserve at the initial ratio, not where the last step left it."""
+        if not (self.running or self.waiting or self.finishing) and self.chunked is None:
+            self.new_token_ratio = self._init_ratio
 
     def free_all(self) -> list[Seq]:
         """Sleep (`release_memory_occupation`, the radix cache flushed): running requests wait
@@ -625,6 +690,7 @@ class SGLangScheduler:
         self._offsets.reset()
         self._hold.clear()
         self._pending_insert.clear()
+        self._stash = None
         self.heap.clear()
         self.chunked = None
         self.ctx = 0.0
@@ -637,7 +703,7 @@ class SGLangScheduler:
     def jump_plan(self) -> int:
         """Decode steps the fixed batch runs before its next finish or slot shortage (0: run one).
         Nothing is admitted meanwhile: the queue is empty or the batch is full."""
-        if not self.heap or self.chunked is not None or self.finishing:
+        if not self.heap or self.chunked is not None or self.finishing or self._stash is not None:
             return 0
         if self._takes_last_batch:
             return 0
@@ -663,9 +729,9 @@ class SGLangScheduler:
         self.dsteps += k
         self.ctx += k * n
         self._last_prefill = None
-        r = self.new_token_ratio
+        r, decay, floor = self.new_token_ratio, self._decay, self._min_ratio
         for _ in range(k):
-            r = max(r - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-            if r == MIN_NEW_TOKEN_RATIO:
+            r = max(r - decay, floor)
+            if r == floor:
                 break
         self.new_token_ratio = r

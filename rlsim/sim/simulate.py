@@ -31,6 +31,9 @@ def check_engine_fits(prof: Profile, trace: Trace, rl: RLConfig) -> None:
     t = trace.table
     capped = t["num_output_tokens"].clip(upper=rl.response_cap(t["num_prompt_tokens"]))
     longest = int((t["num_prompt_tokens"] + capped).max()) if len(t) else 0
+    if longest > prof.kv_capacity_tokens and prof.engine.rollout_engine == "sglang":
+        return  # SGLang aborts a prompt its pool cannot hold, clips a response to it, and goes on (the summary
+        # counts what it aborted: `engine_aborts`)
     if longest > prof.kv_capacity_tokens:
         raise RlsimError(
             f"a {longest}-token request of the trace (prompt plus capped response) does not fit an "
@@ -130,6 +133,9 @@ def simulate(
     summary["wake_reprefill_tokens"] = engine.wake_reprefill_tokens
     summary["pause_interrupts"] = engine.pause_interrupts
     if prof.engine.rollout_engine != "vllm":  # (vLLM's rules, the default, leave the summary as it was)
+        own = records.engine_aborts()
+        if own:  # requests the engine aborted of its own accord (SGLang: a prompt its KV pool cannot hold)
+            summary["engine_aborts"] = own
         summary["scheduler"] = scheduler_name(prof.engine, "simpy" if isinstance(engine, SimEngine) else "compiled")
     if records.multi_turn is not None:
         summary["multi_turn"] = records.multi_turn

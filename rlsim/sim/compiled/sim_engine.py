@@ -70,6 +70,8 @@ def _events(rows: np.ndarray, times: np.ndarray, new) -> list:  # noqa: ANN001 -
     cols = [rows[:, 1].tolist(), times[:, 0].tolist(), rows[:, 2].tolist(), rows[:, 3].tolist()]
     if new is _new_finished:
         cols.append(list(map(_REASON.__getitem__, (rows[:, 4] != 0).tolist())))  # (the two shared strings)
+    else:  # (every abort here is a policy's)
+        cols.append(["abort"] * len(cols[0]))
     return list(map(new, zip(*cols, strict=True)))
 
 
@@ -211,7 +213,7 @@ class CompiledEngine:
             if k == FINISHED:
                 out.append(_new_finished((r, t, i, n, _REASON[ln])))
             elif k == ABORTED:
-                out.append(_new_aborted((r, t, i, n)))
+                out.append(_new_aborted((r, t, i, n, "abort")))
             elif k == PREEMPTED:
                 out.append(Preempted(r, t, i, n))
                 continue
