@@ -75,7 +75,7 @@ ROLLOUT_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 # settings only one engine has, refused under the other's rules: SGLang's KV page is one token and
 # its overlap scheduler is its own (always on, as SGLang's default)
 VLLM_ONLY = ("block_size", "async_scheduling")
-SGLANG_ONLY = ("schedule_policy", "parallel_sampling", "schedule_conservativeness", "sglang_env")
+SGLANG_ONLY = ("schedule_policy", "parallel_sampling", "schedule_conservativeness", "sglang_env", "page_size")
 
 
 def sglang_chunked_prefill_size(gpu_memory_bytes: float) -> int:
@@ -217,6 +217,13 @@ class EngineConfig:
         "SGLang --schedule-conservativeness (rollout engine sglang only): scales the new-token ratio its admission "
         "reserves for running requests' outputs (default: 1.0, SGLang's).",
     )
+    page_size: int | None = _knob(
+        None,
+        "SGLang --page-size (rollout engine sglang only): KV tokens a page; the radix cache matches, holds and evicts "
+        "whole pages, admission reserves by the page, decoding takes a page as a request's tokens start one "
+        "(default: 1, SGLang's; SGLang raises it to 64 under FlashMLA and TRT-LLM MLA, to 128 under FA4 on "
+        "Blackwell: give what the run's attention backend takes).",
+    )
     sglang_env: str | None = _knob(
         None,
         "SGLang's scheduling environment variables (rollout engine sglang only), NAME=VALUE,...: "
@@ -237,6 +244,8 @@ class EngineConfig:
             raise RlsimError(f"gpu_memory_utilization must be in (0, 1], got {u}")
         if self.block_size is not None and self.block_size <= 0:
             raise RlsimError(f"block_size must be positive, got {self.block_size}")
+        if self.page_size is not None and self.page_size <= 0:
+            raise RlsimError(f"page_size must be positive, got {self.page_size}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
             if v is not None and v <= 0:

@@ -33,10 +33,10 @@ def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool) -> N
         assert got["retractions"] > 0
     if cfg.abort_at is not None:
         assert got["finished"] < cfg.num_prompts * cfg.samples_per_prompt  # the wave took some
-    if cfg.parallel_sample:  # every group's prompt prefilled alone first, most samples then extending one token
+    if cfg.parallel_sample:  # every group's prompt prefilled alone first, most samples then extending its last page
         extends = [e for r in theirs["iterations"] for e in r.get("extend", [])]
         assert len({rid for rid, _ in extends if rid >= WARMUP}) == cfg.num_prompts
-        ones = sum(take == 1 for rid, take in extends if rid < WARMUP)
+        ones = sum(take <= cfg.page_size for rid, take in extends if rid < WARMUP)  # (a page's tail at most)
         assert ones > cfg.num_prompts * cfg.samples_per_prompt // 2, ones  # (the rest: evicted before admission)
     if cfg.drain:  # a later wave's first prefill read the initial ratio again, after decodes had lowered it
         _assert_idle_reset(cfg, theirs)
@@ -52,6 +52,12 @@ def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool) -> N
         assert all(take == 1 for r in theirs["iterations"] for rid, take in r.get("extend", []) if rid in refused)
         assert any(w.prompt_tokens + w.output_tokens > kv - 2 for w in cfg.work() if w.request_id not in refused)
         assert got["finished"] == cfg.num_prompts * cfg.samples_per_prompt - len(refused)
+    if cfg.page_size > 1:  # a cached prompt was hit in whole pages, short of its tokens but the last
+        plen = {w.request_id: w.prompt_tokens for w in cfg.work()}
+        hits = [plen[rid] - take for r in theirs["iterations"] for rid, take in r.get("extend", []) if rid in plen]
+        assert any(h > 0 and h % cfg.page_size == 0 for h in hits)
+        assert any(take > 1 and take < cfg.page_size for r in theirs["iterations"] for rid, take in r.get("extend", [])
+                   if rid in plen and plen[rid] % cfg.page_size)  # fmt: skip
     if name == "abort during prefills":  # the wave came while a prefill batch ran
         assert any("extend" in r for r in theirs["iterations"] if cfg.abort_at - 2 <= r["at"] <= cfg.abort_at)
     assert first_difference(ours, theirs) is None

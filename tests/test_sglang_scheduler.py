@@ -579,3 +579,62 @@ def test_a_run_whose_prompts_the_pool_cannot_hold_goes_on_under_sglang(small_tra
     assert len(gone) == res.summary["engine_aborts"]["prompt_too_long"] > 0
     assert set(gone.outcome) == {"aborted"} and (gone.num_prompt_tokens == 7000).all()
     assert res.summary["num_steps"] == 10
+
+
+def test_sleep_after_an_overlap_abort_leaves_no_request_counted_as_decoding() -> None:
+    """An aborted request still running its last decode steps when the engine sleeps leaves with the
+    rest: nothing is counted as decoding afterwards (a count left behind made every later decode
+    step take slots for requests that were gone)."""
+    s = SGLangScheduler(40_000, max_running_requests=64, chunked_prefill_size=8192, overlap=True)
+    for i in range(3):
+        s.add(_seq(i, 50, 500))
+    for _ in range(10):
+        s.complete(s.schedule())
+    s.add(_seq(3, 50, 500))
+    s.complete(s.schedule())  # a prefill: request 0's abort now waits for its next decode step
+    s.abort(s.running[0])
+    carried = s.free_all()
+    assert {q.req.request_id for q in carried} == {1, 2, 3}
+    assert s.num_decoding == 0 and s.rate_sum == 0 and not s.running
+    _run(s, 2000)
+    assert s.cache.free + s.cache.evictable == 40_000
+
+
+def test_pages_are_matched_held_and_reserved_whole() -> None:
+    """Pages of 16 tokens: a sample of a cached 100-token prompt hits 96 tokens (whole pages of all but
+    its last token) and prefills 4; each request holds whole pages; admission reserves a page each."""
+    s = SGLangScheduler(4000, max_running_requests=64, chunked_prefill_size=8192, overlap=False, page_size=16)
+    a, b = _seq(0, 100, 40, prompt_id=3), _seq(1, 100, 40, prompt_id=3)
+    s.add(a)
+    out = s.schedule()
+    assert s.cache.free == 4000 - 112  # 100 tokens: 7 pages
+    s.complete(out)
+    assert s.cache.free == 4000 - 112  # (the 96 tokens of whole pages now in the tree, locked by a)
+    s.add(b)
+    out = s.schedule()
+    assert [(q.req.request_id, take) for q, take in out.chunks] == [(1, 4)] and b.computed == 96
+    assert s.cache.free == 4000 - 112 - 16  # b's own last page
+    s.complete(out)
+    for _ in range(12):  # each computes positions 100..111, in its 7th page
+        s.complete(s.schedule())
+    assert s.cache.free == 4000 - 112 - 16
+    s.complete(s.schedule())  # position 112 starts an 8th page for each
+    assert s.cache.free == 4000 - 112 - 16 - 2 * 16
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_paged_jumps_equal_the_step_by_step_path(page: int) -> None:
+    from rlsim.sim.sglang_parity import GRID, first_difference, run_rlsim
+
+    for name in ("retractions", "parallel sampling", "abort wave"):
+        for overlap in (False, True):
+            cfg = dataclasses.replace(GRID[name], page_size=page, overlap=overlap)
+            assert first_difference(run_rlsim(cfg), run_rlsim(cfg, fast=False)) is None, (name, overlap)
+
+
+def test_page_size_is_sglangs_and_reaches_its_scheduler() -> None:
+    prof = load_profile("h100-qwen2.5-7b-tp1")
+    eng = with_engine(prof, EngineConfig(rollout_engine="sglang", page_size=64)).engine
+    assert make_scheduler(eng, 10_000).page == 64 and make_scheduler(eng, 10_000).num_blocks == 9984
+    with pytest.raises(RlsimError, match="SGLang setting that vLLM does not have"):
+        with_engine(prof, EngineConfig(page_size=64))

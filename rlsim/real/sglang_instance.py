@@ -92,6 +92,8 @@ def sglang_server_args(engine: EngineConfig) -> dict[str, Any]:
         out["schedule_policy"] = engine.schedule_policy
     if engine.schedule_conservativeness is not None:
         out["schedule_conservativeness"] = engine.schedule_conservativeness
+    if engine.page_size is not None:
+        out["page_size"] = engine.page_size
     return out
 
 
@@ -160,7 +162,8 @@ class SglangInstance:
         self.facts = {
             "model": cfg.model, "served_model": cfg.model, "rollout_engine": "sglang",
             "tensor_parallel_size": cfg.tensor_parallel_size, "dtype": kwargs["dtype"],
-            "num_gpu_blocks": kv, "block_size": 1, "kv_capacity_tokens": kv,  # page size 1: a block is a token
+            "num_gpu_blocks": kv, "block_size": 1, "kv_capacity_tokens": kv,  # (counted in tokens, by whole pages)
+            "page_size": int(sa.page_size or 1),
             "max_num_seqs": int(s.max_running_requests), "max_num_batched_tokens": int(s.chunked_prefill_size or 0),
             "enable_prefix_caching": not sa.disable_radix_cache, "schedule_policy": sa.schedule_policy,
             "overlap_schedule": self.overlap, "scheduler": type(s).__name__,

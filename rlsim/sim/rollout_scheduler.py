@@ -97,6 +97,7 @@ def make_scheduler(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
             kv_tokens, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
             engine.enable_prefix_caching, schedule_policy=engine.schedule_policy or "fcfs",
             parallel_sampling=bool(engine.parallel_sampling), settings=engine.sglang_settings(),
+            page_size=engine.page_size or 1,
         )  # fmt: skip
     return vllm_scheduler(
         kv_tokens // engine.block_size, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,

@@ -64,6 +64,7 @@ class SGLangParityConfig:
     schedule_policy: str = "fcfs"
     parallel_sample: bool = False  # a group arriving together is one request with n > 1 (a warm-up first)
     drain: bool = False  # each wave arrives once the engine has drained and idled (an RL step's, as veRL sends them)
+    page_size: int = 1  # --page-size: KV tokens a page
     schedule_conservativeness: float = 1.0  # --schedule-conservativeness
     sglang_env: str = ""  # SGLang's scheduling variables, NAME=VALUE,... (`SGLangSettings`)
     sleep: bool = False  # with `drain`: the engine sleeps and wakes between waves (its KV released, its cache flushed)
@@ -130,11 +131,18 @@ GRID = {
     # prompts the pool cannot hold (aborted at arrival, the engine going on) and outputs clipped to it
     "cannot fit": SGLangParityConfig("cannot fit", num_prompts=16, samples_per_prompt=2, prompt_tokens=(100, 6500),
                                      output_tokens=(50, 3000), kv_tokens=6000, chunked_prefill_size=1024),
+    # pages of more than one token (`--page-size`: 64 under MLA backends, 128 under FA4 on Blackwell): whole pages
+    # matched, held and evicted, admission and decoding by the page, over retractions and shared prompts
+    "pages, retractions": dataclasses.replace(_RETRACT, name="pages, retractions", page_size=64),
+    "pages, parallel sampling": SGLangParityConfig("pages, parallel sampling", num_prompts=24, samples_per_prompt=8,
+                                                   output_tokens=(50, 1500), output_dist="lognormal",
+                                                   kv_tokens=12_000, chunked_prefill_size=1024, waves=3, wave_gap=150,
+                                                   eos=True, parallel_sample=True, page_size=16),
 }  # fmt: skip
 CI_GRID = (("retractions", True), ("abort wave", True), ("tight KV, EOS stops", False), ("lpm, arrival waves", True),
            ("parallel sampling", True), ("idle waves", True), ("sleep waves", False), ("abort mid-chunk", False),
            ("abort mid-chunk", True), ("abort during prefills", True), ("ratio settings", True),
-           ("cannot fit", False))  # fmt: skip
+           ("cannot fit", False), ("pages, retractions", True), ("pages, parallel sampling", False))  # fmt: skip
 
 
 def abort_rids(cfg: SGLangParityConfig) -> list[int]:
@@ -161,7 +169,8 @@ def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000
     s = SGLangScheduler(cfg.kv_tokens, cfg.max_running_requests, cfg.chunked_prefill_size,
                         enable_radix_cache=cfg.radix_cache, overlap=cfg.overlap, schedule_policy=cfg.schedule_policy,
                         parallel_sampling=cfg.parallel_sample,
-                        settings=SGLangSettings.parse(cfg.sglang_env, cfg.schedule_conservativeness))  # fmt: skip
+                        settings=SGLangSettings.parse(cfg.sglang_env, cfg.schedule_conservativeness),
+                        page_size=cfg.page_size)  # fmt: skip
     work = sorted(cfg.work(), key=lambda w: (w.arrive, w.request_id))
     if cfg.drain:  # (arrival waves in order; each arrives when the engine has drained: see below)
         starts = sorted({w.arrive for w in work})
@@ -260,6 +269,7 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
             "requests": [[w.request_id, w.prompt_id, w.prompt_tokens, w.output_tokens, w.arrive] for w in cfg.work()],
             "abort_at": cfg.abort_at, "abort_rids": abort_rids(cfg), "parallel_sample": cfg.parallel_sample,
             "drain": cfg.drain, "sleep": cfg.sleep, "schedule_conservativeness": cfg.schedule_conservativeness,
+            "page_size": cfg.page_size,
         }  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         for part in filter(None, cfg.sglang_env.split(",")):  # (SGLang reads them from its environment)

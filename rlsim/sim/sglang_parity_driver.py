@@ -65,7 +65,7 @@ def main() -> None:
         max_running_requests=cfg["max_running_requests"], chunked_prefill_size=cfg["chunked_prefill_size"],
         disable_radix_cache=not cfg["radix_cache"], disable_overlap_schedule=not overlap,
         schedule_policy=cfg["schedule_policy"], random_seed=0,
-        schedule_conservativeness=cfg.get("schedule_conservativeness", 1.0),
+        schedule_conservativeness=cfg.get("schedule_conservativeness", 1.0), page_size=cfg.get("page_size", 1),
     )  # fmt: skip
     publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
     s = Scheduler(sa, PortArgs.init_new(sa))

@@ -61,6 +61,8 @@ import heapq
 import itertools
 from collections import deque
 
+import numpy as np
+
 from rlsim.config import SGLangSettings
 from rlsim.errors import RlsimError
 from rlsim.protocol import Request
@@ -112,6 +114,7 @@ class SGLangScheduler:
         schedule_policy: str = "fcfs",
         parallel_sampling: bool = False,
         settings: SGLangSettings = DEFAULTS,
+        page_size: int = 1,
     ) -> None:
         if schedule_policy not in SCHEDULE_POLICIES:
             raise RlsimError(
@@ -125,6 +128,10 @@ class SGLangScheduler:
         self._warmups: dict[int, list[Seq]] = {}  # a warm-up's request id (negative) -> the samples it holds back
         self._warmups_sent = 0
         self._refused: dict[int, tuple] = {}  # request id -> (why SGLang aborted it at arrival, its request as sent)
+        if page_size < 1:
+            raise RlsimError(f"SGLang's page size must be positive, got {page_size}")
+        self.page = page_size  # --page-size: KV tokens a page (the pool is counted in tokens, by whole pages)
+        num_tokens = num_tokens // page_size * page_size  # (SGLang's pool holds whole pages)
         self.num_blocks = num_tokens
         self.max_running_requests = max_running_requests
         self.chunked_prefill_size = chunked_prefill_size if enable_chunked_prefill else None
@@ -182,7 +189,8 @@ class SGLangScheduler:
                                    kept_tokens=0)  # fmt: skip
             seq.generated, seq.target = 0, 1
             return
-        room = max(0, max_req_len - ntok - 1)
+        paged = -(-ntok // self.page) * self.page
+        room = max(0, min(max_req_len - ntok - 1, self.num_blocks - paged - self.page - 1))
         if req.max_tokens - seq.generated > room:  # (finishes at "length" there)
             seq.req = req._replace(max_tokens=seq.generated + room)
             seq.target = min(seq.target, seq.generated + room)
@@ -300,6 +308,16 @@ class SGLangScheduler:
     def _batch_size(self) -> int:
         return len(self.running) - (self.chunked is not None)
 
+    def _ceil(self, tokens: int) -> int:
+        """`ceil_paged_tokens`: tokens rounded up to whole pages."""
+        p = self.page
+        return tokens if p == 1 else -(-tokens // p) * p
+
+    def _floor(self, tokens: int) -> int:
+        """Tokens rounded down to whole pages (what the radix tree matches and holds)."""
+        p = self.page
+        return tokens if p == 1 else tokens // p * p
+
     def _budget(self, offset: float) -> float:
         """`PrefillBudget.remaining_total` (`remaining_current`) under this offset."""
         return self.cache.free + self.cache.evictable - offset
@@ -315,7 +333,7 @@ class SGLangScheduler:
         # The running batch's reservations, summed when first needed: a head that does not fit
         # even with none (they are never negative without warm-ups) is refused without the sum.
         lazy = self.chunked is None and not self._warmups
-        clip = self._clip
+        clip, page = self._clip, self.page
         total = 0.0 if lazy else self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, clip)
         current = 0.0
         rem_input, rem_chunk = self.max_prefill_tokens, self.chunked_prefill_size
@@ -328,11 +346,12 @@ class SGLangScheduler:
             take = min(cand, room if room > 0 else rem_chunk)
             done = take >= cand
             res = min(seq.req.max_tokens, clip) if done else 0
-            total += take + 1 + res
-            current += take + 1
-            rem_input -= take
+            paged = self._ceil(take)
+            total += paged + page + res
+            current += paged + page
+            rem_input -= paged
             if rem_chunk is not None:
-                rem_chunk -= take
+                rem_chunk -= paged
             admitted.append((seq, take))
             if done:
                 self.chunked = None
@@ -351,35 +370,36 @@ class SGLangScheduler:
             req = seq.req
             rid = req.request_id
             ntok = req.num_prompt_tokens + seq.generated
-            shared = req.prompt_len or req.num_prompt_tokens
-            # `init_next_round_input`, the match locked (pinned while the request is weighed)
-            node, hit = match(req.prompt_id, shared, rid, ntok - 1, lock=True)
+            shared = self._floor(req.prompt_len or req.num_prompt_tokens)
+            # `init_next_round_input`, the match locked (pinned while the request is weighed), whole pages
+            node, hit = match(req.prompt_id, shared, rid, self._floor(ntok - 1), lock=True)
             # `add_one_req`
             max_new = min(max(req.max_tokens - seq.generated, 0), clip)
             extend = 1 if seq.transfer else ntok - hit
             if lazy:
                 lazy = False
-                if extend + max_new + 1 < cache.free + cache.evictable:
+                if extend + max_new + page < cache.free + cache.evictable:
                     total = self._offsets.total(ratio, self.dsteps, self._lag_mode(), self.iters, clip)
-            if not extend + max_new + 1 < cache.free + cache.evictable - total:
+            if not extend + max_new + page < cache.free + cache.evictable - total:  # (a page of overhead)
                 cache.unlock(node)
                 self.batch_is_full = bool(admitted) or size > 0  # NO_TOKEN
                 break
-            if rem_chunk is None and admitted and extend >= rem_input:
+            if rem_chunk is None and admitted and self._ceil(extend) >= rem_input:
                 cache.unlock(node)
                 break
             res = min(req.max_tokens, clip)
-            chunked = rem_chunk is not None and extend > rem_chunk
-            if chunked:
-                extend, res = rem_chunk, 0
+            chunked = rem_chunk is not None and self._ceil(extend) > rem_chunk
+            if chunked:  # cut at a page boundary (its matched prefix is whole pages)
+                extend, res = self._floor(rem_chunk), 0
                 if extend <= 0:
                     cache.unlock(node)
                     break
-            total += extend + 1 + res
-            current += extend + 1
-            rem_input -= extend
+            paged = self._ceil(extend)
+            total += paged + page + res
+            current += paged + page
+            rem_input -= paged
             if rem_chunk is not None:
-                rem_chunk -= extend
+                rem_chunk -= paged
             waiting.popleft()
             self._admit(seq, node, hit)
             admitted.append((seq, extend))
@@ -392,8 +412,10 @@ class SGLangScheduler:
             if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
                 break
         self._takes_last_batch = not size and any(seq is not self.chunked for seq, _ in admitted)
-        for seq, take in admitted:  # `prepare_for_extend`: their slots, evicting as needed
-            cache.alloc(take)
+        if page > 1 and admitted:  # `alloc_paged_token_slots_extend` first evicts for a new page a request
+            cache.evict_to_free(sum(take for _, take in admitted) + len(admitted) * page)  # (over-estimated)
+        for seq, take in admitted:  # `prepare_for_extend`: their slots (whole pages), evicting as needed
+            cache.alloc(self._ceil(seq.computed + take) - self._ceil(seq.computed))
             out.chunks.append((seq, take))
             out.prefill_tokens += take
             self.ctx += take
@@ -418,8 +440,8 @@ class SGLangScheduler:
         for seq in self.waiting:
             req = seq.req
             ntok = req.num_prompt_tokens + seq.generated
-            shared = req.prompt_len or req.num_prompt_tokens
-            _, hit = self.cache.match(req.prompt_id, shared, req.request_id, ntok)
+            shared = self._floor(req.prompt_len or req.num_prompt_tokens)
+            _, hit = self.cache.match(req.prompt_id, shared, req.request_id, self._floor(ntok))
             key: float = -min(hit, ntok - 1)
             if hit <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
                 if req.prompt_id in seen and shared >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
@@ -441,8 +463,8 @@ class SGLangScheduler:
         head = list(itertools.islice(self.waiting, WAITING_QUEUE_PREFIX_MATCH_MAX))
         for seq in reversed(head):
             req = seq.req
-            self.cache.match(req.prompt_id, req.prompt_len or req.num_prompt_tokens, req.request_id,
-                             req.num_prompt_tokens + seq.generated)  # fmt: skip
+            self.cache.match(req.prompt_id, self._floor(req.prompt_len or req.num_prompt_tokens), req.request_id,
+                             self._floor(req.num_prompt_tokens + seq.generated))  # fmt: skip
 
     def _admit(self, seq: Seq, node: Node, hit: int) -> None:
         """A waiting request joins, holding its matched prefix (locked)."""
@@ -454,7 +476,7 @@ class SGLangScheduler:
         count_hits(self, seq)
         if seq.transfer:  # its KV was moved here: all but the last token are in place
             last = seq.req.num_prompt_tokens + seq.generated - 1
-            self.cache.alloc(last - seq.computed)
+            self.cache.alloc(self._ceil(last) - self._ceil(seq.computed))
             self.ctx += last - seq.computed
             seq.computed, seq.transfer = last, False
 
@@ -465,22 +487,33 @@ class SGLangScheduler:
             self.batch_is_full = False
             return
         holding = n < self._batch_size()  # overlap: finished at max tokens, slots still held
-        if not self.cache.evict_to_free(n):
+        need = n if self.page == 1 else self._new_pages([s for s in self.running.values() if s.decoding])
+        if not self.cache.evict_to_free(need):
             if holding:
                 self.batch_is_full = False
                 return
             self._retract([s for s in self.running.values() if s.decoding], out)
             n = self.num_decoding
+            need = n if self.page == 1 else self._new_pages([s for s in self.running.values() if s.decoding])
         else:
             self.new_token_ratio = max(self.new_token_ratio - self._decay, self._min_ratio)
-        self.cache.alloc(n)
+        if self.page > 1:  # `alloc_paged_token_slots_decode` first evicts for a new page a request (over-estimated)
+            self.cache.evict_to_free(n * self.page)
+        self.cache.alloc(need)
         out.decode_tokens = out.num_decodes = n
         self.ctx += n
+
+    def _new_pages(self, batch: list[Seq]) -> int:
+        """`new_tokens_required_next_decode`: a page for each request whose next token starts one."""
+        p, computed = self.page, self.computed
+        if p == 1:
+            return len(batch)
+        return p * sum(1 for s in batch if computed(s) % p == 0)
 
     def _retract(self, batch: list[Seq], out: Scheduled) -> None:
         keep = sorted(batch, key=lambda s: (self._output_len(s), -(s.req.num_prompt_tokens)), reverse=True)
         first = True
-        while first or not self.cache.evict_to_free(len(keep)):
+        while first or not self.cache.evict_to_free(self._new_pages(keep)):
             if len(keep) == 1:
                 break
             first = False
@@ -493,7 +526,7 @@ class SGLangScheduler:
                 self.waiting.append(seq)
             out.preempted.append(seq)
             self.retractions += 1
-        if not self.cache.evict_to_free(len(keep)):
+        if not self.cache.evict_to_free(self._new_pages(keep)):
             raise RlsimError(
                 f"a request of {self.computed(keep[0])} KV tokens cannot decode in a pool of {self.num_blocks}: "
                 "raise --gpu-memory-utilization or lower --max-response-len"
@@ -542,8 +575,8 @@ class SGLangScheduler:
         req = seq.req
         rid = req.request_id
         node, covered = self._hold[rid]
-        c, cache = seq.computed, self.cache  # (a decoding request's count as of its prefill's end: its prompt)
-        shared = req.prompt_len or req.num_prompt_tokens
+        c, cache = self._floor(seq.computed), self.cache  # (a decoding request's count as of its prefill's end)
+        shared = self._floor(req.prompt_len or req.num_prompt_tokens)  # (whole pages; a partial one stays its own)
         new_node, dup = cache.insert(node, covered, req.prompt_id, shared, rid, c, lock=True)  # (locked at once)
         cache.free += dup
         cache.unlock(node)
@@ -628,11 +661,13 @@ class SGLangScheduler:
         node, covered = self._hold.pop(rid)
         cache, c = self.cache, seq.computed
         self.ctx -= c
-        if insert and cache.enabled:
-            _, dup = cache.insert(node, covered, req.prompt_id, req.prompt_len or req.num_prompt_tokens, rid, c)
-            cache.free += dup
+        if insert and cache.enabled:  # its whole pages enter the tree, its partial last page is freed
+            end = self._floor(c)
+            _, dup = cache.insert(node, covered, req.prompt_id, self._floor(req.prompt_len or req.num_prompt_tokens),
+                                  rid, end)  # fmt: skip
+            cache.free += dup + self._ceil(c) - end
         else:
-            cache.free += c - covered
+            cache.free += self._ceil(c) - covered
         cache.unlock(node)
         self.batch_is_full = False
         seq.computed = 0
@@ -680,11 +715,12 @@ class SGLangScheduler:
         """Sleep (`release_memory_occupation`, the radix cache flushed): running requests wait
         again, first, with their tokens."""
         self.release_finishing()
+        for seq in self.running.values():  # (an aborted one still decoding leaves too, its count with it)
+            if seq.decoding:
+                self._stop_decoding(seq)
         carried = [q for q in self.running.values() if q.req.request_id not in self._aborting]
         self._aborting.clear()
         for seq in carried:
-            if seq.decoding:
-                self._stop_decoding(seq)
             seq.computed = 0
         self.running.clear()
         self._offsets.reset()
@@ -713,14 +749,45 @@ class SGLangScheduler:
         if n != len(self.running):
             return 0
         k_finish = (self.heap[0] >> _RID_BITS) - self.dsteps
+        if self.page > 1:
+            return max(0, self._paged_steps(k_finish))
         k_kv = (self.cache.free + self.cache.evictable) // n
         if self._pending_insert:  # no eviction before the tree inserts its first step processes
             k_kv = min(k_kv, self.cache.free // n)
         return max(0, min(k_finish, k_kv))
 
+    def _page_starts(self) -> np.ndarray:
+        """Each decoding request's steps until its next token starts a page (0: the next one does)."""
+        p, computed = self.page, self.computed
+        return np.fromiter(((-computed(s)) % p for s in self.running.values() if s.decoding), np.int64)
+
+    def _pages_in(self, starts: np.ndarray, k: int) -> int:
+        """Slots the decoding requests take over their next k steps: a page each time a token starts one."""
+        p = self.page
+        return int(p * np.maximum(0, (k - starts - 1) // p + 1).sum())
+
+    def _paged_steps(self, k_finish: int) -> int:
+        """With pages: decode steps (at most `k_finish`) whose slots fit the free and evictable ones
+        (only the free ones before the tree inserts what the first step processes)."""
+        starts = self._page_starts()
+        room = self.cache.free if self._pending_insert else self.cache.free + self.cache.evictable
+        lo, hi = 0, k_finish
+        while lo < hi:  # the most steps whose pages fit (the slots taken grow with the steps)
+            mid = (lo + hi + 1) // 2
+            if self._pages_in(starts, mid) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def advance(self, k: int) -> None:
         n = self.num_decoding
-        self.cache.alloc(k * n)
+        if self.page == 1:
+            self.cache.alloc(k * n)
+        else:  # each step first evicts for a new page a request: all k steps' evictions, then their pages
+            starts = self._page_starts()
+            self.cache.evict_to_free(n * self.page + self._pages_in(starts, k - 1))
+            self.cache.alloc(self._pages_in(starts, k))
         pending, self._pending_insert = self._pending_insert, []
         for seq in pending:  # overlap: the last prefills' inserts, processed at the first step's end
             if self.running.get(seq.req.request_id) is seq:
