@@ -72,7 +72,7 @@ class ClusterConfig:
 # rules (`EngineConfig.rollout_engine`, `rlsim.sim.rollout_scheduler`); a profile records the one
 # its costs were measured on (`Profile.rollout_engine`)
 ROLLOUT_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
-# settings only one engine has, refused under the other's rules: SGLang's KV page is one token and
+# settings only one engine has, refused under the other's rules: SGLang's KV page is its own setting and
 # its overlap scheduler is its own (always on, as SGLang's default)
 VLLM_ONLY = ("block_size", "async_scheduling")
 SGLANG_ONLY = ("schedule_policy", "parallel_sampling", "schedule_conservativeness", "sglang_env", "page_size")
@@ -271,8 +271,8 @@ class EngineConfig:
             for name in VLLM_ONLY:
                 if getattr(self, name) is not None:
                     raise RlsimError(
-                        f"{name} is a vLLM setting that SGLang does not have (its KV page is one token, its overlap "
-                        "scheduler always on): drop it or use --rollout-engine vllm"
+                        f"{name} is a vLLM setting that SGLang does not have (its KV page is --page-size, its "
+                        "overlap scheduler always on): drop it or use --rollout-engine vllm"
                     )
 
     def per_rollout_engine(self, value: str) -> list[EngineConfig]:

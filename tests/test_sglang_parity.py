@@ -79,3 +79,18 @@ def _assert_aborted_mid_chunk(cfg, log: dict) -> None:  # noqa: ANN001 - a SGLan
            if rid in gone and take < plen[rid]}  # fmt: skip
     assert cut
     assert not any(rid in cut for r in log["iterations"] if r["at"] > cfg.abort_at for rid, _ in r.get("extend", []))
+
+
+def test_the_chunk_budget_by_gpu_memory_is_sglangs() -> None:
+    """Where a run leaves the chunk budget unset (veRL passes SGLang none), rlsim sizes it by the
+    GPU's memory as SGLang's own server arguments resolve it, for every GPU rlsim knows and at each
+    of SGLang's thresholds."""
+    from rlsim.config import sglang_chunked_prefill_size
+    from rlsim.derive.gpus import load_gpu
+    from rlsim.sim.sglang_parity import sglang_chunk_sizes
+
+    gpus = ("h100", "h200", "h800", "h20", "a100-40gb", "a100", "l40s", "b200", "gb200", "mi300x")
+    mib = sorted({load_gpu(g).memory_bytes / 2**20 for g in gpus} | {20 * 1024 - 1, 20 * 1024, 160 * 1024})
+    theirs = sglang_chunk_sizes(mib)
+    assert len(set(theirs.values())) == 4  # (2,048, 4,096, 8,192 and 16,384 all reached)
+    assert {m: sglang_chunked_prefill_size(m * 2**20) for m in mib} == theirs

@@ -638,3 +638,27 @@ def test_page_size_is_sglangs_and_reaches_its_scheduler() -> None:
     assert make_scheduler(eng, 10_000).page == 64 and make_scheduler(eng, 10_000).num_blocks == 9984
     with pytest.raises(RlsimError, match="SGLang setting that vLLM does not have"):
         with_engine(prof, EngineConfig(page_size=64))
+
+
+def test_an_overlap_retraction_of_a_request_ended_in_flight_reprefills_it_and_reports_it_once() -> None:
+    """Under the overlap loop a request whose end-of-sequence token is in flight can be retracted by
+    the next schedule (SGLang drops that token with it); it re-prefills, ends again, and leaves,
+    reported once. (It used to be requeued and then decode forever, its end already reported.)"""
+    s = SGLangScheduler(4200, max_running_requests=64, chunked_prefill_size=8192, overlap=True)
+    a, b = _seq(0, 60, 5), _seq(1, 50, 2000)  # (among equal outputs the longer prompt goes first)
+    s.add(a)
+    s.add(b)
+    reported = []
+    reported += s.complete(s.schedule())
+    while not reported:
+        reported += s.complete(s.schedule())
+    assert reported == [a] and a.reported and a in s.finishing
+    held = s.cache.free - 1
+    s.cache.alloc(held)  # the pool all but full: the next decode step retracts
+    out = s.schedule()
+    assert out.preempted == [a] and list(s.waiting) == [a]
+    s.cache.free += held
+    again = []
+    for _ in range(50):
+        again += s.complete(s.schedule())
+    assert again == [] and 0 not in s.running and not s.waiting  # re-prefilled, ended, gone, not reported again

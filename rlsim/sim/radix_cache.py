@@ -1,4 +1,5 @@
-"""RadixCache: SGLang's token pool and radix prefix cache (page size 1), counted in tokens.
+"""RadixCache: SGLang's token pool and radix prefix cache, counted in tokens (with pages of more
+than one token, `SGLangScheduler` hands it whole pages only: positions, boundaries and lengths).
 
 A port of `sglang.srt.mem_cache.radix_cache.RadixCache` (sglang 0.5.23) for what a trace knows of
 its tokens: a request's sequence is its prompt's shared tokens (keyed by `prompt_id`, the first

@@ -285,6 +285,24 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
         return json.loads(proc.stdout)
 
 
+def sglang_chunk_sizes(mib: list[float], timeout_s: float = 300) -> dict[float, int]:
+    """SGLang's own chunk budget where a run gives none, for each GPU memory in MiB (the driver
+    resolves its server arguments with the memory read as each figure)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "tiny"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(TINY_MODEL))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env.pop("PYTHONPATH", None)
+        proc = subprocess.run(
+            [sglang_python(), str(DRIVER)], input=json.dumps({"model_path": str(model), "chunk_sizes_mib": mib}),
+            capture_output=True, text=True, timeout=timeout_s, env=env, cwd=tmp,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RlsimError(f"SGLang's server arguments failed to resolve:\n{proc.stderr[-3000:]}")
+        return {float(k): v for k, v in json.loads(proc.stdout).items()}
+
+
 # ---- comparing --------------------------------------------------------------------------------
 def first_difference(a: dict, b: dict) -> str | None:
     """Where two logs first differ (None if they are equal)."""

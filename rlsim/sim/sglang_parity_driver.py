@@ -48,8 +48,32 @@ EOS = 7
 WARMUP = 9_000_000  # a warm-up's request id: this plus its prompt's
 
 
+def chunk_sizes(cfg: dict) -> dict:
+    """SGLang's own `chunked_prefill_size` where none is given, for each GPU memory (MiB): its
+    server arguments resolved by its own pipeline (`run_resolution_pipeline`, whose
+    `handle_gpu_memory_settings` sizes the chunk), the device's memory read as these figures."""
+    import sglang.srt.arg_groups.memory_hook as memory_hook
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+    from sglang.srt.arg_groups.pipeline import run_resolution_pipeline
+    from sglang.srt.server_args import ServerArgs
+
+    out = {}
+    for mib in cfg["chunk_sizes_mib"]:
+        memory_hook.get_device_memory_capacity = lambda device=None, mib=mib: mib  # noqa: ARG005
+        sa = ServerArgs(
+            model_path=cfg["model_path"], device="cpu", skip_tokenizer_init=True, dtype="float32",
+            load_format="dummy", attention_backend="torch_native", disable_cuda_graph=True,
+        )  # fmt: skip
+        run_resolution_pipeline(sa)
+        out[str(mib)] = resolved_view(sa).chunked_prefill_size
+    return out
+
+
 def main() -> None:
     cfg = json.load(sys.stdin)
+    if "chunk_sizes_mib" in cfg:
+        json.dump(chunk_sizes(cfg), sys.stdout)
+        return
     import torch
     from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler

@@ -2,7 +2,9 @@
 
 A port of what sglang 0.5.23's `Scheduler` (`sglang/srt/managers/scheduler.py`) decides for a
 plain decoder with its defaults (schedule policy `fcfs`, page size 1, mixed chunks off, overlap
-scheduler on), time left out (`rlsim.sim.engine` prices iterations). Each rule, and where it is:
+scheduler on) and the settings users change (`page_size`, `SGLangSettings`: the conservativeness
+and SGLang's ratio variables), time left out (`rlsim.sim.engine` prices iterations). Each rule, and
+where it is:
 
 - **Prefill first** (`get_next_batch_to_run`): a prefill batch, when one can be formed, runs on
   its own; the running requests decode only in iterations without one.
@@ -28,8 +30,17 @@ scheduler on), time left out (`rlsim.sim.engine` prices iterations). Each rule, 
   inserting its output into the cache and goes to the back of the queue, to re-prefill prompt and
   output. The ratio becomes `min(1, (output + 20 * n) / (max_new_tokens + 1))` summed over the
   n requests left.
-- **Radix cache** (`rlsim.sim.radix_cache`): page size 1, LRU eviction of unlocked leaves; a
-  prefilled chunk is inserted at once, a finished request's whole sequence when it finishes.
+- **Radix cache** (`rlsim.sim.radix_cache`): LRU eviction of unlocked leaves; a prefilled chunk
+  enters the tree when the next batch is scheduled (`stash_chunked_request`), a finished prefill
+  with its result, a finished request's whole sequence when it finishes.
+- **Pages** (`--page-size`; `RadixKey.page_aligned`, `alloc_paged_token_slots_*` in
+  `mem_cache/allocation.py`): the tree matches, holds and evicts whole pages, so a prompt's partial
+  last page stays its request's own; a request holds whole pages; admission reserves a page a
+  request and counts extends in pages; a chunk is cut at a page boundary; decoding takes a page
+  when a request's token starts one, after evicting as if every request took one.
+- **Idle** (`Scheduler.on_idle`): a loop pass that finds the engine fully idle resets the ratio.
+- **Arrival** (`init_req_max_new_tokens`, `validate_input_length`): an output is clipped to what the
+  pool holds beside its prompt; a prompt the pool cannot hold is aborted (`own_abort`).
   Requests come one per sample by default, as veRL and slime send them: a group's samples
   admitted in the same pass each prefill the prompt (matching happens at admission), and the
   duplicate slots are given back when they are inserted; a sample admitted later hits the cached
@@ -520,6 +531,8 @@ class SGLangScheduler:
             seq = keep.pop()
             lag, aborting = self._lag(seq), seq.req.request_id in self._aborting
             self._release(seq, insert=False)
+            if seq.reported and seq in self.finishing:  # (ended in flight: no longer freed after this schedule)
+                self.finishing.remove(seq)
             seq.generated -= lag  # the batch in flight's token is dropped with it
             self.cache.evict_to_free(len(keep) * self._retract_steps)
             if not aborting:  # (an aborted one is not requeued: the engine has reported it)
@@ -601,6 +614,8 @@ class SGLangScheduler:
                 if rid >= 0:  # (a warm-up's finish goes to the tokenizer manager, not the engine's caller)
                     due.append(seq)
                 ended.append(seq)
+            else:  # overlap: reported, then retracted while its last step was in flight (that token dropped),
+                ended.append(seq)  # re-prefilled and ended again, reported once
         if len(ended) > 1:
             ended.sort(key=lambda s: s.order)
         if not self.overlap:
