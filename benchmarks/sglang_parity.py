@@ -45,21 +45,22 @@ def main() -> None:
             diff = first_difference(ours, theirs)
             c = counts(theirs)
             rows.append((name, "overlap" if overlap else "normal", cfg.num_prompts * cfg.samples_per_prompt,
-                         cfg.kv_tokens, c, diff, t1 - t0, t2 - t1))  # fmt: skip
+                         cfg.kv_tokens, cfg.page_size, c, diff, t1 - t0, t2 - t1))  # fmt: skip
             print(f"{name} ({rows[-1][1]}): {'equal' if diff is None else diff}", flush=True)
     load = os.getloadavg()[0]
     head = (f"sglang {SGLANG_VERSION} `Scheduler` against rlsim's `SGLangScheduler` (event jumps), "
             f"{platform.machine()} CPU, {os.cpu_count()} cores, load {load:.1f}")  # fmt: skip
     lines = [
         head, "",
-        "| workload | loop | requests | KV tokens | iterations | prefills | retractions | finished | equal | rlsim s "
-        "| SGLang s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| workload | loop | requests | KV tokens | page | iterations | prefills | retractions | finished | equal "
+        "| rlsim s | SGLang s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]  # fmt: skip
-    for name, loop, n, kv, c, diff, t_ours, t_theirs in rows:
+    for name, loop, n, kv, page, c, diff, t_ours, t_theirs in rows:
         lines.append(
-            f"| {name} | {loop} | {n:,} | {kv:,} | {c['iterations']:,} | {c['prefills']:,} | {c['retractions']:,} | "
-            f"{c['finished']:,} | {'yes' if diff is None else 'no: ' + diff[:60]} | {t_ours:.2f} | {t_theirs:.0f} |"
+            f"| {name} | {loop} | {n:,} | {kv:,} | {page} | {c['iterations']:,} | {c['prefills']:,} | "
+            f"{c['retractions']:,} | {c['finished']:,} | {'yes' if diff is None else 'no: ' + diff[:60]} | "
+            f"{t_ours:.2f} | {t_theirs:.0f} |"
         )
     body = "\n".join([*lines[2:], "", f"Written by `python benchmarks/sglang_parity.py --readme`: {head}; the "
                       "seconds are each side's run (SGLang's includes its 15 s start)."])
