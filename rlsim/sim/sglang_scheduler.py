@@ -194,7 +194,7 @@ class SGLangScheduler:
         req = seq.req
         ntok = req.num_prompt_tokens + seq.generated
         max_req_len = self.num_blocks - 1
-        if ntok >= max_req_len - 5:
+        if self._too_long(ntok):
             self._refused[req.request_id] = ("prompt_too_long", req)
             seq.req = req._replace(prompt_id=_REFUSED_PROMPT, num_prompt_tokens=1, max_tokens=1, prompt_len=0,
                                    kept_tokens=0)  # fmt: skip
@@ -205,6 +205,10 @@ class SGLangScheduler:
         if req.max_tokens - seq.generated > room:  # (finishes at "length" there)
             seq.req = req._replace(max_tokens=seq.generated + room)
             seq.target = min(seq.target, seq.generated + room)
+
+    def _too_long(self, ntok: int) -> bool:
+        """`validate_input_length`: an input of `max_req_len - 5` tokens or more (`max_req_len = kv - 1`)."""
+        return ntok >= self.num_blocks - 1 - 5
 
     def own_abort(self, seq: Seq) -> str | None:
         """Why SGLang aborted this ended request of its own accord (None: it did not): "prompt_too_long".
@@ -225,7 +229,7 @@ class SGLangScheduler:
         req = seqs[0].req
         for seq in seqs:
             _check_rid(seq.req.request_id)
-        if req.num_prompt_tokens + seqs[0].generated >= self.num_blocks - 1 - 5:  # refused, one by one
+        if self._too_long(req.num_prompt_tokens + seqs[0].generated):  # refused, one by one
             for seq in seqs:
                 self.add(seq)
             return
