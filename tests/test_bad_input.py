@@ -651,3 +651,243 @@ def test_a_killed_simulate_leaves_no_temporary_directory(tmp_path: Path, small_t
     assert seen, "no run was caught writing"
     assert proc.returncode != 0 and "Traceback" not in err, err
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# ---- nothing the user gave silently dropped or lost ------------------------------------------
+# Strict metrics logs, outputs claimed before work starts, and the rough edges a new user meets.
+
+from rlsim.real.validate_verl import read_verl_metrics  # noqa: E402
+
+from .recorded_run import RUN, RUN_CONFIG  # noqa: E402
+
+
+def _log(tmp_path: Path, lines: list, end: str = "\n") -> Path:
+    """A veRL file-logger metrics file of these lines (dicts as JSON, strings as they are)."""
+    path = tmp_path / "metrics.jsonl"
+    text = "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines)
+    path.write_text(text + end)
+    return path
+
+
+def _step(step: int, gen: object = 10.0, **more: object) -> dict:
+    return {"step": step, "data": {"timing_s/gen": gen, "timing_s/step": 20.0, "response_length/mean": 300.0, **more}}
+
+
+def _validate_refused(tmp_path: Path, metrics: Path, message: str) -> None:
+    config = tmp_path / "run.overrides"
+    config.write_text(RUN_CONFIG)
+    _refused(["validate", "--from", f"verl:{config}", "--metrics", str(metrics), "--profile",
+              str(RUN / "profile.json")], message)  # fmt: skip
+
+
+def test_a_metrics_line_that_does_not_parse_is_refused_by_its_line(tmp_path: Path) -> None:
+    metrics = _log(tmp_path, [_step(1), _step(2), '{"step": 3, "data": {"timing_s/gen": 1', _step(4)])
+    _validate_refused(tmp_path, metrics, f"{metrics}:3: not a JSON line")
+    with pytest.raises(RlsimError, match=r"metrics.jsonl:3: not a JSON line"):
+        read_verl_metrics(metrics)
+
+
+def test_a_last_line_without_its_newline_is_named_and_skipped(tmp_path: Path) -> None:
+    """A run still writing: its last line, cut short with no newline, is skipped and the output says so;
+    cut short with its newline, it is refused like any line."""
+    metrics = _log(tmp_path, [_step(1), _step(2), '{"step": 3, "data": {"timing_s/g'], end="")
+    frame = read_verl_metrics(metrics)
+    assert frame["step"].tolist() == [1, 2]
+    assert any("line 3" in n and "no newline" in n and "skipped" in n for n in frame.attrs["notes"]), frame.attrs
+    with pytest.raises(RlsimError, match=":3: not a JSON line"):
+        read_verl_metrics(_log(tmp_path, [_step(1), _step(2), '{"step": 3, "data": {"timing_s/g']))
+
+
+def test_one_metric_with_two_values_at_one_step_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    metrics = _log(tmp_path, [_step(1, gen=10.0 + i) for i in range(8)])
+    _validate_refused(tmp_path, metrics, "step 1: timing_s/gen is 10.0 on line 1 and 11.0 on line 2")
+    same = read_verl_metrics(_log(tmp_path, [_step(1), _step(1), {"step": 1, "data": {"actor/lr": 1e-6}}]))
+    assert same["step"].tolist() == [1] and same["actor/lr"].tolist() == [1e-6]  # other metrics merge
+
+
+def test_a_resumed_runs_later_block_wins_and_the_output_says_so(tmp_path: Path) -> None:
+    lines = [_step(s, gen=float(s)) for s in range(1, 6)] + [_step(s, gen=100.0 + s) for s in range(3, 9)]
+    frame = read_verl_metrics(_log(tmp_path, lines))
+    assert frame["step"].tolist() == list(range(1, 9))
+    assert frame["timing_s/gen"].tolist() == [1.0, 2.0, 103.0, 104.0, 105.0, 106.0, 107.0, 108.0]
+    assert any("steps 3-5 logged again from line 6" in n for n in frame.attrs["notes"]), frame.attrs
+
+
+@pytest.mark.parametrize(
+    ("gen", "message"),
+    [(-5.0, "step 2: timing_s/gen is -5.0"), (float("nan"), "step 2: timing_s/gen is nan"),
+     ("fast", "step 2: timing_s/gen is 'fast'"), (float("inf"), "step 2: timing_s/gen is inf")],
+)  # fmt: skip
+def test_a_negative_or_non_finite_timing_is_refused(tmp_path: Path, gen: object, message: str) -> None:
+    metrics = _log(tmp_path, [_step(1), _step(2, gen=gen), _step(3)])
+    _validate_refused(tmp_path, metrics, message)
+    console = tmp_path / "console.log"
+    console.write_text(f"step:1 - timing_s/gen:10.0\nINFO other\nstep:2 - timing_s/gen:{gen}\n")
+    with pytest.raises(RlsimError, match=message.replace("'fast'", "fast")):
+        read_verl_metrics(console)
+
+
+def test_console_lines_that_are_not_metrics_are_skipped(tmp_path: Path) -> None:
+    console = tmp_path / "console.log"
+    console.write_text("{'a': 1}\nINFO starting\nstep:1 - timing_s/gen:10.0 - timing_s/step:20.0\nwarning x\n")
+    assert read_verl_metrics(console)["timing_s/gen"].tolist() == [10.0]
+
+
+@pytest.mark.parametrize("body", ['{"terms": {}}', '{"terms": {}, "fitted_on": "nothing"}'])
+def test_a_terms_file_without_terms_is_refused(tmp_path: Path, small_trace_path: Path, body: str) -> None:
+    terms = tmp_path / "terms.json"
+    terms.write_text(body)
+    args = _small_run(small_trace_path, tmp_path / "run")
+    _refused([*args, "--model", "qwen2.5-7b", "--gpu", "h100", "--terms", str(terms)],
+             f"{terms}: its 'terms' object names no term")  # fmt: skip
+
+
+PLAN = ["plan", "--target-epoch-hours", "2", "--model", "qwen2.5-7b", "--gpu", "h100", "--gpus", "8",
+        "--policies", "sync", "--steps", "1", "--min-steps", "1"]  # fmt: skip
+
+
+def test_plan_emit_never_overwrites_without_force(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.overrides"
+    mine.write_text("my own overrides\n")
+    _refused([*PLAN, "--emit", f"verl:{mine}"], f"--emit {mine} already exists; pass --force to overwrite it")
+    assert mine.read_text() == "my own overrides\n"
+    r = runner.invoke(app, [*PLAN, "--emit", f"verl:{mine}", "--force", "--cache", str(tmp_path / "c.jsonl")])
+    assert r.exit_code == 0, r.output
+    assert "actor_rollout_ref" in mine.read_text()
+
+
+def test_two_simulates_into_one_new_folder_never_both_succeed(tmp_path: Path, small_trace_path: Path) -> None:
+    """Started together into one new -o folder: one writes it, the other is refused (claimed by the
+    first, naming its pid, or already holding the first's files); never both exit 0."""
+    out = tmp_path / "new"
+    args = [sys.executable, "-m", "rlsim.cli", *_small_run(small_trace_path, out)[:-4], "--max-steps", "2",
+            "-o", str(out)]  # fmt: skip
+    procs = [subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]  # fmt: skip
+    done = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    assert sorted(rc for rc, _ in done) == [0, 2], done
+    err = next(e for rc, e in done if rc == 2)
+    assert "is claimed by another rlsim command (pid " in err or "already holds files" in err, err
+    assert (out / "summary.json").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the claim released
+
+
+def test_a_claimed_output_is_refused_naming_its_holder(tmp_path: Path, small_trace_path: Path) -> None:
+    """Each command that writes claims its output before any work: a held claim refuses it, naming the
+    holder's pid; a released one (a killed holder's too) does not."""
+    from rlsim.claim import claimed
+
+    out = tmp_path / "run"
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"fixed": SMALL, "grid": {"gpus": [4]}}))
+    emit, png, sweep = tmp_path / "best.overrides", tmp_path / "c.png", tmp_path / "s.parquet"
+    cases = [
+        (out, _small_run(small_trace_path, out)),
+        (png, ["compare", "--trace", str(small_trace_path), "--gpus", "4", "--max-steps", "1", "--policies", "sync",
+               "--plot", str(png)]),
+        (sweep, ["sweep", str(grid), "--out", str(sweep), "--workers", "1"]),
+        (emit, [*PLAN, "--emit", f"verl:{emit}"]),
+        (out, ["run", "--real", "--model", str(tmp_path), "--trace", str(small_trace_path), "-o", str(out)]),
+    ]  # fmt: skip
+    for path, args in cases:
+        with claimed(path, "--out"):
+            _refused(args, f"is claimed by another rlsim command (pid {os.getpid()})")
+        assert not path.exists() or path.is_dir() and not any(path.iterdir()), path
+    # a killed holder: the kernel releases its lock; its claim file stays until the next claim takes it over
+    hold = ("import sys, time; from pathlib import Path; from rlsim.claim import claimed; "
+            "c = claimed(Path(sys.argv[1]), '--out'); c.__enter__(); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    _refused(_small_run(small_trace_path, out), f"(pid {holder.pid})")
+    holder.kill()
+    holder.wait()
+    r = runner.invoke(app, _small_run(small_trace_path, out))
+    assert r.exit_code == 0, r.output
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_compare_prints_a_line_per_policy_when_not_on_a_terminal(small_trace_path: Path) -> None:
+    r = runner.invoke(app, ["compare", "--trace", str(small_trace_path), "--gpus", "4", "--max-steps", "1",
+                            "--policies", "sync,rollpacker"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "loading the simulator" in r.stderr, r.stderr
+    assert "sync: simulated (1/2" in r.stderr and "rollpacker: simulated (2/2" in r.stderr, r.stderr
+
+
+def test_a_missing_real_extra_is_one_sentence(tmp_path: Path) -> None:
+    """The README's first real-mode command without the real extra (torch hidden from it)."""
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['tiny_model', '--out', sys.argv[1]]; "
+            "runpy.run_module('calibrate.tiny_model', run_name='__main__')")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "pip install -e '.[real]'" in r.stderr, r.stderr
+
+
+def test_a_derived_profile_is_shown_by_name_not_by_its_cache_path(tmp_path: Path, small_trace_path: Path) -> None:
+    cache = tmp_path / "cache"
+    env = {"RLSIM_CACHE_DIR": str(cache)}
+    r = runner.invoke(app, [*_small_run(small_trace_path, tmp_path / "run"), "--model", "qwen2.5-7b", "--gpu", "h100"],
+                      env=env)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert str(cache) not in r.output and "h100-qwen2.5-7b-tp1" in r.stdout, r.output
+    r = runner.invoke(app, ["compare", "--trace", str(small_trace_path), "--gpus", "4", "--max-steps", "1",
+                            "--policies", "sync", "--model", "qwen2.5-7b", "--gpu", "h100"], env=env)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert str(cache) not in r.output, r.output
+    title = next(line for line in r.stdout.splitlines() if "GPUs" in line or "GPU," in line)
+    assert "h100-qwen2.5-7b-tp1" in " ".join(r.stdout.split()), r.stdout
+    words = " ".join(r.stdout.split())
+    assert "P0=16 R0=4" in words and title.strip()  # the title whole: no word cut between two lines
+
+
+def test_the_timeline_title_fits_its_figure(small_trace: Trace) -> None:
+    from rlsim.config import RLConfig
+    from rlsim.report import timeline_figure
+    from rlsim.sim.simulate import simulate
+
+    res = simulate(small_trace, "sync", rl=RLConfig(prompts_per_step=16, samples_per_prompt=4, max_steps=1))
+    res = dataclasses.replace(res, policy="sortedrl(" + ",".join(f"knob_{i}={i}" for i in range(30)) + ")")
+    fig = timeline_figure(res)
+    fig.canvas.draw()
+    box, title = fig.bbox, fig.axes[0].title.get_window_extent()
+    assert box.x0 <= title.x0 and title.x1 <= box.x1 and title.y1 <= box.y1, (box, title)
+
+
+@pytest.mark.parametrize("span", [(60.0, 140.0), (5.0, 5000.0), (150.0, 900.0)])
+def test_plan_png_labels_its_x_axis_above_100(span: tuple[float, float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rlsim.plan.report import plan_figure
+
+    lo, hi = span
+    hours = (lo, (lo * hi) ** 0.5, hi)
+    rows = [{"policy": "sync", "gpu_hours": g, "epoch_hours": 1.0 + i} for i, g in enumerate(hours)]
+    result = {"rows": rows, "pareto": rows, "answers": [], "profile": "h100-qwen2.5-7b",
+              "objective": {"target_epoch_hours": None, "gpu_budget": 8}}  # fmt: skip
+    fig = plan_figure(result)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    x0, x1 = ax.get_xlim()
+    labels = [t for t in ax.get_xticklabels(which="both") if t.get_text() and x0 <= t.get_position()[0] <= x1]
+    above = [t.get_text() for t in labels if t.get_position()[0] > 100]
+    assert above if hi > 100 else True, [t.get_text() for t in labels]
+    assert 3 <= len(labels) <= 12, [t.get_text() for t in labels]
+    boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes[:-1], boxes[1:], strict=True)), "tick labels overlap"
+    plt.close(fig)
+
+
+def test_one_of_a_thing_is_singular(tmp_path: Path, small_trace_path: Path) -> None:
+    from rlsim.text import counted
+
+    assert [counted(n, "step") for n in (0, 1, 2, 1024)] == ["0 steps", "1 step", "2 steps", "1,024 steps"]
+    assert counted(1, "GPU") == "1 GPU" and counted(2, "policy", "policies") == "2 policies"
+    r = runner.invoke(app, ["simulate", "--trace", str(small_trace_path), "--gpus", "1", "--max-steps", "1",
+                            "-o", str(tmp_path / "run")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    words = " ".join(r.stdout.split())
+    assert "1 GPU," in words and "over 1 step" in words and "1 GPUs" not in words and "1 steps" not in words, words
