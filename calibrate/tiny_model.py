@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,6 +79,15 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    try:
+        import tokenizers  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:  # one sentence, not a traceback: what to install
+        print(f"error: calibrate.tiny_model needs torch, transformers and tokenizers, which the real extra "
+              f"installs (missing: {exc.name}): pip install -e '.[real]' (on a CPU machine, torch==2.13.0 first)",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     path = build(
         args.out,
         TinyModelConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers, seed=args.seed),

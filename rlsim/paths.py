@@ -16,6 +16,11 @@ DEFAULT_TRACE = "math17k.parquet"
 MATH17K_PROMPTS = "sources/dapo_math_17k_prompts.parquet"
 
 
+def cache_dir() -> Path:
+    """rlsim's cache: $RLSIM_CACHE_DIR, else ~/.cache/rlsim (derived profiles under `profiles/`)."""
+    return Path(os.environ.get("RLSIM_CACHE_DIR") or Path.home() / ".cache" / "rlsim")
+
+
 def bundled(name: str) -> Path:
     """Path of a bundled trace file such as `math17k.parquet`."""
     checkout = Path(__file__).resolve().parent.parent / "traces" / name

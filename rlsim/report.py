@@ -92,6 +92,18 @@ def perfetto_trace(result: Result) -> dict[str, Any]:
 
 def plot_timeline(result: Result, out: Path) -> Path:
     """Gantt chart of instance busy intervals with step boundaries."""
+    fig = timeline_figure(result)
+    import matplotlib.pyplot as plt
+
+    try:
+        save_figure(fig, out)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def timeline_figure(result: Result):  # noqa: ANN201 - a matplotlib Figure
+    """The figure `plot_timeline` writes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,13 +118,28 @@ def plot_timeline(result: Result, out: Path) -> Path:
     ax.set_xlabel("simulated time (s); dashed: step starts")
     ax.set_ylabel("rollout instance")
     ax.set_ylim(-0.6, n - 0.4)
-    ax.set_title(f"{result.policy}: instance busy time (blue), bubble ratio {result.summary['bubble_ratio']:.0%}")
+    fit_title(fig, ax, f"{result.policy}: instance busy time (blue), bubble ratio {result.summary['bubble_ratio']:.0%}")
+    return fig
+
+
+def fit_title(fig, ax, text: str, **kwargs) -> None:  # noqa: ANN001, ANN003 - a matplotlib Figure and Axes
+    """Set `ax`'s title, wrapped (a long policy string, which has no spaces, cut where it must) until
+    its box lies inside the figure; then lay the figure out tightly around it."""
+    import textwrap
+
+    title = ax.set_title(text, **kwargs)
     fig.tight_layout()
-    try:
-        save_figure(fig, out)
-    finally:
-        plt.close(fig)
-    return out
+    for _ in range(8):
+        fig.canvas.draw()
+        box, page = title.get_window_extent(), fig.bbox
+        if box.x0 >= page.x0 and box.x1 <= page.x1 and box.y1 <= page.y1:
+            return
+        # the widest line, shortened by the share of the box that overhangs (and a little more)
+        half = min(box.x1 - box.x0, 2 * min((box.x0 + box.x1) / 2 - page.x0, page.x1 - (box.x0 + box.x1) / 2))
+        widest = max(map(len, title.get_text().splitlines()))
+        chars = max(10, int(widest * half / max(box.x1 - box.x0, 1.0)) - 2)
+        title.set_text("\n".join(textwrap.wrap(text, chars, break_long_words=True, break_on_hyphens=False)))
+        fig.tight_layout()
 
 
 def write_run_dir(result: Result, out: Path, swap: bool = True) -> Path:

@@ -155,7 +155,7 @@ def test_simulate_and_compare_print_the_bands(tmp_path: Path, small_trace_path: 
     r = runner.invoke(app, ["compare", *common, "--policies", "sync,rollpacker"])
     assert r.exit_code == 0, r.output
     assert "epoch times: error band" in r.output and "speedups: ratio band (derived, vLLM, every framework)" in r.output
-    rows = json.loads(runner.invoke(app, ["compare", *common, "--policies", "sync", "--json"]).output)
+    rows = json.loads(runner.invoke(app, ["compare", *common, "--policies", "sync", "--json"]).stdout)
     assert rows[0]["error_band"]["configurations"] == 0 and rows[0]["ratio_band"]["pairs"] == 40
 
 

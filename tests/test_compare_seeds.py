@@ -39,13 +39,13 @@ def test_compare_over_seeds_prints_spreads_and_ranks(small_trace_path: Path) -> 
             "--profile", "h100-qwen2.5-7b-tp1", "--workers", "1", "--prompts-per-step", "4"]  # fmt: skip
     res = runner.invoke(app, [*base, "--seeds", "3", "--json"])
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.output)
+    rows = json.loads(res.stdout)
     for r in rows:
         assert min(r["total_time_s_by_seed"]) == r["total_time_s_range"][0] <= r["total_time_s"]
         assert r["total_time_s"] <= r["total_time_s_range"][1] == max(r["total_time_s_by_seed"])
         assert r["seeds"] == [0, 1, 2] and len(r["rank_by_seed"]) == 3
     assert len(set(rows[0]["total_time_s_by_seed"])) > 1  # the seeds hand the prompts out in other orders
-    single = json.loads(runner.invoke(app, [*base, "--json"]).output)  # --seed 0 alone: the first of the three
+    single = json.loads(runner.invoke(app, [*base, "--json"]).stdout)  # --seed 0 alone: the first of the three
     assert [r["total_time_s"] for r in single] == [r["total_time_s_by_seed"][0] for r in rows]
     table = runner.invoke(app, [*base, "--seeds", "2"]).output
     assert "±" in table and "#1" in table and "data-order seeds [0, 1]" in table.replace("\n", " ")

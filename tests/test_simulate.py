@@ -175,7 +175,7 @@ def test_compare_cli_json(tmp_path: Path) -> None:
             "--json",
         ],
     )
-    rows = json.loads(result.output)
+    rows = json.loads(result.stdout)
     assert rows[0]["policy"] == "sync" and rows[0]["speedup_vs_sync"] == 1.0
 
 

@@ -9,6 +9,7 @@ calibrate/README.md. Under torchrun, `ops` measures a TP group:
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -17,6 +18,7 @@ from rich.table import Table
 from rlsim.cli.ui import console as make_console
 from rlsim.errors import RlsimError
 from rlsim.files import atomic_write_text
+from rlsim.text import counted
 
 calibrate_app = typer.Typer(help="Measure a real engine and fit a profile from the records.", no_args_is_help=True)
 
@@ -299,6 +301,8 @@ def _logged_run(ctx: typer.Context, spec: str, metrics: Path, trace: Path | None
     from rlsim.trace.format import load
 
     real, fmt = read_run_metrics(metrics)
+    for note in real.attrs.get("notes") or ():  # what the metrics file held that was skipped or superseded
+        make_console(sys.stderr).print(f"note: {note}", highlight=False, soft_wrap=True)
     opts, engine, setup = apply_from(ctx, spec, dict(opts), EngineConfig())
     if trace is not None:
         lengths, text = load(trace), f"the run's own ({trace})"
@@ -333,7 +337,8 @@ def _print_calibration(cal, out: Path) -> None:  # noqa: ANN001 - rlsim.calibrat
                      f"{r['sum_pct']:+.1f}%")  # fmt: skip
     con.print(held)
     for r in cal.runs:
-        con.print(f"{r['name']}: {r['steps']} steps, {r['policy']}, profile {r['profile']}; lengths: {r['lengths']}",
+        con.print(f"{r['name']}: {counted(r['steps'], 'step')}, {r['policy']}, profile {r['profile']}; "
+                  f"lengths: {r['lengths']}",
                   highlight=False, soft_wrap=True)  # fmt: skip
     for note in cal.notes:
         con.print(note, highlight=False, soft_wrap=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -16,6 +17,7 @@ from rlsim.cli.engine_options import engine_options
 from rlsim.cli.from_config import FROM, apply_from, single
 from rlsim.cli.options import (
     check_len,
+    claim_output,
     configs,
     from_trace,
     load_trace,
@@ -25,8 +27,10 @@ from rlsim.cli.options import (
     tool_config,
 )
 from rlsim.cli.ui import console as make_console
+from rlsim.cli.ui import shown_profile
 from rlsim.config import ROLLOUT_ENGINES, EngineConfig
 from rlsim.errors import RlsimError
+from rlsim.text import counted
 
 
 def engine_policies(names: list[str], rollout_engine: str) -> list[str]:
@@ -110,10 +114,12 @@ def register_compare(app: typer.Typer) -> None:
         from rlsim.report import plot_compare
         from rlsim.sim.compare import compare as run_all
         from rlsim.sim.compare import compare_seeds
+        from rlsim.sim.simulate import check_setup
 
         from_ = single(from_)
         if plot is not None:
             check_plot_file(plot)  # before minutes of simulation, not after
+            claim_output(ctx, plot, "--plot")
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
         opts = dict(locals())
@@ -137,14 +143,27 @@ def register_compare(app: typer.Typer) -> None:
             TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
             TextColumn("{task.description}"), TimeElapsedColumn(), console=make_console(), transient=True,
         )  # fmt: skip
+        # off a terminal the bar draws nothing: a line per policy on stderr instead, as each ends, so that a log
+        # shows progress (none before the first ends: a refusal stays the one line on stderr)
+        lines = None if prog.console.is_terminal else make_console(sys.stderr)
+        t0, finished = time.perf_counter(), [0]
 
         def done(name: str) -> None:
+            finished[0] += 1
             prog.update(task, advance=1, description=f"(last: {name})")
+            if lines is not None:
+                first = ", the first run loading the simulator too" if finished[0] == 1 else ""
+                lines.print(f"{name}: simulated ({finished[0]}/{total}, {time.perf_counter() - t0:.1f} s{first})",
+                            highlight=False)  # fmt: skip
 
         rows = []
         prof = load_profile(profile)  # the bands' kind: its basis, model class and GPU
+        for eng in engines:  # a setup no policy could run: refused before the first run, not in it
+            check_setup(tr, cluster, rl, prof, eng)
         per_engine = {e.rollout_engine: engine_policies(names, e.rollout_engine) for e in engines}
-        task = prog.add_task("", total=sum(map(len, per_engine.values())) * seeds)
+        total = sum(map(len, per_engine.values())) * seeds
+        # the first result waits for the simulator to load (and its core to compile, said above, on a first run)
+        task = prog.add_task("(loading the simulator)", total=total)
         with prog:
             for eng in engines:
                 these = per_engine[eng.rollout_engine]
@@ -253,7 +272,8 @@ def _cells(rows) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
 
 def _print_compare(rows, trace, cluster, rl) -> None:  # noqa: ANN001
     title = (
-        f"{trace.meta.source} | {cluster.num_gpus} GPUs, {cluster.profile}, {cluster.placement} | "
+        f"{trace.meta.source} | {counted(cluster.num_gpus, 'GPU')}, {shown_profile(cluster.profile)}, "
+        f"{cluster.placement} | "
         f"P0={rl.prompts_per_step} R0={rl.samples_per_prompt} max_len={rl.max_response_len}"
     )
     table = Table(title=title, title_justify="left")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -15,6 +14,7 @@ from rlsim.cli.options import refuse_overwrite
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
+from rlsim.paths import cache_dir
 
 MODEL = typer.Option(
     None, help="Derive the profile: a model name (rlsim profile list), a config.json or its directory."
@@ -75,7 +75,7 @@ def derived_profile_path(
         + ([gpu_memory_utilization] if gpu_memory_utilization is not None else [])
         + ([s.kv_cache_dtype] if s.kv_cache_dtype != s.dtype else [])
     )
-    root = Path(os.environ.get("RLSIM_CACHE_DIR") or Path.home() / ".cache" / "rlsim") / "profiles"
+    root = cache_dir() / "profiles"
     folder = root / hashlib.sha256(key.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{raw['name']}.json"
@@ -115,7 +115,7 @@ def profile_with_terms(profile: str, terms: str) -> str:
     load_profile(profile)  # a bad profile is its own sentence, before the terms
     raw = lay_terms(read_json_object(profile_file(profile)), terms)
     key = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
-    folder = Path(os.environ.get("RLSIM_CACHE_DIR") or Path.home() / ".cache" / "rlsim") / "profiles" / key
+    folder = cache_dir() / "profiles" / key
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{raw.get('name', 'profile')}.json"
     atomic_write_text(path, json.dumps(raw, indent=2) + "\n")

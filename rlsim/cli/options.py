@@ -12,6 +12,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlsim.cli.ui import console as make_console
+from rlsim.cli.ui import shown_profile
 from rlsim.errors import RlsimError
 
 # Options shared by `simulate` and `compare` (one definition, one help text); the engine's options
@@ -166,6 +167,14 @@ def check_len(trace, max_len: int, max_model_len: int | None = None) -> None:  #
         )
 
 
+def claim_output(ctx: typer.Context, path: Path, what: str) -> None:
+    """Claim a command's output before any work (`rlsim.claim`), held until the command (`ctx`) ends,
+    however it ends: a second command writing the same output is refused, naming this one's pid."""
+    from rlsim.claim import claimed
+
+    ctx.with_resource(claimed(Path(path), what))
+
+
 def say_if_compiling() -> None:
     """Say so, on stderr, when the simulator's compiled core is not in its cache yet: its first
     compile takes a minute or more, during which the progress bar would sit at 0 with no word why."""
@@ -204,8 +213,8 @@ def say_which_rules(profile: str, rollout_engines: list[str]) -> None:
             )
         if measured != engine:
             err.print(
-                f"profile {profile}: its costs were measured on {ROLLOUT_ENGINES[measured]}; this run schedules with "
-                f"{ROLLOUT_ENGINES[engine]}'s rules on them",
+                f"profile {shown_profile(profile)}: its costs were measured on {ROLLOUT_ENGINES[measured]}; this run "
+                f"schedules with {ROLLOUT_ENGINES[engine]}'s rules on them",
                 highlight=False,
             )
 

@@ -14,9 +14,11 @@ from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
 from rlsim.cli.from_config import FROM, once, single
-from rlsim.cli.options import PROFILE, say_if_compiling, say_which_rules
+from rlsim.cli.options import PROFILE, claim_output, say_if_compiling, say_which_rules
 from rlsim.cli.ui import console as make_console
+from rlsim.cli.ui import shown_profile
 from rlsim.config import EngineConfig
+from rlsim.errors import RlsimError
 from rlsim.plan.space import SEARCHED_ENGINE_FIELDS
 
 
@@ -91,8 +93,9 @@ def _from_config(ctx: typer.Context, spec: str, opts: dict) -> dict:
     }  # fmt: skip
 
 
-def _emit_target(emit: str | None) -> tuple[str, Path] | None:
-    """`--emit FRAMEWORK:PATH`, checked before the search."""
+def _emit_target(ctx: typer.Context, emit: str | None, force: bool) -> tuple[str, Path] | None:
+    """`--emit FRAMEWORK:PATH`, checked and claimed before the search: an existing file is overwritten
+    only with `force`."""
     from rlsim.frameworks.registry import split
     from rlsim.paths import check_output_file
 
@@ -100,6 +103,9 @@ def _emit_target(emit: str | None) -> tuple[str, Path] | None:
         return None
     framework, path = split(emit, "--emit", "PATH")
     check_output_file(path, "--emit")
+    claim_output(ctx, path, "--emit")
+    if Path(path).exists() and not force:
+        raise RlsimError(f"--emit {path} already exists; pass --force to overwrite it")
     return framework, path
 
 
@@ -146,6 +152,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def sweep(
+        ctx: typer.Context,
         grid: Path = typer.Argument(..., help="Grid file (YAML): fixed fields and lists to take the product of."),
         out: Path = typer.Option(Path("sweep.parquet"), "--out", "-o", help="Result Parquet (one row per point)."),
         executor: str = typer.Option("process", help="process (a local pool) or ray (a Ray cluster)."),
@@ -161,6 +168,7 @@ def register(app: typer.Typer) -> None:
         from rlsim.plan.sweep import check_caps, existing_rows, make_executor, run_sweep
 
         check_output_file(out, "--out")
+        claim_output(ctx, out, "--out")
         g = load_grid(grid)
         check_caps(g)
         done = len(existing_rows(g, out, keep_other_grids=force)[0])  # refuses another grid's rows before a pool starts
@@ -246,6 +254,7 @@ def register(app: typer.Typer) -> None:
             None, "--emit", help="Write the best configuration as a framework's config, FRAMEWORK:PATH: verl:PATH (a "
             "launch's overrides) or nemo-rl:PATH (a recipe over NeMo RL's grpo_math_1B.yaml).", callback=once("--emit"),
         ),
+        force: bool = typer.Option(False, "--force", help="Overwrite an existing --emit file."),
         from_: list[str] | None = FROM,  # one value (`single`)
     ) -> None:
         """Search GPUs, placement, rollout TP, engine knobs and response cap per policy; the best
@@ -265,7 +274,7 @@ def register(app: typer.Typer) -> None:
         from_, emit = single(from_), single(emit)
         if plot is not None:
             check_plot_file(plot)  # before minutes of simulation, not after
-        emit_to = _emit_target(emit)
+        emit_to = _emit_target(ctx, emit, force)
         cache_path = None if no_cache else (cache or default_cache_path())
         if cache_path is not None and (cache_path.is_dir() or cache_path.parent.exists()):
             check_output_file(cache_path, "--cache")  # a missing cache directory is created
@@ -347,7 +356,7 @@ def register(app: typer.Typer) -> None:
                 _emit_best(res, emit_to, rl, emit_model)
             return
         con = make_console()
-        table = Table(title=f"Plan: {objective_text(res)} ({profile} family)")
+        table = Table(title=f"Plan: {objective_text(res)} ({shown_profile(profile)} family)")
         for col in ("policy", "configuration", "cap", "clipped", "epoch (h)", "GPU-h / epoch", "rank", "meets"):
             table.add_column(col, justify="left" if col in ("policy", "configuration") else "right")
         for row in answer_rows(res):
@@ -377,7 +386,7 @@ def register(app: typer.Typer) -> None:
             front.add_row(*row)
         con.print(front)
         if len(res["tp_profiles"]) > 1:
-            used = ", ".join(f"TP {t}: {name}" for t, name in sorted(res["tp_profiles"].items()))
+            used = ", ".join(f"TP {t}: {shown_profile(name)}" for t, name in sorted(res["tp_profiles"].items()))
             con.print(f"rollout TP profiles: {used} (one family: the same model facts and iteration model)")
         con.print(
             f"{res['simulated']} simulations, {res['cache_hits']} from the cache"

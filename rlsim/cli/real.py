@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -15,6 +16,7 @@ from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import engine_log
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
+from rlsim.text import counted
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +27,7 @@ def register(app: typer.Typer) -> None:
     # real engines keep their KV through training; vLLM's, or SGLang's with --rollout-engine sglang
     @engine_options(exclude=("free_cache_engine",))
     def run(
+        ctx: typer.Context,
         engine: EngineConfig,
         real: bool = typer.Option(
             False, "--real", help="Drive real engines, vLLM's or SGLang's (--rollout-engine): the only mode of this "
@@ -98,12 +101,16 @@ def register(app: typer.Typer) -> None:
 
         if not real:
             raise RlsimError("rlsim run drives real engines: add --real (to simulate, use rlsim simulate)")
+        from rlsim.cli.options import claim_output
+
         if resume:
+            claim_output(ctx, out, "--out")
             run_ = RealRun.resume(out, steps)
         else:
             from rlsim.paths import check_output_dir
 
             check_output_dir(out, "--out")
+            claim_output(ctx, out, "--out")
             if model is None:
                 raise RlsimError("--model is required: a model directory or a Hugging Face id in the local cache")
             if train == "modeled" and profile is None:
@@ -168,8 +175,9 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(130) from None
         con = make_console()
         con.print(
-            f"{summary['num_steps']} steps in {summary['total_time_s']:.2f} s: rollout {summary['rollout_share']:.1%} "
-            f"of the step, bubble {summary['bubble_ratio']:.1%}, {summary['wasted_tokens']:,.0f} wasted tokens, "
+            f"{counted(summary['num_steps'], 'step')} in {summary['total_time_s']:.2f} s: rollout "
+            f"{summary['rollout_share']:.1%} of the step, bubble {summary['bubble_ratio']:.1%}, "
+            f"{summary['wasted_tokens']:,.0f} wasted tokens, "
             f"KV blocks per engine {summary.get('num_gpu_blocks')}"
         )
         con.print(f"run directory: {out} (summary.json holds every figure; the engines' log: vllm.log)")
@@ -227,10 +235,13 @@ def register(app: typer.Typer) -> None:
             raise RlsimError("give a run directory (rlsim run --real --out DIR), or --verl-metrics FILE --log DIR")
         else:
             res = run_validate(run_dir, profile)
+        for note in res.get("notes") or ():  # what the metrics file held that was skipped or superseded
+            make_console(sys.stderr).print(f"note: {note}", highlight=False, soft_wrap=True)
         if as_json:
             typer.echo(json.dumps(res, indent=2))
             return
-        table = Table(title=f"{res['policy']}: real vs simulated ({res['steps']} steps, {res['instances']} instances)")
+        table = Table(title=f"{res['policy']}: real vs simulated ({counted(res['steps'], 'step')}, "
+                      f"{counted(res['instances'], 'instance')})")  # fmt: skip
         for col in ("metric", "real", "simulated", "Diff%"):
             table.add_column(col, justify="left" if col == "metric" else "right")
         for r in res["rows"]:
@@ -249,7 +260,7 @@ def register(app: typer.Typer) -> None:
         if "parts" in res:
             print_parts(console, res["parts"])
         else:
-            console.print(f"{res['gpus']} GPUs on profile {res['profile']}; per step: --json")
+            console.print(f"{counted(res['gpus'], 'GPU')} on profile {res['profile']}; per step: --json")
 
 
 def _validate_from(ctx, spec, metrics, trace, log, log_format, tokenizer, opts):  # noqa: ANN001, ANN202

@@ -13,6 +13,7 @@ from rlsim.cli.engine_options import engine_options
 from rlsim.cli.from_config import FROM, apply_from, given_on_command_line, single
 from rlsim.cli.options import (
     check_len,
+    claim_output,
     configs,
     expected_steps,
     from_trace,
@@ -23,8 +24,10 @@ from rlsim.cli.options import (
     tool_config,
 )
 from rlsim.cli.ui import console as make_console
+from rlsim.cli.ui import shown_profile
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
+from rlsim.text import counted
 
 
 def register(app: typer.Typer) -> None:
@@ -96,6 +99,7 @@ def register(app: typer.Typer) -> None:
 
         from_ = single(from_)
         check_output_dir(out, "--out")
+        claim_output(ctx, out, "--out")  # before the check below: two runs started together never both pass it
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
         opts = dict(locals())
@@ -125,7 +129,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(to_json(result.summary))
             return
-        _print_summary(result.summary, f"{policy} | {cluster.num_gpus} GPUs, {cluster.profile}, {cluster.placement}")
+        where = f"{counted(cluster.num_gpus, 'GPU')}, {shown_profile(cluster.profile)}, {cluster.placement}"
+        _print_summary(result.summary, f"{policy} | {where}")
         make_console().print(f"step and epoch times: {band_text(result.summary['error_band'])}")
         make_console().print(f"run directory: {out} (summary.json holds every figure at full precision)")
 
@@ -138,7 +143,7 @@ def _print_summary(s: dict, title: str) -> None:
 
     rows = [(f"epoch {e} time", f"{t / 3600:.2f} h") for e, t in s["epoch_time_s"].items()]
     rows += [
-        ("total time", f"{s['total_time_s'] / 3600:.2f} h over {s['num_steps']} steps"),
+        ("total time", f"{s['total_time_s'] / 3600:.2f} h over {counted(s['num_steps'], 'step')}"),
         ("GPU-hours", f"{s['gpu_hours']:,.1f}"),
         ("rollout share of the step", pct("rollout_share")),
         ("bubble (idle instance-time in rollout)", pct("bubble_ratio")),

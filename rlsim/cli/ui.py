@@ -12,6 +12,18 @@ from typing import TextIO
 from rich.console import Console
 
 
+def shown_profile(profile: str) -> str:
+    """A profile as the output names it: one derived into rlsim's cache by its name (its folder there is
+    a digest that says nothing to a reader), any other as it was given."""
+    from rlsim.paths import cache_dir
+
+    try:
+        Path(profile).resolve().relative_to(cache_dir().resolve())
+    except (ValueError, OSError):
+        return profile
+    return Path(profile).stem
+
+
 def console(file: TextIO | None = None) -> Console:
     """A rich console (on `file`, default standard output); when output is piped, wide enough
     that tables are not truncated."""

@@ -182,6 +182,8 @@ def load_terms(name_or_path: str) -> tuple[Terms, str]:
     if not isinstance(values, dict):
         raise RlsimError(f"{where} has no 'terms' object")
     known = {f.name for f in fields(Terms)}
+    if not values:  # (it would run as the derived profile, labelled fitted)
+        raise RlsimError(f"{where}: its 'terms' object names no term; give at least one of {', '.join(sorted(known))}")
     unknown = sorted(set(values) - known)
     if unknown:
         raise RlsimError(f"{where}: unknown term {unknown[0]!r}; known: {', '.join(sorted(known))}")

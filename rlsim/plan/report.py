@@ -3,10 +3,14 @@ epoch time against GPU-hours, and a plot of every candidate simulated with that 
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 from rlsim.files import save_figure
 from rlsim.plan.space import Candidate
+from rlsim.report import fit_title
+from rlsim.text import counted
 
 
 def spread(mean: float, rng: tuple[float, float], fmt: str = ".2f") -> str:
@@ -30,7 +34,7 @@ def objective_text(result: dict[str, Any]) -> str:
     else:
         parts.append("fastest epoch")
     if o["gpu_budget"] is not None:
-        parts.append(f"on at most {o['gpu_budget']} GPUs")
+        parts.append(f"on at most {counted(o['gpu_budget'], 'GPU')}")
     return " ".join(parts)
 
 
@@ -79,6 +83,17 @@ def pareto_rows(result: dict[str, Any]) -> list[list[str]]:
 
 
 def plot_plan(result: dict[str, Any], out) -> None:  # noqa: ANN001
+    """Write `plan_figure` to `out`."""
+    fig = plan_figure(result)
+    import matplotlib.pyplot as plt
+
+    try:
+        save_figure(fig, out)
+    finally:
+        plt.close(fig)
+
+
+def plan_figure(result: dict[str, Any]):  # noqa: ANN201 - a matplotlib Figure
     """Every candidate simulated (epoch hours against GPU-hours per epoch, one colour per policy,
     faint), the Pareto front as a step line, the finalists with their seed spreads as error bars,
     and the target as a horizontal line."""
@@ -86,7 +101,7 @@ def plot_plan(result: dict[str, Any], out) -> None:  # noqa: ANN001
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     fig, ax = plt.subplots(figsize=(10.5, 5), dpi=120)
     policies = list(dict.fromkeys(r["policy"] for r in result["rows"]))
@@ -111,17 +126,30 @@ def plot_plan(result: dict[str, Any], out) -> None:  # noqa: ANN001
     if target is not None:
         ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g} h")
     ax.set_xscale("log")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(plain)
-    ax.tick_params(axis="x", which="minor", labelsize=7)
+    ax.xaxis.set_major_locator(FixedLocator(log_ticks(*ax.get_xlim())))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("GPU-hours per epoch")
     ax.set_ylabel("epoch time (hours)")
-    ax.set_title(f"Plan: {objective_text(result)} ({result['profile']} family)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    try:
-        save_figure(fig, out)
-    finally:
-        plt.close(fig)
+    fit_title(fig, ax, f"Plan: {objective_text(result)} ({Path(str(result['profile'])).stem} family)", fontsize=10)
+    return fig
+
+
+def log_ticks(lo: float, hi: float, most: int = 10) -> list[float]:
+    """Ticks for a log axis over [lo, hi]: round numbers, as many as fit `most` labels. A range within
+    a decade gets linear steps (60, 80, 100, 120, 140: its upper end labelled too), a wider one
+    1-2-5 steps per decade or fewer."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    if hi / lo < 10:
+        steps = MaxNLocator(nbins=min(most, 6), steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+        return [float(f"{t:.6g}") for t in np.asarray(steps) if lo <= t <= hi]
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    for subs in ((1, 2, 3, 5, 7), (1, 2, 5), (1, 3), (1,)):
+        ticks = [t for t in (s * 10.0**k for k in decades for s in subs) if lo <= t <= hi]
+        if len(ticks) <= most:
+            return ticks
+    return ticks

@@ -43,6 +43,7 @@ import numpy as np
 from rlsim.config import MAX_GPUS, PLACEMENTS, ROLLOUT_ENGINES, EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.profile import PROFILE_DIR, load_profile, shipped_profiles
+from rlsim.text import counted
 
 SEARCHED_ENGINE_FIELDS = ("max_num_seqs", "gpu_memory_utilization")
 
@@ -80,7 +81,7 @@ class Candidate:
         """Short and readable: `64 GPUs, disagg 48+16, TP 4, seqs 256, mem 0.8` (led by the rollout
         engine where it is not vLLM: `SGLang, 64 GPUs, ...`)."""
         place = "coloc" if self.placement == "colocated" else f"disagg {self.rollout_gpus}+{self.train_gpus}"
-        parts = [f"{self.num_gpus} GPUs", place, f"TP {self.tp}"]
+        parts = [counted(self.num_gpus, "GPU"), place, f"TP {self.tp}"]
         rollout = self.engine.get("rollout_engine", "vllm")
         if rollout != "vllm":
             parts.insert(0, ROLLOUT_ENGINES[rollout])

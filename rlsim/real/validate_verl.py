@@ -53,39 +53,103 @@ STAND_IN = "dapo-qwen2.5-32b"
 
 def read_verl_metrics(path: Path, flag: str = "--verl-metrics") -> pd.DataFrame:
     """One row per step (column `step`), numeric metrics as columns; one sentence if unreadable,
-    naming the option (`flag`) the user gave the file with."""
+    naming the option (`flag`) the user gave the file with. Read strictly (`_Steps`): in JSON Lines
+    every line must parse, but for a last line with no newline (a run still writing), skipped and
+    named; one metric with two values at one step is refused; a step logged again after a later
+    one starts a resumed run's block, which wins; a timing must be a finite number >= 0. Console
+    lines that are not metrics are skipped. What was skipped or superseded is in `attrs["notes"]`."""
     path = Path(path)
     if not path.is_file():
         raise RlsimError(f"{flag} {path} is not a file")
-    rows: dict[int, dict[str, float]] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    jsonl = any(_step_object(line) for line in lines)  # veRL's file logger (else its console)
+    steps = _Steps(path)
+    for n, line in enumerate(lines, 1):
         line = line.strip()
         if not line:
             continue
-        row = _json_row(line) if line.startswith("{") else _console_row(line)
-        if row is None:
-            continue
-        step = row.pop("step", None)
-        if not isinstance(step, int | float) or isinstance(step, bool):
-            raise RlsimError(f"{path}:{n}: a metrics line without an integer 'step'")
-        rows.setdefault(int(step), {}).update(row)  # several lines of one step merge
-    if not rows:
+        if jsonl:  # veRL's file logger: JSON Lines, every line a step's metrics
+            cut = n == len(lines) and not text.endswith("\n")
+            row = _json_row(line, path, n, cut)
+            if row is None:
+                steps.notes.append(f"{path}: line {n}, the last, has no newline and does not parse (a run still "
+                                   "writing?): skipped")  # fmt: skip
+                continue
+        else:
+            row = _console_row(line)
+            if row is None:
+                continue  # a console log's other lines
+        steps.add(row, n)
+    if not steps.rows:
         raise RlsimError(f"{path} holds no veRL metrics lines (JSON Lines with 'step', or 'step:N - key:value')")
-    frame = pd.DataFrame([{"step": s, **r} for s, r in sorted(rows.items())])
+    frame = pd.DataFrame([{"step": s, **{k: v for k, (v, _) in r.items()}} for s, r in sorted(steps.rows.items())])
+    frame.attrs["notes"] = steps.notes
     if "timing_s/gen" not in frame.columns:
         raise RlsimError(f"{path} has no 'timing_s/gen' metric: not a veRL PPO trainer's metrics")
     return frame
 
 
-def _json_row(line: str) -> dict[str, Any] | None:
+class _Steps:
+    """The steps read so far: step -> metric -> (value, line). Lines of one step merge; a step lower
+    than the last line's starts a resumed run's block, which drops the steps it logs again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: dict[int, dict[str, tuple[float, int]]] = {}
+        self.notes: list[str] = []
+        self.last = None
+
+    def add(self, row: dict[str, Any], n: int) -> None:
+        step = row.pop("step", None)
+        if not isinstance(step, int | float) or isinstance(step, bool) or step != int(step):
+            raise RlsimError(f"{self.path}:{n}: a metrics line without an integer 'step'")
+        step = int(step)
+        if self.last is not None and step < self.last:  # a resumed run logs its steps again: the later block wins
+            again = sorted(s for s in self.rows if s >= step)
+            for s in again:
+                del self.rows[s]
+            if again:
+                self.notes.append(f"{self.path}: steps {again[0]}-{again[-1]} logged again from line {n} (a resumed "
+                                  "run): the later lines are used")  # fmt: skip
+        self.last = step
+        have = self.rows.setdefault(step, {})
+        for key, value in row.items():
+            if key.startswith("timing_s/") and not (_number(value) and value >= 0):
+                shown = value if isinstance(value, str) else float(value)
+                raise RlsimError(f"{self.path}:{n}: step {step}: {key} is {shown!r}: a timing must be a finite "
+                                 "number of seconds >= 0")  # fmt: skip
+            if not _number(value):
+                continue  # (other metrics that are not numbers: not read)
+            old = have.get(key)
+            if old is not None and old[0] != value:
+                raise RlsimError(f"{self.path}: step {step}: {key} is {old[0]!r} on line {old[1]} and {value!r} on "
+                                 f"line {n}; a step logs each metric once")  # fmt: skip
+            have[key] = (float(value), n)
+
+
+def _step_object(line: str) -> bool:
+    if not line.lstrip().startswith("{"):
+        return False
     try:
         raw = json.loads(line)
     except json.JSONDecodeError:
-        return None
+        return False
+    return isinstance(raw, dict) and "step" in raw
+
+
+def _json_row(line: str, path: Path, n: int, cut: bool) -> dict[str, Any] | None:
+    """A JSON Lines metrics line (`{"step": N, "data": {...}}` or flat); None for a last line cut short."""
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as exc:
+        if cut:
+            return None
+        raise RlsimError(f"{path}:{n}: not a JSON line ({exc.msg}, column {exc.colno})") from None
     if not isinstance(raw, dict) or "step" not in raw:
-        return None
+        raise RlsimError(f"{path}:{n}: a metrics line without an integer 'step'")
     data = raw.get("data") if isinstance(raw.get("data"), dict) else raw
-    out: dict[str, Any] = {k: float(v) for k, v in data.items() if _number(v) and k != "step"}
+    out: dict[str, Any] = {k: v for k, v in data.items() if k != "step"}
     out["step"] = raw["step"]
     return out
 
@@ -97,11 +161,22 @@ def _console_row(line: str) -> dict[str, Any] | None:
     out: dict[str, Any] = {"step": int(m.group(1))}
     for part in m.group(2).split(" - "):
         key, _, val = part.rpartition(":")
-        try:
-            out[key.strip()] = float(val)
-        except ValueError:
-            continue
+        key = key.strip()
+        value = _float(val)
+        if value is not None:
+            out[key] = value
+        elif key.startswith("timing_s/"):
+            out[key] = val.strip()  # refused as a timing (`_Steps.add`)
     return out
+
+
+def _float(text: Any) -> float | None:  # noqa: ANN401
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text)
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
 
 
 def _number(v: Any) -> bool:  # noqa: ANN401
@@ -160,6 +235,7 @@ def validate_verl(
         "instances": cluster.num_instances(prof.tensor_parallel_size),
         "rows": rows,
         "per_step": per_step,
+        "notes": real.attrs.get("notes", []),
     }
 
 
@@ -220,7 +296,7 @@ def validate_config(
     return {
         "metrics": str(metrics), "config": setup.source, "policy": policy, "profile": prof.name,
         "gpus": setup.num_gpus, "steps": len(both), "instances": cluster.num_instances(prof.instance_gpus),
-        "rows": rows, "stand_in": stand_in,
+        "rows": rows, "stand_in": stand_in, "notes": real.attrs.get("notes", []),
         "per_step": [{"step": int(r["step"])} | {f"{k}/{side}": float(r[f"{k}_{side}"]) for k, _ in PHASES
                       if f"{k}_real" in both.columns and f"{k}_sim" in both.columns for side in ("real", "sim")}
                      for _, r in both.iterrows()],

@@ -47,6 +47,27 @@ def check_engine_fits(prof: Profile, trace: Trace, rl: RLConfig) -> None:
         )
 
 
+def check_setup(
+    trace: Trace, cluster: ClusterConfig, rl: RLConfig, profile: Profile | str | None = None,
+    engine_cfg: EngineConfig | None = None,
+) -> Profile:
+    """Refuse, in one sentence and before any work, a setup no policy could run (its GPUs, its engine,
+    its training layout); the profile under the run's engine (`prof.engine`: its one engine
+    configuration). `simulate` checks this first; a command running many policies calls it before
+    the first."""
+    prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
+    prof = with_engine(prof, engine_cfg or EngineConfig())
+    cluster.num_instances(prof.instance_gpus)
+    check_engine_fits(prof, trace, rl)
+    check_layout(prof, cluster.training_gpus)
+    if prof.engine.parallel_sampling and cluster.dispatch != "per_prompt":
+        raise RlsimError(
+            "--parallel-sampling sends a prompt's samples as one request, which goes to one instance: add --dispatch "
+            "per_prompt"
+        )
+    return prof
+
+
 def scheduler_name(engine_cfg: EngineConfig, impl: str) -> str:
     """Whose rules scheduled the run, and which implementation ran them."""
     if engine_cfg.rollout_engine == "sglang":
@@ -80,18 +101,10 @@ def simulate(
     "simpy" (`SimEngine`, the reference; also what replay runs on), default from `RLSIM_ENGINE`."""
     cluster = cluster or ClusterConfig()
     rl = rl or RLConfig()
-    prof = profile if isinstance(profile, Profile) else load_profile(profile or cluster.profile)
-    prof = with_engine(prof, engine_cfg or EngineConfig())  # prof.engine: the run's one engine configuration
+    prof = check_setup(trace, cluster, rl, profile, engine_cfg)
     n = cluster.num_instances(prof.instance_gpus)
     parsed = parse_policy(policy)
     spec = None if parsed.histospec is None else SpecModel(parsed.histospec, prof, trace, rl.samples_per_prompt)
-    check_engine_fits(prof, trace, rl)
-    check_layout(prof, cluster.training_gpus)
-    if prof.engine.parallel_sampling and cluster.dispatch != "per_prompt":
-        raise RlsimError(
-            "--parallel-sampling sends a prompt's samples as one request, which goes to one instance: add --dispatch "
-            "per_prompt"
-        )
     impl = engine or os.environ.get("RLSIM_ENGINE") or "compiled"
     if impl not in ("compiled", "simpy"):
         raise RlsimError(f"unknown engine {impl!r}: use compiled or simpy")
