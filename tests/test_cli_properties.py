@@ -161,3 +161,54 @@ def test_model_config_fields_derive_or_are_refused_in_one_sentence(tmp_path_fact
     except ValueError:  # (an integer past what JSON text holds)
         return
     _holds(["profile", "derive", "--model", str(cfg), "--gpu", "h100", "--tp", tp])
+
+
+# ---- a veRL metrics log, read strictly (`rlsim.real.validate_verl.read_verl_metrics`) ----------
+
+_GOOD = st.builds(lambda step, gen, lr: ("good", {"step": step, "data": {"timing_s/gen": gen, "actor/lr": lr}}),
+                  st.integers(1, 6), st.floats(0, 100, allow_nan=False), st.floats(0, 1))  # fmt: skip
+_BAD = st.one_of(
+    st.builds(lambda s: {"step": s, "data": {"timing_s/gen": -1.0}}, st.integers(1, 6)),
+    st.builds(lambda s, v: {"step": s, "data": {"timing_s/gen": v}}, st.integers(1, 6),
+              st.sampled_from([float("nan"), float("inf"), "fast"])),
+    st.just('{"step": 2, "data": {"timing_s/gen": 1'),  # cut short
+    st.just("not json"),
+    st.just('{"data": {"timing_s/gen": 1.0}}'),  # no step
+).map(lambda x: ("bad", x))  # fmt: skip
+
+
+@_settings(0.1)
+@given(lines=st.lists(st.one_of(_GOOD, _GOOD, _GOOD, _BAD), min_size=1, max_size=12), newline=st.booleans())
+def test_a_metrics_log_is_read_whole_or_refused_in_one_sentence(lines: list, newline: bool, tmp_path_factory) -> None:  # noqa: ANN001
+    """Any log of good and bad lines: a frame whose steps are unique and whose timings are finite and
+    >= 0, each step's values those of its last block's lines; or one sentence (never another error).
+    A log of good lines only is refused only where one metric takes two values at one step."""
+    from rlsim.errors import RlsimError
+    from rlsim.real.validate_verl import read_verl_metrics
+
+    path = tmp_path_factory.mktemp("log") / "metrics.jsonl"
+    text = "\n".join(x if isinstance(x, str) else json.dumps(x) for _, x in lines)
+    path.write_text(text + ("\n" if newline else ""))
+    try:
+        frame = read_verl_metrics(path)
+    except RlsimError as exc:
+        event("refused")
+        assert "\n" not in str(exc).strip()
+        if all(kind == "good" for kind, _ in lines):
+            assert "on line" in str(exc), exc
+        return
+    event("read")
+    assert frame["step"].is_unique and frame["step"].is_monotonic_increasing
+    gen = frame["timing_s/gen"].dropna()
+    assert ((gen >= 0) & gen.map(lambda v: v == v and v != float("inf"))).all()
+    blocks: dict[int, dict] = {}  # the reader's rule restated: a lower step starts a block, which drops those it logs
+    last = None
+    for _, x in lines:
+        if isinstance(x, dict) and "step" in x:
+            if last is not None and x["step"] < last:
+                blocks = {s: v for s, v in blocks.items() if s < x["step"]}
+            last = x["step"]
+            blocks.setdefault(x["step"], {}).update(x["data"])
+    assert frame["step"].tolist() == sorted(blocks)
+    for _, row in frame.iterrows():
+        assert row["timing_s/gen"] == blocks[int(row["step"])]["timing_s/gen"]
