@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from rlsim.errors import RlsimError
+from rlsim.rollout_engines import REGISTRY as ENGINE_REGISTRY
+from rlsim.rollout_engines import others_settings, rollout_engine
 
 PLACEMENTS = ("colocated", "disaggregated")
 MAX_GPUS = 16_384  # a cluster's size rlsim simulates (every instance is simulated, with its KV blocks and timeline)
@@ -71,11 +73,8 @@ class ClusterConfig:
 # Rollout engines: their packages' names, and how they are written. A run schedules with one's
 # rules (`EngineConfig.rollout_engine`, `rlsim.sim.rollout_scheduler`); a profile records the one
 # its costs were measured on (`Profile.rollout_engine`)
-ROLLOUT_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
-# settings only one engine has, refused under the other's rules: SGLang's KV page is its own setting and
-# its overlap scheduler is its own (always on, as SGLang's default)
-VLLM_ONLY = ("block_size", "async_scheduling")
-SGLANG_ONLY = ("schedule_policy", "parallel_sampling", "schedule_conservativeness", "sglang_env", "page_size")
+# (`rlsim.rollout_engines`: each engine's entry, its own settings and what its rules do)
+ROLLOUT_ENGINES = {e.name: e.label for e in ENGINE_REGISTRY.values()}
 
 
 def sglang_chunked_prefill_size(gpu_memory_bytes: float) -> int:
@@ -250,8 +249,7 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise RlsimError(f"{name} must be positive, got {v}")
-        if self.rollout_engine not in ROLLOUT_ENGINES:
-            raise RlsimError(f"unknown rollout engine {self.rollout_engine!r}: use {' or '.join(ROLLOUT_ENGINES)}")
+        rollout_engine(self.rollout_engine)  # (an unknown one: one sentence)
         self.sglang_settings()  # (refused here, in one sentence, not at the first schedule)
 
     def sglang_settings(self) -> SGLangSettings:
@@ -261,19 +259,14 @@ class EngineConfig:
     def check_settings_for_engine(self) -> None:
         """Refuse a run's setting that its rollout engine does not have (call before `over`: a
         profile's own settings are vLLM's names for what both engines share)."""
-        if self.rollout_engine == "vllm":
-            for name in SGLANG_ONLY:
-                if getattr(self, name) is not None:
-                    raise RlsimError(
-                        f"{name} is an SGLang setting that vLLM does not have: drop it or use --rollout-engine sglang"
-                    )
-        if self.rollout_engine == "sglang":
-            for name in VLLM_ONLY:
-                if getattr(self, name) is not None:
-                    raise RlsimError(
-                        f"{name} is a vLLM setting that SGLang does not have (its KV page is --page-size, its "
-                        "overlap scheduler always on): drop it or use --rollout-engine vllm"
-                    )
+        this = rollout_engine(self.rollout_engine)
+        for name, owner in others_settings(this.name).items():
+            if getattr(self, name) is not None:
+                article = "an" if owner.label[0] in "AEFHILMNORSX" else "a"
+                raise RlsimError(
+                    f"{name} is {article} {owner.label} setting that {this.label} does not have{this.lacks_note}: "
+                    f"drop it or use --rollout-engine {owner.name}"
+                )
 
     def per_rollout_engine(self, value: str) -> list[EngineConfig]:
         """`--rollout-engine vllm,sglang`: these settings under each engine named, in order. Under
@@ -284,11 +277,10 @@ class EngineConfig:
         if len(set(names)) < len(names):
             raise RlsimError(f"--rollout-engine names an engine twice: {value}")
         for name in names:
-            if name not in ROLLOUT_ENGINES:
-                raise RlsimError(f"unknown rollout engine {name!r}: use {' or '.join(ROLLOUT_ENGINES)}")
-        other = {"vllm": SGLANG_ONLY, "sglang": VLLM_ONLY}
+            rollout_engine(name)
         both = len(names) > 1
-        out = [replace(self, rollout_engine=n, **dict.fromkeys(other[n] if both else (), None)) for n in names]
+        out = [replace(self, rollout_engine=n, **dict.fromkeys(others_settings(n) if both else (), None))
+               for n in names]  # fmt: skip
         for e in out:
             e.check_settings_for_engine()
         return out
@@ -302,7 +294,7 @@ class EngineConfig:
     def set_values(self) -> dict[str, Any]:
         """The vLLM settings that are not `None`, by name (what a vLLM engine is given): not which
         engine's rules the simulator follows, nor a setting only SGLang has."""
-        skip = ("rollout_engine", *SGLANG_ONLY)
+        skip = ("rollout_engine", *others_settings("vllm"))
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         return {k: v for k, v in values.items() if v is not None}
 

@@ -30,6 +30,7 @@ from typing import Any
 from rlsim.config import ROLLOUT_ENGINES, EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
+from rlsim.rollout_engines import rollout_engine as engine_entry
 from rlsim.roofline import check_roofline
 
 # The engine settings a profile file records, as top-level fields.
@@ -280,7 +281,7 @@ class Profile:
             del out["prefill_request_s"]
         if out["pipeline_parallel_size"] == 1:  # nor one without pipeline stages
             del out["pipeline_parallel_size"]
-        if out["rollout_engine"] == "vllm":  # nor one measured on vLLM
+        if engine_entry(out["rollout_engine"]).default:  # nor one measured on the default engine (vLLM)
             del out["rollout_engine"]
         if out["data_parallel_size"] == 1:  # nor one without data-parallel attention
             del out["data_parallel_size"], out["dp_moe_s"]

@@ -52,10 +52,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlsim import framework_costs, model_facts
-from rlsim.config import EngineConfig, sglang_chunked_prefill_size
+from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import micro_batches
 from rlsim.profile import Profile
+from rlsim.rollout_engines import resolve, rollout_engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,16 +125,18 @@ def with_engine(profile: Profile, engine: EngineConfig) -> Profile:
     The result's `engine` is the one configuration every part of the run reads."""
     engine.check_settings_for_engine()
     merged = engine.over(profile.engine)
-    unset = engine.max_num_batched_tokens is None and profile.rollout_engine != "sglang"
-    if merged.rollout_engine == "sglang" and unset:
+    # (a profile measured on such an engine holds the budget it ran with)
+    unset = engine.max_num_batched_tokens is None and not rollout_engine(profile.rollout_engine).chunk_budget_by_gpu
+    rules = rollout_engine(merged.rollout_engine)
+    if rules.chunk_budget_by_gpu and unset:
         # SGLang sizes its chunked prefill by the GPU's memory where the run leaves it unset (veRL does)
         memory = profile.gpu_facts.get("memory_bytes")
         if not memory:
             raise RlsimError(
-                f"profile {profile.name} has no GPU memory facts, by which SGLang sizes its chunked prefill: "
-                "give --max-num-batched-tokens (SGLang's chunked_prefill_size)"
+                f"profile {profile.name} has no GPU memory facts, by which {rules.label} sizes its chunked prefill: "
+                "give --max-num-batched-tokens"
             )
-        merged = dataclasses.replace(merged, max_num_batched_tokens=sglang_chunked_prefill_size(memory))
+        merged = dataclasses.replace(merged, max_num_batched_tokens=resolve(rules.chunk_budget_by_gpu)(memory))
     changes: dict = {"engine": merged}
     if merged.enforce_eager and not profile.engine.enforce_eager and profile.model_facts:
         # CUDA graphs off: every layer's kernels launched from Python, each iteration

@@ -37,16 +37,18 @@ def engine_policies(names: list[str], rollout_engine: str) -> list[str]:
     """The policies a comparison runs under this engine's rules: speculative decoding (HistoSpec,
     Seer's grouped drafts) is modelled under vLLM's only, so under SGLang's its policies are left
     out, said in one line."""
-    if rollout_engine == "vllm":
-        return names
     from policies.registry import parse_policy
+    from rlsim.rollout_engines import REGISTRY
+
+    if REGISTRY[rollout_engine].speculates:
+        return names
 
     kept = [n for n in names if parse_policy(n).histospec is None]
     if len(kept) < len(names):
         left = ", ".join(n for n in names if n not in kept)
         make_console(sys.stderr).print(
             f"left out under {ROLLOUT_ENGINES[rollout_engine]}'s rules (speculative decoding is modelled under "
-            f"vLLM's only): {left}",
+            f"{' and '.join(e.label for e in REGISTRY.values() if e.speculates)}'s only): {left}",
             highlight=False,
         )
     if not kept:

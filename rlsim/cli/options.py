@@ -193,7 +193,7 @@ def say_which_rules(profile: str, rollout_engines: list[str]) -> None:
     another engine than those rules."""
     from rlsim.config import ROLLOUT_ENGINES
     from rlsim.profile import load_profile
-    from rlsim.sim.sglang_scheduler import SGLANG_VERSION
+    from rlsim.rollout_engines import REGISTRY
 
     err = make_console(sys.stderr)
     loaded = load_profile(profile)
@@ -204,11 +204,13 @@ def say_which_rules(profile: str, rollout_engines: list[str]) -> None:
             "on SimEngine (the compiled core runs independent instances only)",
             highlight=False,
         )
+    compiled = " and ".join(e.label for e in REGISTRY.values() if e.compiled)
     for engine in rollout_engines:
-        if engine == "sglang":
+        rules = REGISTRY[engine]
+        if not rules.compiled:
             err.print(
-                f"scheduling with SGLang {SGLANG_VERSION}'s rules, on SimEngine (the compiled core runs vLLM's rules "
-                "only)",
+                f"scheduling with {rules.label} {rules.version}'s rules, on SimEngine (the compiled core runs "
+                f"{compiled}'s rules only)",
                 highlight=False,
             )
         if measured != engine:

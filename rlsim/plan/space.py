@@ -40,9 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from rlsim.config import MAX_GPUS, PLACEMENTS, ROLLOUT_ENGINES, EngineConfig
+from rlsim.config import MAX_GPUS, PLACEMENTS, EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.profile import PROFILE_DIR, load_profile, shipped_profiles
+from rlsim.rollout_engines import DEFAULT as DEFAULT_ENGINE
+from rlsim.rollout_engines import REGISTRY as ENGINES
+from rlsim.rollout_engines import rollout_engine
 from rlsim.text import counted
 
 SEARCHED_ENGINE_FIELDS = ("max_num_seqs", "gpu_memory_utilization")
@@ -82,9 +85,9 @@ class Candidate:
         engine where it is not vLLM: `SGLang, 64 GPUs, ...`)."""
         place = "coloc" if self.placement == "colocated" else f"disagg {self.rollout_gpus}+{self.train_gpus}"
         parts = [counted(self.num_gpus, "GPU"), place, f"TP {self.tp}"]
-        rollout = self.engine.get("rollout_engine", "vllm")
-        if rollout != "vllm":
-            parts.insert(0, ROLLOUT_ENGINES[rollout])
+        rollout = rollout_engine(self.engine.get("rollout_engine", DEFAULT_ENGINE))
+        if not rollout.default:
+            parts.insert(0, rollout.label)
         if self.max_num_seqs is not None:
             parts.append(f"seqs {self.max_num_seqs}")
         if self.gpu_memory_utilization is not None:
@@ -271,10 +274,11 @@ def candidates(
             raise RlsimError(f"{pol} runs only disaggregated: add --placement disaggregated")
     policies = [v for pol in space.policies for v in with_staleness(pol, space.staleness)]
     speculating = {pol for pol in policies if speculates(pol)}
-    if speculating and "vllm" not in space.rollout_engines:
+    if speculating and not any(rollout_engine(r).speculates for r in space.rollout_engines):
+        them = [e for e in ENGINES.values() if e.speculates]
         raise RlsimError(
-            f"{sorted(speculating)[0]} speculates (HistoSpec), which is modelled under vLLM's rules only: add "
-            "--rollout-engine vllm"
+            f"{sorted(speculating)[0]} speculates (HistoSpec), which is modelled under "
+            f"{' and '.join(e.label for e in them)}'s rules only: add --rollout-engine {them[0].name}"
         )
     out = []
     for g in gpus:
@@ -307,7 +311,7 @@ def candidates(
             for (place, train), seqs, util, cap, pol, rollout in knobs:
                 if place == "colocated" and disaggregated_only(pol):
                     continue
-                if rollout != "vllm" and pol in speculating:
+                if not rollout_engine(rollout).speculates and pol in speculating:
                     continue
                 fixed = fixed_by_engine[rollout]
                 out.append(Candidate(pol, g, place, train, tp, family[tp], seqs, util, cap, dict(fixed)))

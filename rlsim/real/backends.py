@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlsim.errors import RlsimError
-from rlsim.real.sglang_instance import SglangInstance, sglang_ray_instance_class
-from rlsim.real.vllm_instance import VllmInstance, ray_instance_class
+from rlsim.rollout_engines import resolve, rollout_engine
 
 
 class PromptSource:
@@ -107,12 +106,12 @@ def start_backend(cfg, n: int, ray_address: str | None) -> tuple[LocalBackend | 
     """`n` warmed-up instances of `cfg` (here when one, Ray actors otherwise; vLLM's engines, or
     SGLang's where `cfg.engine.rollout_engine` names it) and each one's facts (KV blocks, limits,
     versions)."""
-    sglang = cfg.engine.rollout_engine == "sglang"
+    rules = rollout_engine(cfg.engine.rollout_engine)
     if n == 1 and not ray_address:
-        inst = SglangInstance(cfg) if sglang else VllmInstance(cfg)
+        inst = resolve(rules.real_instance)(cfg)
         inst.warmup(inst.facts["vocab_size"])
         return LocalBackend([inst]), [inst.facts]
-    actors = ray_actors(cfg, n, ray_address, sglang_ray_instance_class if sglang else ray_instance_class)
+    actors = ray_actors(cfg, n, ray_address, resolve(rules.real_ray_class))
     import ray
 
     facts = ray.get([a.ready.remote() for a in actors])

@@ -64,11 +64,13 @@ from rlsim.real.run_config import (
     run_profile_engine,
 )
 from rlsim.real.run_files import LOAD_COLUMNS, RunFiles, RunState, has_column
-from rlsim.real.sglang_instance import require_sglang
 from rlsim.real.trainer import check_weights, require_torch
-from rlsim.real.vllm_engine import check_model, is_cpu_build, require_vllm
+from rlsim.real.vllm_engine import check_model, is_cpu_build
 from rlsim.real.vllm_instance import InstanceConfig
 from rlsim.report import to_json
+from rlsim.rollout_engines import DEFAULT as ENGINE_DEFAULT
+from rlsim.rollout_engines import REGISTRY as ENGINES
+from rlsim.rollout_engines import resolve, rollout_engine
 from rlsim.trace.format import load
 from rlsim.trace.tasks import agent_task, length_reward, tool_reward
 
@@ -149,25 +151,24 @@ class RealRun(Learning, RunCalibration, RunFiles):
         check_model(real.model)
         engine_cfg = engine_cfg or EngineConfig()
         engine_cfg.check_settings_for_engine()
-        if engine_cfg.rollout_engine == "sglang":
-            if parsed.histospec is not None:
-                raise RlsimError(
-                    "HistoSpec drafts inside vLLM only: run speculating policies with --rollout-engine vllm"
-                )
-            if engine_cfg.parallel_sampling:
-                raise RlsimError(
-                    "--parallel-sampling is simulated only: a real SGLang run sends one request per sample, as veRL, "
-                    "slime and AReaL send them"
-                )
-            if real.rollout_tp > 1:
-                raise RlsimError(
-                    f"--rollout-tp {real.rollout_tp} under SGLang needs one scheduler process per tensor-parallel "
-                    "rank, which rlsim's SGLang instance does not launch: run SGLang at --rollout-tp 1 (one instance "
-                    "per GPU), or use --rollout-engine vllm"
-                )
-            require_sglang(import_it=False)  # (imported by the run, whose log takes its lines)
-        else:
-            require_vllm()
+        rules = rollout_engine(engine_cfg.rollout_engine)
+        if parsed.histospec is not None and not rules.speculates:
+            raise RlsimError(
+                f"HistoSpec drafts inside {' and '.join(e.label for e in ENGINES.values() if e.speculates)} only: run "
+                f"speculating policies with --rollout-engine {next(e.name for e in ENGINES.values() if e.speculates)}"
+            )
+        if engine_cfg.parallel_sampling:  # (a setting only SGLang has: refused under the others' rules)
+            raise RlsimError(
+                f"--parallel-sampling is simulated only: a real {rules.label} run sends one request per sample, as "
+                "veRL, slime and AReaL send them"
+            )
+        if real.rollout_tp > 1 and not rules.real_tensor_parallel:
+            raise RlsimError(
+                f"--rollout-tp {real.rollout_tp} under {rules.label} needs one scheduler process per tensor-parallel "
+                f"rank, which rlsim's {rules.label} instance does not launch: run {rules.label} at --rollout-tp 1 (one "
+                f"instance per GPU), or use --rollout-engine {ENGINE_DEFAULT}"
+            )
+        resolve(rules.real_installed)()  # (sglang is imported by the run, whose log takes its lines)
         # vLLM on a CPU has no sleep mode, and a GPU run sleeps only when no engine holds a request
         # (timing_s/rollout_sleep is then measured): the simulation that validates a run keeps the KV.
         engine_cfg = dataclasses.replace(engine_cfg, free_cache_engine=False)
@@ -198,7 +199,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
         """Drive the engines to the end; `progress(step, now)` as the simulator's,
         `on_step_row(row)` with each finished step's row of steps.parquet (veRL's metric names),
         `say(line)` with what happens outside the steps (the `--calibrate` passes)."""
-        require_sglang() if self.engine_cfg.rollout_engine == "sglang" else require_vllm()
+        resolve(rollout_engine(self.engine_cfg.rollout_engine).real_require)()
         parsed = parse_policy(self.policy)
         cols = (["prompt_text"] if self.real.lengths == "free" else []) + ["reward", "reward_time_s", "step"]
         cols.append("target_len")  # a built-in task's stated length (rlsim.trace.tasks)

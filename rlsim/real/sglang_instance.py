@@ -56,6 +56,11 @@ INSTALL_HINT = (
 )
 
 
+def sglang_installed() -> None:
+    """Check that sglang is installed, without importing it (its import's log lines go to a run's log)."""
+    require_sglang(import_it=False)
+
+
 def require_sglang(import_it: bool = True) -> Any:
     """Import sglang or fail with one sentence naming the install line (`import_it=False`: only
     check that it is installed, without the import's log lines, which a run sends to its log)."""

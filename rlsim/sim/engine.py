@@ -78,6 +78,7 @@ import simpy
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import EventBatch, Finished, Request
+from rlsim.rollout_engines import rollout_engine
 from rlsim.sim.jump import iters_done, jump_cost
 from rlsim.sim.replay import Replay
 from rlsim.sim.rollout_scheduler import RolloutScheduler, make_scheduler
@@ -160,15 +161,15 @@ class SimEngine:
         # (`rlsim.real.engine`), which SGLang's rules read (its reservations, and the overlap
         # scheduler's skip of a request its queued result finishes by length); the original cap
         # still names the finish reason, as the real run names it
-        self._caps: dict[int, int] | None = {} if lengths_sent and engine.rollout_engine == "sglang" else None
+        self._rules = rollout_engine(engine.rollout_engine)  # what the engine's rules do (`rlsim.rollout_engines`)
+        self._caps: dict[int, int] | None = {} if lengths_sent and self._rules.reads_max_tokens else None
         self.async_scheduling = engine.async_scheduling
         # whether a submit or abort reaching a busy instance lands a schedule late (the platform
         # schedules the next batch while this one runs: vLLM's async scheduling, SGLang's overlap
         # loop on a GPU); not in lockstep under SGLang, whose real instance hands the driver a
         # batch's outputs after launching the next, so that the driver's reaction lands at the
         # schedule after (`rlsim.real.sglang_instance`: the instance holds no iteration back)
-        self._sglang = engine.rollout_engine == "sglang"
-        self._late_inputs = bool(engine.async_scheduling) and not (lockstep and self._sglang)
+        self._late_inputs = bool(engine.async_scheduling) and not (lockstep and self._rules.outputs_after_next_launch)
         self._answered: set[int] = set()  # lockstep under SGLang: aborts answered, not yet taken
         self._held: list[simpy.Event] = []
         self.replay = self._replay.counts if self._replay is not None else dict.fromkeys(Replay.COUNTS, 0)
@@ -226,7 +227,7 @@ class SimEngine:
         call: list[Seq] = []
         for req in requests:
             target = min(req.target_tokens, req.max_tokens)
-            if req.num_prompt_tokens + target > cap and not self._sglang:  # (SGLang aborts it and goes on)
+            if req.num_prompt_tokens + target > cap and not self._rules.aborts_too_long:  # (SGLang aborts it, goes on)
                 raise request_too_large(req, target, cap)
             if self._caps is not None:  # (a replay-mode real run under SGLang: see __init__)
                 self._caps[req.request_id] = req.max_tokens
@@ -281,7 +282,7 @@ class SimEngine:
 
     def abort(self, request_ids: Iterable[int]) -> None:
         request_ids = list(request_ids)
-        if self.lockstep and self._sglang:  # answered now, taken before the next schedule
+        if self.lockstep and self._rules.outputs_after_next_launch:  # answered now, taken before the next schedule
             rest = []
             for rid in request_ids:
                 i = self._where.get(rid)
@@ -381,7 +382,7 @@ class SimEngine:
     def weights_updated(self) -> None:
         """New weights reached the rollout: under SGLang's rules each instance flushes its radix
         cache, retracting what runs, once its iteration in progress ends (see the module docstring)."""
-        if self.profile.engine.rollout_engine != "sglang":
+        if not self._rules.flushes_on_weight_update:
             return
         for inst in self.instances:
             if inst.run_start is None:  # idle, paused or between iterations
@@ -617,7 +618,7 @@ class SimEngine:
                 yield inst.wake
                 inst.wake = None
                 continue
-            if self.lockstep and inst.emitted and not self._sglang:
+            if self.lockstep and inst.emitted and not self._rules.outputs_after_next_launch:
                 inst.emitted = False
                 # the previous iteration's outputs reach the driver before the next one starts
                 hold = env.event()

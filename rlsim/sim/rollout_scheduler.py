@@ -9,7 +9,8 @@ event (`jump_plan`, `advance`; `rlsim.sim.jump` prices the jump from the batch's
 rules sit behind it as vLLM separates them: `InstanceScheduler` is its `Scheduler` and
 `AsyncInstanceScheduler` its `AsyncScheduler` (`rlsim.sim.scheduler`); SGLang's are
 `SGLangScheduler` (`rlsim.sim.sglang_scheduler`, its radix cache in `rlsim.sim.radix_cache`);
-`make_scheduler` picks one for an engine configuration (`EngineConfig.rollout_engine`). The
+`make_scheduler` builds the one an engine configuration's rollout engine names
+(`EngineConfig.rollout_engine`, its entry in `rlsim.rollout_engines`). The
 compiled core (`rlsim.sim.compiled`) is the accelerator of vLLM's rules, held equal to them by
 tests; SGLang's run on `SimEngine`.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
+from rlsim.rollout_engines import resolve, rollout_engine
 from rlsim.sim.scheduler import vllm_scheduler
 from rlsim.sim.seq import Scheduled, Seq
 from rlsim.sim.sglang_scheduler import SGLangScheduler
@@ -89,16 +91,24 @@ class RolloutScheduler(Protocol):
 
 
 def make_scheduler(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
-    """The scheduler of one instance of this engine, holding `kv_tokens` KV tokens: SGLang's where
-    the engine names it, else vLLM's, or its async variant where the engine schedules
+    """The scheduler of one instance of this engine, holding `kv_tokens` KV tokens: the rules its
+    rollout engine's entry names (`rlsim.rollout_engines`)."""
+    return resolve(rollout_engine(engine.rollout_engine).scheduler)(engine, kv_tokens)
+
+
+def sglang_rules(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
+    """SGLang's scheduler of one instance."""
+    return SGLangScheduler(
+        kv_tokens, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
+        engine.enable_prefix_caching, schedule_policy=engine.schedule_policy or "fcfs",
+        parallel_sampling=bool(engine.parallel_sampling), settings=engine.sglang_settings(),
+        page_size=engine.page_size or 1,
+    )  # fmt: skip
+
+
+def vllm_rules(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
+    """vLLM's scheduler of one instance, or its async variant where the engine schedules
     asynchronously (vLLM's default on GPU executors)."""
-    if engine.rollout_engine == "sglang":
-        return SGLangScheduler(
-            kv_tokens, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
-            engine.enable_prefix_caching, schedule_policy=engine.schedule_policy or "fcfs",
-            parallel_sampling=bool(engine.parallel_sampling), settings=engine.sglang_settings(),
-            page_size=engine.page_size or 1,
-        )  # fmt: skip
     return vllm_scheduler(
         kv_tokens // engine.block_size, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
         engine.enable_chunked_prefill, engine.enable_prefix_caching, async_scheduling=bool(engine.async_scheduling),

@@ -19,8 +19,8 @@ from rlsim.driver.loop import run_loop
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile, load_profile
 from rlsim.result import Result, summarize
+from rlsim.rollout_engines import rollout_engine
 from rlsim.sim.engine import SimEngine
-from rlsim.sim.sglang_scheduler import SGLANG_VERSION
 from rlsim.spec.speculation import SpecModel
 from rlsim.step_costs import check_layout, with_engine
 from rlsim.trace.format import Trace
@@ -31,7 +31,7 @@ def check_engine_fits(prof: Profile, trace: Trace, rl: RLConfig) -> None:
     t = trace.table
     capped = t["num_output_tokens"].clip(upper=rl.response_cap(t["num_prompt_tokens"]))
     longest = int((t["num_prompt_tokens"] + capped).max()) if len(t) else 0
-    if longest > prof.kv_capacity_tokens and prof.engine.rollout_engine == "sglang":
+    if longest > prof.kv_capacity_tokens and rollout_engine(prof.engine.rollout_engine).aborts_too_long:
         return  # SGLang aborts a prompt its pool cannot hold, clips a response to it, and goes on (the summary
         # counts what it aborted: `engine_aborts`)
     if longest > prof.kv_capacity_tokens:
@@ -70,9 +70,8 @@ def check_setup(
 
 def scheduler_name(engine_cfg: EngineConfig, impl: str) -> str:
     """Whose rules scheduled the run, and which implementation ran them."""
-    if engine_cfg.rollout_engine == "sglang":
-        return f"SGLang {SGLANG_VERSION} rules (SimEngine)"
-    return f"vLLM 0.32 rules ({'compiled core' if impl == 'compiled' else 'SimEngine'})"
+    rules = rollout_engine(engine_cfg.rollout_engine)
+    return f"{rules.label} {rules.version} rules ({'compiled core' if impl == 'compiled' else 'SimEngine'})"
 
 
 def simulate(
@@ -108,8 +107,8 @@ def simulate(
     impl = engine or os.environ.get("RLSIM_ENGINE") or "compiled"
     if impl not in ("compiled", "simpy"):
         raise RlsimError(f"unknown engine {impl!r}: use compiled or simpy")
-    if prof.engine.rollout_engine != "vllm" or prof.data_parallel_size > 1:
-        impl = "simpy"  # the compiled core accelerates vLLM's rules on independent instances only
+    if not rollout_engine(prof.engine.rollout_engine).compiled or prof.data_parallel_size > 1:
+        impl = "simpy"  # the compiled core runs its engines' rules (vLLM's) on independent instances only
     if impl == "compiled" and iteration_times is None:
         # imported here: numba's llvmlite, once imported, breaks vLLM's kernel scan when a real run
         # starts its engines in this process (`vllm.triton_utils.dispatcher`), so real mode never
@@ -145,7 +144,7 @@ def simulate(
     summary["prefix_hit_tokens"] = engine.prefix_hit_tokens
     summary["wake_reprefill_tokens"] = engine.wake_reprefill_tokens
     summary["pause_interrupts"] = engine.pause_interrupts
-    if prof.engine.rollout_engine != "vllm":  # (vLLM's rules, the default, leave the summary as it was)
+    if not rollout_engine(prof.engine.rollout_engine).default:  # (the default's rules leave the summary as it was)
         own = records.engine_aborts()
         if own:  # requests the engine aborted of its own accord (SGLang: a prompt its KV pool cannot hold)
             summary["engine_aborts"] = own

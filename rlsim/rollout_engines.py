@@ -1,0 +1,107 @@
+"""The rollout engines rlsim schedules as, and what each can do: one registry, asked by capability.
+
+Simulation, real mode, the planner and the commands ask an engine's entry what it does (does it
+speculate, do the compiled core's rules cover it, does it abort a prompt its KV pool cannot hold)
+and never compare its name; `tests/test_engine_seam.py` finds any comparison with an engine's name
+outside this module and the framework config readers (`rlsim.frameworks`, which read the names
+frameworks write). Where an engine's code lives is written as `module:attribute`, imported when
+asked for (`resolve`), so that this module sits in the base layer and a simulating user never imports
+an engine's real-mode package.
+
+- vLLM 0.32 (the default): its v1 `Scheduler`, or `AsyncScheduler` where the engine schedules
+  asynchronously (`rlsim.sim.scheduler`); HistoSpec drafts inside it; the compiled core runs it.
+- SGLang 0.5.23: its `Scheduler`'s rules on RL's loop (`rlsim.sim.sglang_scheduler`): its overlap
+  loop, its radix cache flushed by a weight update, its chunk budget by GPU memory where unset,
+  and its own abort of a prompt its KV pool cannot hold.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from rlsim.errors import RlsimError
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutEngine:
+    """One rollout engine: how it is named and written, its own settings, what its rules do, and
+    where its code lives (`module:attribute`)."""
+
+    name: str  # as configs, profiles and --rollout-engine name it
+    label: str  # as output names it
+    version: str  # the release whose rules rlsim follows
+    scheduler: str  # (EngineConfig, KV tokens) -> one instance's RolloutScheduler (`rlsim.sim.rollout_scheduler`)
+    real_instance: str  # real mode: one engine instance in this process (`rlsim.real`)
+    real_ray_class: str  # real mode: () -> the Ray actor class of an instance
+    real_require: str  # real mode: import the engine's package, or refuse in one sentence
+    real_installed: str  # real mode: check the package is installed, without importing it where that logs
+    own_settings: tuple[str, ...] = ()  # `EngineConfig` fields only this engine has
+    lacks_note: str = ""  # said where another engine's setting is refused under this one
+    default: bool = False  # what a run schedules with unless told (and what a profile records by omission)
+    speculates: bool = False  # speculative decoding (HistoSpec, Seer's grouped drafts) is modelled under its rules
+    compiled: bool = False  # the compiled core (`rlsim.sim.compiled`) runs its rules on independent instances
+    # an unset chunked-prefill budget follows the GPU's memory: GPU memory bytes -> tokens ("": the profile's)
+    chunk_budget_by_gpu: str = ""
+    aborts_too_long: bool = False  # it aborts a prompt its KV pool cannot hold and goes on (else: refused)
+    reads_max_tokens: bool = False  # its rules read a request's max tokens (a replay sends each its length)
+    flushes_on_weight_update: bool = False  # new weights flush its prefix cache, retracting what runs
+    # in lockstep, its real instance hands a batch's outputs only after launching the next, and answers
+    # an abort before its next schedule (SGLang's overlap loop); else an iteration's outputs reach the
+    # driver before the next starts
+    outputs_after_next_launch: bool = False
+    real_tensor_parallel: bool = True  # rlsim's real instance launches tensor-parallel ranks
+
+
+REGISTRY: dict[str, RolloutEngine] = {
+    e.name: e
+    for e in (
+        RolloutEngine(
+            "vllm", "vLLM", "0.32", "rlsim.sim.rollout_scheduler:vllm_rules",
+            "rlsim.real.vllm_instance:VllmInstance", "rlsim.real.vllm_instance:ray_instance_class",
+            "rlsim.real.vllm_engine:require_vllm", "rlsim.real.vllm_engine:require_vllm",
+            own_settings=("block_size", "async_scheduling"), default=True, speculates=True, compiled=True,
+        ),
+        RolloutEngine(
+            "sglang", "SGLang", "0.5.23", "rlsim.sim.rollout_scheduler:sglang_rules",
+            "rlsim.real.sglang_instance:SglangInstance", "rlsim.real.sglang_instance:sglang_ray_instance_class",
+            "rlsim.real.sglang_instance:require_sglang", "rlsim.real.sglang_instance:sglang_installed",
+            own_settings=("schedule_policy", "parallel_sampling", "schedule_conservativeness", "sglang_env",
+                          "page_size"),
+            lacks_note=" (its KV page is --page-size, its overlap scheduler always on)",
+            chunk_budget_by_gpu="rlsim.config:sglang_chunked_prefill_size", aborts_too_long=True,
+            reads_max_tokens=True, flushes_on_weight_update=True,
+            outputs_after_next_launch=True, real_tensor_parallel=False,
+        ),
+    )
+}  # fmt: skip
+DEFAULT = next(e.name for e in REGISTRY.values() if e.default)
+
+
+def rollout_engine(name: str) -> RolloutEngine:
+    """The entry of an engine, or one sentence naming the known ones."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise RlsimError(f"unknown rollout engine {name!r}: use {' or '.join(REGISTRY)}")
+    return entry
+
+
+def register(entry: RolloutEngine) -> RolloutEngine:
+    """Add an engine (one module defining its rules registers it); a name taken is refused."""
+    if entry.name in REGISTRY:
+        raise RlsimError(f"rollout engine {entry.name!r} is registered already")
+    REGISTRY[entry.name] = entry
+    return entry
+
+
+def resolve(where: str) -> Any:  # noqa: ANN401 - whatever the entry names
+    """The attribute `module:attribute` names, imported now."""
+    module, _, attr = where.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def others_settings(name: str) -> dict[str, RolloutEngine]:
+    """The settings other engines have and this one does not, each with the engine it belongs to."""
+    own = set(rollout_engine(name).own_settings)
+    return {s: e for e in REGISTRY.values() if e.name != name for s in e.own_settings if s not in own}
