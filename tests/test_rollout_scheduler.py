@@ -30,13 +30,16 @@ def test_make_scheduler_gives_vllms_scheduler_for_the_engine(async_scheduling: b
     assert sched.async_scheduling is async_scheduling
     assert (sched.num_blocks, sched.block_size, sched.max_num_seqs, sched.max_num_batched_tokens) == (100, 16, 8, 256)
     assert not sched.enable_chunked_prefill and not sched.enable_prefix_caching
-    # every member the engine asks of a scheduler
-    members = set(get_type_hints(RolloutScheduler)) | {
-        n for n in vars(RolloutScheduler) if not n.startswith("_") and callable(vars(RolloutScheduler)[n])
-    }
-    assert {"schedule", "complete", "jump_plan", "advance", "running", "num_decoding"} <= members
-    missing = [n for n in sorted(members) if not hasattr(sched, n)]
-    assert missing == []
+    # every member the engine asks of a scheduler: methods and read-only properties, no data fields
+    assert get_type_hints(RolloutScheduler) == {}
+    members = {n for n, v in vars(RolloutScheduler).items() if not n.startswith("_") and (callable(v) or
+               isinstance(v, property))}  # fmt: skip
+    assert {"schedule", "complete", "jump_plan", "advance", "has_work", "num_decoding", "kv_capacity_tokens"} <= members
+    sglang = make_scheduler(EngineConfig(rollout_engine="sglang", max_num_seqs=8, max_num_batched_tokens=256), 1600)
+    for rules in (sched, sglang):
+        missing = [n for n in sorted(members) if not hasattr(rules, n)]
+        assert missing == [], type(rules)
+    assert (sched.kv_capacity_tokens, sglang.kv_capacity_tokens) == (1600, 1600)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -217,7 +217,7 @@ def test_event_jumps_equal_the_step_by_step_path_with_retractions_and_aborts() -
 def test_make_scheduler_gives_sglangs_for_sglang() -> None:
     s = make_scheduler(EngineConfig(rollout_engine="sglang", max_num_seqs=8, max_num_batched_tokens=256), 1600)
     assert type(s) is SGLangScheduler
-    assert (s.num_blocks, s.block_size, s.max_running_requests, s.chunked_prefill_size) == (1600, 1, 8, 256)
+    assert (s.kv_capacity_tokens, s.max_running_requests, s.chunked_prefill_size) == (1600, 8, 256)
 
 
 @pytest.mark.parametrize("setting", [{"block_size": 16}, {"async_scheduling": True}])
@@ -635,7 +635,7 @@ def test_paged_jumps_equal_the_step_by_step_path(page: int) -> None:
 def test_page_size_is_sglangs_and_reaches_its_scheduler() -> None:
     prof = load_profile("h100-qwen2.5-7b-tp1")
     eng = with_engine(prof, EngineConfig(rollout_engine="sglang", page_size=64)).engine
-    assert make_scheduler(eng, 10_000).page == 64 and make_scheduler(eng, 10_000).num_blocks == 9984
+    assert make_scheduler(eng, 10_000).page == 64 and make_scheduler(eng, 10_000).kv_capacity_tokens == 9984
     with pytest.raises(RlsimError, match="SGLang setting that vLLM does not have"):
         with_engine(prof, EngineConfig(page_size=64))
 

@@ -220,10 +220,10 @@ class SimEngine:
 
     def submit(self, requests: Sequence[Request]) -> None:
         touched = set()
-        cap = self.instances[0].sched.num_blocks * self.instances[0].sched.block_size if self.instances else 0
+        cap = self.instances[0].sched.kv_capacity_tokens if self.instances else 0
         # SGLang with parallel sampling: a launch's samples of one prompt on one instance (consecutive
         # requests) are one request with n > 1 (`SGLangScheduler.add_call`)
-        calls = self.instances and getattr(self.instances[0].sched, "parallel_sampling", False)
+        calls = self.instances and self.instances[0].sched.groups_calls
         call: list[Seq] = []
         for req in requests:
             target = min(req.target_tokens, req.max_tokens)
@@ -313,9 +313,7 @@ class SimEngine:
         before its next schedule, as SGLang's loop does. False for a request whose finish is
         already on its way (its `Finished` answers instead)."""
         sched = inst.sched
-        seq = sched.running.get(rid)
-        if seq is None:
-            seq = next((q for q in sched.waiting if q.req.request_id == rid), None)
+        seq = sched.find(rid)
         if seq is None or seq.reported:
             return False
         self._outbox.aborted(rid, self.env.now, inst.idx, sched.generated(seq))
@@ -328,7 +326,7 @@ class SimEngine:
         sched = inst.sched
         sched.remove_waiting(set(rids))
         for rid in rids:
-            seq = sched.running.get(rid)
+            seq = sched.running_seq(rid)
             if seq is not None and not seq.reported:
                 sched.abort(seq)
             self._answered.discard(rid)
@@ -475,7 +473,7 @@ class SimEngine:
         now, what arrived since waits for the next one (all of it lands if the instance is idle or
         paused: no schedule is coming for it to wait behind)."""
         s = inst.sched
-        if self._paused or (not s.running and not s.waiting):
+        if self._paused or not s.has_work():
             land, inst.ready, inst.incoming = inst.ready + inst.incoming, [], []
         else:
             land, inst.ready, inst.incoming = inst.ready, inst.incoming, []
@@ -510,7 +508,7 @@ class SimEngine:
     def _apply_aborts(self, inst: _Instance) -> None:
         sched = inst.sched
         for rid in list(inst.aborts):
-            seq = sched.running.get(rid)
+            seq = sched.running_seq(rid)
             if seq is not None and not seq.reported:  # (a reported one has finished already)
                 gen = sched.abort(seq)
                 self._outbox.aborted(rid, self.env.now, inst.idx, gen)
@@ -612,7 +610,7 @@ class SimEngine:
                 sched.on_idle()  # (an engine left with nothing has idled before the pause reached it)
                 yield self._resume
                 continue
-            if not sched.running and not sched.waiting:
+            if not sched.has_work():
                 sched.on_idle()  # SGLang: a fully idle engine's new-token ratio goes back to its start
                 inst.wake = env.event()
                 yield inst.wake
@@ -635,15 +633,15 @@ class SimEngine:
                         self._outbox.preempted(seq.req.request_id, env.now, inst.idx, seq.generated)
                         inst.emitted = True
                 batch = out.num_decodes + len(out.chunks)
-                if batch == 0 and not out.preempted and sched.finishing:  # async: only finished ones held slots
+                if batch == 0 and not out.preempted and sched.holds_finished():  # async: only finished ones held slots
                     sched.release_finishing()
                     inst.run_start = None
                     continue
                 if batch == 0 and not out.preempted:  # nothing running and the head cannot fit
-                    raise head_too_large(inst.idx, sched.num_blocks * sched.block_size)
+                    raise head_too_large(inst.idx, sched.kv_capacity_tokens)
                 if batch:
                     took = p.iteration_s(batch, sched.ctx, out.decode_tokens, out.prefill_tokens, len(out.chunks))
-                    took += p.compute_excess_s(out.decode_tokens) + self._draft_s * len(sched.spec)
+                    took += p.compute_excess_s(out.decode_tokens) + self._draft_s * sched.num_speculating
                     if self._replay is not None:
                         took = self._replay.took(inst.idx, out, took)
                     inst.cur_batch = batch

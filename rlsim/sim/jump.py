@@ -23,7 +23,7 @@ from rlsim.sim.rollout_scheduler import RolloutScheduler
 def jump_cost(p: Profile, s: RolloutScheduler, draft_s: float, k: int) -> tuple[float, float]:
     """(Seconds of the next k decode iterations of `s`'s fixed batch, the per-iteration increment)."""
     a = p.t_w_s + p.alpha_s * s.num_decoding + p.gamma_s * s.verify_sum + p.beta_s * (s.ctx + s.rate_sum)
-    a += p.compute_excess_s(s.verify_sum) + draft_s * len(s.spec)
+    a += p.compute_excess_s(s.verify_sum) + draft_s * s.num_speculating
     q = p.beta_s * s.rate_sum
     return a * k + q * k * (k - 1) / 2, q  # (total, per-iteration increment)
 

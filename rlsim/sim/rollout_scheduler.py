@@ -17,7 +17,6 @@ tests; SGLang's run on `SimEngine`.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
 from rlsim.rollout_engines import resolve, rollout_engine
@@ -30,24 +29,68 @@ if TYPE_CHECKING:
 
 
 class RolloutScheduler(Protocol):
-    """One instance's scheduling state and rules, as the engine drives them each iteration."""
+    """One instance's scheduling rules, as the engine drives them each iteration: methods and
+    read-only properties only (in the spirit of vLLM's `SchedulerInterface`); the engine reads no
+    scheduler's fields, and what differs between engines beyond these (speculation, the weight-update
+    flush, the lockstep hold, input lag) the engine asks of the engine's registry entry
+    (`rlsim.rollout_engines`)."""
 
-    num_blocks: int  # KV blocks of the instance
-    block_size: int  # KV tokens per block
-    waiting: deque[Seq]  # requests not running, in admission order
-    running: dict[int, Seq]  # request id -> running request, in running order
-    finishing: list[Seq]  # finished requests that still hold their place (async scheduling)
-    iters: int  # iterations run
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV tokens the instance holds."""
+
+    @property
+    def groups_calls(self) -> bool:
+        """Whether a call's samples run as one request (`add_call` then takes them together)."""
+
     # the fixed decode batch a jump prices (`rlsim.sim.jump.jump_cost`)
-    num_decoding: int  # requests decoding
-    ctx: float  # KV context tokens of the running requests
-    rate_sum: float  # tokens the decoding requests add a step (their number, without speculation)
-    verify_sum: float  # tokens they verify a step
-    spec: dict[int, Seq]  # decoding requests under speculation
+    @property
+    def num_decoding(self) -> int:
+        """Requests decoding."""
+
+    @property
+    def ctx(self) -> float:
+        """KV context tokens of the running requests."""
+
+    @property
+    def rate_sum(self) -> float:
+        """Tokens the decoding requests add a step (their number, without speculation)."""
+
+    @property
+    def verify_sum(self) -> float:
+        """Tokens they verify a step."""
+
+    @property
+    def num_speculating(self) -> int:
+        """Decoding requests under speculation."""
+
     # counters the run reports
-    prefix_hit_tokens: int  # prompt tokens the prefix cache saved
-    turn_tokens: int  # later turns' context tokens (multi-turn)
-    turn_hit_tokens: int  # of which the prefix cache held
+    @property
+    def prefix_hit_tokens(self) -> int:
+        """Prompt tokens the prefix cache saved."""
+
+    @property
+    def turn_tokens(self) -> int:
+        """Later turns' context tokens (multi-turn)."""
+
+    @property
+    def turn_hit_tokens(self) -> int:
+        """Of which the prefix cache held."""
+
+    def has_work(self) -> bool:
+        """Whether any request runs or waits."""
+
+    def running_seq(self, rid: int) -> Seq | None:
+        """The running request of this id, or None."""
+
+    def find(self, rid: int) -> Seq | None:
+        """The running or waiting request of this id, or None."""
+
+    def holds_finished(self) -> bool:
+        """Whether finished requests still hold their place for one more schedule."""
+
+    def add_call(self, seqs: list[Seq]) -> None:
+        """Queue a call's samples (one request with n > 1 where `groups_calls`)."""
 
     def add(self, seq: Seq) -> None:
         """Queue a request (at the back of the waiting queue)."""

@@ -48,12 +48,12 @@ from operator import attrgetter
 import numpy as np
 
 from rlsim.sim.kv_blocks import BlockPool
-from rlsim.sim.seq import Scheduled, Seq, count_hits
+from rlsim.sim.seq import QueueQueries, Scheduled, Seq, count_hits
 
 _ORDER = attrgetter("order")  # running-list position
 
 
-class InstanceScheduler:
+class InstanceScheduler(QueueQueries):
     """vLLM's `Scheduler`: its waiting queue, running list, budget, block pool and preemption for
     one instance (a `rlsim.sim.rollout_scheduler.RolloutScheduler`)."""
 
@@ -98,7 +98,19 @@ class InstanceScheduler:
         self.turn_tokens = self.turn_hit_tokens = 0  # later turns of trajectories: context, prefix hits
         self.finishing: list[Seq] = []  # async: reported finished, freed after the next schedule
 
+    groups_calls = False  # each sample of a call is its own request (vLLM's n > 1 fans out before the scheduler)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV tokens the instance holds (its blocks)."""
+        return self.num_blocks * self.block_size
+
     # ---- queue changes ---------------------------------------------------------------------
+    def add_call(self, seqs: list[Seq]) -> None:
+        """A call's samples, queued one by one."""
+        for seq in seqs:
+            self.add(seq)
+
     def add(self, seq: Seq) -> None:
         seq.prompt_blocks = (seq.req.prompt_len or seq.req.num_prompt_tokens) // self.block_size
         self.waiting.append(seq)

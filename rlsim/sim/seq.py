@@ -52,3 +52,31 @@ class Scheduled:
     chunks: list = field(default_factory=list)  # (seq, tokens) of prefill chunks
     preempted: list = field(default_factory=list)
     blocked_by_kv: bool = False  # a waiting request did not fit
+
+
+class QueueQueries:
+    """What the engine asks of a scheduler's queues, for rules that keep them as both ports do
+    (`waiting`, `running` by request id, `finishing`, `spec`): a mixin of `RolloutScheduler`'s
+    questions, so that the engine reads no scheduler's fields."""
+
+    def has_work(self) -> bool:
+        """Whether any request runs or waits."""
+        return bool(self.running or self.waiting)
+
+    def running_seq(self, rid: int) -> Seq | None:
+        """The running request of this id, or None."""
+        return self.running.get(rid)
+
+    def find(self, rid: int) -> Seq | None:
+        """The running or waiting request of this id, or None."""
+        seq = self.running.get(rid)
+        return seq if seq is not None else next((q for q in self.waiting if q.req.request_id == rid), None)
+
+    def holds_finished(self) -> bool:
+        """Whether finished requests still hold their place (async scheduling, the overlap loop)."""
+        return bool(self.finishing)
+
+    @property
+    def num_speculating(self) -> int:
+        """Decoding requests under speculation (each pays the drafter's time an iteration)."""
+        return len(self.spec)

@@ -79,7 +79,7 @@ from rlsim.errors import RlsimError
 from rlsim.protocol import Request
 from rlsim.sim.radix_cache import Node, RadixCache
 from rlsim.sim.running_offsets import RunningOffsets
-from rlsim.sim.seq import Scheduled, Seq, count_hits
+from rlsim.sim.seq import QueueQueries, Scheduled, Seq, count_hits
 
 DEFAULTS = SGLangSettings()  # SGLang's own (`--schedule-conservativeness`, its SGLANG_* variables)
 CLIP_MAX_NEW_TOKENS = DEFAULTS.clip_max_new_tokens_estimation  # 4096
@@ -107,11 +107,9 @@ def _check_rid(rid: int) -> None:
         raise RlsimError(f"request id {rid} is out of range: ids run from 0 to 2**31 - 1")
 
 
-class SGLangScheduler:
+class SGLangScheduler(QueueQueries):
     """SGLang's `Scheduler` for one instance: waiting queue, running batch, radix cache, prefill
     admission, retraction and `new_token_ratio` (a `rlsim.sim.rollout_scheduler.RolloutScheduler`)."""
-
-    block_size = 1  # page size: KV is counted in token slots
 
     def __init__(
         self,
@@ -143,7 +141,7 @@ class SGLangScheduler:
             raise RlsimError(f"SGLang's page size must be positive, got {page_size}")
         self.page = page_size  # --page-size: KV tokens a page (the pool is counted in tokens, by whole pages)
         num_tokens = num_tokens // page_size * page_size  # (SGLang's pool holds whole pages)
-        self.num_blocks = num_tokens
+        self.num_tokens = num_tokens  # the KV pool's token slots
         self.max_running_requests = max_running_requests
         self.chunked_prefill_size = chunked_prefill_size if enable_chunked_prefill else None
         self.max_prefill_tokens = max_prefill_tokens
@@ -193,7 +191,7 @@ class SGLangScheduler:
         request is reported as aborted (`own_abort`), not finished."""
         req = seq.req
         ntok = req.num_prompt_tokens + seq.generated
-        max_req_len = self.num_blocks - 1
+        max_req_len = self.num_tokens - 1
         if self._too_long(ntok):
             self._refused[req.request_id] = ("prompt_too_long", req)
             seq.req = req._replace(prompt_id=_REFUSED_PROMPT, num_prompt_tokens=1, max_tokens=1, prompt_len=0,
@@ -201,14 +199,14 @@ class SGLangScheduler:
             seq.generated, seq.target = 0, 1
             return
         paged = -(-ntok // self.page) * self.page
-        room = max(0, min(max_req_len - ntok - 1, self.num_blocks - paged - self.page - 1))
+        room = max(0, min(max_req_len - ntok - 1, self.num_tokens - paged - self.page - 1))
         if req.max_tokens - seq.generated > room:  # (finishes at "length" there)
             seq.req = req._replace(max_tokens=seq.generated + room)
             seq.target = min(seq.target, seq.generated + room)
 
     def _too_long(self, ntok: int) -> bool:
         """`validate_input_length`: an input of `max_req_len - 5` tokens or more (`max_req_len = kv - 1`)."""
-        return ntok >= self.num_blocks - 1 - 5
+        return ntok >= self.num_tokens - 1 - 5
 
     def own_abort(self, seq: Seq) -> str | None:
         """Why SGLang aborted this ended request of its own accord (None: it did not): "prompt_too_long".
@@ -217,6 +215,16 @@ class SGLangScheduler:
             return None
         why, seq.req = got
         return why
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV tokens the instance holds (its pool's token slots, by whole pages)."""
+        return self.num_tokens
+
+    @property
+    def groups_calls(self) -> bool:
+        """Whether a call's samples run as one request with n > 1 (`--parallel-sampling`)."""
+        return self.parallel_sampling
 
     def add_call(self, seqs: list[Seq]) -> None:
         """One request with `n = len(seqs)` samples of one prompt (`parallel_sampling`): the
@@ -545,7 +553,7 @@ class SGLangScheduler:
             self.retractions += 1
         if not self.cache.evict_to_free(self._new_pages(keep)):
             raise RlsimError(
-                f"a request of {self.computed(keep[0])} KV tokens cannot decode in a pool of {self.num_blocks}: "
+                f"a request of {self.computed(keep[0])} KV tokens cannot decode in a pool of {self.num_tokens}: "
                 "raise --gpu-memory-utilization or lower --max-response-len"
             )
         self.new_token_ratio = min(
