@@ -87,14 +87,6 @@ def rollout_engine(name: str) -> RolloutEngine:
     return entry
 
 
-def register(entry: RolloutEngine) -> RolloutEngine:
-    """Add an engine (one module defining its rules registers it); a name taken is refused."""
-    if entry.name in REGISTRY:
-        raise RlsimError(f"rollout engine {entry.name!r} is registered already")
-    REGISTRY[entry.name] = entry
-    return entry
-
-
 def resolve(where: str) -> Any:  # noqa: ANN401 - whatever the entry names
     """The attribute `module:attribute` names, imported now."""
     module, _, attr = where.partition(":")

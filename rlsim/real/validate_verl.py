@@ -170,12 +170,11 @@ def _console_row(line: str) -> dict[str, Any] | None:
     return out
 
 
-def _float(text: Any) -> float | None:  # noqa: ANN401
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        return float(text)
+def _float(text: str) -> float | None:
+    """A console value as a number, or None where it is not one."""
     try:
         return float(text)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
 
 
