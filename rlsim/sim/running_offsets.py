@@ -30,10 +30,10 @@ request-by-request sum equal.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
+from rlsim.sim.compile_switch import pure_python, use_generic_cpu
 from rlsim.sim.seq import Seq
 
 _OUT_OF_REACH = -(2.0**60)  # an `a` far below every `b`: the bound is `b`
@@ -59,18 +59,14 @@ def _sum_loop(a, b, dec, joined, k, ratio, dsteps, lag, joined_at, clip):  # noq
 @functools.cache
 def _compiled_sum():  # noqa: ANN202 - a numba dispatcher, or None
     """`_sum_loop` compiled (cached on disk as numba caches), or None on the pure path (numba
-    missing, or `RLSIM_PURE_PYTHON=1`, as `rlsim.sim.compiled.jit` reads it). numba is imported
-    when the first `RunningOffsets` is built (an SGLang scheduler), never at import: its llvmlite
-    breaks vLLM's kernel scan in a process that later starts a real engine (see
-    `rlsim.sim.simulate`). The CPU its machine code is for is set first, as the compiled core sets
-    it (generic x86-64, unless the user chose one), so that importing numba here leaves the core's
-    shipped machine code usable in the same process. The switch and the CPU setting repeat
-    `jit`'s two lines rather than import it: `jit` sits in the core, whose modules import the
-    scheduler seam and so this one (a cycle), and moving its lines out would change the core's
-    digest, and with it the shipped machine code, for no change of behaviour."""
-    if os.environ.get("RLSIM_PURE_PYTHON", "") not in ("", "0"):
+    missing, or `RLSIM_PURE_PYTHON=1`). numba is imported when the first `RunningOffsets` is built
+    (an SGLang scheduler), never at import: its llvmlite breaks vLLM's kernel scan in a process
+    that later starts a real engine (see `rlsim.sim.simulate`). The switch and the CPU its machine
+    code is for are the compiled core's (`rlsim.sim.compile_switch`, which it reads too), read without numba, so that
+    importing numba here leaves the core's shipped machine code usable in the same process."""
+    if pure_python():
         return None
-    os.environ.setdefault("NUMBA_CPU_NAME", "generic")
+    use_generic_cpu()
     try:
         import numba
     except ImportError:  # pragma: no cover - numba is a dependency

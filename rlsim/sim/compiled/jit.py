@@ -24,16 +24,17 @@ core) the core compiles once, into the cache beside its source, as any numba cac
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from rlsim.sim.compile_switch import pure_python, use_generic_cpu
+
 # Generic x86-64 machine code, so that the shipped cache (and a cache copied between machines)
-# loads on any x86-64 CPU; numba reads this when it is imported, or at its next compile.
-os.environ.setdefault("NUMBA_CPU_NAME", "generic")
+# loads on any x86-64 CPU
+use_generic_cpu()
 
 try:
     import numba
@@ -43,7 +44,7 @@ try:
 except ImportError:  # pragma: no cover - numba is a dependency; the pure path still runs without it
     numba = None
 
-PURE = numba is None or os.environ.get("RLSIM_PURE_PYTHON", "") not in ("", "0")
+PURE = numba is None or pure_python()
 _CORE = Path(__file__).resolve().parent
 
 
