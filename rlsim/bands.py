@@ -34,8 +34,8 @@ from importlib import resources
 from typing import Any
 
 from rlsim.profile import Profile
+from rlsim.rollout_engines import rollout_engine as engine_entry
 
-ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 FRAMEWORK_NAMES = {"nemo-rl": "NeMo RL", "verl": "veRL", "roll": "ROLL", "any": "every framework"}
 WHERE = "docs/accuracy.md, Error bands"
 
@@ -48,7 +48,7 @@ def _data() -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class Kind:
     basis: str  # derived | fitted | measured | calibrated
-    rollout_engine: str  # vllm | sglang
+    rollout_engine: str  # a registered rollout engine (`rlsim.rollout_engines`)
     framework: str  # nemo-rl | verl | roll | any
     model_class: str  # dense | moe | unknown
     gpu: str  # a gpus.json key, or the profile's hardware where none matches
@@ -58,7 +58,8 @@ class Kind:
         cls = {"moe": "MoE", "dense": "dense"}.get(self.model_class, "model class unknown")
         fw = FRAMEWORK_NAMES.get(self.framework, self.framework)
         trainer = {"fsdp": "FSDP", "megatron": "Megatron"}.get(self.backend, "trainer unknown")
-        return f"{self.basis} profile, {ENGINES[self.rollout_engine]}, {trainer}, {cls}, {self.gpu.upper()}, {fw}"
+        engine = engine_entry(self.rollout_engine).label
+        return f"{self.basis} profile, {engine}, {trainer}, {cls}, {self.gpu.upper()}, {fw}"
 
 
 def _gpu_key(hardware: str) -> str:
@@ -187,13 +188,11 @@ def ratio_text(r: dict[str, Any]) -> str:
                 f"({tr['predictions']} ratios)")  # fmt: skip
     if r["basis"] == "measured":
         return "ratio band: none; no published pair was predicted from a measured profile"
+    kind = f"{r['basis']}, {engine_entry(r['rollout_engine']).label}, {fw}"
     if not r["enough"]:
-        return (
-            f"ratio band ({r['basis']}, {ENGINES[r['rollout_engine']]}, {fw}): fewer than three published pairs "
-            f"({r['pairs']}), so no band"
-        )
+        return f"ratio band ({kind}): fewer than three published pairs ({r['pairs']}), so no band"
     return (
-        f"ratio band ({r['basis']}, {ENGINES[r['rollout_engine']]}, {fw}): published ratios (such as sync "
+        f"ratio band ({kind}): published ratios (such as sync "
         "against one step off or fully_async) "
         f"were off by a median {r['median_abs_pct']:.0f}%, worst {r['worst_abs_pct']:.0f}% ({r['pairs']} pairs)"
     )

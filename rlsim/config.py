@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from rlsim.errors import RlsimError
-from rlsim.rollout_engines import REGISTRY as ENGINE_REGISTRY
 from rlsim.rollout_engines import others_settings, rollout_engine
 
 PLACEMENTS = ("colocated", "disaggregated")
@@ -68,13 +67,6 @@ class ClusterConfig:
                 "(its tensor parallel size, times its pipeline stages)"
             )
         return self.rollout_gpus // instance_gpus
-
-
-# Rollout engines: their packages' names, and how they are written. A run schedules with one's
-# rules (`EngineConfig.rollout_engine`, `rlsim.sim.rollout_scheduler`); a profile records the one
-# its costs were measured on (`Profile.rollout_engine`)
-# (`rlsim.rollout_engines`: each engine's entry, its own settings and what its rules do)
-ROLLOUT_ENGINES = {e.name: e.label for e in ENGINE_REGISTRY.values()}
 
 
 def sglang_chunked_prefill_size(gpu_memory_bytes: float) -> int:

@@ -27,9 +27,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rlsim.config import ROLLOUT_ENGINES, EngineConfig
+from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
+from rlsim.rollout_engines import REGISTRY as ENGINE_REGISTRY
 from rlsim.rollout_engines import rollout_engine as engine_entry
 from rlsim.roofline import check_roofline
 
@@ -157,7 +158,7 @@ class Profile:
     # Pipeline stages of one instance (vLLM's pipeline_parallel_size): the instance takes
     # TP x PP GPUs, each holding a stage's layers (`rlsim.derive.derive`); 1 in a profile without it
     pipeline_parallel_size: int = 1
-    # The rollout engine the costs were measured on (`ROLLOUT_ENGINES`): vLLM for every derived or
+    # The rollout engine the costs were measured on (`rlsim.rollout_engines`): vLLM for every derived or
     # calibrated profile, SGLang for the slime fit; written only where it is not vLLM
     rollout_engine: str = "vllm"
     # Data-parallel attention with expert parallelism (vLLM's data_parallel_size with
@@ -406,8 +407,8 @@ def _positive_int(value: Any, where: str) -> int:  # noqa: ANN401 - a JSON value
 
 
 def _rollout_engine(value: Any, where: str) -> str:  # noqa: ANN401 - a JSON value
-    if value not in ROLLOUT_ENGINES:
-        raise RlsimError(f"{where} must be one of {', '.join(ROLLOUT_ENGINES)}, got {value!r}")
+    if value not in ENGINE_REGISTRY:
+        raise RlsimError(f"{where} must be one of {', '.join(ENGINE_REGISTRY)}, got {value!r}")
     return value
 
 

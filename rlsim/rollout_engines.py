@@ -33,10 +33,11 @@ class RolloutEngine:
     label: str  # as output names it
     version: str  # the release whose rules rlsim follows
     scheduler: str  # (EngineConfig, KV tokens) -> one instance's RolloutScheduler (`rlsim.sim.rollout_scheduler`)
-    real_instance: str  # real mode: one engine instance in this process (`rlsim.real`)
-    real_ray_class: str  # real mode: () -> the Ray actor class of an instance
-    real_require: str  # real mode: import the engine's package, or refuse in one sentence
-    real_installed: str  # real mode: check the package is installed, without importing it where that logs
+    # real mode ("": the engine is simulated only; `real` refuses it in one sentence)
+    real_instance: str = ""  # one engine instance in this process (`rlsim.real`)
+    real_ray_class: str = ""  # () -> the Ray actor class of an instance
+    real_require: str = ""  # import the engine's package, or refuse in one sentence
+    real_installed: str = ""  # check the package is installed, without importing it where that logs
     own_settings: tuple[str, ...] = ()  # `EngineConfig` fields only this engine has
     lacks_note: str = ""  # said where another engine's setting is refused under this one
     default: bool = False  # what a run schedules with unless told (and what a profile records by omission)
@@ -52,6 +53,18 @@ class RolloutEngine:
     # driver before the next starts
     outputs_after_next_launch: bool = False
     real_tensor_parallel: bool = True  # rlsim's real instance launches tensor-parallel ranks
+
+    def real(self, what: str) -> Any:  # noqa: ANN401 - whatever the entry names
+        """Real mode's `what` of this engine (`real_instance`, `real_ray_class`, `real_require`,
+        `real_installed`), imported now; one sentence where the engine has no real mode."""
+        where = getattr(self, what)
+        if not where:
+            real = " or ".join(e.name for e in REGISTRY.values() if e.real_instance)
+            raise RlsimError(
+                f"rollout engine {self.name} ({self.label}) is simulated only: rlsim drives no real {self.label} "
+                f"engine; run --real with --rollout-engine {real}"
+            )
+        return resolve(where)
 
 
 REGISTRY: dict[str, RolloutEngine] = {
@@ -77,6 +90,29 @@ REGISTRY: dict[str, RolloutEngine] = {
     )
 }  # fmt: skip
 DEFAULT = next(e.name for e in REGISTRY.values() if e.default)
+BUILT_IN = frozenset(REGISTRY)
+
+
+def register(entry: RolloutEngine) -> None:
+    """Add a rollout engine: its rules, at `entry.scheduler`, implement `RolloutScheduler`
+    (`rlsim.sim.rollout_scheduler`) and run on SimEngine (the compiled core runs only the rules
+    written in it: `compiled` must be false). Every command and layer then asks this entry what the
+    engine does; nothing else names it. A name taken, or a second default, is refused."""
+    if entry.name in REGISTRY:
+        raise RlsimError(f"rollout engine {entry.name!r} is registered already")
+    if entry.default:
+        raise RlsimError(f"rollout engine {entry.name!r} cannot be the default: {DEFAULT} is")
+    if entry.compiled:
+        raise RlsimError(f"rollout engine {entry.name!r}: the compiled core runs only its own engines' rules")
+    resolve(entry.scheduler)  # (one that does not import: refused now, not at the first run)
+    REGISTRY[entry.name] = entry
+
+
+def unregister(name: str) -> None:
+    """Take a registered engine out again (one `register` added; the built-in ones stay)."""
+    if name in BUILT_IN:
+        raise RlsimError(f"rollout engine {name!r} is built in")
+    REGISTRY.pop(name, None)
 
 
 def rollout_engine(name: str) -> RolloutEngine:

@@ -1,6 +1,6 @@
 """Engines asked by capability, never by name: no comparison with a rollout engine's name in the
 code outside its registry (`rlsim/rollout_engines.py`) and the framework config readers
-(`rlsim/frameworks/`, which read the names frameworks write)."""
+(`rlsim/frameworks/`, which read the names frameworks write), nor a table keyed by one."""
 
 from __future__ import annotations
 
@@ -24,10 +24,13 @@ def _names(node: ast.AST) -> list[str]:
 
 
 def name_comparisons(source: str) -> list[tuple[int, str]]:
-    """(line, engine name) of every comparison with an engine's name in `source`."""
+    """(line, engine name) of every comparison with an engine's name in `source`, and of every table
+    keyed by one (a dict literal: a lookup by name, as a comparison is)."""
     out = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare):
+        if isinstance(node, ast.Dict):
+            out += [(node.lineno, n) for key in node.keys if key is not None for n in _names(key)]
+        elif isinstance(node, ast.Compare):
             for operand in (node.left, *node.comparators):
                 out += [(node.lineno, n) for n in _names(operand)]
         elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
@@ -55,8 +58,10 @@ if "sglang" == x: pass
 match engine:
     case "vllm": pass
 ok = registry["vllm"].speculates
+LABELS = {"vllm": "vLLM", "other": "x"}
 '''
-    assert [n for _, n in name_comparisons(code)] == ["sglang", "vllm", "vllm", "sglang", "sglang", "vllm"]
+    found = [n for _, n in name_comparisons(code)]
+    assert sorted(found) == sorted(["sglang", "vllm", "vllm", "sglang", "sglang", "vllm", "vllm"])
 
 
 def test_each_engine_answers_every_capability() -> None:

@@ -28,7 +28,7 @@ from rlsim.cli.options import (
 )
 from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import shown_profile
-from rlsim.config import ROLLOUT_ENGINES, EngineConfig
+from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.text import counted
 
@@ -47,7 +47,7 @@ def engine_policies(names: list[str], rollout_engine: str) -> list[str]:
     if len(kept) < len(names):
         left = ", ".join(n for n in names if n not in kept)
         make_console(sys.stderr).print(
-            f"left out under {ROLLOUT_ENGINES[rollout_engine]}'s rules (speculative decoding is modelled under "
+            f"left out under {REGISTRY[rollout_engine].label}'s rules (speculative decoding is modelled under "
             f"{' and '.join(e.label for e in REGISTRY.values() if e.speculates)}'s only): {left}",
             highlight=False,
         )
@@ -219,6 +219,8 @@ def _compact(n: int) -> str:
 
 def _cells(rows) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
     """The comparison's column names and cells, for the terminal table and for --markdown."""
+    from rlsim.rollout_engines import rollout_engine
+
     epochs = sorted({e for r in rows for e in r["epoch_time_s"]})
     engines = any("rollout_engine" in r for r in rows)  # --rollout-engine vllm,sglang
     cols = [
@@ -255,7 +257,7 @@ def _cells(rows) -> tuple[list[str], list[list[str]]]:  # noqa: ANN001
             name += f" #{min(ranks)}-{max(ranks)} tie" if r["tie"] else f" #{ranks[0]}"
         cells.append([
             name,
-            *([ROLLOUT_ENGINES[r["rollout_engine"]]] if engines else []),
+            *([rollout_engine(r["rollout_engine"]).label] if engines else []),
             *[pm(r["epoch_time_s"].get(e, float("nan")), ranges.get(e), 3600) for e in epochs],
             sp,
             f"{r['rollout_share']:.0%}",

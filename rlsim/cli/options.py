@@ -191,7 +191,6 @@ def say_which_rules(profile: str, rollout_engines: list[str]) -> None:
     """One line on stderr for each engine whose rules the run schedules with where it is not
     vLLM's (which implementation runs them), and one where the profile's costs were measured on
     another engine than those rules."""
-    from rlsim.config import ROLLOUT_ENGINES
     from rlsim.profile import load_profile
     from rlsim.rollout_engines import REGISTRY
 
@@ -215,8 +214,8 @@ def say_which_rules(profile: str, rollout_engines: list[str]) -> None:
             )
         if measured != engine:
             err.print(
-                f"profile {shown_profile(profile)}: its costs were measured on {ROLLOUT_ENGINES[measured]}; this run "
-                f"schedules with {ROLLOUT_ENGINES[engine]}'s rules on them",
+                f"profile {shown_profile(profile)}: its costs were measured on {REGISTRY[measured].label}; this run "
+                f"schedules with {rules.label}'s rules on them",
                 highlight=False,
             )
 

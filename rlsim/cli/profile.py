@@ -42,8 +42,8 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print the grid as JSON."),
 ) -> None:
     """Decode tok/s over batch x context and each cell's fraction of the memory roofline."""
-    from rlsim.config import ROLLOUT_ENGINES
     from rlsim.profile import load_profile
+    from rlsim.rollout_engines import rollout_engine
     from rlsim.roofline import BATCHES, CONTEXTS, grid, has_roofline
 
     profile = load_profile(name)
@@ -57,7 +57,7 @@ def show(
         + (f" x PP {profile.pipeline_parallel_size}" if profile.pipeline_parallel_size > 1 else "")
         + ", "
         f"KV capacity {profile.kv_capacity_tokens:,} tokens, max_num_seqs {profile.engine.max_num_seqs}, "
-        f"measured on {ROLLOUT_ENGINES[profile.rollout_engine]}",
+        f"measured on {rollout_engine(profile.rollout_engine).label}",
         highlight=False,
     )
     con.print(

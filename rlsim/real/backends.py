@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlsim.errors import RlsimError
-from rlsim.rollout_engines import resolve, rollout_engine
+from rlsim.rollout_engines import rollout_engine
 
 
 class PromptSource:
@@ -108,10 +108,10 @@ def start_backend(cfg, n: int, ray_address: str | None) -> tuple[LocalBackend | 
     versions)."""
     rules = rollout_engine(cfg.engine.rollout_engine)
     if n == 1 and not ray_address:
-        inst = resolve(rules.real_instance)(cfg)
+        inst = rules.real("real_instance")(cfg)
         inst.warmup(inst.facts["vocab_size"])
         return LocalBackend([inst]), [inst.facts]
-    actors = ray_actors(cfg, n, ray_address, resolve(rules.real_ray_class))
+    actors = ray_actors(cfg, n, ray_address, rules.real("real_ray_class"))
     import ray
 
     facts = ray.get([a.ready.remote() for a in actors])

@@ -70,7 +70,7 @@ from rlsim.real.vllm_instance import InstanceConfig
 from rlsim.report import to_json
 from rlsim.rollout_engines import DEFAULT as ENGINE_DEFAULT
 from rlsim.rollout_engines import REGISTRY as ENGINES
-from rlsim.rollout_engines import resolve, rollout_engine
+from rlsim.rollout_engines import rollout_engine
 from rlsim.trace.format import load
 from rlsim.trace.tasks import agent_task, length_reward, tool_reward
 
@@ -168,7 +168,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
                 f"rank, which rlsim's {rules.label} instance does not launch: run {rules.label} at --rollout-tp 1 (one "
                 f"instance per GPU), or use --rollout-engine {ENGINE_DEFAULT}"
             )
-        resolve(rules.real_installed)()  # (sglang is imported by the run, whose log takes its lines)
+        rules.real("real_installed")()  # (sglang is imported by the run, whose log takes its lines)
         # vLLM on a CPU has no sleep mode, and a GPU run sleeps only when no engine holds a request
         # (timing_s/rollout_sleep is then measured): the simulation that validates a run keeps the KV.
         engine_cfg = dataclasses.replace(engine_cfg, free_cache_engine=False)
@@ -199,7 +199,7 @@ class RealRun(Learning, RunCalibration, RunFiles):
         """Drive the engines to the end; `progress(step, now)` as the simulator's,
         `on_step_row(row)` with each finished step's row of steps.parquet (veRL's metric names),
         `say(line)` with what happens outside the steps (the `--calibrate` passes)."""
-        resolve(rollout_engine(self.engine_cfg.rollout_engine).real_require)()
+        rollout_engine(self.engine_cfg.rollout_engine).real("real_require")()
         parsed = parse_policy(self.policy)
         cols = (["prompt_text"] if self.real.lengths == "free" else []) + ["reward", "reward_time_s", "step"]
         cols.append("target_len")  # a built-in task's stated length (rlsim.trace.tasks)
