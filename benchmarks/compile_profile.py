@@ -25,9 +25,9 @@ from pathlib import Path
 
 import llvmlite.binding as ll
 import numpy as np
-from first_run import fresh_clone
 
 from rlsim.hostload import LoadMeter, describe
+from rlsim.package_data import fresh_clone
 from rlsim.sim.compiled.sim_engine import entry_points
 
 CHILD = r"""

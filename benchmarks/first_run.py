@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,18 +26,9 @@ import llvmlite.binding as ll
 from readme_tables import emit, machine_note
 
 from rlsim.hostload import LoadMeter
+from rlsim.package_data import fresh_clone
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def fresh_clone(dest: Path) -> Path:
-    """The checkout's tracked files (as they are in the work tree) in `dest`: no `__pycache__`."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    for name in filter(None, files.decode().split("\0")):
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        if (REPO / name).is_file():
-            shutil.copy2(REPO / name, dest / name)
-    return dest
 
 
 def timed(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:

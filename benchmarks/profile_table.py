@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _before(rev: str, name: str):  # noqa: ANN202
     try:
-        text = subprocess.run(["git", "show", f"{rev}:calibrate/profiles/{name}.json"], cwd=REPO, check=True,
+        text = subprocess.run(["git", "show", f"{rev}:rlsim/profiles/{name}.json"], cwd=REPO, check=True,
                               capture_output=True, text=True).stdout  # fmt: skip
     except (subprocess.CalledProcessError, FileNotFoundError):
         return None

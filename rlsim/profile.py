@@ -13,7 +13,7 @@ step (old log-probs, reference, update, weight sync, sleep and wake) is costed b
 from the profile's `model_facts` and `gpu_facts` when it has them (shipped GPU profiles do), else
 from the fitted `train` block and `weight_sync_s` (calibrated profiles). `model_facts` also lets
 `with_engine` re-derive the KV capacity for another `gpu_memory_utilization`. Profiles are JSON
-files (calibrate/profiles/*.json); `load_profile` accepts a path or the name of a shipped profile
+files (rlsim/profiles/*.json); `load_profile` accepts a path or the name of a shipped profile
 and rejects a malformed one with one sentence.
 """
 
@@ -38,7 +38,7 @@ from rlsim.roofline import check_roofline
 PROFILE_ENGINE_FIELDS = (
     "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "block_size", "async_scheduling",
 )  # fmt: skip
-PROFILE_DIR = Path(str(resources.files("calibrate") / "profiles"))
+PROFILE_DIR = Path(str(resources.files("rlsim") / "profiles"))
 # 1: the five coefficients; 2: adds linear_t0_s (the compute knee) and the per-term provenance of
 # the derivation (rlsim.derive.derive). A version-1 file loads unchanged (its knee is measured from t_w_s).
 SCHEMA_VERSION = 2
@@ -304,7 +304,7 @@ def _interpolate(knots: tuple[tuple[float, float], ...], x: float, extend: bool)
 
 
 def shipped_profiles() -> list[str]:
-    """Names of the profiles under calibrate/profiles/."""
+    """Names of the profiles under rlsim/profiles/."""
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
 
 

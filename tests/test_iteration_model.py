@@ -5,7 +5,6 @@ schema versions, and load-time roofline checks."""
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from pathlib import Path
 
@@ -13,10 +12,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from calibrate.derive_profiles import SHIPPED, derive, h200_llama_8b
 from rlsim.cli.app import app
 from rlsim.derive.derive import ALLREDUCE_LATENCY_S, _links_s, iteration_s, setup
 from rlsim.errors import RlsimError
+from rlsim.package_data.profiles import SHIPPED, derive, h200_llama_8b, stale
+from rlsim.package_data.profiles import same as _same
 from rlsim.profile import PROFILE_DIR, load_profile, profile_from_dict
 from rlsim.roofline import ProfileWarning, grid
 
@@ -55,23 +55,9 @@ def test_tensor_parallel_all_reduce_is_charged_per_layer_and_link() -> None:
     assert (h800[1] - h800[0]) / 256 == pytest.approx(per_token * 900 / 400)
 
 
-def _same(a: object, b: object) -> bool:
-    """Equal, numbers to the 9 significant digits a profile stores them with, give or take one in the
-    last: the derivation's least-squares lines (numpy's polyfit, through LAPACK) sum in an order
-    that can move with OpenBLAS's threads, and a value that lies on a rounding edge then flips its
-    9th digit (CI's loaded host once derived 4.95292476e-05 where 4.95292475e-05 is shipped)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1.1e-8, abs_tol=0.0)  # one in the 9th digit of 1.xxxxxxxx
-    return a == b
-
-
 def test_shipped_profiles_are_what_the_command_derives(tmp_path: Path) -> None:
     """Each shipped GPU profile is what `rlsim profile derive` writes (and what `python -m
-    calibrate.derive_profiles` writes today); the slime fit keeps its published coefficients."""
+    rlsim.package_data profiles` writes); the slime fit keeps its published coefficients."""
     for gpu, model, tp in SHIPPED:
         prof = derive(gpu, model, tp)
         assert _same(json.loads((PROFILE_DIR / f"{prof['name']}.json").read_text()), prof), prof["name"]
@@ -84,6 +70,24 @@ def test_shipped_profiles_are_what_the_command_derives(tmp_path: Path) -> None:
     assert json.loads((PROFILE_DIR / "h200-llama-8b.json").read_text()) == slime
     published = (slime["t_w_s"], slime["alpha_s"], slime["beta_s"], slime["kv_capacity_tokens"])
     assert published == (5.595e-3, 23.6e-6, 37.6e-9, 789_000)
+    assert stale() == []  # (what `python -m rlsim.package_data --check` says of them)
+
+
+def test_the_profiles_check_finds_a_changed_a_missing_and_an_extra_profile(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The check can fail: a profile edited, one deleted and one not built are each named."""
+    import shutil
+
+    from rlsim.package_data import profiles
+
+    copy = tmp_path / "profiles"
+    shutil.copytree(PROFILE_DIR, copy)
+    monkeypatch.setattr(profiles, "OUT", copy)
+    raw = json.loads((copy / "h100-qwen2.5-7b-tp1.json").read_text())
+    (copy / "h100-qwen2.5-7b-tp1.json").write_text(json.dumps(raw | {"alpha_s": raw["alpha_s"] * 1.01}))
+    (copy / "h200-llama-8b.json").unlink()
+    (copy / "mine.json").write_text("{}")
+    assert sorted(profiles.stale()) == ["h100-qwen2.5-7b-tp1.json differs", "h200-llama-8b.json missing",
+                                        "mine.json not built"]  # fmt: skip
 
 
 def test_no_shipped_gpu_profile_exceeds_75_percent_of_the_roofline_where_kv_fits() -> None:

@@ -28,7 +28,7 @@ def lint(root: Path) -> subprocess.CompletedProcess:
 def test_contracts_hold() -> None:
     out = lint(REPO)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "3 kept, 0 broken" in out.stdout
+    assert "4 kept, 0 broken" in out.stdout
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -61,11 +61,11 @@ def test_the_calibration_layer_importing_real_breaks_the_layers(tmp_path: Path) 
 
 def test_rlsim_importing_calibrate_or_a_benchmark_breaks_the_layers(tmp_path: Path) -> None:
     root = _copy(tmp_path)
-    _add_import(root / "rlsim" / "real" / "run.py", "import calibrate.derive_profiles  # noqa: E402")
+    _add_import(root / "rlsim" / "real" / "run.py", "import calibrate.tiny_model  # noqa: E402")
     _add_import(root / "rlsim" / "cli" / "trace.py", "import benchmarks.trace_load  # noqa: E402")
     out = lint(root)
     assert out.returncode == 1
-    assert "rlsim.real.run -> calibrate.derive_profiles" in out.stdout
+    assert "rlsim.real.run -> calibrate.tiny_model" in out.stdout
     assert "rlsim.cli.trace -> benchmarks.trace_load" in out.stdout
 
 
@@ -97,3 +97,14 @@ def test_a_policy_importing_simpy_breaks_its_contract(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "policies import only rlsim.protocol, rlsim.errors and rlsim.config BROKEN" in out.stdout
     assert "policies.sync -> simpy" in out.stdout
+
+
+def test_the_library_importing_typer_breaks_its_contract(tmp_path: Path) -> None:
+    """Only the command layer parses: typer anywhere else in rlsim (even inside a function) is refused."""
+    root = _copy(tmp_path)
+    path = root / "rlsim" / "plan" / "planner.py"
+    path.write_text(path.read_text() + "\n\ndef _late():\n    import typer  # noqa: F401\n")
+    out = lint(root)
+    assert out.returncode == 1
+    assert "only the command layer imports typer: the library parses nothing BROKEN" in out.stdout
+    assert "rlsim.plan.planner -> typer" in out.stdout

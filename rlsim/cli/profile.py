@@ -24,7 +24,7 @@ def list_() -> None:
     `rlsim profile derive` knows."""
     from rlsim.profile import load_profile, shipped_profiles
 
-    table = Table(title="Shipped profiles (calibrate/profiles/)", title_justify="left")
+    table = Table(title="Shipped profiles (rlsim/profiles/)", title_justify="left")
     for col in ("name", "hardware", "model", "TP", "KV tokens"):
         table.add_column(col, justify="right" if col in ("TP", "KV tokens") else "left")
     for name in shipped_profiles():

@@ -28,7 +28,7 @@ One vLLM iteration on a TP group (one rank's view; `iteration_s` adds it up term
 - once per iteration: the LM head's weights, the framework and sampler (1.2 ms: the slime fit's
   T_w less its own model's linear layers and LM head); per running sequence 23.6 us (its alpha).
 
-`closed_form` folds this into the profile's five coefficients as `calibrate/derive_profiles.py`
+`closed_form` folds this into the profile's five coefficients as `rlsim.package_data.profiles`
 folds measured tables: a line over 1..512 decode tokens gives `t_w_s` and `gamma_s` (and the linear
 layers' own intercept `linear_t0_s`, where the compute knee starts), a line over 1,024..4,096
 prefill tokens `prefill_s_per_token`. An MoE model's iteration time is concave in the batch (it

@@ -8,7 +8,7 @@ cap) a user asks about, checked and expanded into candidates before anything is 
   each candidate's `train_gpus`).
 - **Rollout TP**: the profile's family, the shipped profiles of the same model on the same GPU at
   other tensor-parallel sizes (`tp_family`); they are derived from the same model facts and
-  iteration model (`calibrate/derive_profiles.py`), so only TP changes between them. A calibrated
+  iteration model (`rlsim.package_data.profiles`), so only TP changes between them. A calibrated
   profile has no family: only its own TP can be searched.
 - **Engine knobs**: `max_num_seqs` and `gpu_memory_utilization` (None keeps the profile's); the
   engine's other settings are held fixed, as given (`Candidate.engine`).

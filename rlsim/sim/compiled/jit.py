@@ -15,7 +15,7 @@ typed dicts, or dicts).
 
 Machine code ships with the package: `shipped/<python>-numba<version>/` holds the cache of the
 functions `CompiledEngine` calls, compiled for the generic x86-64 CPU (`NUMBA_CPU_NAME=generic`,
-which this module sets unless the user set it) by `python benchmarks/ship_core.py`, and dated by
+which this module sets unless the user set it) by `python -m rlsim.package_data core`, and dated by
 the core's digest, not by file times, so a fresh clone or a wheel loads it instead of compiling
 for a minute. Where it does not fit (another CPython, numba, platform or CPU setting, or a changed
 core) the core compiles once, into the cache beside its source, as any numba cache does.

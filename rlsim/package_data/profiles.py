@@ -1,6 +1,6 @@
-"""Write the shipped GPU profiles with `rlsim profile derive`'s own derivation (no GPU needed).
+"""The shipped GPU profiles (`rlsim/profiles/`), by `rlsim profile derive`'s own derivation (no GPU).
 
-    python -m calibrate.derive_profiles
+    python -m rlsim.package_data profiles [--check]
 
 Every GPU profile but one is exactly what `rlsim profile derive --model M --gpu G --tp N` writes
 at veRL's rollout defaults (`rlsim.derive.derive`, whose docstring and each file's `provenance`
@@ -15,8 +15,8 @@ whole engine.
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from rlsim.derive.derive import SLIME_ALPHA_S, SLIME_BETA_S, SLIME_T_W_S, derive
 from rlsim.profile import profile_from_dict
 from rlsim.step_costs import weight_sync_s
 
-OUT = Path(__file__).resolve().parent / "profiles"
+OUT = Path(__file__).resolve().parents[1] / "profiles"
 SLIME_KV_CAPACITY = 789_000
 SHIPPED = (
     ("h100", "qwen2.5-7b", 1), ("h100", "qwen2.5-14b", 2), ("h100", "qwen2.5-32b", 2), ("h100", "qwen2.5-32b", 4),
@@ -67,19 +67,44 @@ def h200_llama_8b() -> dict[str, Any]:
     return prof
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.parse_args()
+def build() -> dict[str, dict[str, Any]]:
+    """Every shipped profile, by name."""
+    return {prof["name"]: prof for prof in [derive(*row) for row in SHIPPED] + [h200_llama_8b()]}
+
+
+def same(a: Any, b: Any) -> bool:  # noqa: ANN401 - JSON values
+    """Two profiles equal but for the 9th significant digit of a float: the derivation's
+    least-squares lines (numpy's polyfit, through LAPACK) sum in an order that can move with
+    OpenBLAS's threads, and a value on a rounding edge then flips that digit (a loaded host once
+    derived 4.95292476e-05 where 4.95292475e-05 is shipped)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1.1e-8, abs_tol=0.0)  # one in the 9th digit of 1.xxxxxxxx
+    return a == b
+
+
+def stale() -> list[str]:
+    """What differs between the committed profiles and `build()`: each file missing, extra or changed."""
+    built = build()
+    have = {p.stem: p for p in OUT.glob("*.json")}
+    out = [f"{name}.json missing" for name in built if name not in have]
+    out += [f"{name}.json not built" for name in have if name not in built]
+    out += [f"{name}.json differs" for name, prof in built.items()
+            if name in have and not same(json.loads(have[name].read_text()), prof)]  # fmt: skip
+    return out
+
+
+def write() -> None:
+    """Write every profile, removing one no longer shipped."""
+    built = build()
     OUT.mkdir(parents=True, exist_ok=True)
-    keep = {f"{gpu}-{model}-tp{tp}" for gpu, model, tp in SHIPPED} | {"h200-llama-8b"}
-    for stale in OUT.glob("*.json"):
-        if stale.stem not in keep:
-            stale.unlink()
-            print(f"removed {stale.name}")
-    for prof in [derive(*row) for row in SHIPPED] + [h200_llama_8b()]:
-        (OUT / f"{prof['name']}.json").write_text(json.dumps(prof, indent=2) + "\n")
-        print(f"wrote {prof['name']}")
-
-
-if __name__ == "__main__":
-    main()
+    for stale_file in OUT.glob("*.json"):
+        if stale_file.stem not in built:
+            stale_file.unlink()
+            print(f"profiles: removed {stale_file.name}")
+    for name, prof in built.items():
+        (OUT / f"{name}.json").write_text(json.dumps(prof, indent=2) + "\n")
+    print(f"profiles: wrote {len(built)} to {OUT}")
