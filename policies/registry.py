@@ -76,16 +76,42 @@ class PolicySpec:
 _PART = re.compile(r"^\s*([A-Za-z_][\w.:]*)\s*(?:\((.*)\))?\s*$")
 
 
-def _split_plus(text: str) -> list[str]:
+def _split_outside_parens(text: str, sep: str) -> list[str]:
     parts, depth, cur = [], 0, ""
     for ch in text:
         depth += (ch == "(") - (ch == ")")
-        if ch == "+" and depth == 0:
+        if ch == sep and depth == 0:
             parts.append(cur)
             cur = ""
         else:
             cur += ch
     return [*parts, cur]
+
+
+def split_policies(text: str) -> list[str]:
+    """The policy strings of a comma-separated list (`--policies`): split on commas outside
+    parentheses, since knob lists hold commas; one sentence where a non-blank list names none."""
+    names = [p.strip() for p in _split_outside_parens(text, ",") if p.strip()]
+    if text.strip() and not names:
+        raise RlsimError(f"--policies {text!r} names no policy; leave it out for the defaults")
+    return names
+
+
+def split_policy(text: str) -> tuple[str, list[str]]:
+    """A policy string's policy part and its features (`NAME(knobs)+histospec(...)` ->
+    (`NAME(knobs)`, [`histospec(...)`])), split on `+` outside parentheses."""
+    base, *features = _split_outside_parens(text, "+")
+    return base, features
+
+
+def with_knob(text: str, knob: str, value: str) -> str:
+    """The policy string with `knob=value` added to its policy's knobs, its features kept:
+    `fully_async(partial_rollout=false)+histospec` -> `fully_async(partial_rollout=false,KNOB=VALUE)+histospec`."""
+    base, features = split_policy(text)
+    name, knobs = _parse_part(base)
+    knobs[knob] = value
+    head = f"{name}({','.join(f'{k}={v}' for k, v in knobs.items())})"
+    return "+".join([head, *(f.strip() for f in features)])
 
 
 def _convert(cls: type, knobs: dict[str, str], what: str) -> dict[str, Any]:
@@ -149,7 +175,7 @@ def policy_class(name: str) -> type:
 
 def parse_policy(text: str) -> PolicySpec:
     """Parse `NAME[(knobs)][+histospec[(knobs)]][+dynamic_sampling[(knobs)]]`, checking every knob."""
-    base, *features = _split_plus(text)
+    base, features = split_policy(text)
     name, raw = _parse_part(base)
     cls = policy_class(name)
     config_cls = getattr(cls, "Config", None)
@@ -191,6 +217,7 @@ def _knobs(cfg: type | None) -> str:
 def describe() -> list[tuple[str, str, str]]:
     """Every registered policy and engine feature as (name, knobs with defaults, what and where
     from): what `rlsim policies` prints and the knobs table of docs/policies.md is written from."""
+
     def first_paragraph(doc: str | None) -> str:
         return " ".join((doc or "").strip().split("\n\n")[0].split())
 

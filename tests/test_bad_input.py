@@ -430,7 +430,7 @@ def _multi_turn_trace(tmp_path: Path, **meta_changes: object) -> Path:
 def test_derived_profiles_of_other_settings_never_share_a_cached_file(tmp_path: Path, monkeypatch, setting) -> None:  # noqa: ANN001
     """Two runs that derive the same model on the same GPU with another --trainer or --terms each
     read their own profile (the cache is keyed by everything that changes its content)."""
-    from rlsim.cli.derive import derived_profile_path
+    from rlsim.derive.cache import derived_profile_path
 
     monkeypatch.setenv("RLSIM_CACHE_DIR", str(tmp_path))
     plain = derived_profile_path("qwen2.5-7b", "h100", 2)

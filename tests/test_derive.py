@@ -207,7 +207,7 @@ def test_simulate_and_plan_derive_on_the_fly(small_trace_path: Path, tmp_path: P
     assert r.exit_code == 0, r.output
     config = json.loads((out / "config.json").read_text())
     assert config["profile"]["name"] == "h100-qwen3-30b-a3b-tp2" and config["profile"]["decode_residual_s"]
-    from rlsim.cli.derive import derive_family
+    from rlsim.derive.cache import derive_family
 
     first, tps = derive_family("qwen3-30b-a3b", "h100", (), "bf16")
     assert tps == (2, 4, 8)  # TP 1: 61 GB of weights above half of 80 GB

@@ -306,3 +306,23 @@ def test_seer_divides_responses_into_chunks_that_move_between_instances() -> Non
     assert len(trained) == 72 and (trained.num_output_tokens == (trained.prompt_id + 1) * 250).all()
     assert (req.groupby(["prompt_id", "sample_idx"]).instance.nunique() > 1).any()
     assert res.summary["staleness_max"] == 0 and res.summary["wasted_tokens"] == 0
+
+
+def test_policy_strings_split_and_gain_a_knob_through_the_registry() -> None:
+    """The policy-string grammar is the registry's, public: the planner and the commands split and
+    extend policy strings through it, never by their own string handling."""
+    from policies.registry import split_policies, split_policy, with_knob
+
+    assert split_policies("sync, fully_async(partial_rollout=false,staleness_threshold=0.5)+histospec,") == [
+        "sync", "fully_async(partial_rollout=false,staleness_threshold=0.5)+histospec",
+    ]  # fmt: skip
+    assert split_policies("") == []
+    with pytest.raises(RlsimError, match="names no policy"):
+        split_policies(" , ")
+    assert split_policy("rollpacker(a=1)+histospec(x=2)+dynamic_sampling") == (
+        "rollpacker(a=1)", ["histospec(x=2)", "dynamic_sampling"],
+    )  # fmt: skip
+    assert with_knob("fully_async", "staleness_threshold", "0.5") == "fully_async(staleness_threshold=0.5)"
+    assert (with_knob("fully_async(partial_rollout=false)+histospec", "staleness_threshold", "1")
+            == "fully_async(partial_rollout=false,staleness_threshold=1)+histospec")  # fmt: skip
+    parse_policy(with_knob("areal()", "max_head_offpolicyness", "2"))  # (a string the registry reads)

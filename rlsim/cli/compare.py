@@ -23,7 +23,6 @@ from rlsim.cli.options import (
     load_trace,
     say_if_compiling,
     say_which_rules,
-    split_policies,
     tool_config,
 )
 from rlsim.cli.ui import console as make_console
@@ -109,8 +108,9 @@ def register_compare(app: typer.Typer) -> None:
         from_: list[str] | None = FROM,  # one value (`single`)
     ) -> None:
         """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
-        from policies.registry import COMPARE_DEFAULT
+        from policies.registry import COMPARE_DEFAULT, split_policies
         from rlsim.bands import for_prediction
+        from rlsim.derive.cache import profile_or_derived
         from rlsim.paths import check_plot_file
         from rlsim.profile import load_profile
         from rlsim.report import plot_compare
@@ -130,7 +130,7 @@ def register_compare(app: typer.Typer) -> None:
             opts, engine, setup = apply_from(ctx, from_, opts, engine, extra=("rollout_engine",))
             rollout_engine, framework = engine.rollout_engine, setup.framework
         else:
-            opts["profile"] = derive_opts.profile_or_derived(
+            opts["profile"] = profile_or_derived(
                 profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp, engine.gpu_memory_utilization
             )
         profile = opts["profile"]

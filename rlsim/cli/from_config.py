@@ -98,7 +98,7 @@ def apply_from(
     option clashes or is missing. A `--profile` the user gives (one measured on their own
     cluster) stands for `--gpu` and `--model`. `extra`: the command's own options the config
     also sets (compare's --rollout-engine)."""
-    from rlsim.cli.derive import derived_profile_path
+    from rlsim.derive.cache import derived_profile_path
 
     setup = read_from(spec)
     given = given_on_command_line(ctx)
@@ -118,7 +118,7 @@ def apply_from(
         memory, gpu_name = float(prof.gpu_facts.get("memory_bytes", 0.0)), prof.hardware
         measured_kv = not (prof.model_facts and memory)  # a measured KV capacity, not one derived from memory
         if opts.get("terms"):  # terms (a calibration's) lie over the user's own profile too
-            from rlsim.cli.derive import profile_with_terms
+            from rlsim.derive.cache import profile_with_terms
 
             out["profile"] = profile_with_terms(opts["profile"], opts["terms"])
     else:

@@ -247,19 +247,3 @@ def expected_steps(trace, rl) -> int:  # noqa: ANN001
     per_epoch = math.ceil(trace.num_prompts / rl.prompts_per_step)
     n = per_epoch * rl.epochs
     return min(n, rl.max_steps) if rl.max_steps else n
-
-
-def split_policies(text: str) -> list[str]:
-    """Split on commas outside parentheses (knob lists contain commas)."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    names = [p for p in [*parts, cur.strip()] if p]
-    if text.strip() and not names:
-        raise RlsimError(f"--policies {text!r} names no policy; leave it out for the defaults")
-    return names

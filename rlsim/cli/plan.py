@@ -259,9 +259,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Search GPUs, placement, rollout TP, engine knobs and response cap per policy; the best
         configuration per policy with error bars over seeds, and the Pareto front."""
-        from policies.registry import REGISTRY
-        from rlsim.cli.options import split_policies
+        from policies.registry import REGISTRY, split_policies
         from rlsim.config import RLConfig
+        from rlsim.derive.cache import derive_family
         from rlsim.paths import check_output_file, check_plot_file, default_trace
         from rlsim.plan.cache import PlanCache, default_cache_path
         from rlsim.plan.planner import PlanConfig
@@ -300,7 +300,7 @@ def register(app: typer.Typer) -> None:
         if model is not None or gpu is not None:  # the family of derived profiles, one per TP
             utils = parse_list(gpu_memory_utilization, float, "--gpu-memory-utilization")
             least = min(utils) if utils else engine.gpu_memory_utilization  # the weights fit at every one searched
-            profile, tps = derive_opts.derive_family(model, gpu, tps, dtype, trainer, terms, least, kv_cache_dtype)
+            profile, tps = derive_family(model, gpu, tps, dtype, trainer, terms, least, kv_cache_dtype)
         # HistoSpec variants are left out by default: a plan estimates an epoch from its first
         # steps, where no prompt has a previous visit to draft from yet.
         # By default every registered policy but the oracle and k_step_off (at its default k it is

@@ -92,6 +92,7 @@ def register(app: typer.Typer) -> None:
         """Simulate one policy and write a run directory (tables, summary, timeline, trace.json); with --from,
         the run a framework's config describes, in its own mode unless --policy is given."""
         from rlsim.bands import band_text, for_prediction
+        from rlsim.derive.cache import profile_or_derived
         from rlsim.paths import check_output_dir
         from rlsim.profile import load_profile
         from rlsim.report import to_json, write_run_dir
@@ -109,7 +110,7 @@ def register(app: typer.Typer) -> None:
             policy = policy if "policy" in given_on_command_line(ctx) else setup.policy
             framework = setup.framework
         else:
-            opts["profile"] = derive_opts.profile_or_derived(
+            opts["profile"] = profile_or_derived(
                 profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp, engine.gpu_memory_utilization
             )
         profile = opts["profile"]

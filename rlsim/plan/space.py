@@ -210,11 +210,10 @@ def with_staleness(policy: str, values: Sequence[float]) -> list[str]:
     """The policy string once per staleness value, for a policy with a staleness knob
     (`fully_async(partial_rollout=false)` -> `fully_async(partial_rollout=false,staleness_threshold=0.5)`);
     the string alone otherwise, or when it sets the knob itself."""
-    from policies.registry import _split_plus
+    from policies.registry import parse_policy, split_policy, with_knob
 
-    base, *features = _split_plus(policy)
-    name = base.split("(")[0].strip()
-    knob = STALENESS_KNOBS.get(name)
+    base, _ = split_policy(policy)
+    knob = STALENESS_KNOBS.get(parse_policy(policy).name)
     if knob is None or not values or f"{knob}=" in base:
         return [policy]
     out = []
@@ -223,10 +222,7 @@ def with_staleness(policy: str, values: Sequence[float]) -> list[str]:
             if v != int(v):
                 continue
             v = int(v)
-        value = f"{knob}={v:g}"
-        head = base.strip()
-        head = f"{head[:-1]},{value})" if head.endswith(")") and not head.endswith("()") else f"{name}({value})"
-        out.append("+".join([head, *features]))
+        out.append(with_knob(policy, knob, f"{v:g}"))
     return out or [policy]
 
 
