@@ -149,8 +149,9 @@ def fit(
     records: Path = typer.Argument(..., help="Records written by rlsim calibrate decode, spec, train or ops."),
     out: Path = typer.Option(..., "--out", "-o", help="Profile JSON to write."),
     max_mape: float = typer.Option(
-        0.15, help="Refuse a profile whose held-out MAPE exceeds this, unless the grid's repeat noise "
-        "explains all but half of it."
+        0.15,
+        help="Refuse a profile whose held-out MAPE exceeds this, unless the grid's repeat noise "
+        "explains all but half of it.",
     ),
     force: bool = typer.Option(False, "--force", help="Write the profile even above --max-mape."),
     name: str | None = typer.Option(None, help="Profile name (default: calibrated-<model>-tp<N>)."),
@@ -243,16 +244,20 @@ def fit(
 def run_(
     ctx: typer.Context,
     from_: list[str] = typer.Option(
-        ..., "--from", help="A logged run's config: verl:CONFIG or nemo-rl:RECIPE.yaml; repeat it with --metrics for "
-        "several runs of one cluster, fitted jointly."
+        ...,
+        "--from",
+        help="A logged run's config: verl:CONFIG or nemo-rl:RECIPE.yaml; repeat it with --metrics for "
+        "several runs of one cluster, fitted jointly.",
     ),
     metrics: list[Path] = typer.Option(
-        ..., help="The run's per-step metrics, one per --from, in order: veRL's file-logger JSON Lines or console "
-        "log, an rlsim run directory, NeMo RL's TensorBoard event files or their JSON dump."
+        ...,
+        help="The run's per-step metrics, one per --from, in order: veRL's file-logger JSON Lines or console "
+        "log, an rlsim run directory, NeMo RL's TensorBoard event files or their JSON dump.",
     ),
     trace: list[Path] | None = typer.Option(
-        None, help="The run's own lengths as a trace, one per --from (default: a stand-in at each log's mean "
-        "response and clip share, named in the output)."
+        None,
+        help="The run's own lengths as a trace, one per --from (default: a stand-in at each log's mean "
+        "response and clip share, named in the output).",
     ),
     gpu: str | None = typer.Option(None, help="The GPU the runs ran on (rlsim profile list), to derive the profile."),
     model: str | None = typer.Option(None, help="The model, where the config names only a local path."),

@@ -5,26 +5,18 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.from_config import FROM, apply_from, single
-from rlsim.cli.options import (
-    check_len,
-    claim_output,
-    configs,
-    from_trace,
-    load_trace,
-    say_if_compiling,
-    say_which_rules,
-    tool_config,
-)
+from rlsim.cli.from_config import FROM, single
+from rlsim.cli.options import claim_output, load_trace, say_if_compiling, say_which_rules
+from rlsim.cli.run_options import ProfileOptions, RunOptions, from_options, profile_options, run_options, simulated_run
 from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import shown_profile
 from rlsim.config import EngineConfig
@@ -60,46 +52,27 @@ def register_compare(app: typer.Typer) -> None:
 
     @app.command()
     @engine_options(exclude=("rollout_engine",))
+    @run_options()
+    @profile_options()
     def compare(
         ctx: typer.Context,
         engine: EngineConfig,
+        run: RunOptions,
+        prof: ProfileOptions,
         rollout_engine: str = typer.Option(
-            "vllm", help="Whose scheduling rules: vllm, sglang, or both ('vllm,sglang': every policy under each, "
+            "vllm",
+            help="Whose scheduling rules: vllm, sglang, or both ('vllm,sglang': every policy under each, "
             "side by side, each speedup against sync under the same engine).",
         ),
         policies: str = typer.Option(
             "", help="Comma-separated policy strings, e.g. 'sync,rollpacker(eta_p=1.5)+histospec' (default: all)."
         ),
         trace: Path | None = options.TRACE,
-        gpus: int = options.GPUS,
-        profile: str = options.PROFILE,
-        model: str | None = derive_opts.MODEL,
-        gpu: str | None = derive_opts.GPU,
-        tp: int = derive_opts.TP,
-        ep: int = derive_opts.EP,
-        pp: int = derive_opts.PP,
-        dp: int = derive_opts.DP,
-        dtype: str = derive_opts.DTYPE,
-        trainer: str = derive_opts.TRAINER,
-        terms: str | None = derive_opts.TERMS,
-        placement: str = options.PLACEMENT,
-        train_gpus: int = options.TRAIN_GPUS,
-        dispatch: str = options.DISPATCH,
-        prompts_per_step: int | None = options.PROMPTS_PER_STEP,
-        samples_per_prompt: int | None = options.SAMPLES_PER_PROMPT,
-        max_response_len: int | None = options.MAX_RESPONSE_LEN,
-        max_model_len: int | None = options.MAX_MODEL_LEN,
-        epochs: int | None = options.EPOCHS,
-        max_steps: int | None = options.MAX_STEPS,
-        seed: int = options.SEED,
-        reward_latency: float = options.REWARD_LATENCY,
-        use_kl_loss: bool = options.USE_KL_LOSS,
-        tool_workers: int | None = options.TOOL_WORKERS,
-        tool_latency_scale: float = options.TOOL_LATENCY_SCALE,
-        tool_latency_s: float | None = options.TOOL_LATENCY_S,
         workers: int = typer.Option(0, min=0, help="Processes to simulate policies in parallel (0: one per core)."),
         seeds: int = typer.Option(
-            1, min=1, help="Data-order seeds (--seed, --seed + 1, ...): every time with its spread, and a rank that "
+            1,
+            min=1,
+            help="Data-order seeds (--seed, --seed + 1, ...): every time with its spread, and a rank that "
             "changes between seeds marked as a tie.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
@@ -109,14 +82,8 @@ def register_compare(app: typer.Typer) -> None:
     ) -> None:
         """Every policy on the same trace, cluster and work: epoch time, speedup, bubble, waste..."""
         from policies.registry import COMPARE_DEFAULT, split_policies
-        from rlsim.bands import for_prediction
-        from rlsim.derive.cache import profile_or_derived
         from rlsim.paths import check_plot_file
-        from rlsim.profile import load_profile
         from rlsim.report import plot_compare
-        from rlsim.sim.compare import compare as run_all
-        from rlsim.sim.compare import compare_seeds
-        from rlsim.sim.simulate import check_setup
 
         from_ = single(from_)
         if plot is not None:
@@ -124,79 +91,92 @@ def register_compare(app: typer.Typer) -> None:
             claim_output(ctx, plot, "--plot")
         names = split_policies(policies) or list(COMPARE_DEFAULT)
         tr = load_trace(trace, names)
-        opts = dict(locals())
-        framework = None
-        if from_ is not None:  # the config's cluster, engine and trainer; the policies as asked
-            opts, engine, setup = apply_from(ctx, from_, opts, engine, extra=("rollout_engine",))
-            rollout_engine, framework = engine.rollout_engine, setup.framework
-        else:
-            opts["profile"] = profile_or_derived(
-                profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp, engine.gpu_memory_utilization
-            )
-        profile = opts["profile"]
-        opts = from_trace(opts, tr)
-        cluster, rl = configs(opts)
-        tools = tool_config(opts, tr)
+        run, profile, engine, setup = from_options(ctx, from_, run, prof, engine, extra=("rollout_engine",))
+        if setup is not None:  # the config's engine; the policies as asked
+            rollout_engine = engine.rollout_engine
+        sim = simulated_run(run, profile, engine, tr, setup)
         engines = engine.per_rollout_engine(rollout_engine)
         say_which_rules(profile, [e.rollout_engine for e in engines])
         say_if_compiling()
-        check_len(tr, rl.max_response_len, rl.max_model_len)
-        prog = Progress(
-            TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
-            TextColumn("{task.description}"), TimeElapsedColumn(), console=make_console(), transient=True,
-        )  # fmt: skip
-        # off a terminal the bar draws nothing: a line per policy on stderr instead, as each ends, so that a log
-        # shows progress (none before the first ends: a refusal stays the one line on stderr)
-        lines = None if prog.console.is_terminal else make_console(sys.stderr)
-        t0, finished = time.perf_counter(), [0]
-
-        def done(name: str) -> None:
-            finished[0] += 1
-            prog.update(task, advance=1, description=f"(last: {name})")
-            if lines is not None:
-                first = ", the first run loading the simulator too" if finished[0] == 1 else ""
-                lines.print(f"{name}: simulated ({finished[0]}/{total}, {time.perf_counter() - t0:.1f} s{first})",
-                            highlight=False)  # fmt: skip
-
-        rows = []
-        prof = load_profile(profile)  # the bands' kind: its basis, model class and GPU
-        for eng in engines:  # a setup no policy could run: refused before the first run, not in it
-            check_setup(tr, cluster, rl, prof, eng)
-        per_engine = {e.rollout_engine: engine_policies(names, e.rollout_engine) for e in engines}
-        total = sum(map(len, per_engine.values())) * seeds
-        # the first result waits for the simulator to load (and its core to compile, said above, on a first run)
-        task = prog.add_task("(loading the simulator)", total=total)
-        with prog:
-            for eng in engines:
-                these = per_engine[eng.rollout_engine]
-                if seeds > 1:
-                    got = compare_seeds(
-                        tr, these, cluster, rl, seeds, workers or None, on_done=done, engine_cfg=eng, tools=tools
-                    )
-                else:
-                    got = run_all(tr, these, cluster, rl, workers or None, on_done=done, engine_cfg=eng, tools=tools)
-                bands = for_prediction(prof, eng.rollout_engine, framework)
-                for r in got:
-                    if len(engines) > 1:  # (one engine's rows stay as they were)
-                        r["rollout_engine"] = eng.rollout_engine
-                    r |= bands
-                rows += got
+        rows = _simulate_all(tr, names, sim, engines, workers, seeds)
         if plot is not None:
             plot_compare(rows, plot)
-        if as_json:
-            typer.echo(json.dumps(rows, indent=2))
-            return
-        if markdown:
-            cols, cells = _cells(rows)
-            lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            typer.echo("\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]))
-            typer.echo("\n" + "\n\n".join(_band_lines(rows)))
-            return
-        _print_compare(rows, tr, cluster, rl)
-        for line in _band_lines(rows):
-            make_console().print(line)
-        if plot is not None:
+        _report(rows, tr, sim, as_json, markdown)
+        if plot is not None and not (as_json or markdown):
             make_console().print(f"plot written to {plot}")
+
+
+def _progress() -> tuple[Progress, Callable[[str], None], Callable[[int], None]]:
+    """The bar over the policies, and (`done(name)`, `start(total)`); off a terminal the bar draws
+    nothing: a line per policy on stderr instead, as each ends, so that a log shows progress (none
+    before the first ends: a refusal stays the one line on stderr)."""
+    prog = Progress(
+        TextColumn("simulating policies"), BarColumn(), TextColumn("{task.completed}/{task.total} done"),
+        TextColumn("{task.description}"), TimeElapsedColumn(), console=make_console(), transient=True,
+    )  # fmt: skip
+    lines = None if prog.console.is_terminal else make_console(sys.stderr)
+    t0, finished, task, total = time.perf_counter(), [0], [None], [0]
+
+    def start(n: int) -> None:
+        # the first result waits for the simulator to load (and its core to compile, said above, on a first run)
+        total[0], task[0] = n, prog.add_task("(loading the simulator)", total=n)
+
+    def done(name: str) -> None:
+        finished[0] += 1
+        prog.update(task[0], advance=1, description=f"(last: {name})")
+        if lines is not None:
+            first = ", the first run loading the simulator too" if finished[0] == 1 else ""
+            lines.print(f"{name}: simulated ({finished[0]}/{total[0]}, {time.perf_counter() - t0:.1f} s{first})",
+                        highlight=False)  # fmt: skip
+
+    return prog, done, start
+
+
+def _simulate_all(tr, names: list[str], sim, engines: list[EngineConfig], workers: int, seeds: int) -> list[dict]:  # noqa: ANN001
+    """Every policy under every engine asked (with `seeds` data orders), each row with its bands."""
+    from rlsim.bands import for_prediction
+    from rlsim.profile import load_profile
+    from rlsim.sim.compare import compare as run_all
+    from rlsim.sim.compare import compare_seeds
+    from rlsim.sim.simulate import check_setup
+
+    prof = load_profile(sim.profile)  # the bands' kind: its basis, model class and GPU
+    for eng in engines:  # a setup no policy could run: refused before the first run, not in it
+        check_setup(tr, sim.cluster, sim.rl, prof, eng)
+    per_engine = {e.rollout_engine: engine_policies(names, e.rollout_engine) for e in engines}
+    prog, done, start = _progress()
+    start(sum(map(len, per_engine.values())) * seeds)
+    rows = []
+    with prog:
+        for eng in engines:
+            these, kw = per_engine[eng.rollout_engine], {"on_done": done, "engine_cfg": eng, "tools": sim.tools}
+            if seeds > 1:
+                got = compare_seeds(tr, these, sim.cluster, sim.rl, seeds, workers or None, **kw)
+            else:
+                got = run_all(tr, these, sim.cluster, sim.rl, workers or None, **kw)
+            bands = for_prediction(prof, eng.rollout_engine, sim.framework)
+            for r in got:
+                if len(engines) > 1:  # (one engine's rows stay as they were)
+                    r["rollout_engine"] = eng.rollout_engine
+                r |= bands
+            rows += got
+    return rows
+
+
+def _report(rows: list[dict], tr, sim, as_json: bool, markdown: bool) -> None:  # noqa: ANN001
+    """The comparison as JSON, as Markdown, or as the terminal table with its bands."""
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if markdown:
+        cols, cells = _cells(rows)
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        typer.echo("\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]))
+        typer.echo("\n" + "\n\n".join(_band_lines(rows)))
+        return
+    _print_compare(rows, tr, sim.cluster, sim.rl)
+    for line in _band_lines(rows):
+        make_console().print(line)
 
 
 def _band_lines(rows) -> list[str]:  # noqa: ANN001

@@ -1,6 +1,6 @@
-"""`rlsim profile derive`, and the options `--model/--gpu/--tp` of the simulating commands: a profile
-from a model's config and a GPU's datasheet (`rlsim.derive`; the derived profiles and their cache
-are `rlsim.derive.cache`)."""
+"""`rlsim profile derive`: a profile from a model's config and a GPU's datasheet (`rlsim.derive`; the
+derived profiles of the simulating commands' `--model/--gpu/--tp` and their cache are
+`rlsim.derive.cache`, their options `rlsim.cli.run_options.ProfileOptions`)."""
 
 from __future__ import annotations
 
@@ -10,36 +10,11 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from rlsim.cli.engine_options import field_option
 from rlsim.cli.options import refuse_overwrite
+from rlsim.cli.run_options import ProfileOptions
 from rlsim.cli.ui import console as make_console
 from rlsim.config import EngineConfig
-
-MODEL = typer.Option(
-    None, help="Derive the profile: a model name (rlsim profile list), a config.json or its directory."
-)
-GPU = typer.Option(None, help="With --model: a GPU name (rlsim profile list) or a JSON file of its datasheet facts.")
-TP = typer.Option(1, "--tp", help="With --model: tensor-parallel size of each rollout instance.")
-EP = typer.Option(1, "--ep", help="With --model: expert-parallel size (1, or --tp for vLLM's enable_expert_parallel).")
-DP = typer.Option(
-    1, "--dp", help="Data-parallel attention ranks stepping in lockstep (vLLM's data_parallel_size with "
-    "enable_expert_parallel; an MoE model, --ep = --dp x --tp); each rank is one instance of --tp GPUs.",
-)
-PP = typer.Option(
-    1, "--pp", help="With --model: pipeline stages of each rollout instance (vLLM's pipeline_parallel_size; the "
-    "instance takes TP x PP GPUs, its stages across nodes where they must be).",
-)
-DTYPE = typer.Option("bf16", "--dtype", help="With --model: weights and KV cache in bf16 or fp8.")
-TERMS = typer.Option(
-    None, "--terms", help="With --model: framework terms fitted to published runs laid over the derivation: nemo-rl "
-    "(fitted on half of NeMo RL's published step times) or a JSON file of them.",
-)
-TRAINER = typer.Option(
-    "fsdp2",
-    "--trainer",
-    help="With --model: the trainer backend and layout, fsdp2 (veRL's FSDP: 31.8% MFU, "
-    "TorchTitan's published run) or megatron (47%, Megatron-LM's); settings in brackets: megatron(tp=2,pp=4,ep=8,"
-    "cp=2,mfu=0.4).",
-)
 
 
 def register_derive(profile_app: typer.Typer) -> None:
@@ -50,17 +25,17 @@ def register_derive(profile_app: typer.Typer) -> None:
         model: str = typer.Option(..., help="A model name (rlsim profile list), a config.json or its directory."),
         gpu: str = typer.Option(..., help="A GPU name (rlsim profile list) or a JSON file of its datasheet facts."),
         tp: int = typer.Option(1, "--tp", help="Tensor-parallel size of one rollout instance."),
-        ep: int = EP,
+        ep: int = field_option(ProfileOptions, "ep"),
         pp: int = typer.Option(1, "--pp", help="Pipeline stages of one rollout instance (it takes TP x PP GPUs)."),
-        dp: int = DP,
-        dtype: str = DTYPE,
+        dp: int = field_option(ProfileOptions, "dp"),
+        dtype: str = field_option(ProfileOptions, "dtype"),
         kv_cache_dtype: str | None = typer.Option(None, help="KV cache dtype, bf16 or fp8 (default: --dtype)."),
         gpu_memory_utilization: float | None = typer.Option(
             None, help="vLLM gpu_memory_utilization the KV capacity is derived at (default: veRL's 0.5)."
         ),
         max_num_seqs: int | None = typer.Option(None, help="vLLM max_num_seqs (default: veRL's 1024)."),
-        trainer: str = TRAINER,
-        terms: str | None = TERMS,
+        trainer: str = field_option(ProfileOptions, "trainer"),
+        terms: str | None = field_option(ProfileOptions, "terms"),
         out: Path | None = typer.Option(None, "--out", "-o", help="Write the profile JSON here (default: print it)."),
         force: bool = typer.Option(False, "--force", help="Overwrite an existing --out file."),
     ) -> None:

@@ -41,10 +41,13 @@ def single(values: list[str] | None) -> str | None:
 
 # declared as a list (`list[str] | None`) so that a second --from is seen; the command takes `single(from_)`
 FROM = typer.Option(
-    None, "--from", help="A run's own config: verl:CONFIG (a veRL run's YAML, or a file of its Hydra overrides) or "
+    None,
+    "--from",
+    help="A run's own config: verl:CONFIG (a veRL run's YAML, or a file of its Hydra overrides) or "
     "nemo-rl:RECIPE.yaml (with its defaults chain). It sets the GPUs, rollout engine and layout, trainer, batch and "
     "mode; give --gpu, and --model where the config names a local path (or your own --profile); --trace gives the "
-    "lengths.", callback=once("--from"),
+    "lengths.",
+    callback=once("--from"),
 )
 
 
@@ -90,9 +93,7 @@ def model_of(spec: str, setup, opts: dict) -> str:  # noqa: ANN001 - rlsim.frame
     return model
 
 
-def apply_from(
-    ctx: typer.Context, spec: str, opts: dict, engine: EngineConfig, extra: tuple[str, ...] = ()
-):  # noqa: ANN201 - (options, EngineConfig, RunSetup)
+def apply_from(ctx: typer.Context, spec: str, opts: dict, engine: EngineConfig, extra: tuple[str, ...] = ()):  # noqa: ANN201 - (options, EngineConfig, RunSetup)
     """The command's options and engine with `--from`'s laid over them, and the profile derived
     from the config on `--gpu` in `opts["profile"]`, with the setup read; one sentence where an
     option clashes or is missing. A `--profile` the user gives (one measured on their own

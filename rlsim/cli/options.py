@@ -15,44 +15,9 @@ from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import shown_profile
 from rlsim.errors import RlsimError
 
-# Options shared by `simulate` and `compare` (one definition, one help text); the engine's options
-# are declared once, by `EngineConfig` itself (`rlsim.cli.engine_options`).
+# The trace option of the commands that read one; the run's other options are declared once, by the
+# config objects they build (`rlsim.cli.run_options`, `rlsim.cli.engine_options`).
 TRACE = typer.Option(None, help="Parquet trace (default: the bundled traces/math17k.parquet).")
-GPUS = typer.Option(64, help="Total GPUs.")
-PROFILE = typer.Option(
-    "h100-qwen2.5-32b-tp4", help="Shipped profile name or JSON path (default: rollout TP 4, as veRL's DAPO recipe)."
-)
-PLACEMENT = typer.Option("colocated", help="colocated or disaggregated.")
-TRAIN_GPUS = typer.Option(0, "--train-gpus", "--trainer-gpus", help="Training GPUs (disaggregated only).")
-DISPATCH = typer.Option(
-    "least_loaded",
-    help="least_loaded (each sample to the instance with the fewest unfinished requests, as veRL's agent loop), "
-    "round_robin (sample by sample) or per_prompt (a prompt's samples together).",
-)
-REWARD_LATENCY = typer.Option(
-    0.05, "--reward-latency", help="Seconds to score one sample (a trace's reward_time_s column overrides it)."
-)
-USE_KL_LOSS = typer.Option(False, "--use-kl-loss", help="KL term on: a reference model scores every batch.")
-PROMPTS_PER_STEP = typer.Option(
-    None, help="P0: prompts per step (default: a real log's own, else 512 or all the trace's prompts if fewer)."
-)
-SAMPLES_PER_PROMPT = typer.Option(
-    None, help="R0: samples per prompt, the GRPO group (default: a real log's own, else 16 or the trace's if fewer)."
-)
-MAX_RESPONSE_LEN = typer.Option(None, help="Response cap in tokens (default: the trace's).")
-MAX_MODEL_LEN = typer.Option(
-    None, help="vLLM's max_model_len: each response is also capped at it less the request's prompt (default: none)."
-)
-EPOCHS = typer.Option(None, help="Epochs over the trace's prompts (default: every epoch the trace holds).")
-MAX_STEPS = typer.Option(None, help="Stop after this many steps.")
-SEED = typer.Option(0, help="Seed of the data order.")
-TOOL_WORKERS = typer.Option(
-    None, help="Multi-turn traces: CPU tool workers, the tool calls that run at once (default: no limit)."
-)
-TOOL_LATENCY_SCALE = typer.Option(1.0, help="Multi-turn traces: multiply every tool call's latency by this.")
-TOOL_LATENCY_S = typer.Option(
-    None, "--tool-latency-s", help="Multi-turn traces: every tool call takes this many seconds (a what-if sweep)."
-)
 
 
 def refuse_overwrite(out: Path, force: bool) -> None:
@@ -63,38 +28,6 @@ def refuse_overwrite(out: Path, force: bool) -> None:
     check_output_file(out, "--out")
     if out.exists() and not force:
         raise RlsimError(f"{out} already exists; pass --force to overwrite it")
-
-
-def tool_config(opts: dict, trace):  # noqa: ANN001, ANN202
-    """The tool workers of a multi-turn run (`rlsim.driver.turns.ToolConfig`) from a command's
-    options; on a single-turn trace, which calls no tool, a tool option set is refused, not ignored."""
-    from rlsim.driver.turns import ToolConfig
-    from rlsim.trace.turns import has_turns
-
-    if not has_turns(trace.table):
-        given = {"--tool-workers": opts["tool_workers"] is not None, "--tool-latency-s": opts["tool_latency_s"] is
-                 not None, "--tool-latency-scale": opts["tool_latency_scale"] != 1.0}  # fmt: skip
-        for flag in (f for f, on in given.items() if on):
-            raise RlsimError(f"{flag} applies to multi-turn traces only, and this trace is single-turn (no tool calls)")
-    return ToolConfig(opts["tool_workers"], opts["tool_latency_scale"], opts["tool_latency_s"])
-
-
-def configs(opts: dict):  # noqa: ANN202
-    """ClusterConfig and RLConfig from a command's shared options (its locals()); the engine's
-    come as one `EngineConfig` (`rlsim.cli.engine_options`)."""
-    from rlsim.config import ClusterConfig, RLConfig
-
-    cluster = ClusterConfig(
-        num_gpus=opts["gpus"],
-        profile=opts["profile"],
-        placement=opts["placement"],
-        train_gpus=opts["train_gpus"],
-        dispatch=opts["dispatch"],
-    )
-    rl = RLConfig(**{k: opts[k] for k in (
-        "prompts_per_step", "samples_per_prompt", "max_response_len", "epochs", "max_steps", "seed", "use_kl_loss"
-    )}, reward_latency_s=opts["reward_latency"], max_model_len=opts.get("max_model_len"))  # fmt: skip
-    return cluster, rl
 
 
 def load_trace(trace: Path | None, policies: list[str] = ()):  # noqa: ANN202
@@ -116,26 +49,6 @@ def load_trace(trace: Path | None, policies: list[str] = ()):  # noqa: ANN202
     except Exception:  # noqa: BLE001 - load() below names what is wrong with the file
         names = []
     return load(path, columns=[c for c in want if c in names])
-
-
-def from_trace(opts: dict, trace) -> dict:  # noqa: ANN001
-    """Fill the RL options left unset (None) from the trace: its epochs, its cap, and for a real
-    log its own group size and prompts per step (a synthetic trace may hold spare samples, as the
-    bundled one does for RollPacker's over-provisioning, so its R0 stays DAPO's 16)."""
-    meta, opts = trace.meta, dict(opts)
-    real = meta.source.startswith("real:")
-    per_epoch = int(trace.table.loc[trace.table["epoch"] == trace.epochs[0], "prompt_id"].nunique())
-    logged = meta.source_params.get("prompts_per_step") if real else None
-    defaults = {
-        "epochs": len(trace.epochs),
-        "max_response_len": meta.max_response_len,
-        "samples_per_prompt": meta.samples_per_prompt if real else min(16, meta.samples_per_prompt),
-        "prompts_per_step": int(logged) if logged else min(512, per_epoch),
-    }
-    for key, value in defaults.items():
-        if opts.get(key) is None:
-            opts[key] = value
-    return opts
 
 
 def check_len(trace, max_len: int, max_model_len: int | None = None) -> None:  # noqa: ANN001

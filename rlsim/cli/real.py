@@ -9,8 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from rlsim.cli import derive as derive_opts
-from rlsim.cli.engine_options import engine_options
+from rlsim.cli.engine_options import engine_options, field_option
 from rlsim.cli.from_config import FROM, single
 from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import engine_log
@@ -21,7 +20,11 @@ from rlsim.text import counted
 
 def register(app: typer.Typer) -> None:
     """Add the real-mode commands to the top-level app."""
-    from rlsim.cli.options import DISPATCH, PLACEMENT, SEED, TRACE, TRAIN_GPUS, step_progress
+    from rlsim.cli.options import TRACE, step_progress
+    from rlsim.cli.run_options import ProfileOptions, RunOptions
+
+    PLACEMENT, TRAIN_GPUS, DISPATCH, SEED = (field_option(RunOptions, n) for n in (
+        "placement", "train_gpus", "dispatch", "seed"))  # fmt: skip
 
     @app.command()
     # real engines keep their KV through training; vLLM's, or SGLang's with --rollout-engine sglang
@@ -30,8 +33,9 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         engine: EngineConfig,
         real: bool = typer.Option(
-            False, "--real", help="Drive real engines, vLLM's or SGLang's (--rollout-engine): the only mode of this "
-            "command."
+            False,
+            "--real",
+            help="Drive real engines, vLLM's or SGLang's (--rollout-engine): the only mode of this command.",
         ),
         out: Path = typer.Option(..., "--out", "-o", help="Run directory (written as the run goes)."),
         resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in --out."),
@@ -43,12 +47,14 @@ def register(app: typer.Typer) -> None:
         steps: int | None = typer.Option(None, help="RL steps to run (default: every epoch)."),
         lengths: str = typer.Option("replay", help="replay: the trace's lengths exactly; free: natural generation."),
         train: str = typer.Option(
-            "modeled", help="modeled: wait the profile's train + sync time; none: skip; grpo: train the model for real "
+            "modeled",
+            help="modeled: wait the profile's train + sync time; none: skip; grpo: train the model for real "
             "(GRPO/DAPO in torch, weights pushed into the engines every step; needs --lengths free).",
         ),
         lr: float = typer.Option(1e-6, help="With --train grpo: AdamW learning rate."),
         old_log_prob: str = typer.Option(
-            "recompute", help="With --train grpo: recompute (a trainer forward pass, veRL's default) or rollout "
+            "recompute",
+            help="With --train grpo: recompute (a trainer forward pass, veRL's default) or rollout "
             "(the engines' sampled log-probs).",
         ),
         ppo_mini_batch_size: int | None = typer.Option(
@@ -57,16 +63,21 @@ def register(app: typer.Typer) -> None:
         ppo_max_token_len_per_gpu: int = typer.Option(16384, help="With --train grpo: tokens per micro-batch."),
         device: str = typer.Option("cpu", help="With --train grpo: the trainer's torch device (cpu, cuda)."),
         use_kl_loss: bool = typer.Option(
-            False, "--use-kl-loss", help="KL loss against a frozen reference model (DAPO drops it); with --train "
+            False,
+            "--use-kl-loss",
+            help="KL loss against a frozen reference model (DAPO drops it); with --train "
             "grpo a reference copy scores every batch (timing_s/ref).",
         ),
         kl_loss_coef: float = typer.Option(0.001, help="With --use-kl-loss and --train grpo: the KL loss weight."),
         shuffle_rewards: bool = typer.Option(
-            False, "--shuffle-rewards", help="With --train grpo, a control: permute each batch's rewards among its "
+            False,
+            "--shuffle-rewards",
+            help="With --train grpo, a control: permute each batch's rewards among its "
             "samples before the update (seeded), so the run should learn nothing.",
         ),
         save_freq: int = typer.Option(
-            1, help="Steps between checkpoints (the driver's, and with --train grpo the model's and optimizer's); "
+            1,
+            help="Steps between checkpoints (the driver's, and with --train grpo the model's and optimizer's); "
             "a resumed run starts again after the last one.",
         ),
         profile: str | None = typer.Option(
@@ -90,7 +101,8 @@ def register(app: typer.Typer) -> None:
         ),
         ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
         calibrate: str | None = typer.Option(
-            None, help="Measure rlsim calibrate decode's grid (small or default) on the run's own engines before its "
+            None,
+            help="Measure rlsim calibrate decode's grid (small or default) on the run's own engines before its "
             "steps (the run uses that fit) and between them (rlsim validate uses that one).",
         ),
     ) -> None:
@@ -205,10 +217,10 @@ def register(app: typer.Typer) -> None:
         trace: Path | None = typer.Option(
             None, help="With --from: the run's lengths as a trace (default: a stand-in at the log's mean length)."
         ),
-        gpu: str | None = derive_opts.GPU,
-        model: str | None = derive_opts.MODEL,
-        dtype: str = derive_opts.DTYPE,
-        terms: str | None = derive_opts.TERMS,
+        gpu: str | None = field_option(ProfileOptions, "gpu"),
+        model: str | None = field_option(ProfileOptions, "model"),
+        dtype: str = field_option(ProfileOptions, "dtype"),
+        terms: str | None = field_option(ProfileOptions, "terms"),
     ) -> None:
         """Simulate a recorded real run and print real vs simulated with Diff%, and where it comes from; with --from
         and --metrics, a run of your framework's against its own config, phase by phase."""

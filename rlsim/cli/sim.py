@@ -7,21 +7,18 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from rlsim.cli import derive as derive_opts
 from rlsim.cli import options
 from rlsim.cli.engine_options import engine_options
-from rlsim.cli.from_config import FROM, apply_from, given_on_command_line, single
-from rlsim.cli.options import (
-    check_len,
-    claim_output,
-    configs,
-    expected_steps,
-    from_trace,
-    load_trace,
-    say_if_compiling,
-    say_which_rules,
-    step_progress,
-    tool_config,
+from rlsim.cli.from_config import FROM, given_on_command_line, single
+from rlsim.cli.options import claim_output, expected_steps, load_trace, say_if_compiling, say_which_rules, step_progress
+from rlsim.cli.run_options import (
+    ProfileOptions,
+    RunOptions,
+    SimulatedRun,
+    from_options,
+    profile_options,
+    run_options,
+    simulated_run,
 )
 from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import shown_profile
@@ -50,40 +47,18 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     @engine_options()
+    @run_options()
+    @profile_options()
     def simulate(
         ctx: typer.Context,
         engine: EngineConfig,
+        run: RunOptions,
+        prof: ProfileOptions,
         policy: str = typer.Option(
             "sync", help="Policy string: NAME[(knob=value,...)][+histospec], or module:Class (see `rlsim policies`)."
         ),
         trace: Path | None = options.TRACE,
         out: Path = typer.Option(Path("runs/sim"), "--out", "-o", help="Run directory to write."),
-        gpus: int = options.GPUS,
-        profile: str = options.PROFILE,
-        model: str | None = derive_opts.MODEL,
-        gpu: str | None = derive_opts.GPU,
-        tp: int = derive_opts.TP,
-        ep: int = derive_opts.EP,
-        pp: int = derive_opts.PP,
-        dp: int = derive_opts.DP,
-        dtype: str = derive_opts.DTYPE,
-        trainer: str = derive_opts.TRAINER,
-        terms: str | None = derive_opts.TERMS,
-        placement: str = options.PLACEMENT,
-        train_gpus: int = options.TRAIN_GPUS,
-        dispatch: str = options.DISPATCH,
-        prompts_per_step: int | None = options.PROMPTS_PER_STEP,
-        samples_per_prompt: int | None = options.SAMPLES_PER_PROMPT,
-        max_response_len: int | None = options.MAX_RESPONSE_LEN,
-        max_model_len: int | None = options.MAX_MODEL_LEN,
-        epochs: int | None = options.EPOCHS,
-        max_steps: int | None = options.MAX_STEPS,
-        seed: int = options.SEED,
-        reward_latency: float = options.REWARD_LATENCY,
-        use_kl_loss: bool = options.USE_KL_LOSS,
-        tool_workers: int | None = options.TOOL_WORKERS,
-        tool_latency_scale: float = options.TOOL_LATENCY_SCALE,
-        tool_latency_s: float | None = options.TOOL_LATENCY_S,
         exact: bool = typer.Option(False, "--exact", help="Iteration-by-iteration reference mode."),
         force: bool = typer.Option(False, "--force", help="Write into an existing run directory."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
@@ -91,49 +66,52 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate one policy and write a run directory (tables, summary, timeline, trace.json); with --from,
         the run a framework's config describes, in its own mode unless --policy is given."""
-        from rlsim.bands import band_text, for_prediction
-        from rlsim.derive.cache import profile_or_derived
         from rlsim.paths import check_output_dir
-        from rlsim.profile import load_profile
-        from rlsim.report import to_json, write_run_dir
-        from rlsim.sim.simulate import simulate as run
+        from rlsim.report import write_run_dir
+        from rlsim.sim.simulate import simulate as simulate_run
 
         from_ = single(from_)
         check_output_dir(out, "--out")
         claim_output(ctx, out, "--out")  # before the check below: two runs started together never both pass it
         if out.exists() and any(out.iterdir()) and not force:
             raise RlsimError(f"{out} already holds files; pass --force or choose another --out")
-        opts = dict(locals())
-        framework = None
-        if from_ is not None:
-            opts, engine, setup = apply_from(ctx, from_, opts, engine)
-            policy = policy if "policy" in given_on_command_line(ctx) else setup.policy
-            framework = setup.framework
-        else:
-            opts["profile"] = profile_or_derived(
-                profile, model, gpu, tp, ep, dtype, trainer, terms, pp, dp, engine.gpu_memory_utilization
-            )
-        profile = opts["profile"]
+        run, profile, engine, setup = from_options(ctx, from_, run, prof, engine)
+        if setup is not None and "policy" not in given_on_command_line(ctx):
+            policy = setup.policy  # the config's own mode
         tr = load_trace(trace, [policy])
-        opts = from_trace(opts, tr)
-        cluster, rl = configs(opts)
-        check_len(tr, rl.max_response_len, rl.max_model_len)
-        tools = tool_config(opts, tr)
+        sim = simulated_run(run, profile, engine, tr, setup)
         say_which_rules(profile, [engine.rollout_engine])
         say_if_compiling()
-        prog, cb = step_progress(expected_steps(tr, rl), f"simulating {policy}")
+        prog, cb = step_progress(expected_steps(tr, sim.rl), f"simulating {policy}")
         with prog:
-            result = run(tr, policy, cluster, rl, exact=exact, progress=cb, engine_cfg=engine, tools=tools)
-        bands = for_prediction(load_profile(profile), engine.rollout_engine, framework)
-        result.summary["error_band"] = bands["error_band"]
+            result = simulate_run(tr, policy, sim.cluster, sim.rl, exact=exact, progress=cb, engine_cfg=sim.engine,
+                                  tools=sim.tools)  # fmt: skip
+        _with_band(result.summary, sim)
         write_run_dir(result, out)
-        if as_json:
-            typer.echo(to_json(result.summary))
-            return
-        where = f"{counted(cluster.num_gpus, 'GPU')}, {shown_profile(cluster.profile)}, {cluster.placement}"
-        _print_summary(result.summary, f"{policy} | {where}")
-        make_console().print(f"step and epoch times: {band_text(result.summary['error_band'])}")
-        make_console().print(f"run directory: {out} (summary.json holds every figure at full precision)")
+        _report(result.summary, policy, sim.cluster, out, as_json)
+
+
+def _with_band(summary: dict, sim: SimulatedRun) -> None:
+    """The error band of the prediction's kind, in its summary."""
+    from rlsim.bands import for_prediction
+    from rlsim.profile import load_profile
+
+    bands = for_prediction(load_profile(sim.profile), sim.engine.rollout_engine, sim.framework)
+    summary["error_band"] = bands["error_band"]
+
+
+def _report(summary: dict, policy: str, cluster, out: Path, as_json: bool) -> None:  # noqa: ANN001
+    """The run's summary: JSON, or the table with its error band and where the run directory is."""
+    from rlsim.bands import band_text
+    from rlsim.report import to_json
+
+    if as_json:
+        typer.echo(to_json(summary))
+        return
+    where = f"{counted(cluster.num_gpus, 'GPU')}, {shown_profile(cluster.profile)}, {cluster.placement}"
+    _print_summary(summary, f"{policy} | {where}")
+    make_console().print(f"step and epoch times: {band_text(summary['error_band'])}")
+    make_console().print(f"run directory: {out} (summary.json holds every figure at full precision)")
 
 
 def _print_summary(s: dict, title: str) -> None:

@@ -178,7 +178,8 @@ def synth(
 def task(
     out: Path = typer.Option(..., "--out", "-o", help="Output Parquet trace."),
     name: str = typer.Option(
-        "stop-within", "--task",
+        "stop-within",
+        "--task",
         help="The task (rlsim.trace.tasks): stop-within, or tool-lookup (multi-turn, a local lookup tool).",
     ),
     num_prompts: int = typer.Option(16, help="Prompts."),
@@ -198,7 +199,8 @@ def task(
     save(trace, out)
     t = trace.table  # its lengths are the cap (a free run generates its own), so no length table
     what = (
-        f"targets {t['target_len'].min()}-{t['target_len'].max()} tokens" if "target_len" in t
+        f"targets {t['target_len'].min()}-{t['target_len'].max()} tokens"
+        if "target_len" in t
         else f"a lookup tool called by the word {trace.meta.source_params['call_word']}, up to "
         f"{trace.meta.source_params['max_turns']} turns"
     )
@@ -309,8 +311,10 @@ def fit(
     save_preset(preset, out, notes)
     for note in notes:
         console.print(note, highlight=False)
-    what = f"the log, {folds}-fold cross-validated (each fold against a fit to the others)" if folds else (
-        "the log it was fitted to"
+    what = (
+        f"the log, {folds}-fold cross-validated (each fold against a fit to the others)"
+        if folds
+        else ("the log it was fitted to")
     )
     table = Table(title=f"Fitted generator vs {what}", title_justify="left")
     for col in ("metric", "log", "fitted", "diff"):

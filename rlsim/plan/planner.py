@@ -38,7 +38,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +56,23 @@ from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace
 
 
+def _knob(default: Any, help: str) -> Any:  # noqa: A002, ANN401 - the CLI's word
+    """A field with its command-line help (`rlsim.cli.engine_options.config_options` declares it)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True, slots=True)
 class PlanConfig:
-    target_epoch_hours: float | None = None
-    gpu_budget: int | None = None
-    steps: int = 6  # steps of the last rung (0: the whole epoch)
-    min_steps: int = 2  # steps of the first rung
-    eta: int = 3  # each rung keeps the best 1/eta per policy, at eta times the steps
-    seeds: int = 3  # data-order seeds the finalists are simulated under
+    """The plan's objective and its successive halving."""
+
+    target_epoch_hours: float | None = _knob(
+        None, "Objective: the fewest GPU-hours per epoch with an epoch within this many hours."
+    )
+    gpu_budget: int | None = _knob(None, "Objective: the fastest epoch on at most this many GPUs.")
+    steps: int = _knob(6, "Steps simulated per finalist (0: the whole epoch).")  # the last rung's
+    min_steps: int = _knob(2, "Steps simulated per candidate in the first round of halving.")
+    eta: int = _knob(3, "Each round keeps the best 1/eta per policy, at eta times the steps.")
+    seeds: int = _knob(3, "Data-order seeds the finalists are simulated under (error bars).")
 
     def __post_init__(self) -> None:
         t, b = self.target_epoch_hours, self.gpu_budget
