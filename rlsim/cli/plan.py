@@ -19,7 +19,7 @@ from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import shown_profile
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
-from rlsim.plan.planner import PlanConfig
+from rlsim.plan.config import PlanConfig
 from rlsim.plan.space import SEARCHED_ENGINE_FIELDS
 
 

@@ -4,34 +4,79 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from rlsim.cli.engine_options import engine_options, field_option
+from rlsim.cli.engine_options import config_options, engine_options, field_option
 from rlsim.cli.from_config import FROM, single
+from rlsim.cli.run_options import ProfileOptions, RunOptions, _opt, same_as
 from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import engine_log
 from rlsim.config import EngineConfig
 from rlsim.errors import RlsimError
+from rlsim.real.config import RealConfig
 from rlsim.text import counted
+
+
+@dataclass(frozen=True, slots=True)
+class RealRunOptions:
+    """The cluster and the RL batch of a real run, as `rlsim run --real` takes them."""
+
+    gpus: int = _opt(1, "Rollout GPUs (on a CPU machine: CPU instances x rollout TP).")
+    steps: int | None = _opt(None, "RL steps to run (default: every epoch).")
+    profile: str | None = _opt(
+        None, "Profile for modeled training and policies that plan (a calibrated one for this machine)."
+    )
+    prompts_per_step: int = _opt(8, "P0: prompts per step.")
+    samples_per_prompt: int = _opt(4, "R0: samples per prompt.")
+    max_response_len: int | None = _opt(None, "Response cap (default: the trace's).")
+    epochs: int = _opt(1, "Epochs over the trace's prompts.")
+    placement: str = same_as(RunOptions, "placement")
+    train_gpus: int = same_as(RunOptions, "train_gpus")
+    dispatch: str = same_as(RunOptions, "dispatch")
+    seed: int = same_as(RunOptions, "seed")
+    use_kl_loss: bool = _opt(
+        False, "KL loss against a frozen reference model (DAPO drops it); with --train grpo a reference copy "
+        "scores every batch (timing_s/ref).", "--use-kl-loss",
+    )  # fmt: skip
+
+    def configs(self, trace):  # noqa: ANN001, ANN201 - (ClusterConfig, RLConfig)
+        """The run's cluster and RL configs, its response cap checked against the trace's."""
+        from rlsim.config import ClusterConfig, RLConfig
+
+        cap = trace.meta.max_response_len if self.max_response_len is None else self.max_response_len
+        if cap <= 0:
+            raise RlsimError(f"--max-response-len must be positive, got {cap}")
+        if cap > trace.meta.max_response_len:
+            raise RlsimError(f"max_response_len={cap} exceeds the trace's cap {trace.meta.max_response_len}")
+        cluster = ClusterConfig(
+            num_gpus=self.gpus, profile=self.profile or "h100-qwen2.5-32b-tp2", placement=self.placement,
+            train_gpus=self.train_gpus, dispatch=self.dispatch,
+        )  # fmt: skip
+        rl = RLConfig(
+            prompts_per_step=self.prompts_per_step, samples_per_prompt=self.samples_per_prompt, max_response_len=cap,
+            epochs=self.epochs, max_steps=self.steps, seed=self.seed, use_kl_loss=self.use_kl_loss,
+        )  # fmt: skip
+        return cluster, rl
 
 
 def register(app: typer.Typer) -> None:
     """Add the real-mode commands to the top-level app."""
-    from rlsim.cli.options import TRACE, step_progress
-    from rlsim.cli.run_options import ProfileOptions, RunOptions
-
-    PLACEMENT, TRAIN_GPUS, DISPATCH, SEED = (field_option(RunOptions, n) for n in (
-        "placement", "train_gpus", "dispatch", "seed"))  # fmt: skip
+    from rlsim.cli.options import TRACE
 
     @app.command()
     # real engines keep their KV through training; vLLM's, or SGLang's with --rollout-engine sglang
     @engine_options(exclude=("free_cache_engine",))
+    @config_options(RealConfig, "cfg", exclude=("dtype", "histospec_k"))
+    @config_options(RealRunOptions, "opts")
     def run(
         ctx: typer.Context,
         engine: EngineConfig,
+        cfg: RealConfig,
+        opts: RealRunOptions,
         real: bool = typer.Option(
             False,
             "--real",
@@ -41,150 +86,19 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in --out."),
         trace: Path | None = TRACE,
         policy: str = typer.Option("sync", help="Policy string, as for `rlsim simulate`."),
-        model: str | None = typer.Option(None, help="Model path or Hugging Face id (in the local cache)."),
-        gpus: int = typer.Option(1, help="Rollout GPUs (on a CPU machine: CPU instances x rollout TP)."),
-        rollout_tp: int = typer.Option(1, help="Tensor parallel size of each vLLM instance."),
-        steps: int | None = typer.Option(None, help="RL steps to run (default: every epoch)."),
-        lengths: str = typer.Option("replay", help="replay: the trace's lengths exactly; free: natural generation."),
-        train: str = typer.Option(
-            "modeled",
-            help="modeled: wait the profile's train + sync time; none: skip; grpo: train the model for real "
-            "(GRPO/DAPO in torch, weights pushed into the engines every step; needs --lengths free).",
-        ),
-        lr: float = typer.Option(1e-6, help="With --train grpo: AdamW learning rate."),
-        old_log_prob: str = typer.Option(
-            "recompute",
-            help="With --train grpo: recompute (a trainer forward pass, veRL's default) or rollout "
-            "(the engines' sampled log-probs).",
-        ),
-        ppo_mini_batch_size: int | None = typer.Option(
-            None, help="With --train grpo: samples per optimizer step (default: the step's whole batch)."
-        ),
-        ppo_max_token_len_per_gpu: int = typer.Option(16384, help="With --train grpo: tokens per micro-batch."),
-        device: str = typer.Option("cpu", help="With --train grpo: the trainer's torch device (cpu, cuda)."),
-        use_kl_loss: bool = typer.Option(
-            False,
-            "--use-kl-loss",
-            help="KL loss against a frozen reference model (DAPO drops it); with --train "
-            "grpo a reference copy scores every batch (timing_s/ref).",
-        ),
-        kl_loss_coef: float = typer.Option(0.001, help="With --use-kl-loss and --train grpo: the KL loss weight."),
-        shuffle_rewards: bool = typer.Option(
-            False,
-            "--shuffle-rewards",
-            help="With --train grpo, a control: permute each batch's rewards among its "
-            "samples before the update (seeded), so the run should learn nothing.",
-        ),
-        save_freq: int = typer.Option(
-            1,
-            help="Steps between checkpoints (the driver's, and with --train grpo the model's and optimizer's); "
-            "a resumed run starts again after the last one.",
-        ),
-        profile: str | None = typer.Option(
-            None, help="Profile for modeled training and policies that plan (a calibrated one for this machine)."
-        ),
-        prompts_per_step: int = typer.Option(8, help="P0: prompts per step."),
-        samples_per_prompt: int = typer.Option(4, help="R0: samples per prompt."),
-        max_response_len: int | None = typer.Option(None, help="Response cap (default: the trace's)."),
-        epochs: int = typer.Option(1, help="Epochs over the trace's prompts."),
-        placement: str = PLACEMENT,
-        train_gpus: int = TRAIN_GPUS,
-        dispatch: str = DISPATCH,
-        seed: int = SEED,
-        temperature: float = typer.Option(1.0, help="Sampling temperature."),
-        max_model_len: int | None = typer.Option(None, help="vLLM max_model_len (default: the model's)."),
-        tool_latency_s: float = typer.Option(
-            0.5, "--tool-latency-s", help="A multi-turn task's tool: seconds each call takes (tool-lookup's lookup)."
-        ),
-        tool_workers: int | None = typer.Option(
-            None, help="A multi-turn task's tool workers: calls that run at once (default: no limit)."
-        ),
-        ray_address: str | None = typer.Option(None, help="Ray cluster address for instances across nodes."),
-        calibrate: str | None = typer.Option(
-            None,
-            help="Measure rlsim calibrate decode's grid (small or default) on the run's own engines before its "
-            "steps (the run uses that fit) and between them (rlsim validate uses that one).",
-        ),
     ) -> None:
         """Run the RL step loop against real vLLM (or SGLang) engines with the simulator's driver and policies."""
-        from rlsim.config import ClusterConfig, RLConfig
+        from rlsim.cli.options import claim_output
         from rlsim.real.run import RealRun
-        from rlsim.real.run_config import RealConfig
 
         if not real:
             raise RlsimError("rlsim run drives real engines: add --real (to simulate, use rlsim simulate)")
-        from rlsim.cli.options import claim_output
-
         if resume:
             claim_output(ctx, out, "--out")
-            run_ = RealRun.resume(out, steps)
+            run_ = RealRun.resume(out, opts.steps)
         else:
-            from rlsim.paths import check_output_dir
-
-            check_output_dir(out, "--out")
-            claim_output(ctx, out, "--out")
-            if model is None:
-                raise RlsimError("--model is required: a model directory or a Hugging Face id in the local cache")
-            if train == "modeled" and profile is None:
-                raise RlsimError(
-                    "--train modeled needs --profile (one calibrated for this machine and model: rlsim calibrate "
-                    "fit), or pass --train none"
-                )
-            from rlsim.cli.options import load_trace
-
-            tr = load_trace(trace)
-            trace_path = trace or _default_trace()
-            cap = tr.meta.max_response_len if max_response_len is None else max_response_len
-            if cap <= 0:
-                raise RlsimError(f"--max-response-len must be positive, got {cap}")
-            if cap > tr.meta.max_response_len:
-                raise RlsimError(f"max_response_len={cap} exceeds the trace's cap {tr.meta.max_response_len}")
-            cluster = ClusterConfig(
-                num_gpus=gpus, profile=profile or "h100-qwen2.5-32b-tp2", placement=placement,
-                train_gpus=train_gpus, dispatch=dispatch,
-            )  # fmt: skip
-            rl = RLConfig(
-                prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt, max_response_len=cap,
-                epochs=epochs, max_steps=steps, seed=seed, use_kl_loss=use_kl_loss,
-            )  # fmt: skip
-            cfg = RealConfig(
-                model=model, lengths=lengths, train=train, rollout_tp=rollout_tp, temperature=temperature,
-                max_model_len=max_model_len, ray_address=ray_address, calibrate=calibrate,
-                lr=lr, old_log_prob=old_log_prob, ppo_mini_batch_size=ppo_mini_batch_size,
-                ppo_max_token_len_per_gpu=ppo_max_token_len_per_gpu, device=device, kl_loss_coef=kl_loss_coef,
-                save_freq=save_freq, shuffle_rewards=shuffle_rewards, tool_latency_s=tool_latency_s,
-                tool_workers=tool_workers,
-            )  # fmt: skip
-            run_ = RealRun.start(out, trace_path, policy, cluster, rl, cfg, cluster.profile, engine)
-        total = run_.total_steps()
-        log = out / "vllm.log"
-        try:
-            # vLLM's start-up and warning lines go to the run directory, not over the progress
-            with engine_log(log) as term:
-                prog, cb = step_progress(total, f"real run: {run_.policy}", auto_refresh=False, file=term)
-                con = make_console(term)
-                con.print(f"engines' log: {log}")
-
-                def step_line(row: dict) -> None:  # printed above the bar as each step ends
-                    gen = row["timing_s/gen"]
-                    tokens = row["response_length/mean"] * row["num_samples"]
-                    rate = f"{tokens / gen:,.0f} trained tok/s" if gen > 0 else "-"
-                    score = row.get("critic/score/mean")
-                    learned = "" if score is None or score != score else (
-                        f", score {score:+.3f}, update {row['timing_s/update_actor']:.2f} s, "
-                        f"weights {row['timing_s/update_weights']:.2f} s"
-                    )  # fmt: skip
-                    prog.console.print(
-                        f"step {row['step']:.0f}: rollout {gen:.2f} s, {rate}, mean length "
-                        f"{row['response_length/mean']:,.0f}, step {row['timing_s/step']:.2f} s{learned}"
-                    )
-
-                with prog:
-                    summary = run_.run(progress=cb, on_step_row=step_line, say=prog.console.print)
-        except KeyboardInterrupt:
-            msg = f"interrupted; finished steps are in {out}; continue: rlsim run --real --resume -o {out}"
-            make_console().print(msg)
-            raise typer.Exit(130) from None
+            run_ = _start(ctx, out, trace, policy, cfg, opts, engine)
+        summary = _drive(run_, out)
         con = make_console()
         con.print(
             f"{counted(summary['num_steps'], 'step')} in {summary['total_time_s']:.2f} s: rollout "
@@ -273,6 +187,59 @@ def register(app: typer.Typer) -> None:
             print_parts(console, res["parts"])
         else:
             console.print(f"{counted(res['gpus'], 'GPU')} on profile {res['profile']}; per step: --json")
+
+
+def _start(ctx, out: Path, trace: Path | None, policy: str, cfg, opts: RealRunOptions, engine: EngineConfig):  # noqa: ANN001, ANN202
+    """A new real run in `out` (claimed, checked), its config written: `rlsim.real.run.RealRun`."""
+    from rlsim.cli.options import claim_output, load_trace
+    from rlsim.paths import check_output_dir
+    from rlsim.real.run import RealRun
+
+    check_output_dir(out, "--out")
+    claim_output(ctx, out, "--out")
+    if cfg.model is None:
+        raise RlsimError("--model is required: a model directory or a Hugging Face id in the local cache")
+    if cfg.train == "modeled" and opts.profile is None:
+        raise RlsimError(
+            "--train modeled needs --profile (one calibrated for this machine and model: rlsim calibrate "
+            "fit), or pass --train none"
+        )
+    tr = load_trace(trace)
+    cluster, rl = opts.configs(tr)
+    return RealRun.start(out, trace or _default_trace(), policy, cluster, rl, cfg, cluster.profile, engine)
+
+
+def _drive(run_, out: Path) -> dict:  # noqa: ANN001 - rlsim.real.run.RealRun
+    """Run to the end under a progress bar, a line per step above it, the engines' own lines in the
+    run directory's log; its summary (exit 130, saying how to resume, on Ctrl-C)."""
+    from rlsim.cli.options import step_progress
+
+    log = out / "vllm.log"
+    try:
+        # vLLM's start-up and warning lines go to the run directory, not over the progress
+        with engine_log(log) as term:
+            prog, cb = step_progress(run_.total_steps(), f"real run: {run_.policy}", auto_refresh=False, file=term)
+            make_console(term).print(f"engines' log: {log}")
+
+            def step_line(row: dict) -> None:  # printed above the bar as each step ends
+                gen = row["timing_s/gen"]
+                tokens = row["response_length/mean"] * row["num_samples"]
+                rate = f"{tokens / gen:,.0f} trained tok/s" if gen > 0 else "-"
+                score = row.get("critic/score/mean")
+                learned = "" if score is None or score != score else (
+                    f", score {score:+.3f}, update {row['timing_s/update_actor']:.2f} s, "
+                    f"weights {row['timing_s/update_weights']:.2f} s"
+                )  # fmt: skip
+                prog.console.print(
+                    f"step {row['step']:.0f}: rollout {gen:.2f} s, {rate}, mean length "
+                    f"{row['response_length/mean']:,.0f}, step {row['timing_s/step']:.2f} s{learned}"
+                )
+
+            with prog:
+                return run_.run(progress=cb, on_step_row=step_line, say=prog.console.print)
+    except KeyboardInterrupt:
+        make_console().print(f"interrupted; finished steps are in {out}; continue: rlsim run --real --resume -o {out}")
+        raise typer.Exit(130) from None
 
 
 def _validate_from(ctx, spec, metrics, trace, log, log_format, tokenizer, opts):  # noqa: ANN001, ANN202

@@ -29,6 +29,13 @@ def _opt(default: Any, help: str, *decls: str, **more: Any) -> Any:  # noqa: A00
     return field(default=default, metadata={"help": help, "decls": decls, **more})
 
 
+def same_as(cls: type, name: str) -> Any:  # noqa: ANN401 - a dataclass field
+    """A new field declared as `cls`'s field `name` (its default, its option): one option, one help
+    text, in two config objects."""
+    f = cls.__dataclass_fields__[name]
+    return field(default=f.default, metadata=f.metadata)
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """The cluster and the RL batch of a simulated run, as the commands take them (None: the

@@ -6,77 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlsim.config import ClusterConfig, EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile, TrainCost, profile_from_dict
-from rlsim.real.engine import LENGTH_MODES
-from rlsim.real.trainer import TrainerConfig
+from rlsim.real.config import TRAIN_MODES, RealConfig  # noqa: F401 - (where the run's readers find them)
 
-TRAIN_MODES = ("modeled", "none", "grpo")
 ENGINE_COLUMNS = (
     "vllm/queued_ts", "vllm/scheduled_ts", "vllm/first_token_ts", "vllm/last_token_ts", "vllm/num_preemptions",
 )  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class RealConfig:
-    """What a real run adds to the simulator's configs: the model and how to drive it."""
-
-    model: str
-    lengths: str = "replay"
-    train: str = "modeled"
-    rollout_tp: int = 1
-    temperature: float = 1.0
-    max_model_len: int | None = None
-    dtype: str | None = None
-    ray_address: str | None = None
-    histospec_k: int = 16
-    calibrate: str | None = None  # a decode grid measured on the run's engines (rlsim.real.run_calibration)
-    # train=grpo (rlsim.real.trainer): veRL's actor settings
-    lr: float = 1e-6
-    old_log_prob: str = "recompute"
-    ppo_mini_batch_size: int | None = None
-    ppo_max_token_len_per_gpu: int = 16384
-    device: str = "cpu"
-    kl_loss_coef: float = 0.001  # with RLConfig.use_kl_loss
-    save_freq: int = 1  # steps between checkpoints (driver, and with train=grpo the actor's model and optimizer)
-    # train=grpo, a control: each batch's rewards permuted among its samples before the update, so
-    # that nothing but noise is learned (a run that gains anyway learns from something else)
-    shuffle_rewards: bool = False
-    # a multi-turn task (rlsim.trace.tasks.AgentTask): its tool's latency and how many calls run at once
-    tool_latency_s: float = 0.5
-    tool_workers: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.lengths not in LENGTH_MODES:
-            raise RlsimError(f"--lengths must be one of {', '.join(LENGTH_MODES)}, got {self.lengths!r}")
-        if self.train not in TRAIN_MODES:
-            raise RlsimError(f"--train must be one of {', '.join(TRAIN_MODES)}, got {self.train!r}")
-        if self.rollout_tp <= 0:
-            raise RlsimError(f"rollout_tp must be positive, got {self.rollout_tp}")
-        if self.train == "grpo":
-            self.trainer_config()  # one sentence for a learning rate that is not positive, and the like
-        if isinstance(self.save_freq, bool) or not isinstance(self.save_freq, int) or self.save_freq <= 0:
-            raise RlsimError(f"--save-freq must be a positive number of steps, got {self.save_freq!r}")
-        if not (math.isfinite(self.tool_latency_s) and self.tool_latency_s >= 0):
-            raise RlsimError(f"--tool-latency-s must be a finite number >= 0, got {self.tool_latency_s}")
-        if self.tool_workers is not None and self.tool_workers <= 0:
-            raise RlsimError(f"--tool-workers must be positive, got {self.tool_workers}")
-        if self.calibrate is not None and self.calibrate not in ("small", "default"):
-            raise RlsimError(f"--calibrate must be small or default (the decode grids), got {self.calibrate!r}")
-
-
-    def trainer_config(self):  # noqa: ANN201 - rlsim.real.trainer.TrainerConfig
-        return TrainerConfig(
-            lr=self.lr, old_log_prob=self.old_log_prob, ppo_mini_batch_size=self.ppo_mini_batch_size,
-            ppo_max_token_len_per_gpu=self.ppo_max_token_len_per_gpu, device=self.device,
-            kl_loss_coef=self.kl_loss_coef, temperature=self.temperature,
-        )  # fmt: skip
 
 
 def read_run_config(run_dir: Path, missing: str = "is not a run directory") -> dict[str, Any]:
