@@ -28,10 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _before(rev: str, name: str):  # noqa: ANN202
-    try:
-        text = subprocess.run(["git", "show", f"{rev}:rlsim/profiles/{name}.json"], cwd=REPO, check=True,
-                              capture_output=True, text=True).stdout  # fmt: skip
-    except (subprocess.CalledProcessError, FileNotFoundError):
+    for folder in ("rlsim/profiles", "calibrate/profiles"):  # (where they lie, and where they lay before)
+        try:
+            text = subprocess.run(["git", "show", f"{rev}:{folder}/{name}.json"], cwd=REPO, check=True,
+                                  capture_output=True, text=True).stdout  # fmt: skip
+            break
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            continue
+    else:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

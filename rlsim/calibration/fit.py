@@ -364,3 +364,45 @@ def replay_workload(rec: Records, profile: dict[str, Any]) -> tuple[float, float
     engine_cfg = EngineConfig(enable_prefix_caching=False, free_cache_engine=False)
     res = simulate(trace, "sync", cluster, rl, profile=prof, engine_cfg=engine_cfg)
     return float(rec.workload["measured_total_s"]), float(res.steps["timing_s/gen"].iloc[0])
+
+
+def with_workload_replay(rec: Records, profile: dict[str, Any]) -> tuple[dict[str, Any], tuple[float, float] | None]:
+    """The profile with its workload replay in `fit_error` (measured and simulated seconds, the
+    repeats' spread: the instrument's own noise, and the host's load), and the replay's raw
+    (measured, simulated) seconds; the profile as it was, and None, where the records hold no
+    workload phase."""
+    replay = replay_workload(rec, profile)
+    if replay is None:
+        return profile, None
+    measured, simulated = replay
+    totals = [float(t) for t in rec.workload.get("measured_totals_s", [measured])]
+    profile["fit_error"]["workload_replay"] = {
+        "measured_s": round(measured, 4),
+        "measured_totals_s": [round(t, 4) for t in totals],
+        # The instrument's own noise: a replay error well inside it says nothing either way.
+        "repeat_spread": round(max(totals) / min(totals) - 1.0, 4),
+        "simulated_s": round(simulated, 4),
+        "error": round(simulated / measured - 1.0, 4),
+        "load_average": rec.workload.get("load_average"),
+    }
+    return profile, replay
+
+
+def fit_gate(result: FitResult, max_mape: float, force: bool) -> str | None:
+    """`rlsim calibrate fit`'s gate on the held-out MAPE: one sentence refusing a fit above
+    `max_mape` (unless `force`), or a note where the grid's repeat noise explains all but half of
+    it: a machine that was noisy, not a model that is wrong (the error beyond the noise is what
+    the gate holds the model to); None where the fit passes."""
+    if result.mape <= max_mape or force:
+        return None
+    if result.noise is not None and result.mape - result.noise <= max_mape / 2:
+        return (
+            f"held-out MAPE {result.mape:.1%} exceeds --max-mape {max_mape:.0%}, but the grid's repeat noise is "
+            f"{result.noise:.1%}: the model's own error, {result.mape - result.noise:.1%}, is within "
+            f"{max_mape / 2:.1%}; fitted anyway (a quieter machine gives a tighter profile)"
+        )
+    beyond = "" if result.noise is None else f", {result.mape - result.noise:.1%} beyond the grid's noise"
+    raise RlsimError(
+        f"held-out MAPE {result.mape:.1%} exceeds --max-mape {max_mape:.0%}{beyond}; profile not written "
+        "(measure a larger grid, or pass --force)"
+    )

@@ -158,7 +158,7 @@ def fit(
     seed: int = typer.Option(0, help="Seed of the held-out split."),
 ) -> None:
     """Least-squares fit of the iteration model; held-out MAPE; replay of the workload phase."""
-    from rlsim.calibration.fit import build_profile, fit_iterations, load_records, replay_workload
+    from rlsim.calibration.fit import build_profile, fit_gate, fit_iterations, load_records, with_workload_replay
     from rlsim.paths import check_output_file
 
     check_output_file(out, "--out")
@@ -166,21 +166,18 @@ def fit(
         raise RlsimError(f"max_mape must be a positive fraction, got {max_mape}")
     rec = load_records(records)
     result = fit_iterations(rec.iterations, seed=seed)
-    prof = build_profile(rec, result, name)
-    replay = replay_workload(rec, prof)
-    if replay is not None:
-        measured, simulated = replay
-        totals = [float(t) for t in rec.workload.get("measured_totals_s", [measured])]
-        prof["fit_error"]["workload_replay"] = {
-            "measured_s": round(measured, 4),
-            "measured_totals_s": [round(t, 4) for t in totals],
-            # The instrument's own noise: a replay error well inside it says nothing either way.
-            "repeat_spread": round(max(totals) / min(totals) - 1.0, 4),
-            "simulated_s": round(simulated, 4),
-            "error": round(simulated / measured - 1.0, 4),
-            "load_average": rec.workload.get("load_average"),
-        }
+    prof, replay = with_workload_replay(rec, build_profile(rec, result, name))
     console = make_console()
+    _print_fit(console, records, rec, prof, result, replay)
+    note = fit_gate(result, max_mape, force)  # refused in one sentence above the gate, unless noise explains it
+    if note:
+        console.print(f"note: {note}")
+    atomic_write_text(out, json.dumps(prof, indent=2) + "\n")
+    console.print(f"wrote {out}")
+
+
+def _print_fit(console, records: Path, rec, prof: dict, result, replay: tuple[float, float] | None) -> None:  # noqa: ANN001
+    """The fitted coefficients, the held-out errors, the host's load and the workload replay."""
     table = Table(
         title=f"iteration model fitted to {records} ({rec.facts['hardware']}, "
         + (f"vLLM {rec.facts['vllm_version']})" if rec.facts.get("vllm_version") else "torch operator timings)")
@@ -207,11 +204,11 @@ def fit(
     console.print(f"held-out total time error {result.heldout_total_error:+.1%} ({by_total})")
     if replay is not None:
         wr = prof["fit_error"]["workload_replay"]
-        totals = wr["measured_totals_s"]
+        (measured, simulated), totals = replay, wr["measured_totals_s"]
         console.print(
-            f"workload replay: measured {replay[0]:.3f} s (median of {len(totals)} repeats, "
+            f"workload replay: measured {measured:.3f} s (median of {len(totals)} repeats, "
             f"{min(totals):.3f}-{max(totals):.3f} s, spread {wr['repeat_spread']:.1%}), "
-            f"simulated {replay[1]:.3f} s, error {replay[1] / replay[0] - 1:+.1%}"
+            f"simulated {simulated:.3f} s, error {simulated / measured - 1:+.1%}"
             + (f"; host load average {wr['load_average'][0]:.1f}" if wr.get("load_average") else "")
         )
     if rec.spec:
@@ -221,23 +218,6 @@ def fit(
         )
     for note in result.notes:
         console.print(f"note: {note}")
-    if result.mape > max_mape and not force:
-        # Over the gate because the machine was noisy, not because the model is wrong: the
-        # error beyond the grid's own repeat noise is what the gate holds the model to.
-        if result.noise is not None and result.mape - result.noise <= max_mape / 2:
-            console.print(
-                f"note: held-out MAPE {result.mape:.1%} exceeds --max-mape {max_mape:.0%}, but the grid's repeat "
-                f"noise is {result.noise:.1%}: the model's own error, {result.mape - result.noise:.1%}, is within "
-                f"{max_mape / 2:.1%}; fitted anyway (a quieter machine gives a tighter profile)"
-            )
-        else:
-            beyond = "" if result.noise is None else f", {result.mape - result.noise:.1%} beyond the grid's noise"
-            raise RlsimError(
-                f"held-out MAPE {result.mape:.1%} exceeds --max-mape {max_mape:.0%}{beyond}; profile not written "
-                "(measure a larger grid, or pass --force)"
-            )
-    atomic_write_text(out, json.dumps(prof, indent=2) + "\n")
-    console.print(f"wrote {out}")
 
 
 @calibrate_app.command("run")

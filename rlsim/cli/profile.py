@@ -43,8 +43,7 @@ def show(
 ) -> None:
     """Decode tok/s over batch x context and each cell's fraction of the memory roofline."""
     from rlsim.profile import load_profile
-    from rlsim.rollout_engines import rollout_engine
-    from rlsim.roofline import BATCHES, CONTEXTS, grid, has_roofline
+    from rlsim.roofline import grid, has_roofline
 
     profile = load_profile(name)
     cells = grid(profile) if has_roofline(profile) else []
@@ -52,6 +51,20 @@ def show(
         typer.echo(json.dumps({"profile": profile.name, "cells": [asdict(c) for c in cells]}, indent=2))
         return
     con = make_console()
+    _print_facts(con, profile)
+    if not cells:
+        con.print(
+            "no roofline: the profile does not state model_facts (num_params, num_layers, num_kv_heads, head_dim, "
+            "dtype_bytes) and gpu_facts.hbm_bytes_per_s (CPU profiles need not)"
+        )
+        return
+    con.print(_grid_table(cells))
+
+
+def _print_facts(con, profile) -> None:  # noqa: ANN001 - a rich Console, a Profile
+    """What the profile is: its setup, its iteration's fixed costs and its training cost."""
+    from rlsim.rollout_engines import rollout_engine
+
     con.print(
         f"[bold]{profile.name}[/]  {profile.hardware}, {profile.model}, TP {profile.tensor_parallel_size}"
         + (f" x PP {profile.pipeline_parallel_size}" if profile.pipeline_parallel_size > 1 else "")
@@ -78,12 +91,12 @@ def show(
             f"within a scale-up domain ({domain} GPUs), {weight_sync_s(profile, domain + 1):.2f} s beyond",
             highlight=False,
         )
-    if not cells:
-        con.print(
-            "no roofline: the profile does not state model_facts (num_params, num_layers, num_kv_heads, head_dim, "
-            "dtype_bytes) and gpu_facts.hbm_bytes_per_s (CPU profiles need not)"
-        )
-        return
+
+
+def _grid_table(cells: list) -> Table:
+    """Decode output tok/s over batch x context, each cell's fraction of the memory roofline."""
+    from rlsim.roofline import BATCHES, CONTEXTS
+
     by = {(c.batch, c.context): c for c in cells}
     table = Table(title="Decode output tok/s (fraction of the memory roofline)", title_justify="left")
     table.add_column("batch \\ context", justify="right")
@@ -104,4 +117,4 @@ def show(
         "an iteration can take; real engines reach about 50-70% of it; yellow above 75%, red above 100% "
         "(impossible); * the KV does not fit (batch x context above the KV capacity, or batch above max_num_seqs)"
     )
-    con.print(table)
+    return table

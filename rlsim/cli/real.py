@@ -138,55 +138,25 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate a recorded real run and print real vs simulated with Diff%, and where it comes from; with --from
         and --metrics, a run of your framework's against its own config, phase by phase."""
-        from rlsim.real.validate import validate as run_validate
-
         from_ = single(from_)
         if from_ is not None:
             if metrics is None or run_dir is not None or verl_metrics is not None:
                 raise RlsimError("--from validates the run its config describes against --metrics FILE (no RUN_DIR)")
-            res = _validate_from(ctx, from_, metrics, trace, log, log_format, tokenizer, dict(locals()))
+            from rlsim.cli.from_config import apply_from
+
+            given = {"profile": profile, "gpu": gpu, "model": model, "dtype": dtype, "terms": terms}
+            opts, engine, setup = apply_from(ctx, from_, given, EngineConfig(), extra=("policy",))  # its own mode
+            res = _validate_from(metrics, trace, log, log_format, tokenizer, opts["profile"], engine, setup)
         elif metrics is not None or trace is not None or terms is not None:
             raise RlsimError("--metrics, --trace and --terms go with --from: the run's config says what to simulate")
-        elif verl_metrics is not None or log is not None:
-            if run_dir is not None:
-                raise RlsimError("give either RUN_DIR or --verl-metrics with --log, not both")
-            missing = [n for n, v in (("--verl-metrics", verl_metrics), ("--log", log), ("--profile", profile),
-                                      ("--gpus", gpus)) if v is None]  # fmt: skip
-            if missing:
-                raise RlsimError(f"validating a veRL run needs {', '.join(missing)}")
-            from rlsim.real.validate_verl import validate_verl
-
-            res = validate_verl(verl_metrics, log, profile, gpus, policy, log_format, tokenizer)
-        elif run_dir is None:
-            raise RlsimError("give a run directory (rlsim run --real --out DIR), or --verl-metrics FILE --log DIR")
         else:
-            res = run_validate(run_dir, profile)
+            res = _validate_run(run_dir, verl_metrics, log, profile, gpus, policy, log_format, tokenizer)
         for note in res.get("notes") or ():  # what the metrics file held that was skipped or superseded
             make_console(sys.stderr).print(f"note: {note}", highlight=False, soft_wrap=True)
         if as_json:
             typer.echo(json.dumps(res, indent=2))
-            return
-        table = Table(title=f"{res['policy']}: real vs simulated ({counted(res['steps'], 'step')}, "
-                      f"{counted(res['instances'], 'instance')})")  # fmt: skip
-        for col in ("metric", "real", "simulated", "Diff%"):
-            table.add_column(col, justify="left" if col == "metric" else "right")
-        for r in res["rows"]:
-            d = r["diff_pct"]
-            table.add_row(r["label"], _fmt(r["real"]), _fmt(r["sim"]), "n/a" if d is None else f"{d:+.1f}%")
-        src = f" ({res['profile_source']})" if res.get("profile_source") else ""
-        table.caption = f"profile {res['profile']}{src}; Diff% = (simulated - real) / real"
-        if res.get("stand_in"):
-            table.caption += f"; lengths: {res['stand_in']}"
-        console = make_console()
-        console.print(table)
-        if res.get("error_band"):
-            console.print(f"the prediction's {res['error_band']}", highlight=False, soft_wrap=True)
-        if res.get("phases"):
-            print_phases(console, res["phases"], res["profile"])
-        if "parts" in res:
-            print_parts(console, res["parts"])
         else:
-            console.print(f"{counted(res['gpus'], 'GPU')} on profile {res['profile']}; per step: --json")
+            _print_validation(res)
 
 
 def _start(ctx, out: Path, trace: Path | None, policy: str, cfg, opts: RealRunOptions, engine: EngineConfig):  # noqa: ANN001, ANN202
@@ -242,28 +212,71 @@ def _drive(run_, out: Path) -> dict:  # noqa: ANN001 - rlsim.real.run.RealRun
         raise typer.Exit(130) from None
 
 
-def _validate_from(ctx, spec, metrics, trace, log, log_format, tokenizer, opts):  # noqa: ANN001, ANN202
-    """`rlsim validate --from FRAMEWORK:CONFIG --metrics FILE`: the config's run on its lengths
-    (`--trace`, or the rollout dump `--log`) or a stand-in, against the logged phases."""
-    from rlsim.cli.from_config import apply_from
+def _validate_run(run_dir, verl_metrics, log, profile, gpus, policy, log_format, tokenizer) -> dict:  # noqa: ANN001
+    """`rlsim validate RUN_DIR` (a real run of rlsim's), or `--verl-metrics FILE --log DIR` (a veRL run)."""
+    if verl_metrics is not None or log is not None:
+        if run_dir is not None:
+            raise RlsimError("give either RUN_DIR or --verl-metrics with --log, not both")
+        missing = [n for n, v in (("--verl-metrics", verl_metrics), ("--log", log), ("--profile", profile),
+                                  ("--gpus", gpus)) if v is None]  # fmt: skip
+        if missing:
+            raise RlsimError(f"validating a veRL run needs {', '.join(missing)}")
+        from rlsim.real.validate_verl import validate_verl
+
+        return validate_verl(verl_metrics, log, profile, gpus, policy, log_format, tokenizer)
+    if run_dir is None:
+        raise RlsimError("give a run directory (rlsim run --real --out DIR), or --verl-metrics FILE --log DIR")
+    from rlsim.real.validate import validate as run_validate
+
+    return run_validate(run_dir, profile)
+
+
+def _validate_from(metrics, trace, log, log_format, tokenizer, profile: str, engine, setup) -> dict:  # noqa: ANN001
+    """`rlsim validate --from FRAMEWORK:CONFIG --metrics FILE`: the config's run (its own mode, on
+    `profile`) on its lengths (`--trace`, or the rollout dump `--log`) or a stand-in, against the
+    logged phases."""
+    from rlsim.bands import band_text, for_prediction
+    from rlsim.profile import load_profile
     from rlsim.real.validate_verl import validate_config
     from rlsim.trace.format import load
     from rlsim.trace.importers import import_logs
 
     if trace is not None and log is not None:
         raise RlsimError("give the run's lengths once: --trace or --log")
-    opts, engine, setup = apply_from(ctx, spec, opts, EngineConfig(), extra=("policy",))  # the run's own mode
     lengths = load(trace) if trace is not None else None
     if log is not None:
         lengths = import_logs(Path(log), log_format, None, None, tokenizer).trace
-    res = validate_config(metrics, setup, opts["profile"], engine, setup.policy, lengths)
-    from rlsim.bands import band_text, for_prediction
-    from rlsim.profile import load_profile
-
+    res = validate_config(metrics, setup, profile, engine, setup.policy, lengths)
     # what the prediction rests on: the profile's basis (derived, fitted, measured or calibrated) and its band
-    res["error_band"] = band_text(for_prediction(load_profile(opts["profile"]), engine.rollout_engine,
+    res["error_band"] = band_text(for_prediction(load_profile(profile), engine.rollout_engine,
                                                  setup.framework)["error_band"])  # fmt: skip
     return res
+
+
+def _print_validation(res: dict) -> None:
+    """Real against simulated, metric by metric, with what the prediction rests on and where the
+    difference comes from."""
+    table = Table(title=f"{res['policy']}: real vs simulated ({counted(res['steps'], 'step')}, "
+                  f"{counted(res['instances'], 'instance')})")  # fmt: skip
+    for col in ("metric", "real", "simulated", "Diff%"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for r in res["rows"]:
+        d = r["diff_pct"]
+        table.add_row(r["label"], _fmt(r["real"]), _fmt(r["sim"]), "n/a" if d is None else f"{d:+.1f}%")
+    src = f" ({res['profile_source']})" if res.get("profile_source") else ""
+    table.caption = f"profile {res['profile']}{src}; Diff% = (simulated - real) / real"
+    if res.get("stand_in"):
+        table.caption += f"; lengths: {res['stand_in']}"
+    console = make_console()
+    console.print(table)
+    if res.get("error_band"):
+        console.print(f"the prediction's {res['error_band']}", highlight=False, soft_wrap=True)
+    if res.get("phases"):
+        print_phases(console, res["phases"], res["profile"])
+    if "parts" in res:
+        print_parts(console, res["parts"])
+    else:
+        console.print(f"{counted(res['gpus'], 'GPU')} on profile {res['profile']}; per step: --json")
 
 
 def print_phases(console, phases: list[dict], profile: str) -> None:  # noqa: ANN001 - a rich Console

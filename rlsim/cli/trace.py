@@ -132,44 +132,44 @@ def synth(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Generate a seeded synthetic trace from a preset fitted to real data."""
-    from rlsim.trace.format import save
-    from rlsim.trace.synth import SynthConfig, load_prompts, synthesize
+    from rlsim.trace.synth import SynthConfig
     from rlsim.trace.turn_model import load_model
-    from rlsim.trace.turn_model import synthesize as synth_turns
 
     refuse_overwrite(out, force)
     turn_model = load_model(preset)
     if turn_model is not None:  # a multi-turn preset: trajectories of turns and tool calls
         if num_prompts is None:
             raise RlsimError(f"--num-prompts is needed with the multi-turn preset {preset}")
-        console = make_console()
-        with console.status("generating trace"):
-            trace = synth_turns(turn_model, num_prompts, samples_per_prompt, epochs, seed)
-            save(trace, out)
-        _print_stats(trace, out, console)
+        _generate(out, lambda: _synth_turns(turn_model, num_prompts, samples_per_prompt, epochs, seed))
         return
     config = SynthConfig(
-        preset=preset,
-        num_prompts=num_prompts,
-        samples_per_prompt=samples_per_prompt,
-        epochs=epochs,
-        prompts_per_step=prompts_per_step,
-        max_response_len=max_response_len,
-        rho=rho,
-        prompt_share=prompt_share,
-        start_step=start_step,
-        clip_ratio=clip_ratio,
-        length_scale=length_scale,
-        seed=seed,
-        token_ids=token_ids,
-        reuse_fraction=reuse_fraction,
-        vocab_size=vocab_size,
-        model=model,
-    )
-    table = load_prompts(prompts) if prompts is not None else None
+        preset=preset, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt, epochs=epochs,
+        prompts_per_step=prompts_per_step, max_response_len=max_response_len, rho=rho, prompt_share=prompt_share,
+        start_step=start_step, clip_ratio=clip_ratio, length_scale=length_scale, seed=seed, token_ids=token_ids,
+        reuse_fraction=reuse_fraction, vocab_size=vocab_size, model=model,
+    )  # fmt: skip
+    _generate(out, lambda: _synth_lengths(config, prompts))
+
+
+def _synth_turns(turn_model, num_prompts: int, samples_per_prompt: int, epochs: int, seed: int):  # noqa: ANN001, ANN202
+    from rlsim.trace.turn_model import synthesize
+
+    return synthesize(turn_model, num_prompts, samples_per_prompt, epochs, seed)
+
+
+def _synth_lengths(config, prompts: Path | None):  # noqa: ANN001, ANN202 - a SynthConfig; a Trace
+    from rlsim.trace.synth import load_prompts, synthesize
+
+    return synthesize(config, load_prompts(prompts) if prompts is not None else None)
+
+
+def _generate(out: Path, make) -> None:  # noqa: ANN001 - () -> Trace
+    """Generate the trace under a status line, write it, and print its statistics."""
+    from rlsim.trace.format import save
+
     console = make_console()
     with console.status("generating trace"):
-        trace = synthesize(config, table)
+        trace = make()
         save(trace, out)
     _print_stats(trace, out, console)
 
