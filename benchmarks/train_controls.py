@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from readme_tables import emit, machine_note
-from side_by_side import run_side_by_side
 from validate_real import sh
 
+from calibrate.side_by_side import run_side_by_side
 from rlsim.hostload import LoadMeter
 from rlsim.trace.format import load
 

