@@ -145,10 +145,16 @@ class SGLangSettings:
         return cls(**values)
 
 
-def _knob(default: Any, help: str, flag: str | None = None) -> Any:  # noqa: A002 - the CLI's word
-    """A field with its command-line help (and, for a switch, its on/off flag), from which
-    `rlsim.cli.engine_options` declares the option once for every command."""
-    return field(default=default, metadata={"help": help, "flag": flag})
+def option_field(default: Any, help: str, *decls: str, flag: str | None = None, **more: Any) -> Any:  # noqa: A002, ANN401 - the CLI's word
+    """A config field with what its command-line option says, as plain metadata (the library
+    imports no typer): its help, its names where not `--field-name` (`decls`), a switch's on/off
+    name (`flag`), the least value (`min`). `rlsim.cli.engine_options.config_options` declares
+    the option from it, once for every command that takes it."""
+    return field(default=default, metadata={"help": help, "decls": decls, "flag": flag, **more})
+
+
+def _knob(default: Any, help: str, flag: str | None = None) -> Any:  # noqa: A002, ANN401 - the CLI's word
+    return option_field(default, help, flag=flag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +199,8 @@ class EngineConfig:
         "enforce-eager",
     )
     schedule_policy: str | None = _knob(
-        None, "SGLang --schedule-policy (rollout engine sglang only): fcfs (SGLang's default) or lpm, longest cached "
+        None,
+        "SGLang --schedule-policy (rollout engine sglang only): fcfs (SGLang's default) or lpm, longest cached "
         "prefix first, which SGLang turns back into fcfs over a queue of more than 128.",
     )
     parallel_sampling: bool | None = _knob(

@@ -19,14 +19,10 @@ import typer
 from rlsim.cli.engine_options import config_options
 from rlsim.cli.from_config import apply_from
 from rlsim.config import EngineConfig
+from rlsim.config import option_field as _opt
 from rlsim.errors import RlsimError
 
 DEFAULT_PROFILE = "h100-qwen2.5-32b-tp4"  # rollout TP 4, as veRL's DAPO recipe
-
-
-def _opt(default: Any, help: str, *decls: str, **more: Any) -> Any:  # noqa: A002, ANN401 - the CLI's word
-    """A field with its option's help (and its names where not `--field-name`)."""
-    return field(default=default, metadata={"help": help, "decls": decls, **more})
 
 
 def same_as(cls: type, name: str) -> Any:  # noqa: ANN401 - a dataclass field

@@ -1,22 +1,17 @@
 """`PlanConfig`: a plan's objective and its successive halving, each field with its option's help.
 
-Its own module, importing nothing else of rlsim but its errors, so that the command line declares
-`rlsim plan`'s options from it (`rlsim.cli.engine_options.config_options`) without loading the
-simulator when it starts.
+Its own module, importing nothing of rlsim but the base (its errors and configs), so that the
+command line declares `rlsim plan`'s options from it (`rlsim.cli.engine_options.config_options`)
+without loading the simulator when it starts.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from rlsim.config import option_field as _knob
 from rlsim.errors import RlsimError
-
-
-def _knob(default: Any, help: str) -> Any:  # noqa: A002, ANN401 - the CLI's word
-    """A field with its command-line help (`rlsim.cli.engine_options.config_options` declares it)."""
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,25 +1,20 @@
 """`RealConfig`: what a real run adds to the simulator's configs, each field with its option's help.
 
-Its own module, importing nothing else of rlsim but its errors, so that the command line declares
-`rlsim run --real`'s options from it (`rlsim.cli.engine_options.config_options`) without loading
-real mode when it starts; the run directory's config is `rlsim.real.run_config`.
+Its own module, importing nothing of rlsim but the base (its errors and configs), so that the
+command line declares `rlsim run --real`'s options from it (`rlsim.cli.engine_options.config_options`)
+without loading the real mode when it starts; the run directory's config is `rlsim.real.run_config`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from rlsim.config import option_field as _knob
 from rlsim.errors import RlsimError
 
 LENGTH_MODES = ("replay", "free")  # the trace's lengths exactly, or natural generation (`rlsim.real.engine`)
 TRAIN_MODES = ("modeled", "none", "grpo")
-
-
-def _knob(default: Any, help: str, *decls: str) -> Any:  # noqa: A002, ANN401 - the CLI's word
-    """A field with its command-line help (`rlsim.cli.engine_options.config_options` declares it)."""
-    return field(default=default, metadata={"help": help, "decls": decls})
 
 
 @dataclass(frozen=True, slots=True)
