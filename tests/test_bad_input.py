@@ -354,7 +354,7 @@ def test_run_directory_with_corrupt_tables_or_checkpoint(tmp_path: Path, small_t
     """A complete real-run config whose tables or checkpoint are missing, corrupt or foreign."""
     from rlsim.config import ClusterConfig, EngineConfig, RLConfig, config_dict
     from rlsim.profile import load_profile
-    from rlsim.real.run_config import RealConfig
+    from rlsim.real.config import RealConfig
     from rlsim.report import to_json
 
     run = tmp_path / "run"

@@ -7,7 +7,7 @@ one object of the class built from them, under the parameter's name. `@engine_op
 this for `rlsim.config.EngineConfig` (`engine`), so `rlsim simulate`, `compare`, `plan` and `run
 --real` take the same engine options with the same help; `rlsim.cli.run_options` declares the
 cluster, RL and profile options the same way. A command leaves out the fields it does not take
-(`exclude`), and a command's own default for a field replaces the class's (`defaults`).
+(`exclude`).
 
 A field's metadata: `help` (required), `flag` (a switch's name: `--flag/--no-flag`), `decls`
 (the option's names, where not `--field-name` alone) and `min` (the least value click accepts).
@@ -29,28 +29,23 @@ from rlsim.config import EngineConfig
 ENGINE_FIELDS = tuple(f.name for f in fields(EngineConfig))
 
 
-def _option(f, default: Any, help: str | None = None) -> Any:  # noqa: A002, ANN001, ANN401 - a field; an OptionInfo
+def _option(f) -> Any:  # noqa: ANN001, ANN401 - a dataclass field; typer's OptionInfo
     meta = f.metadata
     flag = meta.get("flag")
     decls = (f"--{flag}/--no-{flag}",) if flag else tuple(meta.get("decls", ()))
     extra = {"min": meta["min"]} if "min" in meta else {}
-    return typer.Option(default, *decls, help=help or meta["help"], **extra)
+    return typer.Option(f.default if f.default is not MISSING else None, *decls, help=meta["help"], **extra)
 
 
-def field_option(cls: type, name: str, **override: Any) -> Any:  # noqa: ANN401 - typer's OptionInfo
-    """One field's option, for a command that takes only some of a class's fields (`default`,
-    `help`: the command's own, where it differs)."""
-    f = next(f for f in fields(cls) if f.name == name)
-    return _option(f, override.get("default", f.default if f.default is not MISSING else None), override.get("help"))
+def field_option(cls: type, name: str) -> Any:  # noqa: ANN401 - typer's OptionInfo
+    """One field's option, for a command that takes only some of a class's fields."""
+    return _option(next(f for f in fields(cls) if f.name == name))
 
 
-def config_options(
-    cls: type, param: str, exclude: tuple[str, ...] = (), defaults: dict[str, Any] | None = None
-) -> Callable:
+def config_options(cls: type, param: str, exclude: tuple[str, ...] = ()) -> Callable:
     """Replace the command's `param` parameter by one option per field of `cls`."""
     names = {f.name for f in fields(cls)}
-    defaults = defaults or {}
-    unknown = (set(exclude) | set(defaults)) - names
+    unknown = set(exclude) - names
     if unknown:
         raise ValueError(f"not {cls.__name__} fields: {sorted(unknown)}")
     hints = typing.get_type_hints(cls)
@@ -72,7 +67,7 @@ def config_options(
         params = [p for p in sig.parameters.values() if p.name != param]
         annotations = {k: v for k, v in command.__annotations__.items() if k != param}
         for f in taken:
-            option = _option(f, defaults.get(f.name, f.default if f.default is not MISSING else None))
+            option = _option(f)
             kind = inspect.Parameter.KEYWORD_ONLY
             params.append(inspect.Parameter(f.name, kind, default=option, annotation=hints[f.name]))
             annotations[f.name] = hints[f.name]

@@ -16,8 +16,8 @@ from typing import Any
 
 import typer
 
-from rlsim.cli.run_options import ProfileOptions, _opt
-from rlsim.config import EngineConfig
+from rlsim.cli.run_options import ProfileOptions
+from rlsim.config import EngineConfig, option_field
 from rlsim.errors import RlsimError
 
 
@@ -25,38 +25,38 @@ from rlsim.errors import RlsimError
 class SearchOptions:
     """What a plan searches (lists of values) and the batch it holds fixed."""
 
-    gpus: str = _opt("8..256", "GPU counts: a range (powers of two, 8..256) or a list (16,32,64).")
-    placement: str = _opt("colocated", "Placements to try: colocated, disaggregated, or both.")
-    train_share: str = _opt(
+    gpus: str = option_field("8..256", "GPU counts: a range (powers of two, 8..256) or a list (16,32,64).")
+    placement: str = option_field("colocated", "Placements to try: colocated, disaggregated, or both.")
+    train_share: str = option_field(
         "0.25,0.5", "Disaggregated: fractions of the GPUs for training (rollout rounded to whole instances)."
     )
-    tp: str = _opt(
+    tp: str = option_field(
         "", "Rollout TP sizes to try, e.g. 2,4,8 (default: the profile's own; with --model, 1,2,4,8 where the "
         "weights fit).", "--tp",
     )  # fmt: skip
-    max_num_seqs: str = _opt("", "vLLM max_num_seqs values to try, e.g. 256,1024.")
-    gpu_memory_utilization: str = _opt("", "vLLM gpu_memory_utilization values to try, e.g. 0.5,0.8.")
-    max_response_len: str = _opt("20480", "Response caps to try, e.g. 16384,20480.")
-    staleness: str = _opt(
+    max_num_seqs: str = option_field("", "vLLM max_num_seqs values to try, e.g. 256,1024.")
+    gpu_memory_utilization: str = option_field("", "vLLM gpu_memory_utilization values to try, e.g. 0.5,0.8.")
+    max_response_len: str = option_field("20480", "Response caps to try, e.g. 16384,20480.")
+    staleness: str = option_field(
         "", "Staleness bounds to try for the policies that have one (fully_async's staleness_threshold, areal's "
         "max_head_offpolicyness), e.g. 0.1,0.5,1.",
     )  # fmt: skip
-    policies: str = _opt("", "Comma-separated policies (default: every registered one but oracle).")
-    rollout_engine: str = _opt(
+    policies: str = option_field("", "Comma-separated policies (default: every registered one but oracle).")
+    rollout_engine: str = option_field(
         "vllm", "Whose scheduling rules to try: vllm, sglang, or both (vllm,sglang: each candidate under each; "
         "speculating policies under vLLM's only).",
     )  # fmt: skip
-    prompts_per_step: int = _opt(512, "P0: prompts per step.")
-    samples_per_prompt: int = _opt(16, "R0: samples per prompt.")
+    prompts_per_step: int = option_field(512, "P0: prompts per step.")
+    samples_per_prompt: int = option_field(16, "R0: samples per prompt.")
 
 
 @dataclass(frozen=True, slots=True)
 class ExecutorOptions:
     """Where many simulations run."""
 
-    executor: str = _opt("process", "process (a local pool) or ray (a Ray cluster).")
-    workers: int = _opt(0, "Worker processes (process) or CPUs (local ray); 0: one per core.", min=0)
-    ray_address: str | None = _opt(None, "Address of a running Ray cluster (ray executor).")
+    executor: str = option_field("process", "process (a local pool) or ray (a Ray cluster).")
+    workers: int = option_field(0, "Worker processes (process) or CPUs (local ray); 0: one per core.", min=0)
+    ray_address: str | None = option_field(None, "Address of a running Ray cluster (ray executor).")
 
     def pool(self):  # noqa: ANN201 - a concurrent.futures executor
         from rlsim.plan.sweep import make_executor

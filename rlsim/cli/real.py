@@ -12,10 +12,10 @@ from rich.table import Table
 
 from rlsim.cli.engine_options import config_options, engine_options, field_option
 from rlsim.cli.from_config import FROM, single
-from rlsim.cli.run_options import ProfileOptions, RunOptions, _opt, same_as
+from rlsim.cli.run_options import ProfileOptions, RunOptions, same_as
 from rlsim.cli.ui import console as make_console
 from rlsim.cli.ui import engine_log
-from rlsim.config import EngineConfig
+from rlsim.config import EngineConfig, option_field
 from rlsim.errors import RlsimError
 from rlsim.real.config import RealConfig
 from rlsim.text import counted
@@ -25,20 +25,20 @@ from rlsim.text import counted
 class RealRunOptions:
     """The cluster and the RL batch of a real run, as `rlsim run --real` takes them."""
 
-    gpus: int = _opt(1, "Rollout GPUs (on a CPU machine: CPU instances x rollout TP).")
-    steps: int | None = _opt(None, "RL steps to run (default: every epoch).")
-    profile: str | None = _opt(
+    gpus: int = option_field(1, "Rollout GPUs (on a CPU machine: CPU instances x rollout TP).")
+    steps: int | None = option_field(None, "RL steps to run (default: every epoch).")
+    profile: str | None = option_field(
         None, "Profile for modeled training and policies that plan (a calibrated one for this machine)."
     )
-    prompts_per_step: int = _opt(8, "P0: prompts per step.")
-    samples_per_prompt: int = _opt(4, "R0: samples per prompt.")
-    max_response_len: int | None = _opt(None, "Response cap (default: the trace's).")
-    epochs: int = _opt(1, "Epochs over the trace's prompts.")
+    prompts_per_step: int = option_field(8, "P0: prompts per step.")
+    samples_per_prompt: int = option_field(4, "R0: samples per prompt.")
+    max_response_len: int | None = option_field(None, "Response cap (default: the trace's).")
+    epochs: int = option_field(1, "Epochs over the trace's prompts.")
     placement: str = same_as(RunOptions, "placement")
     train_gpus: int = same_as(RunOptions, "train_gpus")
     dispatch: str = same_as(RunOptions, "dispatch")
     seed: int = same_as(RunOptions, "seed")
-    use_kl_loss: bool = _opt(
+    use_kl_loss: bool = option_field(
         False, "KL loss against a frozen reference model (DAPO drops it); with --train grpo a reference copy "
         "scores every batch (timing_s/ref).", "--use-kl-loss",
     )  # fmt: skip

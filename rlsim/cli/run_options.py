@@ -18,8 +18,7 @@ import typer
 
 from rlsim.cli.engine_options import config_options
 from rlsim.cli.from_config import apply_from
-from rlsim.config import EngineConfig
-from rlsim.config import option_field as _opt
+from rlsim.config import EngineConfig, option_field
 from rlsim.errors import RlsimError
 
 DEFAULT_PROFILE = "h100-qwen2.5-32b-tp4"  # rollout TP 4, as veRL's DAPO recipe
@@ -37,35 +36,35 @@ class RunOptions:
     """The cluster and the RL batch of a simulated run, as the commands take them (None: the
     trace's, or a real log's own)."""
 
-    gpus: int = _opt(64, "Total GPUs.")
-    placement: str = _opt("colocated", "colocated or disaggregated.")
-    train_gpus: int = _opt(0, "Training GPUs (disaggregated only).", "--train-gpus", "--trainer-gpus")
-    dispatch: str = _opt(
+    gpus: int = option_field(64, "Total GPUs.")
+    placement: str = option_field("colocated", "colocated or disaggregated.")
+    train_gpus: int = option_field(0, "Training GPUs (disaggregated only).", "--train-gpus", "--trainer-gpus")
+    dispatch: str = option_field(
         "least_loaded", "least_loaded (each sample to the instance with the fewest unfinished requests, as veRL's "
         "agent loop), round_robin (sample by sample) or per_prompt (a prompt's samples together).",
     )  # fmt: skip
-    prompts_per_step: int | None = _opt(
+    prompts_per_step: int | None = option_field(
         None, "P0: prompts per step (default: a real log's own, else 512 or all the trace's prompts if fewer)."
     )
-    samples_per_prompt: int | None = _opt(
+    samples_per_prompt: int | None = option_field(
         None, "R0: samples per prompt, the GRPO group (default: a real log's own, else 16 or the trace's if fewer)."
     )
-    max_response_len: int | None = _opt(None, "Response cap in tokens (default: the trace's).")
-    max_model_len: int | None = _opt(
+    max_response_len: int | None = option_field(None, "Response cap in tokens (default: the trace's).")
+    max_model_len: int | None = option_field(
         None, "vLLM's max_model_len: each response is also capped at it less the request's prompt (default: none)."
     )
-    epochs: int | None = _opt(None, "Epochs over the trace's prompts (default: every epoch the trace holds).")
-    max_steps: int | None = _opt(None, "Stop after this many steps.")
-    seed: int = _opt(0, "Seed of the data order.")
-    reward_latency: float = _opt(
+    epochs: int | None = option_field(None, "Epochs over the trace's prompts (default: every epoch the trace holds).")
+    max_steps: int | None = option_field(None, "Stop after this many steps.")
+    seed: int = option_field(0, "Seed of the data order.")
+    reward_latency: float = option_field(
         0.05, "Seconds to score one sample (a trace's reward_time_s column overrides it).", "--reward-latency"
     )
-    use_kl_loss: bool = _opt(False, "KL term on: a reference model scores every batch.", "--use-kl-loss")
-    tool_workers: int | None = _opt(
+    use_kl_loss: bool = option_field(False, "KL term on: a reference model scores every batch.", "--use-kl-loss")
+    tool_workers: int | None = option_field(
         None, "Multi-turn traces: CPU tool workers, the tool calls that run at once (default: no limit)."
     )
-    tool_latency_scale: float = _opt(1.0, "Multi-turn traces: multiply every tool call's latency by this.")
-    tool_latency_s: float | None = _opt(
+    tool_latency_scale: float = option_field(1.0, "Multi-turn traces: multiply every tool call's latency by this.")
+    tool_latency_s: float | None = option_field(
         None, "Multi-turn traces: every tool call takes this many seconds (a what-if sweep).", "--tool-latency-s"
     )
 
@@ -119,30 +118,34 @@ class ProfileOptions:
     """The profile a run is priced with: a shipped or given one, or one derived from a model and
     a GPU (`rlsim.derive.cache`)."""
 
-    profile: str = _opt(
+    profile: str = option_field(
         DEFAULT_PROFILE, "Shipped profile name or JSON path (default: rollout TP 4, as veRL's DAPO recipe)."
     )
-    model: str | None = _opt(
+    model: str | None = option_field(
         None, "Derive the profile: a model name (rlsim profile list), a config.json or its directory."
     )
-    gpu: str | None = _opt(None, "With --model: a GPU name (rlsim profile list) or a JSON file of its datasheet facts.")
-    tp: int = _opt(1, "With --model: tensor-parallel size of each rollout instance.", "--tp")
-    ep: int = _opt(1, "With --model: expert-parallel size (1, or --tp for vLLM's enable_expert_parallel).", "--ep")
-    pp: int = _opt(
+    gpu: str | None = option_field(
+        None, "With --model: a GPU name (rlsim profile list) or a JSON file of its datasheet facts."
+    )
+    tp: int = option_field(1, "With --model: tensor-parallel size of each rollout instance.", "--tp")
+    ep: int = option_field(
+        1, "With --model: expert-parallel size (1, or --tp for vLLM's enable_expert_parallel).", "--ep"
+    )
+    pp: int = option_field(
         1, "With --model: pipeline stages of each rollout instance (vLLM's pipeline_parallel_size; the instance takes "
         "TP x PP GPUs, its stages across nodes where they must be).", "--pp",
     )  # fmt: skip
-    dp: int = _opt(
+    dp: int = option_field(
         1, "Data-parallel attention ranks stepping in lockstep (vLLM's data_parallel_size with "
         "enable_expert_parallel; an MoE model, --ep = --dp x --tp); each rank is one instance of --tp GPUs.", "--dp",
     )  # fmt: skip
-    dtype: str = _opt("bf16", "With --model: weights and KV cache in bf16 or fp8.", "--dtype")
-    trainer: str = _opt(
+    dtype: str = option_field("bf16", "With --model: weights and KV cache in bf16 or fp8.", "--dtype")
+    trainer: str = option_field(
         "fsdp2", "With --model: the trainer backend and layout, fsdp2 (veRL's FSDP: 31.8% MFU, TorchTitan's "
         "published run) or megatron (47%, Megatron-LM's); settings in brackets: megatron(tp=2,pp=4,ep=8,cp=2,"
         "mfu=0.4).", "--trainer",
     )  # fmt: skip
-    terms: str | None = _opt(
+    terms: str | None = option_field(
         None, "With --model: framework terms fitted to published runs laid over the derivation: nemo-rl (fitted on "
         "half of NeMo RL's published step times) or a JSON file of them.", "--terms",
     )  # fmt: skip

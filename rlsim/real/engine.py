@@ -35,7 +35,6 @@ import numpy as np
 from rlsim.errors import RlsimError
 from rlsim.protocol import Aborted, Event, EventBatch, Finished, Preempted, Request, Timer
 from rlsim.real.backends import LocalBackend, PromptSource, RayBackend
-from rlsim.real.config import LENGTH_MODES  # noqa: F401 - (the modes the engine drives)
 from rlsim.real.vllm_instance import DETAILS
 
 # The columns of a run's iterations.parquet: vLLM's batch (calibration's columns, -1 where the

@@ -49,13 +49,13 @@ from rlsim.hostload import LoadMeter
 from rlsim.paths import opened_path, stored_path
 from rlsim.profile import load_profile
 from rlsim.real.backends import PromptSource, start_backend
+from rlsim.real.config import RealConfig
 from rlsim.real.engine import ITERATION_COLUMNS, RealEngine
 from rlsim.real.learn import Learning
 from rlsim.real.rewards import answers_for, score
 from rlsim.real.run_calibration import RunCalibration
 from rlsim.real.run_config import (
     ENGINE_COLUMNS,
-    RealConfig,
     num_instances,
     profile_from,
     read_run_config,

@@ -1,5 +1,5 @@
-"""A real run's configuration: `RealConfig` (model, lengths, training, calibration, resume) and how
-the run directory's config.json turns back into the simulator's configs, profile and instance count.
+"""How a real run's directory holds its configuration (`RealConfig`, `rlsim.real.config`, with the
+simulator's): its config.json turned back into the simulator's configs, profile and instance count.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 from rlsim.config import ClusterConfig, EngineConfig
 from rlsim.errors import RlsimError
 from rlsim.profile import Profile, TrainCost, profile_from_dict
-from rlsim.real.config import TRAIN_MODES, RealConfig  # noqa: F401 - (where the run's readers find them)
 
 ENGINE_COLUMNS = (
     "vllm/queued_ts", "vllm/scheduled_ts", "vllm/first_token_ts", "vllm/last_token_ts", "vllm/num_preemptions",
