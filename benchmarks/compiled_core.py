@@ -21,10 +21,10 @@ import sys
 import time
 
 import numpy as np
-from readme_tables import emit, machine_note
 
 from rlsim.config import ClusterConfig
 from rlsim.hostload import LoadMeter
+from rlsim.package_data.markers import emit, machine_note
 from rlsim.paths import default_trace
 from rlsim.profile import load_profile
 from rlsim.protocol import Request

@@ -18,11 +18,10 @@ from __future__ import annotations
 import sys
 import time
 
-from readme_tables import emit, machine_note
-
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.hostload import LoadMeter
+from rlsim.package_data.markers import emit, machine_note
 from rlsim.paths import default_trace
 from rlsim.profile import profile_from_dict
 from rlsim.sim.simulate import simulate

@@ -31,12 +31,12 @@ import os
 import sys
 import time
 
-from readme_tables import emit, machine_note
 from simulate_epoch import heap_loop_epoch
 
 from policies.registry import COMPARE_DEFAULT
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.hostload import LoadMeter
+from rlsim.package_data.markers import emit, machine_note
 from rlsim.paths import default_trace
 from rlsim.sim.compiled import engine as ce
 from rlsim.sim.compiled import sim_engine

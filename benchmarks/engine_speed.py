@@ -22,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from readme_tables import emit, machine_note
-
 from policies.registry import COMPARE_DEFAULT, parse_policy
 from rlsim.hostload import LoadMeter
+from rlsim.package_data.markers import emit, machine_note
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 3  # vLLM then SGLang, three times: each pair's ratio is measured side by side

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 import llvmlite.binding as ll
-from readme_tables import emit, machine_note
 
 from rlsim.hostload import LoadMeter
 from rlsim.package_data import fresh_clone
+from rlsim.package_data.markers import emit, machine_note
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,9 +1,10 @@
 """Measure what `rlsim profile derive` predicts on a real GPU, with torch alone (no vLLM needed).
 
     python -m benchmarks.gpu_operators --out DIR [--smoke]
+    python -m benchmarks.gpu_operators --shapes CONFIG_JSON --tp N   # the per-rank shapes it measures
 
 Writes three CSV files to DIR, which `tests/test_derive_measured.py` and
-`benchmarks/derive_table.py` hold the derivation against:
+`doctables/derive_table.py` hold the derivation against:
 
 - `linear_layers.csv`: one decoder layer's linear layers on one TP rank, for dense models of the
   shipped table at every TP vLLM accepts (the heads divide), at 1..4,096 tokens. Each layer's
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # torch is imported where it runs: the tests import shapes() without torch
+if TYPE_CHECKING:  # torch is imported where it runs: `--shapes` prints shapes() without torch
     import torch
 
 MODELS_JSON = Path(__file__).resolve().parents[1] / "rlsim" / "derive" / "models.json"
@@ -234,12 +235,20 @@ def _write(path: Path, rows: list[dict]) -> None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--shapes", metavar="CONFIG_JSON", help="Print the per-rank (in, out) shapes of a model's "
+                    "config (a JSON object) at --tp as JSON, measure nothing.")  # fmt: skip
+    ap.add_argument("--tp", type=int, default=1)
+    args = ap.parse_args()
+    if args.shapes:
+        print(json.dumps(shapes(json.loads(args.shapes), args.tp)))
+        return
+    if args.out is None:
+        ap.error("--out DIR is required to measure")
     import torch
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--smoke", action="store_true")
-    args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16

@@ -29,11 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-from readme_tables import emit, machine_note
-from recorded_runs import relativize
-from validate_real import calibrate_tiny, sh
+from validate_real import calibrate_tiny, relativize, sh
 
 from rlsim.hostload import LoadMeter
+from rlsim.package_data.markers import emit, machine_note
 
 PREDICTION_BAND_PCT = 10.0  # the median of a policy's runs, rollout time
 

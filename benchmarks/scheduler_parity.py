@@ -16,8 +16,7 @@ import argparse
 import sys
 import time
 
-from readme_tables import emit
-
+from rlsim.package_data.markers import emit
 from rlsim.sim.sched_parity import HEADER, VLLM_VERSION, compare, grid, markdown_row, vllm_available
 
 

@@ -20,8 +20,7 @@ import os
 import platform
 import time
 
-from readme_tables import emit
-
+from rlsim.package_data.markers import emit
 from rlsim.sim.sglang_parity import GRID, counts, first_difference, run_rlsim, run_sglang
 from rlsim.sim.sglang_scheduler import SGLANG_VERSION
 

@@ -43,12 +43,12 @@ import time
 
 import numpy as np
 import pandas as pd
-from readme_tables import emit, machine_note
 
 from policies.registry import COMPARE_DEFAULT, make_policy
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.driver.loop import run_loop
 from rlsim.hostload import LoadMeter
+from rlsim.package_data.markers import emit, machine_note
 from rlsim.paths import default_trace
 from rlsim.profile import load_profile
 from rlsim.protocol import EventBatch

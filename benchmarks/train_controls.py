@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from readme_tables import emit, machine_note
 from validate_real import sh
 
 from calibrate.side_by_side import run_side_by_side
 from rlsim.hostload import LoadMeter
+from rlsim.package_data.markers import emit, machine_note
 from rlsim.trace.format import load
 
 REPO = Path(__file__).resolve().parents[1]

@@ -45,15 +45,57 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from readme_tables import emit, machine_note
-from recorded_runs import relativize
+import pyarrow.parquet as pq
 
 from rlsim.calibration.fit import fit_iterations, load_records
 from rlsim.hostload import LoadMeter
+from rlsim.package_data.markers import emit, machine_note
 from rlsim.profile import load_profile
 from rlsim.real.validate_parts import predicted_s
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def relativize(batch: Path, recorded_from: Path) -> None:
+    """Rewrite every path of `batch` that names a file of the folder it was recorded from relative to
+    the run directory that holds it (the batch itself for its own files, `records/` for the
+    calibration records'), in its JSON files and its Parquet files' metadata, so that committed data
+    names no machine's absolute paths and the batch works in any clone. The model's path is kept so,
+    as provenance; validation opens only the trace, which the runs name relative to themselves."""
+    root = str(recorded_from.resolve())
+
+    def rewrite(value: object, base: Path) -> object:
+        if isinstance(value, dict):
+            return {k: rewrite(v, base) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rewrite(v, base) for v in value]
+        if isinstance(value, str) and (value == root or value.startswith(root + "/")):
+            return Path(os.path.relpath(batch / value[len(root) + 1 :], base)).as_posix()
+        return value
+
+    for path in sorted(batch.rglob("*")):
+        rel = path.relative_to(batch)
+        base = batch / rel.parts[0] if len(rel.parts) > 1 else batch
+        if path.suffix == ".json":
+            data = json.loads(path.read_text())
+            if (new := rewrite(data, base)) != data:
+                indent = 2 if path.read_text().startswith("{\n") else None
+                path.write_text(json.dumps(new, indent=indent) + "\n")
+        elif path.suffix == ".parquet":
+            table = pq.read_table(path)
+            old = table.schema.metadata or {}
+            meta = {k: json.dumps(rewrite(json.loads(v), base)).encode() if _is_json(v) else v for k, v in old.items()}
+            if meta != old:
+                codec = pq.ParquetFile(path).metadata.row_group(0).column(0).compression.lower()
+                pq.write_table(table.replace_schema_metadata(meta), path, compression=codec)
+
+
+def _is_json(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
 
 
 def sh(*args: str) -> str:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from readme_tables import emit, machine_note
 from validate_real import sh
 
 from rlsim.hostload import LoadMeter
+from rlsim.package_data.markers import emit, machine_note
 from rlsim.trace.format import load
 
 

@@ -1,6 +1,6 @@
 """Error bands: how far rlsim's predictions of published runs of a prediction's kind were off.
 
-`rlsim/bands.json` (written by `benchmarks/error_bands.py` from the accuracy tables, which CI holds
+`rlsim/bands.json` (written by `doctables/error_bands.py` from the accuracy tables, which CI holds
 equal to their benchmarks) lists every published run rlsim predicts there, with its error, and
 the bands: for each **kind** (the profile's basis, the rollout engine, the framework, the trainer
 backend, the model class and the GPU) the median and worst |error| over its held-back
@@ -15,7 +15,7 @@ framework terms were laid over it (`--terms`), `measured` otherwise (a calibrate
 no published run was predicted from), and `calibrated` when the terms were calibrated on the
 user's own logged runs (`rlsim calibrate run`): its band is that calibration's held-out residual
 and the transfer band (`transfer` in bands.json: calibrating on one published run and predicting
-the others of its family, `benchmarks/transfer.py`). The engine is the one whose rules the simulation runs
+the others of its family, `doctables/transfer.py`). The engine is the one whose rules the simulation runs
 (every published run there rolled out with vLLM, so one under SGLang's rules has no band yet).
 The framework is the one a `--from` config names; a prediction that names none pools every
 framework's runs (`any`). The model class is `moe` when the model's active parameters are fewer
@@ -124,7 +124,7 @@ def ratio_band(kind: Kind) -> dict[str, Any]:
 
 def _calibrated(profile: Profile, kind: Kind) -> dict[str, Any]:
     """The band of a calibrated prediction: its own held-out residual and the transfer band (a
-    calibration on one published run predicting the others of its family, `benchmarks/transfer.py`)."""
+    calibration on one published run predicting the others of its family, `doctables/transfer.py`)."""
     cal = (profile.provenance or {}).get("calibrated") or {}
     transfer = _data().get("transfer") or {}
     return {"kind": asdict(kind), "calibrated": cal, "transfer": transfer.get("steps"), "enough": True}

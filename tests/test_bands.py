@@ -1,4 +1,4 @@
-"""Error bands (`rlsim.bands`): the shipped bands are what `benchmarks/error_bands.py` builds from
+"""Error bands (`rlsim.bands`): the shipped bands are what `rlsim.package_data.bands` builds from
 the accuracy tables; a prediction's kind comes from its profile (its basis, trainer backend,
 model class and GPU), engine and framework; a band counts configurations, not release repeats,
 and a kind with fewer than three held-back configurations gives no figure; `simulate`, `compare`
@@ -7,7 +7,6 @@ and `plan` print the bands; and a plan ranks two finalists apart only beyond the
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -17,21 +16,21 @@ from rlsim.cli.app import app
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.terms import load_terms
 from rlsim.derive.train import Trainer
+from rlsim.package_data import bands as shipped
 from rlsim.plan.planner import _ties, apart
 from rlsim.profile import load_profile, profile_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import error_bands  # noqa: E402
 
 runner = CliRunner()
 
 
 def test_the_shipped_bands_are_built_from_the_accuracy_tables() -> None:
-    """rlsim/bands.json is the benchmark's build from the tables CI holds equal to their benchmarks,
-    and every run in it carries its own error."""
-    built = error_bands.build()
-    assert error_bands.text(built) == (REPO / "rlsim" / "bands.json").read_text()
+    """rlsim/bands.json is `python -m rlsim.package_data bands`' build from the tables CI holds
+    equal to their scripts' output, and every run in it carries its own error."""
+    built = shipped.build()
+    assert shipped.text(built) == (REPO / "rlsim" / "bands.json").read_text()
+    assert shipped.stale() == []
     runs = built["runs"]
     assert {r["framework"] for r in runs} == {"nemo-rl", "verl", "roll"}
     # NeMo RL: 49 expressible rows and the k-step row, each under both bases; veRL's 4 steps; RollPacker's 3 x 2

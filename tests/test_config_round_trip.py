@@ -16,7 +16,7 @@ from rlsim.frameworks.emit import nemo_rl_recipe, verl_overrides
 from rlsim.frameworks.nemo_rl import read_nemo_rl
 from rlsim.frameworks.verl import read_verl
 
-NEMO_BASE = Path(__file__).resolve().parents[1] / "benchmarks/published_runs/nemo_rl/7ea279abf/examples/configs"
+NEMO_BASE = Path(__file__).resolve().parents[1] / "published_runs/nemo_rl/7ea279abf/examples/configs"
 
 
 CASES = settings(max_examples=25, deadline=None,

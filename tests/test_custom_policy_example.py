@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from doctables.doc_commands import example
+
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "policies.md"
-sys.path.insert(0, str(REPO / "benchmarks"))
-from doc_commands import example  # noqa: E402
 
 
 def _example(tmp_path: Path) -> None:

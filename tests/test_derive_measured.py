@@ -5,15 +5,21 @@ layers, a GPU copy and GEMM, and a trainer's forward and backward measured on on
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.derive_checks import H100_SXM, MIXTRAL_8X7B, a100_linear_errors, fused_moe_errors, h100_linear_errors
-from benchmarks.gpu_operators import shapes
+from doctables.derive_checks import H100_SXM, MIXTRAL_8X7B, a100_linear_errors, fused_moe_errors, h100_linear_errors
 from rlsim.derive.models import load_model, model_from_config
 from rlsim.derive.train import published_mfu
 from rlsim.model_facts import kv_shards
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_linear_layers_predict_held_out_a100_measurements() -> None:
@@ -38,12 +44,19 @@ def test_linear_layers_predict_an_h100_measured_with_torch() -> None:
         assert np.median(g.error.abs()) < 0.15, (model, tp)
 
 
+def _shapes(raw: dict, tp: int) -> dict:
+    """The shapes the measurement script (`benchmarks/gpu_operators.py`, torch alone) times, as it prints them."""
+    cmd = [sys.executable, "-m", "benchmarks.gpu_operators", "--shapes", json.dumps(raw), "--tp", str(tp)]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def test_the_measurement_used_vllms_per_rank_shapes() -> None:
     """QKV holds the rank's query heads and its KV heads, one replica each once the ranks
     outnumber the KV heads (Qwen2.5-7B's 4 at TP 8 would hold 1, as vLLM and `kv_shards` do)."""
     raw = {"hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944}
-    assert shapes(raw, 2)["qkv"] == (3584, (14 + 2 * 2) * 128)
-    assert shapes(raw, 4)["gate_up"] == (3584, 2 * 18944 // 4)
+    assert _shapes(raw, 2)["qkv"] == [3584, (14 + 2 * 2) * 128]
+    assert _shapes(raw, 4)["gate_up"] == [3584, 2 * 18944 // 4]
     facts = load_model("qwen2.5-7b").facts("bf16", "bf16")
     assert [kv_shards(facts, tp) for tp in (1, 2, 4, 8)] == [1, 2, 4, 4]
 

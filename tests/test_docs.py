@@ -1,7 +1,7 @@
 """The README and the documentation site: the README stays short, the site builds with no broken
 link between its pages, the README's links land on a page and heading that exist, nothing cites a
 document the repository does not hold, and every `rlsim` command written in them parses (an
-unknown command or option fails here; `python benchmarks/doc_commands.py --run` runs them)."""
+unknown command or option fails here; `python -m doctables.doc_commands --run` runs them)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,10 @@ import pytest
 from markdown.extensions.toc import slugify
 from typer.testing import CliRunner
 
+from doctables.doc_commands import commands
 from rlsim.cli.app import app
 
 from .conftest import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from doc_commands import commands  # noqa: E402
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"

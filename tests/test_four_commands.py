@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.nemo_rl import RECIPES as NEMO
 from rlsim.cli.app import app
+from rlsim.package_data.nemo_rl import RECIPES as NEMO
 from rlsim.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-VERL = ROOT / "benchmarks" / "published_runs" / "verl" / "dapo_7b_math_fsdp2_32_32.overrides"
+VERL = ROOT / "published_runs" / "verl" / "dapo_7b_math_fsdp2_32_32.overrides"
 NEMO_8B = NEMO / "9dbd9adc9/examples/configs/recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g.yaml"
 runner = CliRunner()
 

@@ -12,23 +12,23 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from benchmarks.nemo_rl import RECIPES as NEMO  # the recipes at each row's commit, with their chains
-from benchmarks.nemo_rl import TABLE_NOT_RECIPE  # rows whose published table states another layout
 from rlsim.cli.app import app
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
 from rlsim.framework_costs import FrameworkSettings
 from rlsim.frameworks.verl import known_model, read_config, read_verl
+from rlsim.package_data.nemo_rl import RECIPES as NEMO  # the recipes at each row's commit, with their chains
+from rlsim.package_data.nemo_rl import TABLE_NOT_RECIPE  # rows whose published table states another layout
 from tests.recorded_run import RUN, RUN_CONFIG, real_run_as_verl_metrics
 
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs" / "verl"
+DATA = Path(__file__).resolve().parents[1] / "published_runs" / "verl"
 MOE = DATA / "grpo_30b_a3b_base_math_megatron_96_32.overrides"
 DENSE = DATA / "dapo_7b_math_fsdp2_32_32.overrides"
 runner = CliRunner()
 
 
 def test_the_published_moe_script_is_the_setup_its_table_runs() -> None:
-    """veRL's Qwen3-30B-A3B fully-async script (benchmarks/verl_phases.py runs its table from it):
+    """veRL's Qwen3-30B-A3B fully-async script (doctables/verl_phases.py runs its table from it):
     Megatron TP 2, CP 2, EP 8 with every offload, dynamic batch at 10,240 tokens, a KL loss; vLLM
     TP 4 at 0.7 with 10,240 batched tokens and eager mode; 96 rollout and 32 training GPUs;
     veRL's fully-async knobs as the script sets them."""
@@ -159,13 +159,13 @@ def test_simulate_from_a_config_and_its_clashes(tmp_path: Path) -> None:
 def _published_rows() -> list[dict]:
     import csv
 
-    with (Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs" / "rows.csv").open() as f:
+    with (Path(__file__).resolve().parents[1] / "published_runs" / "rows.csv").open() as f:
         return [r for r in csv.DictReader(f) if r["recipe"]]
 
 
 def test_every_published_nemo_rl_recipe_maps_to_its_row() -> None:
     """Each NeMo RL performance recipe of the accuracy tables (three releases; the recipe and its
-    defaults chain at the row's commit, in benchmarks/published_runs/nemo_rl/) reads to the row's setup: GPUs and
+    defaults chain at the row's commit, in published_runs/nemo_rl/) reads to the row's setup: GPUs and
     the generation's share, generation TP, samples, prompts, vLLM's memory fraction and eager
     mode, the KL term, the training layout, recompute and optimizer offload, the rollout's
     precision (the FP8 rows' vLLM weights; their KV cache stays bf16). Where the published

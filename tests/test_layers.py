@@ -1,15 +1,18 @@
 """The layout's import rules (docs/architecture.md), as import-linter contracts in pyproject.toml
-over every package (rlsim, policies, calibrate/, benchmarks/, tests/): each imports downward only
-(tests, benchmarks and calibrate's scripts above the library; in rlsim, rlsim.real and rlsim.plan
-above rlsim.calibration, the measurement drivers of rlsim.measure above rlsim.real, the profile
-above the roofline it is checked against), no package's modules import each other in a cycle,
-and policies import only rlsim.protocol, rlsim.errors and rlsim.config (never simpy, vllm or
-torch). The contracts hold on the tree, and each one breaks on a copy of the tree with one import
-the wrong way, so they are not vacuous."""
+over every package (rlsim, policies, calibrate/, benchmarks/, doctables/, tests/): each imports
+downward only (tests, then the benchmarks and the doc tables' scripts, then calibrate's scripts,
+above the library; in rlsim, rlsim.real and rlsim.plan above rlsim.calibration, the measurement
+drivers of rlsim.measure above rlsim.real, the profile above the roofline it is checked against),
+no package's modules import each other in a cycle, policies import only rlsim.protocol,
+rlsim.errors and rlsim.config (never simpy, vllm or torch), only the command layer imports typer,
+the tests import no benchmark (not even by putting benchmarks/ on the path) and rlsim imports
+nothing of calibrate/. The contracts hold on the tree, and each one breaks on a copy of the tree
+with one import the wrong way, so they are not vacuous."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,11 +31,11 @@ def lint(root: Path) -> subprocess.CompletedProcess:
 def test_contracts_hold() -> None:
     out = lint(REPO)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "4 kept, 0 broken" in out.stdout
+    assert "6 kept, 0 broken" in out.stdout
 
 
 def _copy(tmp_path: Path) -> Path:
-    for name in ("rlsim", "policies", "calibrate", "benchmarks", "tests"):
+    for name in ("rlsim", "policies", "calibrate", "benchmarks", "doctables", "tests"):
         shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path)
     return tmp_path
@@ -67,6 +70,27 @@ def test_rlsim_importing_calibrate_or_a_benchmark_breaks_the_layers(tmp_path: Pa
     assert out.returncode == 1
     assert "rlsim.real.run -> calibrate.tiny_model" in out.stdout
     assert "rlsim.cli.trace -> benchmarks.trace_load" in out.stdout
+    assert "the library imports nothing of the calibration scripts" in out.stdout.replace("\n", "")
+
+
+def test_a_test_importing_a_benchmark_breaks_its_contract(tmp_path: Path) -> None:
+    """A test checks what is deterministic; a benchmark measures. (A table's script, which
+    computes a doc table from the code, is what a test may import.)"""
+    root = _copy(tmp_path)
+    _add_import(root / "tests" / "test_bands.py", "import benchmarks.engine_speed  # noqa: E402")
+    out = lint(root)
+    assert out.returncode == 1
+    assert "the tests import no benchmark" in out.stdout
+    assert "tests.test_bands -> benchmarks.engine_speed" in out.stdout
+
+
+def test_no_test_puts_the_benchmarks_on_the_path() -> None:
+    """An import by bare name from a folder put on `sys.path` is one import-linter cannot see."""
+    on_path = re.compile(r"sys\.path\.(insert|append)\(.*benchmarks")
+    for path in sorted((REPO / "tests").glob("*.py")):
+        for line in path.read_text().splitlines():
+            assert "on_path" in line or not on_path.search(line), f"{path.name}: {line.strip()}"
+    assert on_path.search('sys.path.insert(0, str(REPO / "benchmarks"))')
 
 
 def test_the_roofline_importing_the_profile_at_run_time_breaks_the_layers(tmp_path: Path) -> None:

@@ -358,7 +358,7 @@ def test_divided_rollout_cuts_turns_into_chunks() -> None:
 
 
 def test_shipped_search_r1_preset_is_the_fit_on_steps_0_to_2() -> None:
-    """`search-r1` is the generator fitted on the log's steps 0-2 (benchmarks/multi_turn.py
+    """`search-r1` is the generator fitted on the log's steps 0-2 (doctables/multi_turn.py
     --write-preset), and generates valid multi-turn traces whose shape is the held-out steps'."""
     from rlsim.trace.turn_model import fit, load_model, synthesize, trajectory_stats
 

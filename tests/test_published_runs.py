@@ -1,5 +1,5 @@
 """The published-runs rows, their split and the fitted terms: what docs/accuracy.md's accuracy table
-rests on (`benchmarks/published_runs.py`; the table itself is held equal to the script's output
+rests on (`doctables/published_runs.py`; the table itself is held equal to the script's output
 by `tests/test_readme_tables.py`)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.nemo_rl import FITTED, folds, load_rows, parts, run, run_setup, simulate_row
 from rlsim.cli.app import app
 from rlsim.config import EngineConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.terms import Terms, load_terms
 from rlsim.derive.train import Trainer
 from rlsim.errors import RlsimError
+from rlsim.package_data.nemo_rl import FITTED, folds, load_rows, parts, run, run_setup, simulate_row
 from rlsim.profile import load_profile
 from rlsim.step_costs import optimizer_s
 
@@ -85,7 +85,7 @@ def test_the_shipped_terms_are_the_set_that_cross_validated_best() -> None:
     """Which terms ship was decided inside the fit half (`published_runs.py --term-sets`): the set
     with the lowest two-fold cross-validated loss, a set within 5% of it tying (the smaller ships);
     the shipped file fits exactly that set."""
-    from benchmarks.nemo_rl import ROWS, TERM_SETS, choose
+    from rlsim.package_data.nemo_rl import ROWS, TERM_SETS, choose
 
     got = json.loads((ROWS.parent / "term_sets.json").read_text())
     assert set(got["losses"]) == set(TERM_SETS) and got["chosen"] == choose(got["losses"])
@@ -239,7 +239,7 @@ def test_no_test_rows_step_time_sets_a_prompt_length() -> None:
     implied prompt length is computed) moves no fit row's prompt length, nor any row's."""
     import pandas as pd
 
-    from benchmarks.nemo_rl import ROWS, prompt_lengths
+    from rlsim.package_data.nemo_rl import ROWS, prompt_lengths
 
     d = pd.read_csv(ROWS)
     before = prompt_lengths(d)
@@ -263,7 +263,7 @@ def test_a_recipe_makes_an_optimizer_step_per_global_batch() -> None:
     """NeMo RL's `train_global_batch_size`: at 2,048 samples a step and 512 a batch, four AdamW
     steps an update, each with its offload traffic; at 512 of 512, one. Four rows' tables state a
     T-GBS of 512 where their recipe's is 2,048 (`GBS_NOT_RECIPE`): the recipe's is simulated."""
-    from benchmarks.nemo_rl import GBS_NOT_RECIPE
+    from rlsim.package_data.nemo_rl import GBS_NOT_RECIPE
 
     d = load_rows()
     ok = d[d.expressible]

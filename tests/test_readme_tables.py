@@ -1,9 +1,11 @@
-"""The tables of the README and of docs/ are the benchmarks' output: CI re-runs the deterministic
-benchmarks that finish in a minute or two and holds each table between its markers equal to what
-the benchmark prints now (`--markdown`), so a table cannot drift from the code that produces it. A
-benchmark writes its own table with `--readme`, into whichever file holds its markers. The
-parity table's rows are checked in `tests/test_scheduler_parity.py` (the subset CI runs); timing
-tables are not deterministic."""
+"""The tables of the README and of docs/ are their scripts' output: CI re-runs the table scripts
+(`doctables/`, which compute from the code and committed data) that finish in a minute or two and
+holds each table between its markers equal to what the script prints now (`--markdown`), so a
+table cannot drift from the code that produces it. A script writes its own table with
+`--readme`, into whichever file holds its markers. The benchmarks (`benchmarks/`) measure: their
+timing tables are not deterministic and say the machine they ran on, and the parity tables' rows
+are checked in `tests/test_scheduler_parity.py` and `tests/test_sglang_parity.py` (the subset CI
+runs)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from readme_tables import README, documents, holders, read_table, tables_in, write_table  # noqa: E402
+from rlsim.package_data.markers import README, documents, holders, read_table, tables_in, write_table
 
-# benchmark script -> the README tables it writes
+REPO = Path(__file__).resolve().parents[1]
+
+# table script (doctables/) -> the README tables it writes
 DETERMINISTIC = {
     "profile_table": ["profile_table"],
     "derive_table": ["derived_profiles", "derive_checks"],
@@ -36,7 +38,7 @@ DETERMINISTIC = {
     "policy_table": ["policy_knobs"],
     "formats_table": ["model_config_fields", "gpu_fields"],
 }
-# timing benchmarks: they write their tables (`--readme`) with the machine and its load; not re-run
+# timing benchmarks (benchmarks/): they write their tables (`--readme`) with the machine and its load; not re-run
 TIMING = {
     "simulate_epoch": ["sync_baseline", "simulator_speed"],
     "compiled_core": ["compiled_core"],
@@ -49,9 +51,11 @@ TIMING = {
     "train_controls": ["train_controls"],
     "dp_attention": ["dp_attention"],
 }
-# checked row by row in tests/test_scheduler_parity.py, and a subset in tests/test_sglang_parity.py
+# parity benchmarks (benchmarks/): checked row by row in tests/test_scheduler_parity.py, and a subset in
+# tests/test_sglang_parity.py
 OTHER = {"scheduler_parity": ["scheduler_parity"], "sglang_parity": ["sglang_parity"]}
-# deterministic but minutes long under SimEngine (SGLang's rules): written with --readme, not re-run here
+# table scripts (doctables/), deterministic but minutes long under SimEngine (SGLang's rules): written with
+# --readme, not re-run here
 SLOW = {"sglang_setups": ["sglang_setups"], "compare_engines": ["compare_engines"]}
 # tables written by hand: reference, not measurement (their header lines; among them the README's
 # statement of what was fitted on what, and the records' columns in docs/architecture.md)
@@ -61,7 +65,7 @@ REFERENCE = ("| vLLM behaviour | rlsim | bound |", "| policy | paper | what it d
 
 
 def _markdown(script: str) -> dict[str, str]:
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--markdown"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", f"doctables.{script}", "--markdown"], cwd=REPO,
                          capture_output=True, text=True, timeout=900)  # fmt: skip
     tables = tables_in(out.stdout)
     assert tables, out.stderr[-2000:]
@@ -69,26 +73,29 @@ def _markdown(script: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("script", list(DETERMINISTIC))
-def test_readme_tables_are_the_benchmarks_output(script: str) -> None:
+def test_readme_tables_are_their_scripts_output(script: str) -> None:
     tables = _markdown(script)
     assert sorted(tables) == sorted(DETERMINISTIC[script])
     for name, body in tables.items():
         for path in holders(name):
             assert read_table(name, path).strip() == body.strip(), (
-                f"{name} in {path.name}: re-run python benchmarks/{script}.py --readme"
+                f"{name} in {path.name}: re-run python -m tables.{script} --readme"
             )
 
 
-def test_every_readme_table_is_a_benchmarks_or_reference() -> None:
-    """Every Markdown table in the README and in docs/ sits between the markers of the benchmark
+def test_every_readme_table_is_a_scripts_or_reference() -> None:
+    """Every Markdown table in the README and in docs/ sits between the markers of the script
     that writes it, or is one of the hand-written reference tables; each timing table says which
-    command wrote it."""
+    command wrote it. The scripts that compute lie in doctables/, those that measure in benchmarks/."""
     import re
 
     texts = [path.read_text() for path in documents()]
     named = [name for text in texts for name in re.findall(r"<!-- table: (\S+) -->", text)]
     claimed = [t for group in (DETERMINISTIC, TIMING, OTHER, SLOW) for tables in group.values() for t in tables]
     assert sorted(set(named)) == sorted(claimed)
+    where = ((DETERMINISTIC, "doctables"), (SLOW, "doctables"), (TIMING, "benchmarks"), (OTHER, "benchmarks"))
+    for group, folder in where:
+        assert all((REPO / folder / f"{script}.py").is_file() for script in group), folder
     # a table is on one page of docs/, and the README may show it too
     docs = re.findall(r"<!-- table: (\S+) -->", "".join(texts[1:]))
     assert sorted(docs) == sorted(set(docs)) and set(named) == set(docs), "each table on exactly one docs page"
@@ -100,7 +107,7 @@ def test_every_readme_table_is_a_benchmarks_or_reference() -> None:
     for text in texts:
         loose = re.sub(r"<!-- table: (\S+) -->\n.*?<!-- end table: \1 -->", "", text, flags=re.S).split("\n")
         headers = [ln for i, ln in enumerate(loose) if ln.startswith("|") and not loose[i - 1].startswith("|")]
-        assert [h for h in headers if h not in REFERENCE] == [], "a table not written by a benchmark"
+        assert [h for h in headers if h not in REFERENCE] == [], "a table not written by a script"
 
 
 def test_a_table_is_replaced_between_its_markers_only(tmp_path: Path) -> None:

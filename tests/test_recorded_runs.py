@@ -32,8 +32,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from recorded_runs import RECORDED, validated  # noqa: E402
+from doctables.recorded_runs import RECORDED, validated
 
 BATCHES = sorted(d for d in RECORDED.iterdir() if d.is_dir()) if RECORDED.is_dir() else []
 MANIFESTS = {b: json.loads((b / "manifest.json").read_text()) for b in BATCHES}

@@ -13,15 +13,11 @@ whole grid and writes docs/accuracy.md's table, whose rows for this subset must 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
+from rlsim.package_data.markers import read_table
 from rlsim.sim.sched_parity import compare, grid, markdown_row, run_rlsim, vllm_available
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from readme_tables import read_table  # noqa: E402
 
 REASON = vllm_available()
 if os.environ.get("RLSIM_REQUIRE_VLLM") == "1" and REASON:

@@ -97,7 +97,7 @@ def test_fast_path_matches_exact_within_half_percent(kv: int) -> None:
 def test_bundled_trace_reproduces_published_shape() -> None:
     """Sync on math17k in RollPacker's Table 1 setup (Qwen2.5-14B, 16k, 32 H800, P0 128, R0 8):
     rollout dominates the step and the first instance to finish idles most of the rollout phase
-    (RhymeRL: about 76%). The paper's 66-72% rollout share is held in `benchmarks/paper_checks.py`
+    (RhymeRL: about 76%). The paper's 66-72% rollout share is held in `doctables/paper_checks.py`
     (the profiles' rollout now sits at 82-85% there: the training side is the gap)."""
     tr = load(default_trace(), columns=[])
     rl = RLConfig(prompts_per_step=128, samples_per_prompt=8, max_response_len=16384, max_steps=4)

@@ -1,6 +1,6 @@
 """Stand-in lengths: a preset rescaled to a run's published mean response (`synthesize_to_mean`)
 reaches it within 1% for every mean up to 0.95 of the cap and refuses above, says what it is, and
-every published row's stand-in (`benchmarks/nemo_rl.py`) reaches its row's mean."""
+every published row's stand-in (`rlsim/package_data/nemo_rl.py`) reaches its row's mean."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.nemo_rl import _trace, load_rows, run_setup
 from rlsim.errors import RlsimError
+from rlsim.package_data.nemo_rl import _trace, load_rows, run_setup
 from rlsim.trace.synth import STAND_IN_REACH, describe_stand_in, synthesize_to_mean
 
 PRESET = "dapo-qwen2.5-32b"

@@ -205,7 +205,7 @@ def moe_experts_s(s: Setup, fit: LinearFit, tokens: np.ndarray, always: bool = T
     """One MoE layer's experts on one rank over `tokens` tokens by the fitted roofline: the routed
     experts the tokens hit read and the k a token uses computed, with the shared experts and router
     unless `always` is False (the routed experts alone are what vLLM's fused-MoE kernel runs, which
-    `benchmarks/derive_checks.py` holds against vLLM's own kernel benchmark). With data-parallel
+    `doctables/derive_checks.py` holds against vLLM's own kernel benchmark). With data-parallel
     attention the group pays the routed experts (`dp_moe_s`)."""
     m, tp, wb = s.model, s.tensor_parallel_size, s.weight_bytes
     n = np.asarray(tokens, dtype=float)

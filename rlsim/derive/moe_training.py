@@ -22,7 +22,7 @@ still charges a layout's expert all-to-all and the expert weights' read floor ap
 (`rlsim.step_costs`), so an MoE update pays part of its dispatch twice: veRL's Qwen3-30B-A3B
 phases, 10-15% long with it (docs/accuracy.md), may hold some of that. The ratio is read on
 H100 and used on every GPU: on GB200 the same release puts Qwen3-30B-A3B at 0.33 and
-DeepSeek-V3 at 0.58 (FP8-MX), so it is conservative there (`benchmarks/derive_checks.py`).
+DeepSeek-V3 at 0.58 (FP8-MX), so it is conservative there (`doctables/derive_checks.py`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ what it stands for, so that one fit serves an 8B and a 671B model alike:
   so it grows with the tokens and the experts each token uses, and a dense model pays none. The
   shipped fit leaves it out: cross-validated inside NeMo RL's fit half with the stand-ins at
   their published means, the three other terms score 0.0407 and the four 0.0483
-  (`benchmarks/published_runs/term_sets.json`), so it is left to users' files;
+  (`published_runs/term_sets.json`), so it is left to users' files;
 - `refit_per_tensor_s`, seconds per weight tensor of a refit (it replaces the derived
   resharding collective): each tensor is gathered, converted and loaded by the engine one by one;
 - `megatron_dense_mfu`: the Megatron trainer's MFU on a dense model, the one training term (MFU
@@ -26,7 +26,7 @@ what it stands for, so that one fit serves an 8B and a 671B model alike:
 The shipped `nemo-rl` file fits three of them (`fitted_terms`: per layer per iteration, per refit
 tensor, Megatron's dense MFU): the set with the lowest two-fold cross-validated loss inside the fit
 half among the derived profile, the four terms and each set of three
-(`benchmarks/published_runs.py --term-sets`; docs/accuracy.md gives the table).
+(`doctables/published_runs.py --term-sets`; docs/accuracy.md gives the table).
 
 One more term is available to a user's file, fitted by nobody shipped: `net_hop_s`, seconds per
 network hop of an all-reduce that leaves the scale-up domain (added to `t_w_s` as `2 x num_layers
@@ -35,7 +35,7 @@ derivation charges each hop NCCL's wire latency (5 us, `rlsim.derive.derive`); w
 across nodes costs beyond it (the proxy thread that drives the NIC, the GPU waiting on its flags)
 is paid per hop whatever the bytes, twice per tree level. As the second shipped term it
 cross-validated no better than the per-pair term inside NeMo RL's fit half (0.0532 against
-0.0529, `benchmarks/published_runs.py --units hop,expert`, before the stand-ins reached their
+0.0529, `doctables/published_runs.py --units hop,expert`, before the stand-ins reached their
 published means), so it is not shipped.
 
 Five older terms stay available to a user's file, fitted by nobody shipped: `megatron_mfu` (the
@@ -47,7 +47,7 @@ replaced it), `iteration_overhead_s` (seconds per iteration, whatever the model)
 replaced them) and `prefill_request_s` (seconds per request an iteration prefills). A terms file
 holds the fitted values with their provenance (which rows, which objective); `nemo-rl` is the
 shipped one, fitted on the fit half of NeMo RL's published step times
-(`benchmarks/published_runs.py`, whose other half is its test).
+(`doctables/published_runs.py`, whose other half is its test).
 Two more are what `rlsim calibrate run` fits on a user's own logged run (`rlsim.calibration.run`),
 each from the phases that identify it: `train_mfu`, the trainer's MFU in the update (forward and
 backward, `timing_s/update_actor`), whatever the backend, and `forward_mfu`, its MFU in the

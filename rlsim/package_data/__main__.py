@@ -1,4 +1,4 @@
-"""`python -m rlsim.package_data [profiles] [core] [--check]`: write the package data, or check it."""
+"""`python -m rlsim.package_data [profiles] [core] [bands] [terms] [--check]`: write the package data, or check it."""
 
 from __future__ import annotations
 
@@ -6,14 +6,18 @@ import argparse
 import sys
 
 from rlsim.errors import RlsimError
-from rlsim.package_data import checkout, core, profiles
+from rlsim.package_data import bands, checkout, core, profiles, terms
 
-PARTS = {"profiles": profiles, "core": core}
+PARTS = {"profiles": profiles, "core": core, "bands": bands, "terms": terms}
+# what a bare build writes: all but the terms' fit (up to 240 simulations of the rows), named to run it; a bare
+# --check checks every part
+QUICK = ("profiles", "core", "bands")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlsim.package_data", description=__doc__.splitlines()[0])
-    ap.add_argument("parts", nargs="*", metavar="PART", help=f"what to write: {', '.join(PARTS)} (default: all)")
+    ap.add_argument("parts", nargs="*", metavar="PART", help=f"what to write: {', '.join(PARTS)} "
+                    f"(default: {', '.join(QUICK)}; --check: all)")  # fmt: skip
     ap.add_argument("--check", action="store_true", help="Write nothing; exit 1 naming each stale part.")
     args = ap.parse_args(argv)
     unknown = [p for p in args.parts if p not in PARTS]
@@ -21,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise RlsimError(f"unknown part {unknown[0]!r}: use {', '.join(PARTS)}")
         checkout()
-        parts = args.parts or list(PARTS)
+        parts = args.parts or list(PARTS if args.check else QUICK)
         if args.check:
             found = {p: PARTS[p].stale() for p in parts}
             for p, what in found.items():

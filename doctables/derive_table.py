@@ -1,12 +1,12 @@
 """Derived profiles of dense and MoE models on several GPUs: decode tok/s and roofline fraction.
 
-    python benchmarks/derive_table.py [--markdown | --readme]
+    python -m doctables.derive_table [--markdown | --readme]
 
 Each row is `rlsim profile derive` of one model on one GPU (`rlsim.derive`), and each cell the
 profile's steady decode at a batch and a per-sequence context: output tokens per second of one
 instance, and in brackets the share of the memory roofline it reaches (the weights the batch
 reads plus its KV over HBM bandwidth; `rlsim.roofline`). `*` marks a cell whose KV does not fit.
-Then the checks of `benchmarks/derive_checks.py`: the derivation against measured and published
+Then the checks of `doctables/derive_checks.py`: the derivation against measured and published
 figures, each marked fitted or test. Pure arithmetic on datasheets, configs and committed
 measurements: deterministic, so `tests/test_readme_tables.py` holds the README's tables equal to
 this script's output.
@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import sys
 
-from derive_checks import markdown as checks_markdown
-from readme_tables import emit
-
+from doctables.derive_checks import markdown as checks_markdown
 from rlsim.config import EngineConfig
 from rlsim.derive.derive import derive_profile, setup
+from rlsim.package_data.markers import emit
 from rlsim.profile import profile_from_dict
 from rlsim.roofline import cell
 

@@ -1,6 +1,6 @@
 """The recorded real runs of tests/data/recorded_runs, validated: docs/real.md's table of them.
 
-    python benchmarks/recorded_runs.py [--markdown | --readme]
+    python -m doctables.recorded_runs [--markdown | --readme]
 
 Validates every run of every recorded batch (`python benchmarks/validate_real.py --record
 tests/data/recorded_runs` records one) with `rlsim validate`'s API and prints, per run, the rollout
@@ -12,15 +12,12 @@ table equal to them, and `tests/test_recorded_runs.py` holds them to docs/real.m
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-import pyarrow.parquet as pq
-from readme_tables import emit
-
+from rlsim.package_data.markers import emit
 from rlsim.real.validate import validate
 
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "data" / "recorded_runs"
@@ -31,48 +28,6 @@ def validated(batch: Path, run: str, tmp: Path) -> dict:
     its trace relative to itself), so that nothing validation might write lands in the test data."""
     shutil.copy2(batch / "tiny.parquet", tmp / "tiny.parquet")
     return validate(shutil.copytree(batch / run, tmp / run))
-
-
-def relativize(batch: Path, recorded_from: Path) -> None:
-    """Rewrite every path of `batch` that names a file of the folder it was recorded from relative to
-    the run directory that holds it (the batch itself for its own files, `records/` for the
-    calibration records'), in its JSON files and its Parquet files' metadata, so that committed data
-    names no machine's absolute paths and the batch works in any clone. The model's path is kept so,
-    as provenance; validation opens only the trace, which the runs name relative to themselves."""
-    root = str(recorded_from.resolve())
-
-    def rewrite(value: object, base: Path) -> object:
-        if isinstance(value, dict):
-            return {k: rewrite(v, base) for k, v in value.items()}
-        if isinstance(value, list):
-            return [rewrite(v, base) for v in value]
-        if isinstance(value, str) and (value == root or value.startswith(root + "/")):
-            return Path(os.path.relpath(batch / value[len(root) + 1 :], base)).as_posix()
-        return value
-
-    for path in sorted(batch.rglob("*")):
-        rel = path.relative_to(batch)
-        base = batch / rel.parts[0] if len(rel.parts) > 1 else batch
-        if path.suffix == ".json":
-            data = json.loads(path.read_text())
-            if (new := rewrite(data, base)) != data:
-                indent = 2 if path.read_text().startswith("{\n") else None
-                path.write_text(json.dumps(new, indent=indent) + "\n")
-        elif path.suffix == ".parquet":
-            table = pq.read_table(path)
-            old = table.schema.metadata or {}
-            meta = {k: json.dumps(rewrite(json.loads(v), base)).encode() if _is_json(v) else v for k, v in old.items()}
-            if meta != old:
-                codec = pq.ParquetFile(path).metadata.row_group(0).column(0).compression.lower()
-                pq.write_table(table.replace_schema_metadata(meta), path, compression=codec)
-
-
-def _is_json(raw: bytes) -> bool:
-    try:
-        json.loads(raw)
-    except ValueError:
-        return False
-    return True
 
 
 def main() -> int:

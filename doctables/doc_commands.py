@@ -1,7 +1,7 @@
 """Every shell command of the README and of docs/, as written, and whether it runs.
 
-    python benchmarks/doc_commands.py                 # list them: file, line, what they need
-    python benchmarks/doc_commands.py --run [--skip-slow] [--only TEXT] [--timeout S]
+    python -m doctables.doc_commands                 # list them: file, line, what they need
+    python -m doctables.doc_commands --run [--skip-slow] [--only TEXT] [--timeout S]
 
 A command is a line (with its `\\` continuations) of a ```bash block. `--run` clones this
 checkout's committed state into a scratch directory per page, as a reader following that page
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from readme_tables import REPO, documents
+from rlsim.package_data.markers import REPO, documents
 
 # what a command needs that this machine does not have, by a text it contains
 NEEDS = (
@@ -39,7 +39,7 @@ NEEDS = (
     ("pip install", "a package index (the install lines are what .ci/run itself runs)"),
 )
 # written to take ten minutes or more on a 2-core machine
-SLOW = ("published_runs.py --fit", "scheduler_parity.py")
+SLOW = ("doctables.published_runs --fit", "rlsim.package_data terms", "scheduler_parity.py")
 
 
 @dataclass(frozen=True)

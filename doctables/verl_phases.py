@@ -1,7 +1,7 @@
 """veRL's published per-phase times against rlsim, each run set up from its stated configuration and
 reported as found (never tuned to; no framework term fitted: veRL's setting is the derived one).
 
-    python benchmarks/verl_phases.py [--markdown | --readme]
+    python -m doctables.verl_phases [--markdown | --readme]
 
 The runs are the colocated synchronous baselines of veRL's `fully_async_policy` README
 (github.com/volcengine/verl, verl/experimental/fully_async_policy/README.md; H20 GPUs), with the
@@ -34,12 +34,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from readme_tables import emit
-
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.train import Trainer
 from rlsim.frameworks.verl import read_verl
+from rlsim.package_data.bands import VERL_RUNS, VERL_SCRIPTS
+from rlsim.package_data.markers import emit
 from rlsim.profile import profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.step_costs import weight_sync_s
@@ -67,9 +67,8 @@ class Run:
 
 # the runs' settings, read from the launch scripts as published (their overrides as bash expands them)
 # by the same reader users run (`--from verl:`); the sync baselines ran colocated with them
-SCRIPTS = Path(__file__).resolve().parent / "published_runs" / "verl"
-MOE_SETUP = read_verl(SCRIPTS / "grpo_30b_a3b_base_math_megatron_96_32.overrides")
-DENSE_SETUP = read_verl(SCRIPTS / "dapo_7b_math_fsdp2_32_32.overrides")
+MOE_SETUP = read_verl(VERL_SCRIPTS / VERL_RUNS["Qwen3-30B-A3B"])
+DENSE_SETUP = read_verl(VERL_SCRIPTS / VERL_RUNS["Qwen2.5-Math-7B"])
 MOE_TRAINER, DENSE_TRAINER = MOE_SETUP.trainer, DENSE_SETUP.trainer
 
 

@@ -1,6 +1,6 @@
 """Transfer accuracy: calibrate on one published run, predict the others of its family.
 
-    python benchmarks/transfer.py [--markdown | --readme]   # --readme also writes published_runs/transfer.json
+    python -m doctables.transfer [--markdown | --readme]   # --readme also writes published_runs/transfer.json
 
 What a user does with their last run: `rlsim calibrate run` on it (`rlsim.calibration.run`), then
 predict the runs they are deciding between. Every calibration starts from the derived profile
@@ -42,15 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from readme_tables import emit
-from verl_fully_async import POLICY as DENSE_POLICY
-from verl_fully_async import PUBLISHED as DENSE_ASYNC
-from verl_phases import DENSE_ENGINE, DENSE_TRAINER, MOE_SETUP, PRESET, RUNS, _engine
 
+from doctables.verl_fully_async import POLICY as DENSE_POLICY
+from doctables.verl_fully_async import PUBLISHED as DENSE_ASYNC
+from doctables.verl_phases import DENSE_ENGINE, DENSE_TRAINER, MOE_SETUP, PRESET, RUNS, _engine
 from rlsim.calibration.run import LoggedRun, calibrate
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.terms import Terms
+from rlsim.package_data.markers import emit
 from rlsim.profile import profile_from_dict
 from rlsim.sim.simulate import simulate
 from rlsim.trace.synth import SynthConfig, synthesize
@@ -58,7 +58,7 @@ from rlsim.trace.synth import SynthConfig, synthesize
 STEPS = 9  # the metrics file's steps: the first, then 8 (every 4th of them held out)
 ASYNC_UPDATES = 32
 SCALES = (1.0, 0.75, 1.25)
-OUT = Path(__file__).resolve().parent / "published_runs" / "transfer.json"
+OUT = Path(__file__).resolve().parents[1] / "published_runs" / "transfer.json"
 MOE_ASYNC_STEP = 282.75  # README, "30B Model Mode Experiment": Fully Async Policy 96:32, Step (s)
 
 
@@ -217,7 +217,7 @@ def transfer_json(data: dict) -> str:
     """The figures `rlsim/bands.json` carries as `transfer` (the band a calibrated prediction prints)."""
     s = data["summary"]["1.0"]
     return json.dumps({"about": "Calibrate on one published run, predict the others of its family "
-                       "(benchmarks/transfer.py), at the stand-in's lengths.", "steps": s["steps"],
+                       "(doctables/transfer.py), at the stand-in's lengths.", "steps": s["steps"],
                        "ratios": s["ratios"]}, indent=1) + "\n"  # fmt: skip
 
 
@@ -228,10 +228,10 @@ def _nemo_rl_calibration(row: pd.Series):  # noqa: ANN202 - rlsim.calibration.ru
     """One NeMo RL row as a step-only log (its published step time written as `NEMO_STEPS` equal
     steps), its run set up as `nemo_rl.simulate_row` sets it up, calibrated from the derived profile."""
     import numpy as np
-    from nemo_rl import PRESET as NEMO_PRESET
-    from nemo_rl import run_setup
 
     from rlsim.derive.derive import setup as derive_setup
+    from rlsim.package_data.nemo_rl import PRESET as NEMO_PRESET
+    from rlsim.package_data.nemo_rl import run_setup
     from rlsim.trace.synth import synthesize_to_mean
 
     s = run_setup(row)
@@ -255,7 +255,7 @@ def _nemo_rl_calibration(row: pd.Series):  # noqa: ANN202 - rlsim.calibration.ru
 def nemo_rl() -> list[dict]:
     """NeMo RL's rows of one model, GPU and release (step only): each calibrated on in turn, the
     others predicted (`nemo_rl.simulate_row` at the calibrated terms)."""
-    from nemo_rl import load_rows, simulate_row
+    from rlsim.package_data.nemo_rl import load_rows, simulate_row
 
     d = load_rows()
     d = d[d.expressible]

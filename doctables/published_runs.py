@@ -2,19 +2,20 @@
 as published (read by `--from nemo-rl:`'s reader), with the error; the rows it cannot express,
 with the reason.
 
-    python benchmarks/published_runs.py [--rows N] [--fit] [--markdown | --readme]
-    python benchmarks/published_runs.py --units sequence,expert,hop   # choose the second term's unit
-    python benchmarks/published_runs.py --term-sets                   # choose which terms ship
+    python -m doctables.published_runs [--rows N] [--fit] [--markdown | --readme]
+    python -m doctables.published_runs --units sequence,expert,hop   # choose the second term's unit
+    python -m doctables.published_runs --term-sets                   # choose which terms ship
 
 The k-step off-policy rows are predicted apart (`published_async`), and the summary the README
 shows (`accuracy_summary`) says which rows the terms were fitted on and which validate them.
 
-How each row is set up, and which terms are fitted on which half, is `benchmarks/nemo_rl.py`.
+How each row is set up, and which terms are fitted on which half, is `rlsim/package_data/nemo_rl.py`.
 `--term-sets` cross-validates, by two folds inside the fit half, the derived profile (no term),
 the four terms and each set of three, and writes the losses and the set that ships (the lowest
 loss; a set within 5% of it ties, and the smaller ships) to
-`benchmarks/published_runs/term_sets.json`; about 30 min on a 2-core machine with `--jobs 2`.
-`--fit` fits that set on the fit half and rewrites `rlsim/derive/terms_nemo-rl.json`.
+`published_runs/term_sets.json`; about 30 min on a 2-core machine with `--jobs 2`.
+`--fit` fits that set on the fit half and rewrites `rlsim/derive/terms_nemo-rl.json` (by
+`rlsim.package_data.terms`, which `python -m rlsim.package_data terms` runs), then the tables.
 Four tables: every row (`published_runs`, with each stand-in's scale and its share of responses at
 the cap), the rows whose stand-in has more than a quarter at the cap again at their mean -10% and
 +10% (`published_sensitivity`), the k-step rows, and the summary.
@@ -31,27 +32,13 @@ import sys
 from dataclasses import asdict
 
 import pandas as pd
-from nemo_rl import (
-    FITTED,
-    ROWS,
-    TERM_SETS,
-    TIE,
-    UNITS,
-    Terms,
-    _fold_errors,
-    choose,
-    cross_validate,
-    fit,
-    load_rows,
-    parts,  # fmt: skip
-    run,
-    run_setup,
-)
-from readme_tables import emit
+
+from rlsim.package_data import terms as terms_file
+from rlsim.package_data.markers import emit
+from rlsim.package_data.nemo_rl import FITTED, UNITS, Terms, cross_validate, load_rows, parts, run, run_setup
 
 HALF = {"fit": "fit", "test": "validation"}  # rows.csv's half, as the tables name it
 AT_CAP_MARK = 0.25  # a stand-in with more of its responses at the cap is marked: its tail is the cap's, not the run's
-TERM_SETS_FILE = ROWS.parent / "term_sets.json"
 
 
 def main() -> None:
@@ -60,7 +47,7 @@ def main() -> None:
     ap.add_argument("--fit", action="store_true", help="Fit the terms on the fit half; rewrite the terms file.")
     ap.add_argument("--units", help=f"Cross-validate these units of the second term ({', '.join(UNITS)}); print, exit.")
     ap.add_argument("--term-sets", action="store_true", help="Cross-validate which terms ship (two folds inside the "
-                    "fit half, on a pool of --jobs processes); write benchmarks/published_runs/term_sets.json, exit.")
+                    "fit half, on a pool of --jobs processes); write published_runs/term_sets.json, exit.")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--readme", action="store_true")
@@ -75,33 +62,15 @@ def main() -> None:
             print(f"{unit}: two-fold cross-validated loss inside the fit half {loss:.5f}", flush=True)
         return
     if a.term_sets:
-        term_sets(d, a.jobs)
+        chosen = terms_file.term_sets(a.jobs)
+        for name, loss in chosen["losses"].items():
+            print(f"{name}: {loss:.5f}{'  <- ships' if name == chosen['chosen'] else ''}")
         return
     todo = d[d.expressible]
     if a.rows:
         todo = todo.head(a.rows)
     if a.fit:
-        chosen = json.loads(TERM_SETS_FILE.read_text())
-        keep = tuple(chosen["terms"][chosen["chosen"]])
-        if not keep:
-            raise SystemExit(f"{TERM_SETS_FILE.name}: the derived profile ships (no term): nothing to fit")
-        import multiprocessing
-
-        with multiprocessing.get_context("fork").Pool(a.jobs) as pool:
-            terms, loss = fit(d, keep=keep, pool=pool)
-        FITTED.write_text(json.dumps({
-            "terms": asdict(terms), "fitted_terms": list(keep),
-            "cross_validated": f"{chosen['chosen']}: loss {chosen['losses'][chosen['chosen']]} against "
-            + ", ".join(f"{k} {v}" for k, v in chosen["losses"].items() if k != chosen["chosen"])
-            + " (benchmarks/published_runs/term_sets.json)",
-            "fit_loss_mean_sq_log_error": round(loss, 5),
-            "fitted_on": "the fit half of benchmarks/published_runs/rows.csv (configurations alternating within each "
-            "model, committed before fitting; the configurations generation across nodes added alternate among "
-            "themselves), mean squared log error of the mean step time over steps 2-5",
-            "rows": int(((d.half == "fit") & d.expressible).sum()),
-            "source": "NeMo RL performance summary v0.4, v0.5, v0.6 (github.com/NVIDIA-NeMo/RL, "
-            "docs/about/performance-summary.md)",
-        }, indent=2) + "\n")  # fmt: skip
+        terms_file.write(a.jobs)
     terms = Terms(**json.loads(FITTED.read_text())["terms"]) if FITTED.exists() else Terms()
     derived = run(todo, Terms(), say=True)
     fitted = run(todo, terms, say=True)
@@ -171,8 +140,8 @@ def main() -> None:
 
 
 def term_sets_table() -> str:
-    """The cross-validation that chose which terms ship (`--term-sets`, TERM_SETS_FILE), as a table."""
-    got = json.loads(TERM_SETS_FILE.read_text())
+    """The cross-validation that chose which terms ship (`--term-sets`, `terms_file.TERM_SETS_FILE`), as a table."""
+    got = json.loads(terms_file.TERM_SETS_FILE.read_text())
     second = {"expert": "per routed token-expert pair per MoE layer", "sequence": "per running sequence per layer",
               "hop": "per network hop across scale-up domains"}[got["unit"]]  # fmt: skip
     names = {"layer": "per decoder layer per iteration", "second": second,
@@ -202,41 +171,6 @@ def sensitivity(res: pd.DataFrame, terms: Terms) -> str:
             f"{low_f.simulated_s[i]:.1f} / {r.simulated_s:.1f} / {high_f.simulated_s[i]:.1f} | {HALF[r.half]} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def term_sets(d: pd.DataFrame, jobs: int) -> None:
-    """Each set of terms (`nemo_rl.TERM_SETS`) cross-validated inside the fit half, the folds' fits
-    on a process pool; the set that ships (`nemo_rl.choose`) and the table, to TERM_SETS_FILE."""
-    import multiprocessing
-    import time
-
-    import numpy as np
-
-    work = [(name, k) for name in TERM_SETS for k in (0, 1)]
-    errors: dict[str, list] = {name: [] for name in TERM_SETS}
-    t0 = time.time()
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        args = [(d, nemo_unit(), TERM_SETS[name], k) for name, k in work]
-        for (name, k), err in zip(work, pool.imap(_fold_errors, args), strict=True):
-            errors[name].append(err)
-            print(f"{name}, fold {k} predicted: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-    losses = {name: float(np.mean(np.log1p(pd.concat(e)) ** 2)) for name, e in errors.items()}
-    chosen = choose(losses)
-    TERM_SETS_FILE.write_text(json.dumps({
-        "losses": {k: round(v, 5) for k, v in losses.items()}, "terms": {k: list(v) for k, v in TERM_SETS.items()},
-        "chosen": chosen, "tie": TIE, "unit": nemo_unit(),
-        "how": "two-fold cross-validation inside the fit half (folds by configuration, alternating within each "
-        "model): the set's terms fitted on one fold, the other fold's mean squared log error of the step time, "
-        "over both folds' rows; the lowest loss ships, a set within the tie of it ties and the smaller set ships",
-    }, indent=2) + "\n")  # fmt: skip
-    for name, loss in losses.items():
-        print(f"{name}: {loss:.5f}{'  <- ships' if name == chosen else ''}")
-
-
-def nemo_unit() -> str:
-    from nemo_rl import SHIPPED_UNIT
-
-    return SHIPPED_UNIT
 
 
 def accuracy_summary(res: pd.DataFrame, apart: pd.DataFrame | None) -> str:

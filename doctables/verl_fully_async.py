@@ -1,6 +1,6 @@
 """veRL's published fully-async speedups against rlsim's prediction, reported as found (never tuned to).
 
-    python benchmarks/verl_fully_async.py [--markdown | --readme]
+    python -m doctables.verl_fully_async [--markdown | --readme]
 
 veRL's `recipe/fully_async_policy` README (Qwen2.5-Math-7B, DAPO on DAPO-Math-17k, H20 GPUs,
 rollout.n 16, ppo_mini_batch_size 32, 28K-token responses) times a colocated synchronous run
@@ -25,11 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from readme_tables import emit
-from verl_phases import DENSE_ENGINE, DENSE_TRAINER
-
+from doctables.verl_phases import DENSE_ENGINE, DENSE_TRAINER
 from rlsim.config import ClusterConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
+from rlsim.package_data.markers import emit
 from rlsim.paths import default_trace
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import load

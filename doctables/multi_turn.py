@@ -1,6 +1,6 @@
 """Multi-turn rollouts against the Search-R1 log (PolyTrace, `traces/search_r1.parquet`).
 
-    python benchmarks/multi_turn.py [--markdown | --readme] [--write-preset]
+    python -m doctables.multi_turn [--markdown | --readme] [--write-preset]
 
 1. `search_r1_fit`: the multi-turn generator fitted on the log's steps 0-2 (the fitting set) and
    tested on steps 3-4 (held out): trajectory shape of a generated trace against both.
@@ -28,10 +28,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from readme_tables import emit
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.driver.turns import ToolConfig
+from rlsim.package_data.markers import emit
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace, load
 from rlsim.trace.import_polytrace_turns import turn_log

@@ -2,17 +2,16 @@
 against (`rlsim.derive.models.CONFIG_FIELDS`, `rlsim.derive.gpus.GPU_FIELDS`), so the page cannot
 drift from what is accepted.
 
-    python benchmarks/formats_table.py [--markdown | --readme]
+    python -m doctables.formats_table [--markdown | --readme]
 """
 
 from __future__ import annotations
 
 import sys
 
-from readme_tables import emit
-
 from rlsim.derive.gpus import GPU_FIELDS
 from rlsim.derive.models import CONFIG_FIELDS, LARGEST
+from rlsim.package_data.markers import emit
 
 
 def model_table() -> str:

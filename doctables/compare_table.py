@@ -1,6 +1,6 @@
 """The `rlsim compare` tables of the README and docs/simulate.md: the defaults, and DAPO's dynamic sampling.
 
-    python benchmarks/compare_table.py [--markdown | --readme]
+    python -m doctables.compare_table [--markdown | --readme]
 
 Runs `rlsim compare --markdown` twice on the bundled trace (64 H100s, `h100-qwen2.5-32b-tp4`,
 veRL's engine limits, P0 512 x R0 16): with its defaults (every default policy, the trace's two
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from readme_tables import emit
+from rlsim.package_data.markers import emit
 
 ASYNC = (
     "sync,one_step_off,k_step_off(k=2),async_partial,fully_async,fully_async(staleness_threshold=0.1),"

@@ -1,6 +1,6 @@
 """Paper checks in their setups of record (docs/policies.md, setups of record): RollPacker, APRIL and Seer.
 
-Used by `benchmarks/paper_checks.py`. Every setup's profile is `rlsim profile derive` of the
+Used by `doctables/paper_checks.py`. Every setup's profile is `rlsim profile derive` of the
 paper's model on its GPU at its rollout TP, trained by Megatron at the paper's layout where it is
 published, with the framework terms fitted on NeMo RL's published runs (`--terms nemo-rl`) laid
 over it: no constant here is fitted to these papers' figures, so every seconds figure is a test
@@ -19,7 +19,7 @@ of whether those terms transfer to another framework.
   per engine, Megatron TP 2; 32 prompts x 8, 16,384-token cap, 2x over-provisioning
   (`async_partial(over_sample_rate=2.0)`) against the same run without partial rollout (`sync`),
   on the bundled DAPO-Math-17k trace capped at 16k. APRIL runs SGLang; these checks schedule as
-  vLLM does, and `benchmarks/sglang_setups.py` re-runs APRIL and Seer under SGLang's rules.
+  vLLM does, and `doctables/sglang_setups.py` re-runs APRIL and Seer under SGLang's rules.
 - **Seer** (arXiv 2511.14617 v3, Table 3): Moonlight-16B-A3B on 32 H800s (one per instance),
   400 x 8, cap 65,536, mean 22,386; Qwen2-VL-72B (its language model) on 128 H800s at TP 8, 600 x 16,
   cap 40,960, mean 7,615; 5 iterations. The `reasoning-32k` preset rescaled to each mean and cap
@@ -36,12 +36,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from nemo_rl import rescaled
 
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.derive.derive import derive_profile, setup
 from rlsim.derive.terms import load_terms
 from rlsim.derive.train import Trainer
+from rlsim.package_data.nemo_rl import rescaled
 from rlsim.paths import default_trace
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import load

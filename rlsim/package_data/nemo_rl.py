@@ -1,14 +1,14 @@
 """Simulating NeMo RL's published runs: the rows, one row's simulation, the fit of the terms.
 
-`benchmarks/published_runs.py` prints the table (every row rlsim can express, simulated from its
+`python -m doctables.published_runs` prints the table (every row rlsim can express, simulated from its
 recipe, with the error; the rows it cannot express, with the reason);
 `tests/test_published_runs.py` checks what it rests on.
 
-The rows are `benchmarks/published_runs/rows.csv` (built from the three releases of NeMo RL's
-performance summary and the recipe behind each row by `benchmarks/published_runs/extract.py`; see
+The rows are `published_runs/rows.csv` (built from the three releases of NeMo RL's
+performance summary and the recipe behind each row by `published_runs/extract.py`; see
 its docstring). Each row's run is set up from its recipe as published, by the reader users run
 (`--from nemo-rl:RECIPE.yaml`, `rlsim.frameworks.nemo_rl.read_nemo_rl`), on the recipe and its
-`defaults:` chain at the row's commit (`benchmarks/published_runs/nemo_rl/<commit>/`): GPUs and
+`defaults:` chain at the row's commit (`published_runs/nemo_rl/<commit>/`): GPUs and
 the generation's share, generation TP/PP, samples and prompts, vLLM's memory fraction and eager
 mode, prefix caching off (NeMo RL's default), vLLM's own `LLM`-class limits on the row's GPU
 (1,024 sequences, 16,384 batched tokens on H100 and GB200), the KL term, and the Megatron
@@ -42,7 +42,7 @@ network hop of an all-reduce across scale-up domains; per refit tensor; Megatron
 model, an MoE model at its published efficiency against one) on the fit half alone, by the mean
 squared log error of the step time, only those `keep` names. `cross_validate` scores a unit or a
 set of terms by two-fold cross-validation inside the fit half, which is how the unit was chosen
-(`benchmarks/published_runs.py --units`) and how the shipped set is (`--term-sets`, `choose`:
+(`python -m doctables.published_runs --units`) and how the shipped set is (`--term-sets`, `choose`:
 the derived profile, all four and each set of three; the lowest loss ships, a set within 5% of it
 ties and the smaller ships).
 `--rows N` runs the first N expressible rows only (a quick look).
@@ -65,19 +65,21 @@ from rlsim.config import ClusterConfig, RLConfig
 from rlsim.derive.derive import derive_profile
 from rlsim.derive.derive import setup as derive_setup
 from rlsim.derive.terms import Terms
+from rlsim.errors import RlsimError
 from rlsim.frameworks.nemo_rl import read_nemo_rl
 from rlsim.frameworks.run_setup import RunSetup
+from rlsim.package_data import ROOT
 from rlsim.sim.simulate import simulate
 from rlsim.trace.synth import synthesize_to_mean as rescaled
 
-ROWS = Path(__file__).resolve().parent / "published_runs" / "rows.csv"
-RECIPES = Path(__file__).resolve().parent / "published_runs" / "nemo_rl"  # <commit>/<recipe>, with its chain
-FITTED = Path(__file__).resolve().parents[1] / "rlsim" / "derive" / "terms_nemo-rl.json"
+ROWS = ROOT / "published_runs" / "rows.csv"
+RECIPES = ROOT / "published_runs" / "nemo_rl"  # <commit>/<recipe>, with its chain
+FITTED = ROOT / "rlsim" / "derive" / "terms_nemo-rl.json"
 STEPS = 5
 PRESET = "dapo-qwen2.5-32b"
 PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 # rows whose published table states another layout than the recipe at its commit (rows.csv keeps
-# the table's: benchmarks/published_runs/extract.py): (release, recipe file) -> {field: (table, recipe)}
+# the table's: published_runs/extract.py): (release, recipe file) -> {field: (table, recipe)}
 TABLE_NOT_RECIPE = {
     ("0.6", "grpo-deepseek-v3-64n8g.yaml"): {"ep": (16, 32)},
     ("0.6", "grpo-deepseek-v3-64n4g.yaml"): {"ep": (16, 32)},
@@ -108,7 +110,7 @@ def load_rows() -> pd.DataFrame:
     prompt = prompt_lengths(d)
     missing = d[prompt.isna() & d.expressible]
     if len(missing):
-        raise SystemExit(f"{missing.model.iloc[0]} has no fit-half row to take a prompt length from")
+        raise RlsimError(f"{missing.model.iloc[0]} has no fit-half row to take a prompt length from")
     return d.assign(prompt_len=prompt.fillna(0).astype(int))
 
 
@@ -279,3 +281,24 @@ def parts(res: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [("fit half", ok[ok.half == "fit"]), ("validation half", test),
             ("validation half, first split", test[~added[test.index]]),
             ("validation half, added (generation across nodes)", test[added[test.index]])]  # fmt: skip
+
+
+def release_spreads() -> pd.DataFrame:
+    """How far apart NeMo RL publishes one configuration across releases with its recipe unchanged
+    (`python -m doctables.release_spread`): one row per configuration published in two or more
+    releases, with its releases, whether its recipe is identical across them (and why not), its
+    published steps and its spread."""
+    d = pd.read_csv(ROWS)
+    out = []
+    for config, part in d.groupby("config"):
+        if part.release.nunique() < 2:
+            continue
+        texts = {(Path(RECIPES) / str(r.commit) / str(r.recipe)).read_bytes() for _, r in part.iterrows()}
+        overlay = any((str(r.release), Path(r.recipe).name) in TABLE_NOT_RECIPE for _, r in part.iterrows())
+        why = "table's layout over the recipe" if overlay else ("" if len(texts) == 1 else "recipe changed")
+        steps = part.sort_values("release").step_s
+        out.append({"config": config, "model": part.model.iloc[0], "half": part.half.iloc[0],
+                    "releases": ", ".join(part.sort_values("release").release.astype(str)),
+                    "steps": " / ".join(f"{s:.1f}" for s in steps), "identical": not why, "why_not": why,
+                    "spread": float(steps.max() / steps.min() - 1)})  # fmt: skip
+    return pd.DataFrame(out)

@@ -1,16 +1,15 @@
 """The knobs table of docs/policies.md, from the policy registry itself (what `rlsim policies`
 prints), so the page cannot drift from the code.
 
-    python benchmarks/policy_table.py [--markdown | --readme]
+    python -m doctables.policy_table [--markdown | --readme]
 """
 
 from __future__ import annotations
 
 import sys
 
-from readme_tables import emit
-
 from policies.registry import describe
+from rlsim.package_data.markers import emit
 
 
 def main() -> None:

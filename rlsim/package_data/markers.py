@@ -1,4 +1,4 @@
-"""README and docs tables written by the benchmarks that produce them, never by hand.
+"""README and docs tables written by the scripts that produce them, never by hand.
 
 A table in README.md or in a page of docs/ sits between two markers naming it (a table the README
 shows is also on its page of docs/, the same between both pairs of markers):
@@ -7,11 +7,14 @@ shows is also on its page of docs/, the same between both pairs of markers):
     | ... |
     <!-- end table: scheduler_parity -->
 
-A benchmark run with `--markdown` prints each of its tables between the same markers; with
-`--readme` it also writes each between its markers, in whichever of those files holds them.
-`tests/test_readme_tables.py` re-runs the deterministic benchmarks that finish in a minute or two
-and holds each table equal to their output, so the prose around a table can quote it but the
-table itself cannot drift from the code.
+A script run with `--markdown` prints each of its tables between the same markers; with
+`--readme` it also writes each between its markers, in whichever of those files holds them. The
+scripts that compute a table from the code and committed data alone live in `doctables/` (`python -m
+tables.NAME`); `tests/test_readme_tables.py` re-runs those that finish in a minute or two and holds
+each table equal to their output, so the prose around a table can quote it but the table itself
+cannot drift from the code. The benchmarks that measure (`benchmarks/`: timings, real engines)
+write their tables with the machine and its load (`machine_note`). The error bands
+(`rlsim.package_data.bands`) are read from these tables.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import re
 from pathlib import Path
 
 from rlsim.hostload import LoadMeter, describe
+from rlsim.package_data import ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 
 
@@ -73,7 +76,7 @@ def emit(name: str, body: str, argv: list[str]) -> None:
 
 
 def tables_in(text: str) -> dict[str, str]:
-    """The tables a benchmark printed with `--markdown`, by name (their text between the markers)."""
+    """The tables a script printed with `--markdown`, by name (their text between the markers)."""
     found = re.findall(r"<!-- table: (\S+) -->\n(.*?)<!-- end table: \1 -->", text, re.S)
     return {name: body for name, body in found}
 

@@ -9,7 +9,7 @@ For each real log under tests/data/ (the rLLM DeepCoder-14B log: 5 steps x 16 pr
    and standard deviation of DRAWS synthetic traces shaped like the log) and on the shipped
    `dapo-qwen2.5-32b` preset at the same shape and cap (what a user got before fitting).
 
-Usage: python benchmarks/fit_workload.py [DRAWS] [--markdown | --readme]   (default 40, as tests/test_fit.py;
+Usage: python -m doctables.fit_workload [DRAWS] [--markdown | --readme]   (default 40, as tests/test_fit.py;
 about 2 minutes on 2 cores). `--markdown` prints the coder log's two tables as docs/simulate.md shows them,
 `--readme` also writes them there (`tests/test_readme_tables.py` holds them equal in CI).
 """
@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from readme_tables import emit
 
 from policies.registry import REGISTRY
 from rlsim.config import ClusterConfig, RLConfig
+from rlsim.package_data.markers import emit
 from rlsim.sim.compare import compare
 from rlsim.trace.fit import cross_validate, fit_preset
 from rlsim.trace.fit_check import check_fit

@@ -1,6 +1,6 @@
 """Docs/planning.md's `rlsim plan` example, as Markdown: its answer and its Pareto front.
 
-    python benchmarks/plan_table.py [--markdown | --readme]
+    python -m doctables.plan_table [--markdown | --readme]
 
 Runs docs/planning.md's first `rlsim plan` command (the bundled trace, DAPO's batch, the Qwen2.5-32B
 H100 family at TP 4 and 8, 16-64 GPUs colocated or disaggregated, four policies; about two
@@ -21,8 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from readme_tables import emit
-
+from rlsim.package_data.markers import emit
 from rlsim.plan.report import answer_rows, band_lines, pareto_rows
 
 COMMAND = ["plan", "--gpu-budget", "64", "--gpus", "16,32,64", "--placement", "colocated,disaggregated",

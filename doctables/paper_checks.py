@@ -1,12 +1,12 @@
 """Reproduction report: each policy against its paper's published numbers (docs/policies.md).
 
-    python benchmarks/paper_checks.py [--markdown | --readme]
+    python -m doctables.paper_checks [--markdown | --readme]
 
 Each check runs rlsim on a trace and profile configured like the paper's setup as far as
 the paper publishes it, and prints: check, paper figure, rlsim figure, pass/fail within the stated
 tolerance. Setups:
 - RollPacker, APRIL and Seer: in their setups of record (docs/policies.md, setups of record), as
-  `benchmarks/paper_setups.py` states them: derived profiles of each paper's model on its GPUs at
+  `doctables/paper_setups.py` states them: derived profiles of each paper's model on its GPUs at
   its rollout TP, with the framework terms fitted on NeMo RL's runs, except RollPacker's, which runs
   on ROLL: ROLL's setting is the derived profile with no term (no published ROLL run supports
   one), stated before the run, NeMo RL's terms shown beside it. RollPacker's trace is the
@@ -44,13 +44,13 @@ import time
 
 import numpy as np
 import pandas as pd
-from paper_setups import SEER, april, describe_bars, rollpacker_figure11, seer
-from readme_tables import emit
 from rich.console import Console
 from rich.table import Table
 
+from doctables.paper_setups import SEER, april, describe_bars, rollpacker_figure11, seer
 from policies.registry import REGISTRY
 from rlsim.config import ClusterConfig, RLConfig
+from rlsim.package_data.markers import emit
 from rlsim.paths import default_trace
 from rlsim.sim.simulate import simulate
 from rlsim.trace.format import Trace, TraceMeta, load

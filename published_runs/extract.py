@@ -1,7 +1,7 @@
 """Build `rows.csv`: every row of NeMo RL's published performance summary (three releases), with
 what its recipe says that the table leaves out.
 
-    python benchmarks/published_runs/extract.py --summaries DIR --nemo-rl CHECKOUT
+    python published_runs/extract.py --summaries DIR --nemo-rl CHECKOUT
 
 DIR holds the three releases of `docs/about/performance-summary.md` (named
 `performance-summary_<commit>_v<release>.md`); CHECKOUT is a clone of github.com/NVIDIA-NeMo/RL
@@ -21,7 +21,7 @@ one half): within each model, configurations sorted by name alternate fit, test,
 configurations that generation across nodes made expressible later (`added`) alternate among
 themselves the same way, and the first split's configurations keep their half.
 
-    python benchmarks/published_runs/extract.py --update    # re-annotate rows.csv, no checkout
+    python published_runs/extract.py --update    # re-annotate rows.csv, no checkout
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`rlsim compare --rollout-engine vllm,sglang` on the bundled default: every policy under vLLM's
 scheduling rules and under SGLang's, side by side (docs/simulate.md, "SGLang's rules").
 
-    python benchmarks/compare_engines.py [--markdown | --readme]
+    python -m doctables.compare_engines [--markdown | --readme]
 
 The defaults of `rlsim compare` (64 H100s of Qwen2.5-32B at TP 4, veRL's engine limits, the trace's
 two epochs), the costs the same under both: only the scheduling rules differ. The policies that
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from readme_tables import emit
+from rlsim.package_data.markers import emit
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """`rlsim profile derive` against what was measured or published, each figure's role stated.
 
-`rows()` gives docs/calibrate.md's `derive_checks` table (written by `benchmarks/derive_table.py`): for
+`rows()` gives docs/calibrate.md's `derive_checks` table (written by `doctables/derive_table.py`): for
 each check the data, whether it was fitted to or is a test, the figure and rlsim's, and the error
 as found. Only the linear-layer roofline's fitting set (Vidur's H100 tables) was fitted to; every
 other figure is a test, reported as it came out. `h100_linear_errors()` is what
@@ -24,7 +24,7 @@ from rlsim.profile import load_profile, profile_from_dict
 from rlsim.roofline import grid
 from rlsim.step_costs import weight_sync_s
 
-MEASURED = Path(__file__).resolve().parent / "measured"
+MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "measured"  # what benchmarks/gpu_operators.py measured
 H100_SXM = MEASURED / "h100-sxm"
 DECODE_MAX_TOKENS = 512  # decode batches; above: prefill chunks
 FUSED_MOE = MEASURED / "vllm-fused-moe-h100.csv"

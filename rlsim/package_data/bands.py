@@ -1,11 +1,12 @@
 """The error bands rlsim prints beside a prediction, built from the accuracy tables (never tuned to).
 
-    python benchmarks/error_bands.py [--markdown | --readme]   # the tables; --readme also writes rlsim/bands.json
+    python -m rlsim.package_data bands [--check]          # writes rlsim/bands.json
+    python -m doctables.error_bands [--markdown | --readme]   # its two tables (--readme writes bands.json too)
 
 Every published run that rlsim predicts in an accuracy table is a run here, with the table's
 published and predicted seconds: NeMo RL's rows and its k-step row (`published_runs`, DGX-H100 and
 GB200), veRL's per-phase steps (`verl_phases`, H20) and RollPacker's Figure 11 baselines on ROLL
-(`paper_checks`, H800). CI holds each of those tables equal to its own benchmark's output
+(`paper_checks`, H800). CI holds each of those tables equal to its own script's output
 (`tests/test_readme_tables.py`), so this reads the tables rather than simulating them again, and
 CI holds `rlsim/bands.json` equal to what it builds from them.
 
@@ -20,7 +21,7 @@ configuration in up to three releases, and those repeats are one error (their me
 of a kind is the median and worst |error| over its held-back configurations, with the count of
 configurations and of runs, the signed median of each model (where they split in sign, the band
 averages opposite biases and says so), and the widest spread across releases of any of its
-configurations published with a byte-identical recipe (`benchmarks/release_spread.py`: the floor
+configurations published with a byte-identical recipe (`python -m doctables.release_spread`: the floor
 of a prediction from the recipe alone); a kind with fewer than three configurations says so.
 
 A **pair** is two published runs of one setup family whose step times the same source publishes,
@@ -37,12 +38,18 @@ import itertools
 import json
 import re
 import statistics
-import sys
 
-from readme_tables import REPO, emit, read_table
+from rlsim.frameworks.verl import read_verl
+from rlsim.package_data import ROOT
+from rlsim.package_data.markers import read_table
+from rlsim.package_data.nemo_rl import release_spreads
 
-BANDS = REPO / "rlsim" / "bands.json"
-TRANSFER = REPO / "benchmarks" / "published_runs" / "transfer.json"
+BANDS = ROOT / "rlsim" / "bands.json"
+TRANSFER = ROOT / "published_runs" / "transfer.json"  # written by `python -m doctables.transfer`
+# veRL's runs (the `verl_phases` table's), each by the launch script it was published with
+VERL_SCRIPTS = ROOT / "published_runs" / "verl"
+VERL_RUNS = {"Qwen3-30B-A3B": "grpo_30b_a3b_base_math_megatron_96_32.overrides",
+             "Qwen2.5-Math-7B": "dapo_7b_math_fsdp2_32_32.overrides"}  # fmt: skip
 MIN_RUNS = 3  # a kind with fewer held-back configurations has no band
 MOE = ("DeepSeek", "Qwen3-235B", "Qwen3-30B")
 POLICY = {"On policy": "sync", "1-step Off": "one_step_off", "8-step Off": "k_step_off(k=8)"}
@@ -101,9 +108,10 @@ def nemo_rl_runs() -> list[dict]:
 
 def verl_runs() -> list[dict]:
     """veRL's colocated synchronous steps (fully_async_policy README), derived, no term."""
-    from verl_phases import RUNS
-
-    backend = {run.name: "fsdp" if run.trainer.backend.startswith("fsdp") else run.trainer.backend for run in RUNS}
+    backend = {}
+    for model, script in VERL_RUNS.items():
+        trainer = read_verl(VERL_SCRIPTS / script).trainer.backend
+        backend[model] = "fsdp" if trainer.startswith("fsdp") else trainer
     out = []
     for run, phase, pub, sim, _ in _rows("verl_phases"):
         if phase != "step":
@@ -113,7 +121,7 @@ def verl_runs() -> list[dict]:
             "source": "veRL fully_async_policy README", "framework": "verl", "model": model,
             "model_class": _model_class(model), "gpu": gpus.split()[1].lower(), "policy": "sync",
             "label": f"{model} {gpus}", "published_s": float(pub), "predicted_s": float(sim),
-            "basis": "derived", "held_back": True, "backend": backend[run], "config": f"{model} {gpus}",
+            "basis": "derived", "held_back": True, "backend": backend[model], "config": f"{model} {gpus}",
         })  # fmt: skip
     return out
 
@@ -227,10 +235,8 @@ def _config_band(runs: list[dict], spread: dict[str, float]) -> dict:
 
 def _identical_spreads() -> dict[str, float]:
     """Each configuration published with an identical recipe across releases, its spread
-    (`benchmarks/release_spread.py`)."""
-    from release_spread import spreads
-
-    s = spreads()
+    (`python -m doctables.release_spread`)."""
+    s = release_spreads()
     return {r.config: float(r.spread) for _, r in s[s.identical].iterrows()}
 
 
@@ -263,64 +269,29 @@ def build() -> dict:
                  "configurations (a configuration published in several releases is one error, the median of its "
                  "runs'), with the count of each, the signed median of each model, and the widest spread across "
                  "releases of a configuration published with an identical recipe. Written by "
-                 "benchmarks/error_bands.py from docs/accuracy.md, docs/policies.md and docs/simulate.md; see the "
-                 "module's docstring.",
+                 "python -m rlsim.package_data bands from docs/accuracy.md, docs/policies.md and docs/simulate.md; "
+                 "see the module's docstring.",
         "min_configurations": MIN_RUNS,
         "bands": bands,
         "ratio_bands": {k: _band(v) for k, v in sorted(ratio.items())},
         "release_spread_pct": {c: round(100 * v, 1) for c, v in sorted(spread.items())},
-        # the band a calibrated prediction prints: benchmarks/transfer.py's summary at the stand-in's lengths
+        # the band a calibrated prediction prints: `python -m doctables.transfer`'s summary at the stand-in's lengths
         "transfer": json.loads(TRANSFER.read_text()) if TRANSFER.exists() else None,
         "runs": rs,
         "pairs": ps,
     }  # fmt: skip
 
 
-ENGINE = {"vllm": "vLLM", "sglang": "SGLang"}
-FW_NAME = {"nemo-rl": "NeMo RL", "verl": "veRL", "roll": "ROLL", "any": "any (pooled)"}
-
-
-def tables(data: dict) -> dict[str, str]:
-    lines = ["| basis | engine | framework | trainer | model class | GPU | held-back configurations (runs) | "
-             "median abs error | worst | median signed | per model, signed | widest release spread |",
-             "|---|---|---|---|---|---|---:|---:|---:|---:|---|---:|"]  # fmt: skip
-    for key, b in data["bands"].items():
-        basis, engine, fw, backend, cls, gpu = key.split("/")
-        if b["configurations"] < data["min_configurations"]:
-            cells = ["fewer than three configurations", "", "", ""]
-        else:
-            per_model = "; ".join(f"{m} {v:+.0f}%" for m, v in b["by_model_median_pct"].items())
-            cells = [f"{b['median_abs_pct']:.0f}%", f"{b['worst_abs_pct']:.0f}%", f"{b['median_pct']:+.0f}%",
-                     per_model + (" (signs split)" if b["signs_split"] else "")]  # fmt: skip
-        spread = "" if b["release_spread_pct"] is None else f"{b['release_spread_pct']:.0f}%"
-        model = "MoE" if cls == "moe" else "dense"
-        lines.append(f"| {basis} | {ENGINE[engine]} | {FW_NAME[fw]} | {backend} | {model} | {gpu.upper()} | "
-                     f"{b['configurations']} ({b['runs']}) | " + " | ".join(cells) + f" | {spread} |")  # fmt: skip
-    ratio = ["| basis | engine | framework | held-back pairs | median abs error of the ratio | worst | median signed |",
-             "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
-    for key, b in data["ratio_bands"].items():
-        basis, engine, fw = key.split("/")
-        if b["runs"] < data["min_configurations"]:
-            cells = ["fewer than three pairs", "", ""]
-        else:
-            cells = [f"{b['median_abs_pct']:.0f}%", f"{b['worst_abs_pct']:.0f}%", f"{b['median_pct']:+.0f}%"]
-        ratio.append(f"| {basis} | {ENGINE[engine]} | {FW_NAME[fw]} | {b['runs']} | " + " | ".join(cells) + " |")
-    return {"error_bands": "\n".join(lines) + "\n", "ratio_bands": "\n".join(ratio) + "\n"}
-
-
 def text(data: dict) -> str:
     return json.dumps(data, indent=1) + "\n"
 
 
-def main(argv: list[str]) -> None:
-    data = build()
-    if "--readme" in argv:
-        BANDS.write_text(text(data))
-    for name, body in tables(data).items():
-        emit(name, body, argv)
-    if not {"--markdown", "--readme"} & set(argv):
-        print("\n".join(tables(data).values()))
+def stale() -> list[str]:
+    """Why the committed bands are not what the accuracy tables give now (empty: they are)."""
+    if not BANDS.is_file():
+        return [f"{BANDS.name} missing"]
+    return [] if BANDS.read_text() == text(build()) else [f"{BANDS.name} is not what the accuracy tables give"]
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def write() -> None:
+    BANDS.write_text(text(build()))

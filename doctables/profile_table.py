@@ -1,6 +1,6 @@
 """Shipped GPU profiles against the memory roofline, before and after a change, as markdown.
 
-    python benchmarks/profile_table.py [--before-rev 879e9c8] [--markdown | --readme]
+    python -m doctables.profile_table [--before-rev 879e9c8] [--markdown | --readme]
 
 Prints (1) each profile's decode tok/s at batch 64 and 256 for 1k and 8k context, at the revision
 `--before-rev` (read with `git show`, so run it in a clone with history) and now, with the roofline
@@ -19,8 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from readme_tables import emit
-
+from rlsim.package_data.markers import emit
 from rlsim.profile import load_profile, profile_from_dict, shipped_profiles
 from rlsim.roofline import BATCHES, CONTEXTS, cell, has_roofline
 

@@ -1,11 +1,11 @@
 """The setups of record that ran SGLang, re-run under SGLang's scheduling rules.
 
-    python benchmarks/sglang_setups.py [--markdown | --readme]
+    python -m doctables.sglang_setups [--markdown | --readme]
 
 APRIL (Qwen3-4B and 8B on 8 MI300X) and Seer (Moonlight-16B-A3B and Qwen2-VL-72B on H800s, its
-Table 3) rolled out with SGLang; their checks (`benchmarks/paper_checks.py`) run under vLLM's
+Table 3) rolled out with SGLang; their checks (`doctables/paper_checks.py`) run under vLLM's
 rules, the only ones rlsim had. Each figure here is computed under both, the same setup of
-record (`benchmarks/paper_setups.py`) and the same band, so the table shows what SGLang's rules
+record (`doctables/paper_setups.py`) and the same band, so the table shows what SGLang's rules
 change. Nothing is fitted: the profiles are derived with NeMo RL's fitted terms, as there. Under
 SGLang's rules Seer runs without its grouped drafting (speculation is modelled under vLLM's rules
 only), so its throughput row there is its scheduling alone. slime's published figures that the
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from paper_setups import SEER, april, seer
-from readme_tables import emit
+from doctables.paper_setups import SEER, april, seer
+from rlsim.package_data.markers import emit
 
 APRIL = (("qwen3-4b", "GRPO +31.3%, DAPO +10.8%"), ("qwen3-8b", "GRPO +36.9%, DAPO +9.1%"))
 
