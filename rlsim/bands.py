@@ -1,9 +1,9 @@
 """Error bands: how far rlsim's predictions of published runs of a prediction's kind were off.
 
-`rlsim/bands.json` (written by `doctables/error_bands.py` from the accuracy tables, which CI holds
-equal to their benchmarks) lists every published run rlsim predicts there, with its error, and
-the bands: for each **kind** (the profile's basis, the rollout engine, the framework, the trainer
-backend, the model class and the GPU) the median and worst |error| over its held-back
+`rlsim/bands.json` (package data, written by `python -m rlsim.package_data bands` from the accuracy
+tables, which CI holds equal to their scripts' output) lists every published run rlsim predicts
+there, with its error, and the bands: for each **kind** (the profile's basis, the rollout
+engine, the framework, the trainer backend, the model class and the GPU) the median and worst |error| over its held-back
 configurations (a configuration's release repeats are one error) and their count, each model's
 signed median (a band whose models' signs split says so) and the widest spread across releases
 of a configuration published with an identical recipe; for each

@@ -1,6 +1,6 @@
 """No tracked file names a machine's absolute home or work folder: committed data (recorded runs,
 traces, profiles) must work in any clone, so the paths it keeps are relative to the run directory
-that holds them (`benchmarks/recorded_runs.relativize`), and a recorded run validates where it lies."""
+that holds them (`benchmarks/validate_real.relativize`), and a recorded run validates where it lies."""
 
 from __future__ import annotations
 
