@@ -21,7 +21,7 @@ Families (veRL's `recipe/fully_async_policy` README, tag v0.7.0; H20 GPUs):
   (`published_runs.py`'s rows, each set up as `nemo_rl.simulate_row` sets it up), step time only,
   so each calibration keeps at most one term (the one its step identifies).
 
-The published figures are per-phase means, not per-step logs: the benchmark writes each as a
+The published figures are per-phase means, not per-step logs: the script writes each as a
 metrics file of `STEPS` equal steps (veRL's names) and says so; a phase the README does not give
 (the weight update) is not in it, so its term is refused and keeps its derived value. The runs
 publish no lengths: both the calibration and the predictions run on the stand-in (the DAPO preset
