@@ -49,7 +49,7 @@ def tables(data: dict) -> dict[str, str]:
 def main(argv: list[str]) -> None:
     data = bands.build()
     if "--readme" in argv:
-        bands.write()
+        bands.write(data)
     for name, body in tables(data).items():
         emit(name, body, argv)
     if not {"--markdown", "--readme"} & set(argv):

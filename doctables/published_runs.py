@@ -71,7 +71,7 @@ def main() -> None:
         todo = todo.head(a.rows)
     if a.fit:
         terms_file.write(a.jobs)
-    terms = Terms(**json.loads(FITTED.read_text())["terms"]) if FITTED.exists() else Terms()
+    terms = Terms(**json.loads(FITTED.read_text())["terms"])  # the shipped terms (committed: no fallback)
     derived = run(todo, Terms(), say=True)
     fitted = run(todo, terms, say=True)
     res = d.join(derived.add_prefix("derived_")).join(fitted)

@@ -79,6 +79,9 @@ def test_the_bands_check_finds_a_changed_file(tmp_path: Path, monkeypatch) -> No
     assert bands.stale() == ["bands.json is not what the accuracy tables give"]
     bands.write()
     assert bands.stale() == [] and copy.read_text() == (REPO / "rlsim" / "bands.json").read_text()
+    monkeypatch.setattr(bands, "TRANSFER", tmp_path / "transfer.json")  # the calibrated band's summary
+    with pytest.raises(RlsimError, match="doctables.transfer"):
+        bands.build()
 
 
 def test_an_unknown_part_is_one_line_and_exit_2() -> None:

@@ -4,9 +4,9 @@
 
 Run in a checkout of rlsim (it writes the checkout's files, which a commit then carries); `pip
 install` never rebuilds them. With no name it writes profiles, core and bands (the terms' fit
-simulates NeMo RL's rows up to 240 times: name it to run it); `--check` writes nothing and exits 1 naming each
-part whose committed files are not what it builds now (with no name it checks every part; CI runs
-it).
+simulates NeMo RL's rows up to 240 times: name it to run it); `--check` writes nothing and exits 1
+naming each part whose committed files are not what it builds now (with no name it checks every
+part; CI runs it).
 
 - `profiles` (`profiles.py`): the shipped GPU profiles, `rlsim/profiles/*.json`, each what
   `rlsim profile derive` writes for its setup (and the published slime fit).
@@ -14,8 +14,8 @@ it).
   dated by the core's digest; `--check` compares the digest, and a build runs the workload that
   compiles it (about 2 minutes on 2 cores).
 - `bands` (`bands.py`): the error bands, `rlsim/bands.json`, read from the accuracy tables of
-  README.md and docs/ (which `tests/test_readme_tables.py` holds equal to the scripts in `doctables/`)
-  and the published recipes under `published_runs/`.
+  README.md and docs/ (which `tests/test_readme_tables.py` holds equal to the scripts in
+  `doctables/`) and the published recipes under `published_runs/`.
 - `terms` (`terms.py`): NeMo RL's fitted terms, `rlsim/derive/terms_nemo-rl.json`, fitted on the
   fit half of `published_runs/rows.csv` (`nemo_rl.py`: the rows, a row's simulation, the fit);
   `--check` compares the digest of the fit's inputs.

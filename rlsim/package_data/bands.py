@@ -1,7 +1,7 @@
 """The error bands rlsim prints beside a prediction, built from the accuracy tables (never tuned to).
 
-    python -m rlsim.package_data bands [--check]          # writes rlsim/bands.json
-    python -m doctables.error_bands [--markdown | --readme]   # its two tables (--readme writes bands.json too)
+    python -m rlsim.package_data bands [--check]              # writes rlsim/bands.json
+    python -m doctables.error_bands [--markdown | --readme]   # its two tables (--readme: bands.json too)
 
 Every published run that rlsim predicts in an accuracy table is a run here, with the table's
 published and predicted seconds: NeMo RL's rows and its k-step row (`published_runs`, DGX-H100 and
@@ -21,8 +21,8 @@ configuration in up to three releases, and those repeats are one error (their me
 of a kind is the median and worst |error| over its held-back configurations, with the count of
 configurations and of runs, the signed median of each model (where they split in sign, the band
 averages opposite biases and says so), and the widest spread across releases of any of its
-configurations published with a byte-identical recipe (`python -m doctables.release_spread`: the floor
-of a prediction from the recipe alone); a kind with fewer than three configurations says so.
+configurations published with a byte-identical recipe (`python -m doctables.release_spread`: the
+floor of a prediction from the recipe alone); a kind with fewer than three configurations says so.
 
 A **pair** is two published runs of one setup family whose step times the same source publishes,
 so that a ratio of them is published too: NeMo RL's rows of one release, system and model (on
@@ -39,6 +39,7 @@ import json
 import re
 import statistics
 
+from rlsim.errors import RlsimError
 from rlsim.frameworks.verl import read_verl
 from rlsim.package_data import ROOT
 from rlsim.package_data.markers import read_table
@@ -133,7 +134,8 @@ def _paper(check: str) -> list[list[str]]:
 def _where(check_cell: str) -> tuple[str, str, str]:
     """(cap, model, GPUs) of a RollPacker check: '..., 8k, qwen2.5-7b at TP 1 on 16 H800s'."""
     m = re.search(r"(\d+k), (\S+) at TP \d+ on (\d+ H800s)", check_cell)
-    assert m, check_cell
+    if m is None:
+        raise RlsimError(f"paper_checks: a RollPacker check names no cap, model and GPUs: {check_cell!r}")
     return m.group(1), m.group(2), m.group(3)
 
 
@@ -240,6 +242,13 @@ def _identical_spreads() -> dict[str, float]:
     return {r.config: float(r.spread) for _, r in s[s.identical].iterrows()}
 
 
+def _transfer() -> dict:
+    """The calibrated band's summary (`python -m doctables.transfer` writes it); refused if missing."""
+    if not TRANSFER.is_file():
+        raise RlsimError(f"{TRANSFER} is missing: run `python -m doctables.transfer --readme` first")
+    return json.loads(TRANSFER.read_text())
+
+
 def build() -> dict:
     """`rlsim/bands.json`: every run and pair, and the bands of every kind and basis."""
     rs = runs()
@@ -276,7 +285,7 @@ def build() -> dict:
         "ratio_bands": {k: _band(v) for k, v in sorted(ratio.items())},
         "release_spread_pct": {c: round(100 * v, 1) for c, v in sorted(spread.items())},
         # the band a calibrated prediction prints: `python -m doctables.transfer`'s summary at the stand-in's lengths
-        "transfer": json.loads(TRANSFER.read_text()) if TRANSFER.exists() else None,
+        "transfer": _transfer(),
         "runs": rs,
         "pairs": ps,
     }  # fmt: skip
@@ -293,5 +302,6 @@ def stale() -> list[str]:
     return [] if BANDS.read_text() == text(build()) else [f"{BANDS.name} is not what the accuracy tables give"]
 
 
-def write() -> None:
-    BANDS.write_text(text(build()))
+def write(data: dict | None = None) -> None:
+    """Write `rlsim/bands.json`: `data` as `build()` gave it, or a build now."""
+    BANDS.write_text(text(data if data is not None else build()))

@@ -12,8 +12,8 @@ A script run with `--markdown` prints each of its tables between the same marker
 scripts that compute a table from the code and committed data alone live in `doctables/`
 (`python -m doctables.NAME`); `tests/test_readme_tables.py` re-runs those that finish in a minute
 or two and holds each table equal to their output, so the prose around a table can quote it but
-the table itself cannot drift from the code. The benchmarks that measure (`benchmarks/`: timings, real engines)
-write their tables with the machine and its load (`machine_note`). The error bands
+the table itself cannot drift from the code. The benchmarks that measure (`benchmarks/`: timings,
+real engines) write their tables with the machine and its load (`machine_note`). The error bands
 (`rlsim.package_data.bands`) are read from these tables.
 """
 

@@ -1,7 +1,7 @@
 """Simulating NeMo RL's published runs: the rows, one row's simulation, the fit of the terms.
 
-`python -m doctables.published_runs` prints the table (every row rlsim can express, simulated from its
-recipe, with the error; the rows it cannot express, with the reason);
+`python -m doctables.published_runs` prints the table (every row rlsim can express, simulated
+from its recipe, with the error; the rows it cannot express, with the reason);
 `tests/test_published_runs.py` checks what it rests on.
 
 The rows are `published_runs/rows.csv` (built from the three releases of NeMo RL's
