@@ -10,8 +10,8 @@ The state a compiled function works on is a record: a `Record` subclass whose nu
 `StructType` subclass, tied by `define`. Compiled, it is a numba `StructRef` (its fields, arrays
 included, reassignable inside compiled code, so tables can grow there); on the pure path, a plain
 slotted class with the same fields; build records inside a compiled function, so that their
-constructor is cached with it. `int_dict()` and `float_dict()` are the matching mappings (numba
-typed dicts, or dicts).
+constructor is cached with it. `int_dict()`, `float_dict()` and `quad_dict()` are the matching mappings
+(numba typed dicts, or dicts).
 
 Machine code ships with the package: `shipped/<python>-numba<version>/` holds the cache of the
 functions `CompiledEngine` calls, compiled for the generic x86-64 CPU (`NUMBA_CPU_NAME=generic`,
@@ -152,6 +152,10 @@ if PURE:
         """An empty int -> float mapping the compiled code can take (callable in compiled code)."""
         return {}
 
+    def quad_dict() -> dict:
+        """An empty (int, int, int, int) -> int mapping the compiled code can take (callable in compiled code)."""
+        return {}
+
 else:
 
     @numba.njit(cache=True)
@@ -163,6 +167,13 @@ else:
     def float_dict() -> dict:
         """An empty int -> float mapping the compiled code can take (callable in compiled code)."""
         return Dict.empty(key_type=types.int64, value_type=types.float64)
+
+    _QUAD = types.UniTuple(types.int64, 4)
+
+    @numba.njit(cache=True)
+    def quad_dict() -> dict:
+        """An empty (int, int, int, int) -> int mapping the compiled code can take (callable in compiled code)."""
+        return Dict.empty(key_type=_QUAD, value_type=types.int64)
 
 
 if PURE:
