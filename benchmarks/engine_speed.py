@@ -4,10 +4,10 @@
 
 `rlsim compare` on the bundled default, the same policies under each engine (those that do not
 speculate: speculative decoding is modelled under vLLM's rules only), one command after the
-other on this machine, each a fresh process as a user runs it: vLLM's rules on the compiled core,
-SGLang's on SimEngine (not compiled). The two run in turn, three rounds (vLLM, SGLang, vLLM, ...),
-so a drift in the machine's speed lands on both; the ratio is the mean of the pairs' ratios, each
-pair's given beside it. The target is SGLang's at most 3x vLLM's compiled time. Beside the wall
+other on this machine, each a fresh process as a user runs it, both engines' rules on the compiled
+core. The two run in turn, three rounds (vLLM, SGLang, vLLM, ...), so a drift in the machine's
+speed lands on both; the ratio is the mean of the pairs' ratios, each pair's given beside it. The
+target is SGLang's at most 1.3x vLLM's time. Beside the wall
 seconds, the processor seconds each command used (its pool's workers included, from the
 operating system's accounting of the finished process): time another tenant of a shared machine
 takes from it does not count there, so that ratio moves less between rounds.
@@ -28,6 +28,7 @@ from rlsim.package_data.markers import emit, machine_note
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 3  # vLLM then SGLang, three times: each pair's ratio is measured side by side
+TARGET = 1.3  # SGLang's time at most this times vLLM's
 
 
 def _children_cpu_s() -> float:
@@ -70,13 +71,14 @@ def main() -> int:
     cpu_ratio, cpu_pairs = against(cpus)
     v_s, s_s = (", ".join(f"{x:.1f}" for x in secs[e]) for e in ("vllm", "sglang"))
     v_c, s_c = (", ".join(f"{x:.1f}" for x in cpus[e]) for e in ("vllm", "sglang"))
-    verdict = "met" if ratio <= 3.0 else "missed"
+    verdict = "met" if ratio <= TARGET else "missed"
     rows = [
         "| `rlsim compare` on the bundled default | rules run by | wall seconds (each round) | against vLLM's "
         "| processor seconds (each round) | against vLLM's |",
         "|---|---|---|---|---|---|",
         f"| `--rollout-engine vllm` | the compiled core | {v_s} | 1.00x | {v_c} | 1.00x |",
-        f"| `--rollout-engine sglang` | SimEngine | {s_s} | {ratio:.2f}x ({pairs}; target at most 3x: {verdict}) "
+        f"| `--rollout-engine sglang` | the compiled core | {s_s} | {ratio:.2f}x ({pairs}; target at most "
+        f"{TARGET}x: {verdict}) "
         f"| {s_c} | {cpu_ratio:.2f}x ({cpu_pairs}) |",
         "",
         f"The same {len(policies)} policies under both ({', '.join(policies)}), one process each, the two engines in "

@@ -5,8 +5,8 @@ scheduling rules and under SGLang's, side by side (docs/simulate.md, "SGLang's r
 
 The defaults of `rlsim compare` (64 H100s of Qwen2.5-32B at TP 4, veRL's engine limits, the trace's
 two epochs), the costs the same under both: only the scheduling rules differ. The policies that
-speculate run under vLLM's rules only. Deterministic, but about four minutes on a 2-core machine
-(SGLang's rules run on SimEngine), so CI does not re-run it (`tests/test_readme_tables.py`, SLOW).
+speculate run under vLLM's rules only. Deterministic, but about six minutes on a 2-core machine
+(nineteen runs of the whole trace), so CI does not re-run it (`tests/test_readme_tables.py`, SLOW).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ an engine's real-mode package.
   asynchronously (`rlsim.sim.scheduler`); HistoSpec drafts inside it; the compiled core runs it.
 - SGLang 0.5.23: its `Scheduler`'s rules on RL's loop (`rlsim.sim.sglang_scheduler`): its overlap
   loop, its radix cache flushed by a weight update, its chunk budget by GPU memory where unset,
-  and its own abort of a prompt its KV pool cannot hold.
+  and its own abort of a prompt its KV pool cannot hold; the compiled core runs it too, apart from
+  parallel sampling and lockstep (`rlsim.sim.simulate.compiled_covers`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class RolloutEngine:
     lacks_note: str = ""  # said where another engine's setting is refused under this one
     default: bool = False  # what a run schedules with unless told (and what a profile records by omission)
     speculates: bool = False  # speculative decoding (HistoSpec, Seer's grouped drafts) is modelled under its rules
-    compiled: bool = False  # the compiled core (`rlsim.sim.compiled`) runs its rules on independent instances
+    # the compiled core's builder of its instances' scheduler states (`rlsim.sim.compiled.rules`), where the
+    # core (`rlsim.sim.compiled`) runs its rules ("": they run on SimEngine only)
+    compiled: str = ""
     # an unset chunked-prefill budget follows the GPU's memory: GPU memory bytes -> tokens ("": the profile's)
     chunk_budget_by_gpu: str = ""
     aborts_too_long: bool = False  # it aborts a prompt its KV pool cannot hold and goes on (else: refused)
@@ -74,7 +77,8 @@ REGISTRY: dict[str, RolloutEngine] = {
             "vllm", "vLLM", "0.32", "rlsim.sim.rollout_scheduler:vllm_rules",
             "rlsim.real.vllm_instance:VllmInstance", "rlsim.real.vllm_instance:ray_instance_class",
             "rlsim.real.vllm_engine:require_vllm", "rlsim.real.vllm_engine:require_vllm",
-            own_settings=("block_size", "async_scheduling"), default=True, speculates=True, compiled=True,
+            own_settings=("block_size", "async_scheduling"), default=True, speculates=True,
+            compiled="rlsim.sim.compiled.rules:vllm_states",
         ),
         RolloutEngine(
             "sglang", "SGLang", "0.5.23", "rlsim.sim.rollout_scheduler:sglang_rules",
@@ -86,6 +90,7 @@ REGISTRY: dict[str, RolloutEngine] = {
             chunk_budget_by_gpu="rlsim.config:sglang_chunked_prefill_size", aborts_too_long=True,
             reads_max_tokens=True, flushes_on_weight_update=True,
             outputs_after_next_launch=True, real_tensor_parallel=False,
+            compiled="rlsim.sim.compiled.rules:sglang_states",
         ),
     )
 }  # fmt: skip
@@ -95,16 +100,24 @@ BUILT_IN = frozenset(REGISTRY)
 
 def register(entry: RolloutEngine) -> None:
     """Add a rollout engine: its rules, at `entry.scheduler`, implement `RolloutScheduler`
-    (`rlsim.sim.rollout_scheduler`) and run on SimEngine (the compiled core runs only the rules
-    written in it: `compiled` must be false). Every command and layer then asks this entry what the
-    engine does; nothing else names it. A name taken, or a second default, is refused."""
+    (`rlsim.sim.rollout_scheduler`) and run on SimEngine; where `entry.compiled` names a builder of
+    its instances' states, whose rules were added to the compiled core's seam
+    (`rlsim.sim.compiled.rules.add_rules`), the compiled core runs them too. Every command and layer
+    then asks this entry what the engine does; nothing else names it. A name taken, a second
+    default, or rules that do not import are refused."""
     if entry.name in REGISTRY:
         raise RlsimError(f"rollout engine {entry.name!r} is registered already")
     if entry.default:
         raise RlsimError(f"rollout engine {entry.name!r} cannot be the default: {DEFAULT} is")
-    if entry.compiled:
-        raise RlsimError(f"rollout engine {entry.name!r}: the compiled core runs only its own engines' rules")
-    resolve(entry.scheduler)  # (one that does not import: refused now, not at the first run)
+    # (one that does not import: refused now, not at the first run; a compiled builder's module adds its
+    # rules to the compiled core's seam as it is imported)
+    for what, where in (("rules", entry.scheduler), ("compiled core's states", entry.compiled)):
+        try:
+            if where:
+                resolve(where)
+        except (ImportError, AttributeError) as e:
+            why = f"rollout engine {entry.name!r}: its {what} ({where}) cannot be imported: {e}"
+            raise RlsimError(why) from None
     REGISTRY[entry.name] = entry
 
 

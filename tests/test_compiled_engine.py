@@ -1,10 +1,12 @@
 """The compiled engine (`rlsim.sim.compiled`) gives the same run as `SimEngine`, event for event:
 every default policy's per-request records, steps, summary and busy segments, on workloads that
 preempt, abort, pause mid-jump, sleep, speculate, run turns, and under async scheduling,
-iteration by iteration (`exact`) and in lockstep; compiled and on the pure-Python path."""
+iteration by iteration (`exact`) and in lockstep; under vLLM's rules and SGLang's; compiled and on
+the pure-Python path."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from policies.registry import COMPARE_DEFAULT
+from policies.registry import COMPARE_DEFAULT, parse_policy
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.paths import default_trace
 from rlsim.sim.compiled.jit import PURE
@@ -36,11 +38,13 @@ def _same(trace, policy: str, **kw: object) -> dict:  # noqa: ANN001
     a = simulate(trace, policy, cluster=CLUSTER, rl=rl, engine="simpy", **kw)
     b = simulate(trace, policy, cluster=CLUSTER, rl=rl, engine="compiled", **kw)
     sa, sb = ({k: v for k, v in r.summary.items() if k != "sim_wall_s"} for r in (a, b))
+    said = sa.pop("scheduler", None), sb.pop("scheduler", None)  # which implementation ran (each says its own)
     assert json.dumps(sa, sort_keys=True, default=str) == json.dumps(sb, sort_keys=True, default=str), policy
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
     pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
     assert a.segments == b.segments
     sa["_aborted"] = int((a.requests["outcome"] == "aborted").sum())
+    sa["scheduler"] = said[1]
     return sa
 
 
@@ -70,6 +74,38 @@ def test_what_the_workloads_reach() -> None:
     assert all(v > 0 for v in seen.values()), seen
 
 
+# SGLang's rules, with reservations low enough that decode steps retract (SGLang's rules rarely do otherwise), on
+# the policies that do not speculate (speculative decoding is modelled under vLLM's rules only)
+SGLANG_TIGHT = EngineConfig(gpu_memory_utilization=0.45, rollout_engine="sglang", schedule_conservativeness=0.01)
+SGLANG_POLICIES = [p for p in COMPARE_DEFAULT if parse_policy(p).histospec is None]
+
+
+@pytest.mark.parametrize("policy", SGLANG_POLICIES)
+def test_every_policy_same_run_under_sglang(policy: str) -> None:
+    """SGLang's rules on the compiled core (`rlsim.sim.compiled.sglang`) give SimEngine's run, record
+    for record: retractions, the overlap loop, the radix cache and its flush at each weight update."""
+    s = _same(_trace(), policy, engine_cfg=SGLANG_TIGHT)
+    assert s["scheduler"] == "SGLang 0.5.23 rules (compiled core)"  # (the compiled run's own word)
+
+
+def test_what_sglangs_workloads_reach() -> None:
+    """Retractions, aborts, flushes that free what runs, pauses that interrupt a jump and prompts the
+    pool cannot hold, under SGLang's rules; iteration by iteration too."""
+    trace = _trace()
+    seen = {"preemptions": 0, "_aborted": 0, "wake_reprefill_tokens": 0, "pause_interrupts": 0, "engine_aborts": 0}
+    for policy, kw in (
+        ("sync", {"engine_cfg": SGLANG_TIGHT, "exact": True}),
+        ("async_partial", {"engine_cfg": dataclasses.replace(SGLANG_TIGHT, gpu_memory_utilization=0.5,
+                                                              schedule_conservativeness=0.02)}),
+        ("rollpacker", {"engine_cfg": SGLANG_TIGHT}),
+        ("seer", {"engine_cfg": EngineConfig(gpu_memory_utilization=0.415, rollout_engine="sglang")}),
+    ):
+        s = _same(trace, policy, **kw)
+        for k in seen:
+            seen[k] += s.get(k, {}).get("prompt_too_long", 0) if k == "engine_aborts" else s[k]
+    assert all(v > 0 for v in seen.values()), seen
+
+
 def test_set_order_is_cpythons() -> None:
     from rlsim.sim.compiled.engine import _set_order
 
@@ -92,6 +128,7 @@ def test_real_mode_never_loads_numba() -> None:
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")
 def test_the_pure_path_agrees() -> None:
     tests = [f"{__file__}::test_every_policy_same_run[{p}]" for p in ("sync", "rollpacker", "sortedrl")]
+    tests += [f"{__file__}::test_every_policy_same_run_under_sglang[{p}]" for p in ("sync", "async_partial")]
     quiet_for = "tests/test_batched_protocol.py::test_a_policy_quiet_for_k_finishes_runs_as_it_would_told_every_instant"
     quiet_for = [f"{quiet_for}[{p}-compiled]" for p in ("sortedrl", "histopipe_cross_step", "rollpacker")]
-    assert "7 passed" in run_pure(*tests, f"{__file__}::test_set_order_is_cpythons", *quiet_for)
+    assert "9 passed" in run_pure(*tests, f"{__file__}::test_set_order_is_cpythons", *quiet_for)

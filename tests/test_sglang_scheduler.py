@@ -514,9 +514,17 @@ def test_an_overlap_abort_after_prefills_decodes_twice_more() -> None:
         assert runs == extra and 0 not in s.running
 
 
-def test_a_prompt_the_pool_cannot_hold_is_aborted_and_the_engine_goes_on() -> None:
-    prof = dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), kv_capacity_tokens=6000)
-    eng = SimEngine(with_engine(prof, EngineConfig(rollout_engine="sglang")), 1)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_prompt_the_pool_cannot_hold_is_aborted_and_the_engine_goes_on(compiled: bool) -> None:
+    """On SimEngine and on the compiled core alike."""
+    prof = with_engine(dataclasses.replace(load_profile("h100-qwen2.5-7b-tp1"), kv_capacity_tokens=6000),
+                       EngineConfig(rollout_engine="sglang"))  # fmt: skip
+    if compiled:
+        from rlsim.sim.compiled.sim_engine import CompiledEngine
+
+        eng = CompiledEngine(prof, 1)
+    else:
+        eng = SimEngine(prof, 1)
     eng.submit([_req(0, 5995, 100), _req(1, 500, 100), _req(2, 3000, 4000, max_tokens=4000)])
     events = []
     while batch := eng.step():
@@ -662,3 +670,18 @@ def test_an_overlap_retraction_of_a_request_ended_in_flight_reprefills_it_and_re
     for _ in range(50):
         again += s.complete(s.schedule())
     assert again == [] and 0 not in s.running and not s.waiting  # re-prefilled, ended, gone, not reported again
+
+
+def test_an_abort_whose_finish_step_is_unchanged_ends_the_request_once() -> None:
+    """Without the overlap loop, a request aborted one step before its own last one is pushed again
+    on the same finish step: it ends once (it was freed twice, a KeyError, before)."""
+    s = SGLangScheduler(40_000, max_running_requests=64, chunked_prefill_size=8192, overlap=False)
+    seq = _seq(0, 50, 3)
+    s.add(seq)
+    s.complete(s.schedule())  # its prefill: the first token
+    s.complete(s.schedule())  # one decode step: its last is the next
+    assert seq.finish_iter == s.dsteps + 1
+    s.abort(seq)
+    assert seq.finish_iter == s.dsteps + 1 and len(s.heap) == 2  # the same finish, pushed twice
+    assert s.complete(s.schedule()) == []  # ended (unreported: the engine reported it when it aborted it)
+    assert not s.running and s.cache.free + s.cache.evictable == 40_000

@@ -1,8 +1,8 @@
 """A third rollout engine, registered from one module (`tests/toy_engine.py`), runs through every
 layer a simulating user reaches: `simulate` (step by step and jumping, with the same records),
 `rlsim compare` and `rlsim simulate` with `--rollout-engine static`, and a real run refused in one
-sentence; nothing in rlsim names it. It runs on SimEngine: the compiled core runs only the rules
-written in it (vLLM's), which the registry refuses to pretend otherwise (`compiled` true)."""
+sentence; nothing in rlsim names it. It runs on both engine paths, SimEngine and the compiled core,
+with the same records: its module adds its compiled rules to the core's seam."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -37,10 +38,10 @@ def toy() -> Iterator[str]:
         unregister(TOY.name)
 
 
-def _run(trace, engine: str, exact: bool = False):  # noqa: ANN001, ANN202
+def _run(trace, engine: str, exact: bool = False, impl: str = "simpy", policy: str = "sync"):  # noqa: ANN001, ANN202
     cluster, rl = ClusterConfig(num_gpus=2), RLConfig(prompts_per_step=8, samples_per_prompt=4, max_response_len=2000)
-    return simulate(trace, "sync", cluster, rl, profile="h100-qwen2.5-7b-tp1", exact=exact,
-                    engine_cfg=EngineConfig(rollout_engine=engine))  # fmt: skip
+    return simulate(trace, policy, cluster, rl, profile="h100-qwen2.5-7b-tp1", exact=exact,
+                    engine_cfg=EngineConfig(rollout_engine=engine), engine=impl)  # fmt: skip
 
 
 def test_a_registered_engine_simulates_on_simengine_jumping_as_step_by_step(toy: str, small_trace) -> None:  # noqa: ANN001
@@ -55,12 +56,27 @@ def test_a_registered_engine_simulates_on_simengine_jumping_as_step_by_step(toy:
     assert fast.steps["timing_s/gen"].sum() > vllm.steps["timing_s/gen"].sum()
 
 
+@pytest.mark.parametrize("policy", ["sync", "rollpacker"])
+def test_a_registered_engine_runs_on_the_compiled_core_as_on_simengine(toy: str, small_trace, policy: str) -> None:  # noqa: ANN001
+    """The same run, record for record, where the compiled core drives the toy's compiled rules (the
+    engine compiled once more, for their state's type: a minute or two the first time)."""
+    ref, got = _run(small_trace, toy, policy=policy), _run(small_trace, toy, impl="compiled", policy=policy)
+    assert (ref.summary.pop("scheduler"), got.summary.pop("scheduler")) == (
+        "Static batching 1 rules (SimEngine)", "Static batching 1 rules (compiled core)")
+    del ref.summary["sim_wall_s"], got.summary["sim_wall_s"]
+    assert json.dumps(ref.summary, sort_keys=True, default=str) == json.dumps(got.summary, sort_keys=True, default=str)
+    pd.testing.assert_frame_equal(ref.requests, got.requests, check_exact=True)
+    pd.testing.assert_frame_equal(ref.steps, got.steps, check_exact=True)
+    assert ref.segments == got.segments
+    if policy == "rollpacker":  # (its aborts reach the compiled rules' abort)
+        assert (got.requests.outcome == "aborted").any()
+
+
 def test_the_commands_take_it_by_name(toy: str, tmp_path: Path, small_trace_path: Path) -> None:
     args = ["--trace", str(small_trace_path), "--rollout-engine", toy, "--max-steps", "2"]
     res = runner.invoke(app, ["compare", *args, "--policies", "sync,rollpacker", "--json"])
     assert res.exit_code == 0, res.output
     assert [r["policy"] for r in json.loads(res.stdout)] == ["sync", "rollpacker"]
-    assert "scheduling with Static batching 1's rules, on SimEngine" in res.stderr
     res = runner.invoke(app, ["compare", *args, "--policies", "sync+histospec"])
     assert res.exit_code == 2 and "every policy asked for speculates" in res.output  # (it does not speculate)
     res = runner.invoke(app, ["simulate", *args, "-o", str(tmp_path / "run")])
@@ -76,7 +92,9 @@ def test_a_real_run_is_refused_in_one_sentence(toy: str) -> None:
 def test_registering_is_checked(toy: str) -> None:
     with pytest.raises(RlsimError, match="registered already"):
         register(TOY)
-    for bad, said in [({"name": "x", "compiled": True}, "compiled core"), ({"name": "y", "default": True}, "default")]:
+    bad_ones = [({"name": "x", "compiled": "tests.toy_engine:states"}, "compiled core's states .* cannot be imported"),
+                ({"name": "y", "default": True}, "default")]  # fmt: skip
+    for bad, said in bad_ones:
         with pytest.raises(RlsimError, match=said):
             register(dataclasses.replace(TOY, **bad))
     with pytest.raises(RlsimError, match="built in"):

@@ -5,9 +5,10 @@ compiling for a minute on its first run.
 
 Copies the checkout's tracked files into a temporary folder (no compiled cache), runs there the
 commands that call every function `CompiledEngine` calls (`rlsim compare` over every policy on the
-bundled trace, and one step of the multi-turn trace), compiled for the generic x86-64 CPU, then
-copies the cache of those functions (and only those: each holds everything it calls) into
-`rlsim/sim/compiled/shipped/<python>-numba<version>/`, replacing what was there. Run it after any
+bundled trace under each engine whose rules the core holds, and one step of the multi-turn trace),
+compiled for the generic x86-64 CPU, then copies the cache of those functions (and only those:
+each holds everything it calls) into `rlsim/sim/compiled/shipped/<python>-numba<version>/`,
+replacing what was there. Run it after any
 change to the core, and commit its output with the change: `--check` (and
 `tests/test_shipped_core.py`) fails while the shipped code is of another source. It prints each
 function's size and the seconds the build took.
@@ -28,8 +29,9 @@ from rlsim.errors import RlsimError
 from rlsim.package_data import checkout, fresh_clone
 from rlsim.sim.compiled import jit
 
-WORKLOAD = (
+WORKLOAD = (  # (the core is compiled for each rules' state type: vLLM's, then SGLang's)
     ["compare", "--max-steps", "2"],
+    ["compare", "--rollout-engine", "sglang", "--max-steps", "2"],
     ["simulate", "--trace", "traces/search_r1.parquet", "--max-steps", "1", "-o", "out/ship", "--force"],
 )
 

@@ -11,8 +11,8 @@ rules sit behind it as vLLM separates them: `InstanceScheduler` is its `Schedule
 `SGLangScheduler` (`rlsim.sim.sglang_scheduler`, its radix cache in `rlsim.sim.radix_cache`);
 `make_scheduler` builds the one an engine configuration's rollout engine names
 (`EngineConfig.rollout_engine`, its entry in `rlsim.rollout_engines`). The
-compiled core (`rlsim.sim.compiled`) is the accelerator of vLLM's rules, held equal to them by
-tests; SGLang's run on `SimEngine`.
+compiled core (`rlsim.sim.compiled`) holds both engines' rules as arrays, asked through the same
+questions (`rlsim.sim.compiled.rules`), each held equal to its Python original here by tests.
 """
 
 from __future__ import annotations

@@ -614,9 +614,13 @@ class SGLangScheduler(QueueQueries):
         limit = (now + 1) << _RID_BITS  # keys of finish steps up to now lie below it
         if not heap or heap[0] >= limit:
             return []
-        due, ended, pop = [], [], heapq.heappop
+        due, ended, pop, last = [], [], heapq.heappop, -1
         while heap and heap[0] < limit:
-            rid = (pop(heap) & _RID_MASK) - _RID_OFFSET
+            key = pop(heap)
+            if key == last:  # the same finish pushed twice (an abort's re-push, or a retracted request's new
+                continue  # finish on its old step): ended once
+            last = key
+            rid = (key & _RID_MASK) - _RID_OFFSET
             seq = self.running.get(rid)
             if seq is None or not seq.decoding or seq.finish_iter != now:
                 continue

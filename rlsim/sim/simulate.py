@@ -68,6 +68,16 @@ def check_setup(
     return prof
 
 
+def compiled_covers(prof: Profile, lockstep: bool = False, lengths_sent: bool = False) -> bool:
+    """Whether the compiled core runs this setup (else `SimEngine` does, with the same rules): an
+    engine whose rules it holds (`RolloutEngine.compiled`), on independent instances (no data-parallel
+    attention), without SGLang's parallel sampling, its lockstep answers of aborts, or its reading of
+    the lengths a replay-mode real run sent (each with its registry flag)."""
+    rules = rollout_engine(prof.engine.rollout_engine)
+    return bool(rules.compiled) and prof.data_parallel_size == 1 and not prof.engine.parallel_sampling and not (
+        lockstep and rules.outputs_after_next_launch) and not (lengths_sent and rules.reads_max_tokens)
+
+
 def scheduler_name(engine_cfg: EngineConfig, impl: str) -> str:
     """Whose rules scheduled the run, and which implementation ran them."""
     rules = rollout_engine(engine_cfg.rollout_engine)
@@ -107,8 +117,8 @@ def simulate(
     impl = engine or os.environ.get("RLSIM_ENGINE") or "compiled"
     if impl not in ("compiled", "simpy"):
         raise RlsimError(f"unknown engine {impl!r}: use compiled or simpy")
-    if not rollout_engine(prof.engine.rollout_engine).compiled or prof.data_parallel_size > 1:
-        impl = "simpy"  # the compiled core runs its engines' rules (vLLM's) on independent instances only
+    if not compiled_covers(prof, lockstep, lengths_sent):
+        impl = "simpy"
     if impl == "compiled" and iteration_times is None:
         # imported here: numba's llvmlite, once imported, breaks vLLM's kernel scan when a real run
         # starts its engines in this process (`vllm.triton_utils.dispatcher`), so real mode never

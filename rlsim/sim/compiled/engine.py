@@ -1,7 +1,11 @@
 """`rlsim.sim.engine.SimEngine`'s instances and event loop as the compiled core runs them.
 
 `SimEngine` runs one SimPy process per instance. Here the processes are state machines over the
-compiled schedulers (`rlsim.sim.compiled.scheduler`), and SimPy's event queue is reproduced as
+instances' scheduler states, asked through the rules' seam (`rlsim.sim.compiled.rules`: vLLM's
+`rlsim.sim.compiled.scheduler` or SGLang's `rlsim.sim.compiled.sglang`, the engine compiled for
+each; what SimEngine does under SGLang's rules alone, it does here too: the radix cache flushed at
+a weight update, the new-token ratio reset when idle, a prompt the pool cannot hold reported as
+aborted), and SimPy's event queue is reproduced as
 SimPy keeps it: a heap (`rlsim.sim.compiled.heap`) of (time, priority, event number, event)
 where every scheduled event takes the next number, a process resumes in the callbacks of the
 event it waits on, and an interrupt is an urgent event that leaves the timeout it cut short in
@@ -23,7 +27,7 @@ import math
 import numpy as np
 
 from rlsim.sim.compiled import heap as hp
-from rlsim.sim.compiled import scheduler as cs
+from rlsim.sim.compiled import rules as ru
 from rlsim.sim.compiled.jit import PURE, Record, StructType, define, float_dict, grow, int_dict, njit
 
 FIELDS = (
@@ -42,7 +46,9 @@ FIELDS = (
     "paused", "sleep", "resume_ev", "held", "num_held", "where", "slot_of", "first_token",
     "wake_reprefill_tokens", "pause_interrupts", "timed",
     "ob_i", "ob_f", "num_ob",
-    "error", "error_inst", "scratch",
+    "error", "error_inst", "error_tokens", "scratch",
+    # weight updates: an instance whose rules flush then flushes before its next schedule
+    "flush",
     # `step(prompts=...)`: finishes each prompt may still have before the step ends (0: unwatched)
     "watch", "watch_hit",
 )  # fmt: skip
@@ -69,36 +75,36 @@ O_FINISHED, O_ABORTED, O_PREEMPTED, O_TIMER = 0, 1, 2, 3
 IDLE = 2**62  # `step(finishes=IDLE)`: on until no request is left or a timer fired
 # arrival kinds (async scheduling)
 A_SUBMIT, A_ABORT = 0, 1
+OWN_ABORT = 1  # an aborted outbox row's length column where the engine aborted it of its own accord
 _NONE = -1
 
 
-def new_engine(profile, num_instances: int, exact: bool, lockstep: bool, draft_s: float) -> EngineState:  # noqa: ANN001
-    """The state of `num_instances` idle instances under `profile` (a `Profile` with its engine)."""
+def new_engine(profile, num_instances: int, exact: bool, lockstep: bool, draft_s: float, scheds: list,  # noqa: ANN001
+               cap: int) -> EngineState:  # fmt: skip
+    """The state of `num_instances` idle instances under `profile` (a `Profile` with its engine), each
+    scheduling with its state in `scheds` (`rlsim.sim.compiled.rules.states`: the engine is compiled
+    for their rules' type); a request needing more than `cap` KV tokens is refused at submit."""
     engine = profile.engine
     knots = profile.decode_residual_s or []
     return _make_engine(
-        num_instances, exact, lockstep, engine.async_scheduling, profile.kv_capacity_tokens // engine.block_size,
-        engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
-        engine.enable_prefix_caching, profile.t_w_s, profile.alpha_s, profile.beta_s, profile.gamma_s,
-        profile.prefill_s_per_token, profile.prefill_request_s,
+        num_instances, exact, lockstep, engine.async_scheduling, cap, profile.t_w_s, profile.alpha_s, profile.beta_s,
+        profile.gamma_s, profile.prefill_s_per_token, profile.prefill_request_s,
         profile.t_w_s if profile.linear_t0_s is None else profile.linear_t0_s,
-        np.array([x for x, _ in knots], np.float64), np.array([y for _, y in knots], np.float64), draft_s,
+        np.array([x for x, _ in knots], np.float64), np.array([y for _, y in knots], np.float64), draft_s, scheds,
     )  # fmt: skip
 
 
 @njit
-def _make_engine(n: int, exact: bool, lockstep: bool, async_sched: bool, num_blocks: int, block_size: int,
-                 max_num_seqs: int, max_num_batched_tokens: int, chunked: bool, caching: bool, t_w: float,
+def _make_engine(n: int, exact: bool, lockstep: bool, async_sched: bool, cap_tokens: int, t_w: float,
                  alpha: float, beta: float, gamma: float, pspt: float, preq: float, t0: float,
-                 resid_x: np.ndarray, resid_y: np.ndarray, draft_s: float) -> EngineState:  # fmt: skip
+                 resid_x: np.ndarray, resid_y: np.ndarray, draft_s: float, scheds: list) -> EngineState:  # fmt: skip
     cap = 16
     zi = np.zeros(cap, np.int64)
     ni = np.zeros(n, np.int64)
     nf = np.zeros(n)
     none = np.full(n, _NONE, np.int64)
-    scheds = _scheds(n, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, chunked, caching, async_sched)
     e = EngineState(
-        n, exact, lockstep, async_sched, num_blocks * block_size, t_w, alpha, beta, gamma, pspt, preq, t0,
+        n, exact, lockstep, async_sched, cap_tokens, t_w, alpha, beta, gamma, pspt, preq, t0,
         resid_x, resid_y, draft_s,
         0.0, 0, np.zeros((cap, 4), np.int64), 0, zi.copy(), zi.copy(), zi.copy(), zi.copy(), zi.copy(), 0, 0,
         scheds, none.copy(), ni.copy(), 0, ni.copy(), ni.copy(), nf.copy(), nf.copy(), ni.copy(),
@@ -108,30 +114,11 @@ def _make_engine(n: int, exact: bool, lockstep: bool, async_sched: bool, num_blo
         False, False, 0, np.zeros(max(n, 1), np.int64), 0, int_dict(), int_dict(), float_dict(),
         0, 0, False,
         np.zeros((cap, 6), np.int64), np.zeros((cap, 2)), 0,
-        0, 0, zi.copy(),
+        0, 0, 0, zi.copy(), ni.copy(),
         zi.copy(), False,
     )  # fmt: skip
     _start(e)
     return e
-
-
-if PURE:
-
-    def _scheds(n: int, *args: object) -> list:
-        return [cs.new_scheduler(*args) for _ in range(n)]
-
-else:
-    from numba.typed import List
-
-    @njit
-    def _scheds(n: int, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                chunked: bool, caching: bool, async_sched: bool) -> list:  # fmt: skip
-        out = List()
-        for _ in range(n):
-            out.append(cs.new_scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, chunked,
-                                        caching, async_sched))  # fmt: skip
-        return out
-
 
 
 @njit
@@ -262,7 +249,7 @@ def _residual(e: EngineState, tokens: float) -> float:
 
 
 @njit
-def _jump_cost(e: EngineState, s: cs.SchedState, k: int) -> float:
+def _jump_cost(e: EngineState, s: ru.State, k: int) -> float:
     a = e.t_w + e.alpha * s.num_decoding + e.gamma * s.verify_sum + e.beta * (s.ctx + s.rate_sum)
     a += _excess(e, s.verify_sum) + e.draft_s * s.num_spec
     q = e.beta * s.rate_sum
@@ -270,7 +257,7 @@ def _jump_cost(e: EngineState, s: cs.SchedState, k: int) -> float:
 
 
 @njit
-def _iters_done(e: EngineState, s: cs.SchedState, elapsed: float, k: int) -> int:
+def _iters_done(e: EngineState, s: ru.State, elapsed: float, k: int) -> int:
     a = _jump_cost(e, s, 1)
     q = e.beta * s.rate_sum
     if q == 0:
@@ -361,7 +348,7 @@ def _defer(e: EngineState, i: int) -> bool:
 @njit
 def _take_arrivals(e: EngineState, i: int) -> None:
     s = e.scheds[i]
-    if e.paused or (s.num_running == 0 and s.w_len == 0):  # all of it lands
+    if e.paused or not ru.has_work(s):  # all of it lands
         if e.rd_head[i] == _NONE:
             head = e.in_head[i]
         else:
@@ -377,7 +364,7 @@ def _take_arrivals(e: EngineState, i: int) -> None:
     r = head
     while r != _NONE:
         if e.q_kind[r] == A_SUBMIT:
-            cs.enqueue(s, e.q_val[r])
+            ru.enqueue(s, e.q_val[r])
         else:
             if na == aborts.shape[0]:
                 aborts = grow(aborts)
@@ -419,8 +406,8 @@ def abort_now(e: EngineState, rids: np.ndarray) -> None:
             if rid in e.where and e.where[rid] == i:
                 mine[m] = rid
                 m += 1
-        for k in cs.remove_waiting(e.scheds[i], mine[:m]):
-            gone_rid[ng], gone_slot[ng] = e.scheds[i].t[cs.C_RID, k], k
+        for k in ru.remove_waiting(e.scheds[i], mine[:m]):
+            gone_rid[ng], gone_slot[ng] = ru.fields(e.scheds[i], k)[0], k
             ng += 1
     order = np.argsort(gone_rid[:ng])
     gone_rid, gone_slot = gone_rid[:ng][order], gone_slot[:ng][order]
@@ -433,8 +420,8 @@ def abort_now(e: EngineState, rids: np.ndarray) -> None:
             k = gone_slot[g]
             s = e.scheds[i]
             _gone(e, rid)
-            _out(e, O_ABORTED, rid, i, s.t[cs.C_GENERATED, k], 0, 0)
-            cs.release_slot(s, k)
+            _out(e, O_ABORTED, rid, i, ru.fields(s, k)[4], 0, 0)
+            ru.release_slot(s, k)
             continue
         _abort_add(e, i, rid)
         if not e.has_run[i]:  # between iterations (idle or paused): abort now
@@ -471,8 +458,8 @@ def _apply_aborts(e: EngineState, i: int) -> None:
     for rid in _set_order(e.ab_rid[i, : e.num_ab[i]].copy()):  # `list(inst.aborts)`
         if rid in e.slot_of:
             k = e.slot_of[rid]
-            if s.t[cs.C_RUNNING, k] and s.t[cs.C_RID, k] == rid and not s.t[cs.C_REPORTED, k]:
-                gen = cs.abort(s, k)
+            if ru.can_abort(s, k, rid):
+                gen = ru.abort(s, k)
                 _out(e, O_ABORTED, rid, i, gen, 0, 0)
                 _gone(e, rid)
     e.num_ab[i] = 0
@@ -508,17 +495,20 @@ def _busy(e: EngineState, i: int, start: float, end: float) -> None:
 
 
 @njit
-def _finished(e: EngineState, i: int, s: cs.SchedState) -> None:
+def _finished(e: EngineState, i: int, s: ru.State) -> None:
     if not s.num_due:
         return
     e.emitted[i] = 1
     for j in range(s.num_due):
         k = s.due[j]
-        rid = s.t[cs.C_RID, k]
-        gen = cs.generated(s, k)
-        _out(e, O_FINISHED, rid, i, gen, 1 if gen >= s.t[cs.C_MAX_TOKENS, k] else 0, 0)
+        if ru.own_abort(s, k):  # the engine aborted it of its own accord, and went on (its request as sent)
+            rid, p, _, _, _, _ = ru.fields(s, k)
+            _out(e, O_ABORTED, rid, i, 0, OWN_ABORT, 0)
+        else:
+            rid, p, _, max_tokens, _, _ = ru.fields(s, k)
+            gen = ru.generated(s, k)
+            _out(e, O_FINISHED, rid, i, gen, 1 if gen >= max_tokens else 0, 0)
         _gone(e, rid)
-        p = s.t[cs.C_PROMPT_ID, k]
         if p < e.watch.shape[0] and e.watch[p] > 0:  # a watched prompt's finish
             e.watch[p] -= 1
             if not e.watch[p]:
@@ -528,8 +518,9 @@ def _finished(e: EngineState, i: int, s: cs.SchedState) -> None:
 @njit
 def _free_kv(e: EngineState, i: int) -> None:
     s = e.scheds[i]
-    for k in cs.free_all(s):
-        e.wake_reprefill_tokens += s.t[cs.C_NPT, k] + s.t[cs.C_GENERATED, k]
+    for k in ru.free_all(s):
+        _, _, npt, _, generated, _ = ru.fields(s, k)
+        e.wake_reprefill_tokens += npt + generated
 
 
 @njit
@@ -563,12 +554,17 @@ def _proceed(e: EngineState, i: int, interrupted: bool) -> None:
             _take_arrivals(e, i)
         if e.num_ab[i]:
             _apply_aborts(e, i)
+        if e.flush[i]:
+            e.flush[i] = 0
+            _free_kv(e, i)
         if e.paused:
             if e.sleep:
                 _free_kv(e, i)
+            ru.on_idle(s)  # (an engine left with nothing has idled before the pause reached it)
             _wait(e, i, e.resume_ev, R_RESUME)
             return
-        if s.num_running == 0 and s.w_len == 0:
+        if not ru.has_work(s):
+            ru.on_idle(s)  # SGLang: a fully idle engine's new-token ratio goes back to its start
             w = _event(e, E_WAKE, i)
             e.wake[i] = w
             _wait(e, i, w, R_WAKE)
@@ -582,18 +578,22 @@ def _proceed(e: EngineState, i: int, interrupted: bool) -> None:
             e.num_held += 1
             _wait(e, i, h, R_HOLD)
             return
-        k = 0 if e.exact or e.rd_head[i] != _NONE else cs.jump_plan(s)
+        k = 0 if e.exact or e.rd_head[i] != _NONE else ru.jump_plan(s)
         e.start[i], e.run_start[i], e.has_run[i] = e.now, e.now, 1
         if k == 0:
-            cs.schedule(s)
+            ru.schedule(s)
+            if ru.failed(s):  # a request that cannot decode in the whole pool
+                e.error, e.error_inst, e.error_tokens = 2, i, ru.failed(s)
+                return
             for j in range(s.out_num_preempted):
                 v = s.out_preempted[j]
-                if not s.t[cs.C_REPORTED, v]:  # (async: a finished request's slot, dropped)
-                    _out(e, O_PREEMPTED, s.t[cs.C_RID, v], i, s.t[cs.C_GENERATED, v], 0, 0)
+                rid, _, _, _, generated, reported = ru.fields(s, v)
+                if not reported:  # (async: a finished request's slot, dropped)
+                    _out(e, O_PREEMPTED, rid, i, generated, 0, 0)
                     e.emitted[i] = 1
             batch = s.out_num_decodes + s.out_num_chunks
-            if batch == 0 and not s.out_num_preempted and s.num_finishing:  # async: only finished ones held slots
-                cs.release_finishing(s)
+            if batch == 0 and not s.out_num_preempted and ru.holds_finished(s):  # async: only finished ones held slots
+                ru.release_finishing(s)
                 e.has_run[i] = 0
                 continue
             if batch == 0 and not s.out_num_preempted:  # nothing running and the head cannot fit
@@ -616,16 +616,16 @@ def _proceed(e: EngineState, i: int, interrupted: bool) -> None:
 
 
 @njit
-def _iteration_end(e: EngineState, i: int, s: cs.SchedState, ran: bool) -> None:
+def _iteration_end(e: EngineState, i: int, s: ru.State, ran: bool) -> None:
     if ran:
         e.seq_time[i] += e.batch[i] * e.took[i]
     n = s.out_num_chunks
-    cs.complete(s)  # (which leaves `out_chunk` as the schedule wrote it)
+    ru.complete(s)  # (which leaves `out_chunk` as the schedule wrote it)
     chunks = s.out_chunk
     for j in range(n):
         k = chunks[j]
-        if s.t[cs.C_GENERATED, k]:  # its prefill ended: the first token is out
-            rid = s.t[cs.C_RID, k]
+        rid, _, _, _, generated, _ = ru.fields(s, k)
+        if generated:  # its prefill ended: the first token is out
             if rid not in e.first_token:
                 e.first_token[rid] = e.now
     _busy(e, i, e.start[i], e.now)
@@ -633,12 +633,12 @@ def _iteration_end(e: EngineState, i: int, s: cs.SchedState, ran: bool) -> None:
 
 
 @njit
-def _jump_end(e: EngineState, i: int, s: cs.SchedState, done_k: int) -> None:
+def _jump_end(e: EngineState, i: int, s: ru.State, done_k: int) -> None:
     e.jumping[i] = 0
     e.seq_time[i] += s.num_decoding * (e.now - e.start[i])
-    cs.advance(s, done_k)
+    ru.advance(s, done_k)
     _busy(e, i, e.start[i], e.now)
-    cs.finish_due(s)
+    ru.finish_due(s)
     _finished(e, i, s)
 
 
@@ -656,12 +656,12 @@ def submit(e: EngineState, rid: np.ndarray, prompt_id: np.ndarray, npt: np.ndarr
             return j
         i = inst[j]
         s = e.scheds[i]
-        k = cs.new_slot(s, rid[j], prompt_id[j], npt[j], max_tokens[j], prompt_len[j], more_turns[j] != 0,
-                        target[j], kept[j], kept[j] > 0, rate[j], verify[j], lookahead[j])  # fmt: skip
+        k = ru.new_slot(s, rid[j], prompt_id[j], npt[j], max_tokens[j], prompt_len[j], more_turns[j] != 0,
+                        target[j], kept[j], rate[j], verify[j], lookahead[j])  # fmt: skip
         if _defer(e, i):
             _q_push(e, i, A_SUBMIT, k)
         else:
-            cs.enqueue(s, k)
+            ru.enqueue(s, k)
         e.where[rid[j]] = i
         e.slot_of[rid[j]] = k
     for i in touched:
@@ -705,6 +705,19 @@ def pause(e: EngineState, sleep: bool) -> None:
             e.jumping[i] = 0
             _schedule(e, _event(e, E_INTERRUPT, i), 0.0, URGENT)
             e.pause_interrupts += 1
+
+
+@njit
+def weights_updated(e: EngineState) -> None:
+    """New weights reached the rollout, under rules that flush on it (SGLang's radix cache, what
+    runs retracted): each instance flushes now if between iterations, else once its iteration in
+    progress ends (a jump stops after its current one)."""
+    for i in range(e.n):
+        if not e.has_run[i]:
+            _free_kv(e, i)
+        else:
+            e.flush[i] = 1
+            _poke(e, i)
 
 
 @njit
@@ -779,8 +792,8 @@ def _step(e: EngineState, finishes: int) -> int:
     if finishes > 1 and not e.watch_hit and not e.lockstep:  # on, instant by instant, while requests run
         seen = done = 0
         while True:
-            for j in range(seen, e.num_ob):
-                if e.ob_i[j, 0] == O_FINISHED:
+            for j in range(seen, e.num_ob):  # (an abort of the engine's own accord ends a request too)
+                if e.ob_i[j, 0] == O_FINISHED or (e.ob_i[j, 0] == O_ABORTED and e.ob_i[j, 4] == OWN_ABORT):
                     done += 1
             seen = e.num_ob
             if done >= finishes or e.watch_hit or not len(e.where) or e.timed or not e.heap_len:
@@ -795,8 +808,10 @@ def _step(e: EngineState, finishes: int) -> int:
 
 @njit
 def counters(e: EngineState) -> tuple:
-    """(Tokens re-prefilled after sleeps, jumps a pause interrupted, the instance in error)."""
-    return e.wake_reprefill_tokens, e.pause_interrupts, e.error_inst
+    """(Tokens re-prefilled after sleeps, jumps a pause interrupted, the instance in error, the error:
+    1 its waiting head cannot fit, 2 a request of `error_tokens` KV tokens cannot decode in its pool;
+    those tokens)."""
+    return e.wake_reprefill_tokens, e.pause_interrupts, e.error_inst, e.error, e.error_tokens
 
 
 @njit

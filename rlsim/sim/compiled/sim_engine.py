@@ -15,6 +15,7 @@ from functools import partial
 
 import numpy as np
 
+from rlsim.errors import RlsimError
 from rlsim.profile import Profile
 from rlsim.protocol import (
     ABORTED,
@@ -28,6 +29,7 @@ from rlsim.protocol import (
     RequestBatch,
     Timer,
 )
+from rlsim.rollout_engines import resolve, rollout_engine
 from rlsim.sim.compiled import engine as ce
 from rlsim.sim.compiled.jit import cached
 from rlsim.sim.engine import head_too_large, request_too_large
@@ -39,6 +41,7 @@ _SUBMIT = ("request_id", "prompt_id", "num_prompt_tokens", "max_tokens", "prompt
 
 
 _REASON = ("stop", "length")  # a finish reason by whether it hit its length: one object each, as the records keep
+_ABORT_REASON = ("abort", "prompt_too_long")  # a policy's abort; the engine's own (`ce.OWN_ABORT`)
 # a reason per request (a string numpy built per row would be kept too, about 56 bytes a request)
 _new_finished = partial(tuple.__new__, Finished)  # a Finished from its fields' tuple, in C
 _new_aborted = partial(tuple.__new__, Aborted)
@@ -70,8 +73,8 @@ def _events(rows: np.ndarray, times: np.ndarray, new) -> list:  # noqa: ANN001 -
     cols = [rows[:, 1].tolist(), times[:, 0].tolist(), rows[:, 2].tolist(), rows[:, 3].tolist()]
     if new is _new_finished:
         cols.append(list(map(_REASON.__getitem__, (rows[:, 4] != 0).tolist())))  # (the two shared strings)
-    else:  # (every abort here is a policy's)
-        cols.append(["abort"] * len(cols[0]))
+    else:
+        cols.append(list(map(_ABORT_REASON.__getitem__, rows[:, 4].tolist())))
     return list(map(new, zip(*cols, strict=True)))
 
 
@@ -110,8 +113,14 @@ class CompiledEngine:
         self.block_size = engine.block_size
         self.spec = spec
         self.replay = dict.fromkeys(Replay.COUNTS, 0)
-        self.core = ce.new_engine(profile, num_instances, exact, lockstep, spec.draft_s if spec is not None else 0.0)
-        self._cap = profile.kv_capacity_tokens // engine.block_size * engine.block_size
+        self._rules = rules = rollout_engine(engine.rollout_engine)  # (`simulate` runs this core only where it may)
+        if spec is not None and not rules.speculates:
+            raise RlsimError("speculative decoding is modelled under vLLM's rules only: use --rollout-engine vllm")
+        # each instance's scheduler state under the engine's rules, the largest request a submit takes, and
+        # the capacity errors name
+        scheds, self._submit_cap, self._cap = resolve(rules.compiled)(engine, profile.kv_capacity_tokens, num_instances)
+        draft_s = spec.draft_s if spec is not None else 0.0
+        self.core = ce.new_engine(profile, num_instances, exact, lockstep, draft_s, scheds, self._submit_cap)
         # first token times of the requests the last batches finished or aborted (the driver pops them)
         self.first_token: dict[int, float] = {}
         self._now = 0.0
@@ -173,6 +182,12 @@ class CompiledEngine:
     def pause(self, sleep: bool = False) -> None:
         ce.pause(self.core, sleep)
 
+    def weights_updated(self) -> None:
+        """New weights reached the rollout: under rules that flush on it (SGLang's radix cache), each
+        instance flushes, retracting what runs, once its iteration in progress ends (`SimEngine`'s)."""
+        if self._rules.flushes_on_weight_update:
+            ce.weights_updated(self.core)
+
     def resume(self) -> None:
         ce.resume(self.core)
 
@@ -184,7 +199,13 @@ class CompiledEngine:
             counts = np.maximum(np.fromiter(prompts.values(), np.int64, len(prompts)), 1)
         got, m, self._now = ce.step(self.core, count, self._rows, self._times, watched, counts)
         if got < 0:
-            raise head_too_large(int(ce.counters(self.core)[2]), self._cap)
+            _, _, inst, error, tokens = ce.counters(self.core)
+            if error == 2:  # (SGLang's rules: a request that cannot decode even alone in its pool)
+                raise RlsimError(
+                    f"a request of {tokens} KV tokens cannot decode in a pool of {self._cap}: raise "
+                    "--gpu-memory-utilization or lower --max-response-len"
+                )
+            raise head_too_large(int(inst), self._cap)
         out = EventBatch()
         if got == 0:
             return out
@@ -213,7 +234,7 @@ class CompiledEngine:
             if k == FINISHED:
                 out.append(_new_finished((r, t, i, n, _REASON[ln])))
             elif k == ABORTED:
-                out.append(_new_aborted((r, t, i, n, "abort")))
+                out.append(_new_aborted((r, t, i, n, _ABORT_REASON[ln])))
             elif k == PREEMPTED:
                 out.append(Preempted(r, t, i, n))
                 continue

@@ -1,0 +1,183 @@
+"""The compiled SGLang scheduler (`rlsim.sim.compiled.sglang`) schedules as `SGLangScheduler`: the
+same batches, retractions, finishes, jumps, new-token ratio, radix tree and counters, iteration by
+iteration, on random workloads that retract, hit and evict the radix cache, chunk prompts, abort,
+sleep, refuse prompts too long and finish under the overlap scheduler, and reuse the slots of
+requests that left, compiled and on the pure-Python path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlsim.protocol import Request
+from rlsim.sim.compiled import sglang as sg
+from rlsim.sim.compiled.jit import PURE
+from rlsim.sim.seq import Seq
+from rlsim.sim.sglang_scheduler import DEFAULTS, SGLangScheduler
+from tests.pure_path import run_pure
+from tests.test_compiled_radix import _tree_c, _tree_py
+
+
+class _Twin:
+    def __init__(self, rng: np.random.Generator, num_tokens: int, max_running: int, chunk: int,
+                 chunked: bool = True, radix: bool = True, overlap: bool = True, max_prefill: int = 16384,
+                 policy: str = "fcfs", page: int = 1) -> None:  # fmt: skip
+        self.py = SGLangScheduler(num_tokens, max_running, chunk, chunked, radix, overlap, max_prefill, policy,
+                                  page_size=page)  # fmt: skip
+        d = DEFAULTS
+        self.c = sg.new_scheduler(num_tokens, max_running, chunk, chunked, radix, overlap, max_prefill,
+                                  policy == "lpm", d.init_ratio, d.min_ratio, d.ratio_decay,
+                                  d.clip_max_new_tokens_estimation, d.retract_decode_steps, page)  # fmt: skip
+        self.rng, self.num_tokens = rng, num_tokens
+        self.slot: dict[int, int] = {}  # request id -> compiled slot
+        self.next_rid = 0
+        self.ops = dict.fromkeys(("iterations", "jumps", "retracted", "finished", "aborted", "prefix_hits",
+                                  "slept", "chunked", "refused", "idle", "slots_reused"), 0)  # fmt: skip
+
+    def submit(self, n: int) -> None:
+        rng = self.rng
+        for _ in range(n):
+            rid, prompt = self.next_rid, int(rng.integers(0, 6))
+            self.next_rid += 1
+            npt = int(rng.integers(1, 300))
+            if rng.random() < 0.01:  # a prompt the pool cannot hold: refused at arrival
+                npt = self.num_tokens - int(rng.integers(1, 6))
+            max_tokens = int(rng.integers(4, 120))
+            target = min(int(rng.integers(1, 140)), max_tokens)
+            kept = int(rng.integers(1, target)) if target > 1 and rng.random() < 0.1 else 0
+            turn = rng.random() < 0.1
+            req = Request(rid, prompt, 0, 0, npt + kept, max_tokens, target, 0, 0, kept_tokens=kept,
+                          prompt_len=npt // 2 if turn else 0, more_turns=turn)  # fmt: skip
+            seq = Seq(req, target, generated=kept, transfer=kept > 0)
+            self.py.add(seq)
+            k = sg.new_slot(self.c, rid, prompt, req.num_prompt_tokens, max_tokens, req.prompt_len, target, kept,
+                            kept > 0)  # fmt: skip
+            sg.add(self.c, k)
+            self.slot[rid] = k
+
+    def rids(self, slots: np.ndarray) -> list[int]:
+        return [int(self.c.t[sg.C_RID, k]) for k in slots]
+
+    def check(self) -> None:
+        py, c = self.py, self.c
+        assert (py.iters, py.dsteps, py.ctx, py.num_decoding, py.rate_sum, py.cache.free, py.cache.evictable,
+                py.prefix_hit_tokens, py.turn_tokens, py.turn_hit_tokens, len(py.running), len(py.waiting),
+                len(py.finishing), py.new_token_ratio, py.batch_is_full, py.retractions) == (
+            c.iters, c.dsteps, c.ctx, c.num_decoding, c.rate_sum, c.cache.free, c.cache.evictable,
+            c.prefix_hit_tokens, c.turn_tokens, c.turn_hit_tokens, c.num_running, c.w_len, c.num_fin,
+            c.new_token_ratio, c.batch_is_full, c.retractions)  # fmt: skip
+        assert [seq.req.request_id for seq in py.waiting] == self.rids(sg.waiting(c))
+        assert list(py.running) == self.rids(sg.running(c))
+        for seq in py.running.values():
+            k = self.slot[seq.req.request_id]
+            assert (py.generated(seq), py.computed(seq), seq.req.max_tokens, seq.target) == (
+                sg.generated(c, k), sg.computed(c, k), c.t[sg.C_MAX_TOKENS, k], c.t[sg.C_TARGET, k])
+        assert _tree_c(c.cache) == _tree_py(py.cache)
+
+    def iterate(self) -> None:
+        py, c = self.py, self.c
+        k = py.jump_plan()
+        assert k == sg.jump_plan(c)
+        if k:
+            self.ops["jumps"] += 1
+            py.advance(k)
+            sg.advance(c, k)
+            done = py.finish_due()
+            sg.finish_due(c)
+        else:
+            out = py.schedule()
+            sg.schedule(c)
+            assert (out.decode_tokens, out.prefill_tokens, out.num_decodes) == (
+                c.out_decode_tokens, c.out_prefill_tokens, c.out_num_decodes)
+            assert [(s.req.request_id, n) for s, n in out.chunks] == list(
+                zip(self.rids(c.out_chunk[: c.out_num_chunks]), c.out_take[: c.out_num_chunks].tolist(), strict=True))
+            assert [s.req.request_id for s in out.preempted] == self.rids(c.out_preempted[: c.out_num_preempted])
+            self.ops["retracted"] += len(out.preempted)
+            self.ops["chunked"] += py.chunked is not None
+            if not out.num_decodes and not out.chunks and not out.preempted:
+                if py.finishing:
+                    py.release_finishing()
+                    sg.release_finishing(c)
+                else:
+                    py.on_idle()
+                    sg.on_idle(c)
+                return
+            self.ops["iterations"] += 1
+            done = py.complete(out)
+            sg.complete(c)
+        assert [s.req.request_id for s in done] == self.rids(c.due[: c.num_due])
+        assert [py.generated(s) for s in done] == [sg.generated(c, k) for k in c.due[: c.num_due]]
+        for s, k in zip(done, c.due[: c.num_due], strict=True):
+            refused = py.own_abort(s) is not None
+            assert refused == sg.own_abort(c, k)
+            assert (s.req.prompt_id, s.req.num_prompt_tokens, s.req.max_tokens) == (
+                c.t[sg.C_PROMPT_ID, k], c.t[sg.C_NPT, k], c.t[sg.C_MAX_TOKENS, k])
+            self.ops["refused"] += refused
+        self.ops["finished"] += len(done)
+
+    def abort(self) -> None:
+        py, c = self.py, self.c
+        if self.rng.random() < 0.5 and py.waiting:
+            rids = {seq.req.request_id for seq in py.waiting if self.rng.random() < 0.3}
+            gone = py.remove_waiting(rids)
+            slots = sg.remove_waiting(c, np.array(sorted(rids), np.int64))
+            assert [s.req.request_id for s in gone] == self.rids(slots)
+            for k in slots:  # (as the engine hands them back once it has reported them)
+                sg.release_slot(c, k)
+        else:
+            live = [seq for seq in py.running.values() if not seq.reported]
+            if not live:
+                return
+            seq = live[int(self.rng.integers(len(live)))]
+            assert py.abort(seq) == sg.abort(c, self.slot[seq.req.request_id])
+        self.ops["aborted"] += 1
+
+    def run(self, rounds: int) -> None:
+        for _ in range(rounds):
+            r = self.rng.random()
+            if r < 0.12:
+                self.submit(int(self.rng.integers(1, 10)))
+            elif r < 0.15:
+                self.abort()
+            elif r < 0.153:
+                self.ops["slept"] += 1
+                carried = self.py.free_all()
+                assert [s.req.request_id for s in carried] == self.rids(sg.free_all(self.c))
+            elif self.py.running or self.py.waiting or self.py.finishing:
+                self.iterate()
+            else:  # a loop pass of an idle engine
+                self.py.on_idle()
+                sg.on_idle(self.c)
+                self.ops["idle"] += 1
+            self.check()
+        self.ops["prefix_hits"] = self.py.prefix_hit_tokens
+        self.ops["slots_reused"] = self.next_rid + 1 - self.c.num_slots  # (slot 0 is the running list's sentinel)
+
+
+CONFIGS = [  # engine settings: pool tokens, max running requests, chunk budget, then the rest
+    (1000, 16, 256, {}),
+    (1500, 16, 128, {"overlap": False}),
+    (1200, 16, 256, {"page": 4}),
+    (1000, 12, 200, {"policy": "lpm"}),
+    (1800, 12, 512, {"chunked": False, "max_prefill": 400}),
+    (1600, 12, 128, {"radix": False, "page": 2, "overlap": False}),
+]
+
+
+@pytest.mark.parametrize("config", range(len(CONFIGS)))
+def test_same_iterations(config: int) -> None:
+    ops: dict[str, int] = {}
+    num_tokens, max_running, chunk, kw = CONFIGS[config]
+    for seed in range(3):
+        twin = _Twin(np.random.default_rng(seed), num_tokens, max_running, chunk, **kw)
+        twin.run(2000)
+        for k, v in twin.ops.items():
+            ops[k] = ops.get(k, 0) + v
+    claimed = [k for k in ops if (k != "prefix_hits" or kw.get("radix", True)) and (k != "chunked" or kw.get(
+        "chunked", True))]  # fmt: skip
+    assert all(ops[k] > 0 for k in claimed), ops  # the workload reached what it checks
+
+
+@pytest.mark.skipif(PURE, reason="already on the pure-Python path")
+def test_the_pure_path_agrees() -> None:
+    assert f"{len(CONFIGS)} passed" in run_pure(__file__, "-k", "not pure_path")
