@@ -8,8 +8,10 @@ were equal, and what the run exercised. SGLang runs in its own environment (`.ci
     bash .ci/sglang-env .sglang-venv
     RLSIM_SGLANG_PYTHON=.sglang-venv/bin/python python benchmarks/sglang_parity.py [--markdown]
 
-`--markdown` prints the table docs/simulate.md holds, `--readme` writes it there. CI runs a subset
-(tests/test_sglang_parity.py).
+`--markdown` prints the table docs/simulate.md holds, `--readme` writes it there. `--compiled` runs
+rlsim's side on the compiled core's rules (`rlsim.sim.compiled.sglang`, what `simulate` runs),
+apart from the parallel-sampling rows, which the compiled core does not run. CI runs a subset
+(tests/test_sglang_parity.py, both rlsim sides against SGLang's).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--readme", action="store_true", help="write the table into docs/simulate.md")
     ap.add_argument("--only", default="", help="comma-separated workload names")
+    ap.add_argument("--compiled", action="store_true", help="rlsim's side on the compiled core's rules")
     args = ap.parse_args()
     names = [n for n in GRID if not args.only or n in args.only.split(",")]
     rows = []
@@ -37,7 +40,7 @@ def main() -> None:
         for overlap in (False, True):
             cfg = dataclasses.replace(GRID[name], overlap=overlap)
             t0 = time.perf_counter()
-            ours = run_rlsim(cfg)
+            ours = run_rlsim(cfg, compiled=args.compiled and not cfg.parallel_sample)
             t1 = time.perf_counter()
             theirs = run_sglang(cfg, timeout_s=3600)
             t2 = time.perf_counter()
@@ -47,7 +50,8 @@ def main() -> None:
                          cfg.kv_tokens, cfg.page_size, c, diff, t1 - t0, t2 - t1))  # fmt: skip
             print(f"{name} ({rows[-1][1]}): {'equal' if diff is None else diff}", flush=True)
     load = os.getloadavg()[0]
-    head = (f"sglang {SGLANG_VERSION} `Scheduler` against rlsim's `SGLangScheduler` (event jumps), "
+    ours_are = "the compiled core's rules" if args.compiled else "`SGLangScheduler`"
+    head = (f"sglang {SGLANG_VERSION} `Scheduler` against rlsim's {ours_are} (event jumps), "
             f"{platform.machine()} CPU, {os.cpu_count()} cores, load {load:.1f}")  # fmt: skip
     lines = [
         head, "",

@@ -6,6 +6,8 @@ requests that left, compiled and on the pure-Python path."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from rlsim.protocol import Request
 from rlsim.sim.compiled import sglang as sg
 from rlsim.sim.compiled.jit import PURE
 from rlsim.sim.seq import Seq
+from rlsim.sim.sglang_parity import GRID, first_difference, run_rlsim
 from rlsim.sim.sglang_scheduler import DEFAULTS, SGLangScheduler
 from tests.pure_path import run_pure
 from tests.test_compiled_radix import _tree_c, _tree_py
@@ -181,3 +184,19 @@ def test_same_iterations(config: int) -> None:
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")
 def test_the_pure_path_agrees() -> None:
     assert f"{len(CONFIGS)} passed" in run_pure(__file__, "-k", "not pure_path")
+
+
+# SGLang's parity grid, both loops, but parallel sampling (the compiled core does not run it: SimEngine does) and
+# its largest row, "veRL scale" (about 45 s a loop here; `benchmarks/sglang_parity.py --compiled` runs it)
+PARITY_ROWS = [(name, overlap) for name, cfg in GRID.items() if not cfg.parallel_sample and name != "veRL scale"
+               for overlap in (False, True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "overlap"), PARITY_ROWS,
+                         ids=[f"{n}-{'overlap' if o else 'normal'}" for n, o in PARITY_ROWS])  # fmt: skip
+def test_the_parity_grid_logs_alike_compiled(name: str, overlap: bool) -> None:
+    """Every row of SGLang's parity grid (`rlsim.sim.sglang_parity.GRID`) logs the same iterations and
+    finishes on the compiled rules as on `SGLangScheduler` (the twin test above holds jumps to steps);
+    `tests/test_sglang_parity.py` holds the compiled log to SGLang's own where its environment is built."""
+    cfg = dataclasses.replace(GRID[name], overlap=overlap)
+    assert first_difference(run_rlsim(cfg), run_rlsim(cfg, compiled=True)) is None

@@ -82,8 +82,9 @@ _NONE = -1
 def new_engine(profile, num_instances: int, exact: bool, lockstep: bool, draft_s: float, scheds: list,  # noqa: ANN001
                cap: int) -> EngineState:  # fmt: skip
     """The state of `num_instances` idle instances under `profile` (a `Profile` with its engine), each
-    scheduling with its state in `scheds` (`rlsim.sim.compiled.rules.states`: the engine is compiled
-    for their rules' type); a request needing more than `cap` KV tokens is refused at submit."""
+    scheduling with its state in `scheds` (built by its rules' builder, as `rlsim.sim.compiled.rules`'
+    `vllm_states`: the engine is compiled for their type); a request needing more than `cap` KV
+    tokens is refused at submit."""
     engine = profile.engine
     knots = profile.decode_residual_s or []
     return _make_engine(

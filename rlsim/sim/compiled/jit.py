@@ -90,6 +90,18 @@ if not PURE:
     class _CoreCacheImpl(caching.CompileResultCacheImpl):
         _locator_classes = [_InTree, _UserWide]
 
+    class _Index(caching.IndexDataCacheFile):
+        """numba's cache index, read as empty where it names a type this process cannot import: another
+        process compiled the core for rules of a module not on this one's path (a test's engine, added
+        with `rlsim.sim.compiled.rules.add_rules`). The functions then load from the shipped code or
+        compile here, and the index is written again without those entries."""
+
+        def _load_index(self) -> dict:
+            try:
+                return super()._load_index()
+            except (ImportError, AttributeError):
+                return {}
+
     class _CoreCache(caching.FunctionCache):
         """numba's function cache, with the shipped machine code read (never written) after it."""
 
@@ -97,7 +109,8 @@ if not PURE:
 
         def __init__(self, py_func: Callable) -> None:
             super().__init__(py_func)
-            self.shipped = caching.IndexDataCacheFile(str(shipped_dir()), self._impl.filename_base, _DIGEST)
+            self._cache_file = _Index(self._cache_path, self._impl.filename_base, _DIGEST)
+            self.shipped = _Index(str(shipped_dir()), self._impl.filename_base, _DIGEST)
 
         def _load_overload(self, sig, target_context):  # noqa: ANN001, ANN202 - numba's hook
             data = super()._load_overload(sig, target_context)
