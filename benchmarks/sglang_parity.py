@@ -10,7 +10,7 @@ were equal, and what the run exercised. SGLang runs in its own environment (`.ci
 
 `--markdown` prints the table docs/simulate.md holds, `--readme` writes it there. `--compiled` runs
 rlsim's side on the compiled core's rules (`rlsim.sim.compiled.sglang`, what `simulate` runs),
-apart from the parallel-sampling rows, which the compiled core does not run. CI runs a subset
+every row. CI runs a subset
 (tests/test_sglang_parity.py, both rlsim sides against SGLang's).
 """
 
@@ -40,7 +40,7 @@ def main() -> None:
         for overlap in (False, True):
             cfg = dataclasses.replace(GRID[name], overlap=overlap)
             t0 = time.perf_counter()
-            ours = run_rlsim(cfg, compiled=args.compiled and not cfg.parallel_sample)
+            ours = run_rlsim(cfg, compiled=args.compiled)
             t1 = time.perf_counter()
             theirs = run_sglang(cfg, timeout_s=3600)
             t2 = time.perf_counter()

@@ -81,7 +81,7 @@ REGISTRY: dict[str, RolloutEngine] = {
             compiled="rlsim.sim.compiled.rules:vllm_states",
         ),
         RolloutEngine(
-            "sglang", "SGLang", "0.5.23", "rlsim.sim.rollout_scheduler:sglang_rules",
+            "sglang", "SGLang", "0.5.23", "rlsim.sim.sglang_rules:sglang_rules",
             "rlsim.real.sglang_instance:SglangInstance", "rlsim.real.sglang_instance:sglang_ray_instance_class",
             "rlsim.real.sglang_instance:require_sglang", "rlsim.real.sglang_instance:sglang_installed",
             own_settings=("schedule_policy", "parallel_sampling", "schedule_conservativeness", "sglang_env",

@@ -106,6 +106,26 @@ def test_what_sglangs_workloads_reach() -> None:
     assert all(v > 0 for v in seen.values()), seen
 
 
+@pytest.mark.parametrize("policy", ["sync", "rollpacker"])
+def test_parallel_sampling_same_run(policy: str) -> None:
+    """SGLang's parallel sampling (a call's samples as one request: a warm-up of the prompt, then the
+    samples; `SGLangScheduler.add_call`) on the compiled core gives SimEngine's run; the runs differ
+    from those without it, so the calls reached the rules as calls (rollpacker's aborts reach samples
+    still held back)."""
+    cluster = dataclasses.replace(CLUSTER, dispatch="per_prompt")
+    grouped = dataclasses.replace(SGLANG_TIGHT, parallel_sampling=True)
+    rl = RLConfig(prompts_per_step=64, epochs=1, max_steps=3)
+    trace = _trace()
+    a = simulate(trace, policy, cluster=cluster, rl=rl, engine="simpy", engine_cfg=grouped)
+    b = simulate(trace, policy, cluster=cluster, rl=rl, engine="compiled", engine_cfg=grouped)
+    for x, y in ((a.requests, b.requests), (a.steps, b.steps)):
+        pd.testing.assert_frame_equal(x, y, check_exact=True)
+    assert a.segments == b.segments
+    plain = simulate(trace, policy, cluster=cluster, rl=rl, engine="compiled", engine_cfg=SGLANG_TIGHT)
+    assert not plain.requests.equals(b.requests)
+    assert b.summary["scheduler"] == "SGLang 0.5.23 rules (compiled core)"
+
+
 def test_set_order_is_cpythons() -> None:
     from rlsim.sim.compiled.engine import _set_order
 

@@ -1,8 +1,9 @@
 """The compiled SGLang scheduler (`rlsim.sim.compiled.sglang`) schedules as `SGLangScheduler`: the
 same batches, retractions, finishes, jumps, new-token ratio, radix tree and counters, iteration by
 iteration, on random workloads that retract, hit and evict the radix cache, chunk prompts, abort,
-sleep, refuse prompts too long and finish under the overlap scheduler, and reuse the slots of
-requests that left, compiled and on the pure-Python path."""
+sleep, refuse prompts too long and finish under the overlap scheduler, reuse the slots of requests
+that left, and send parallel sampling's warm-ups and hold their samples back, compiled and on the
+pure-Python path."""
 
 from __future__ import annotations
 
@@ -24,21 +25,40 @@ from tests.test_compiled_radix import _tree_c, _tree_py
 class _Twin:
     def __init__(self, rng: np.random.Generator, num_tokens: int, max_running: int, chunk: int,
                  chunked: bool = True, radix: bool = True, overlap: bool = True, max_prefill: int = 16384,
-                 policy: str = "fcfs", page: int = 1) -> None:  # fmt: skip
+                 policy: str = "fcfs", page: int = 1, parallel: bool = False) -> None:  # fmt: skip
         self.py = SGLangScheduler(num_tokens, max_running, chunk, chunked, radix, overlap, max_prefill, policy,
-                                  page_size=page)  # fmt: skip
+                                  parallel_sampling=parallel, page_size=page)  # fmt: skip
         d = DEFAULTS
         self.c = sg.new_scheduler(num_tokens, max_running, chunk, chunked, radix, overlap, max_prefill,
                                   policy == "lpm", d.init_ratio, d.min_ratio, d.ratio_decay,
-                                  d.clip_max_new_tokens_estimation, d.retract_decode_steps, page)  # fmt: skip
-        self.rng, self.num_tokens = rng, num_tokens
+                                  d.clip_max_new_tokens_estimation, d.retract_decode_steps, page,
+                                  parallel)  # fmt: skip
+        self.rng, self.num_tokens, self.parallel = rng, num_tokens, parallel
         self.slot: dict[int, int] = {}  # request id -> compiled slot
         self.next_rid = 0
         self.ops = dict.fromkeys(("iterations", "jumps", "retracted", "finished", "aborted", "prefix_hits",
                                   "slept", "chunked", "refused", "idle", "slots_reused"), 0)  # fmt: skip
+        if parallel:
+            self.ops.update(calls=0, warmups=0, held_taken=0)
 
     def submit(self, n: int) -> None:
         rng = self.rng
+        if self.parallel and rng.random() < 0.5:  # one call of n samples of a prompt, sent as one request
+            self.ops["calls"] += 1
+            prompt, npt, max_tokens = int(rng.integers(0, 6)), int(rng.integers(1, 300)), int(rng.integers(4, 120))
+            if rng.random() < 0.03:  # a prompt the pool cannot hold: its samples refused one by one
+                npt = self.num_tokens - int(rng.integers(1, 6))
+            seqs, slots = [], []
+            for _ in range(n):
+                rid = self.next_rid
+                self.next_rid += 1
+                target = min(int(rng.integers(1, 140)), max_tokens)
+                seqs.append(Seq(Request(rid, prompt, 0, 0, npt, max_tokens, target, 0, 0), target))
+                slots.append(sg.new_slot(self.c, rid, prompt, npt, max_tokens, 0, target, 0, False))
+                self.slot[rid] = slots[-1]
+            self.py.add_call(seqs)
+            sg.add_call(self.c, np.array(slots, np.int64))
+            return
         for _ in range(n):
             rid, prompt = self.next_rid, int(rng.integers(0, 6))
             self.next_rid += 1
@@ -71,8 +91,10 @@ class _Twin:
             c.new_token_ratio, c.batch_is_full, c.retractions)  # fmt: skip
         assert [seq.req.request_id for seq in py.waiting] == self.rids(sg.waiting(c))
         assert list(py.running) == self.rids(sg.running(c))
-        for seq in py.running.values():
-            k = self.slot[seq.req.request_id]
+        assert [seq.req.request_id for held in py._warmups.values() for seq in held] == self.rids(
+            c.hold[: c.num_hold])
+        assert (py.warmups_run, len(py._warmups)) == (c.warmups_run, c.num_warm)
+        for seq, k in zip(py.running.values(), sg.running(c), strict=True):  # (warm-ups too)
             assert (py.generated(seq), py.computed(seq), seq.req.max_tokens, seq.target) == (
                 sg.generated(c, k), sg.computed(c, k), c.t[sg.C_MAX_TOKENS, k], c.t[sg.C_TARGET, k])
         assert _tree_c(c.cache) == _tree_py(py.cache)
@@ -120,15 +142,19 @@ class _Twin:
 
     def abort(self) -> None:
         py, c = self.py, self.c
-        if self.rng.random() < 0.5 and py.waiting:
-            rids = {seq.req.request_id for seq in py.waiting if self.rng.random() < 0.3}
+        held = [seq for h in py._warmups.values() for seq in h]
+        if self.rng.random() < 0.5 and (py.waiting or held):
+            rids = {seq.req.request_id for seq in [*py.waiting, *held] if self.rng.random() < 0.3}
+            rids = {r for r in rids if r >= 0}  # (a warm-up's id is the tokenizer manager's, not the caller's)
             gone = py.remove_waiting(rids)
             slots = sg.remove_waiting(c, np.array(sorted(rids), np.int64))
             assert [s.req.request_id for s in gone] == self.rids(slots)
+            if self.parallel:
+                self.ops["held_taken"] += sum(s in held for s in gone)
             for k in slots:  # (as the engine hands them back once it has reported them)
                 sg.release_slot(c, k)
         else:
-            live = [seq for seq in py.running.values() if not seq.reported]
+            live = [seq for seq in py.running.values() if not seq.reported and seq.req.request_id >= 0]
             if not live:
                 return
             seq = live[int(self.rng.integers(len(live)))]
@@ -154,7 +180,10 @@ class _Twin:
                 self.ops["idle"] += 1
             self.check()
         self.ops["prefix_hits"] = self.py.prefix_hit_tokens
-        self.ops["slots_reused"] = self.next_rid + 1 - self.c.num_slots  # (slot 0 is the running list's sentinel)
+        if self.parallel:
+            self.ops["warmups"] = self.c.warmups_run
+        # (slot 0 is the running list's sentinel; each warm-up took a slot)
+        self.ops["slots_reused"] = self.next_rid + self.c.warm_sent + 1 - self.c.num_slots
 
 
 CONFIGS = [  # engine settings: pool tokens, max running requests, chunk budget, then the rest
@@ -164,6 +193,8 @@ CONFIGS = [  # engine settings: pool tokens, max running requests, chunk budget,
     (1000, 12, 200, {"policy": "lpm"}),
     (1800, 12, 512, {"chunked": False, "max_prefill": 400}),
     (1600, 12, 128, {"radix": False, "page": 2, "overlap": False}),
+    (1400, 16, 256, {"parallel": True}),
+    (1400, 16, 128, {"parallel": True, "overlap": False, "page": 2}),
 ]
 
 
@@ -186,10 +217,9 @@ def test_the_pure_path_agrees() -> None:
     assert f"{len(CONFIGS)} passed" in run_pure(f"{__file__}::test_same_iterations")
 
 
-# SGLang's parity grid, both loops, but parallel sampling (the compiled core does not run it: SimEngine does) and
-# its largest row, "veRL scale" (about 45 s a loop here; `benchmarks/sglang_parity.py --compiled` runs it)
-PARITY_ROWS = [(name, overlap) for name, cfg in GRID.items() if not cfg.parallel_sample and name != "veRL scale"
-               for overlap in (False, True)]  # fmt: skip
+# SGLang's parity grid, both loops, but its largest row, "veRL scale" (about 45 s a loop here;
+# `benchmarks/sglang_parity.py --compiled` runs it)
+PARITY_ROWS = [(name, overlap) for name in GRID if name != "veRL scale" for overlap in (False, True)]
 
 
 @pytest.mark.parametrize(("name", "overlap"), PARITY_ROWS,

@@ -26,8 +26,7 @@ def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool) -> N
     cfg = dataclasses.replace(GRID[name], overlap=overlap)
     ours = run_rlsim(cfg)
     assert first_difference(ours, run_rlsim(cfg, fast=False)) is None  # the jumps equal the steps
-    if not cfg.parallel_sample:  # the compiled core's rules, which `simulate` runs (not parallel sampling)
-        assert first_difference(ours, run_rlsim(cfg, compiled=True)) is None
+    assert first_difference(ours, run_rlsim(cfg, compiled=True)) is None  # the compiled rules, as `simulate` runs
     theirs = run_sglang(cfg)
     got = counts(theirs)
     assert got["finished"] > 0 and got["prefills"] > 1

@@ -19,6 +19,7 @@ from rlsim.sim.engine import SimEngine
 from rlsim.sim.radix_cache import RadixCache
 from rlsim.sim.rollout_scheduler import make_scheduler
 from rlsim.sim.seq import Seq
+from rlsim.sim.sglang_rules import SGLangRules
 from rlsim.sim.sglang_scheduler import (
     INIT_NEW_TOKEN_RATIO,
     MIN_NEW_TOKEN_RATIO,
@@ -215,8 +216,9 @@ def test_event_jumps_equal_the_step_by_step_path_with_retractions_and_aborts() -
 
 
 def test_make_scheduler_gives_sglangs_for_sglang() -> None:
+    """The compiled core's source (`SGLangRules`), which both engines run."""
     s = make_scheduler(EngineConfig(rollout_engine="sglang", max_num_seqs=8, max_num_batched_tokens=256), 1600)
-    assert type(s) is SGLangScheduler
+    assert type(s) is SGLangRules
     assert (s.kv_capacity_tokens, s.max_running_requests, s.chunked_prefill_size) == (1600, 8, 256)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from rlsim.config import EngineConfig
 from rlsim.rollout_engines import RolloutEngine
-from rlsim.sim.compiled.jit import PURE, Record, StructType, define, grow, njit
+from rlsim.sim.compiled.jit import PURE, Record, StructType, define, grow, grow_cols, njit
 from rlsim.sim.compiled.rules import add_rules
 from rlsim.sim.seq import QueueQueries, Scheduled, Seq
 
@@ -406,9 +406,7 @@ def toy_new_slot(s: ToyState, rid: int, prompt_id: int, npt: int, max_tokens: in
     else:
         k = s.num_slots
         if k == s.t.shape[1]:
-            t = np.zeros((s.t.shape[0], 2 * k), np.int64)
-            t[:, :k] = s.t
-            s.t = t
+            s.t = grow_cols(s.t)
         s.num_slots += 1
     t = s.t
     t[:, k] = 0
@@ -417,13 +415,25 @@ def toy_new_slot(s: ToyState, rid: int, prompt_id: int, npt: int, max_tokens: in
     return k
 
 
+@njit
+def toy_groups_calls(s: ToyState) -> bool:
+    return False
+
+
+@njit
+def toy_add_call(s: ToyState, slots: np.ndarray) -> None:
+    for k in slots:
+        toy_enqueue(s, k)
+
+
 add_rules(ToyState, ToyStateType, {
     "has_work": toy_has_work, "failed": toy_none, "holds_finished": toy_none, "jump_plan": toy_jump_plan,
     "schedule": toy_schedule, "complete": toy_complete, "finish_due": toy_finish_due,
     "release_finishing": toy_nothing, "free_all": toy_free_all, "on_idle": toy_nothing, "advance": toy_advance,
     "abort": toy_abort, "generated": toy_generated, "enqueue": toy_enqueue, "own_abort": toy_own_abort,
     "release_slot": toy_release_slot, "fields": toy_fields, "remove_waiting": toy_remove_waiting,
-    "can_abort": toy_can_abort, "new_slot": toy_new_slot,
+    "can_abort": toy_can_abort, "new_slot": toy_new_slot, "groups_calls": toy_groups_calls,
+    "add_call": toy_add_call,
 })  # fmt: skip
 
 

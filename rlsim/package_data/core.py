@@ -5,7 +5,8 @@ compiling for a minute on its first run.
 
 Copies the checkout's tracked files into a temporary folder (no compiled cache), runs there the
 commands that call every function `CompiledEngine` calls (`rlsim compare` over every policy on the
-bundled trace under each engine whose rules the core holds, and one step of the multi-turn trace),
+bundled trace under each engine whose rules the core holds, and one step of the multi-turn trace)
+and every function of SGLang's rules that SimEngine calls (`rlsim.sim.sglang_rules`),
 compiled for the generic x86-64 CPU, then copies the cache of those functions (and only those:
 each holds everything it calls) into `rlsim/sim/compiled/shipped/<python>-numba<version>/`,
 replacing what was there. Run it after any
@@ -29,10 +30,13 @@ from rlsim.errors import RlsimError
 from rlsim.package_data import checkout, fresh_clone
 from rlsim.sim.compiled import jit
 
-WORKLOAD = (  # (the core is compiled for each rules' state type: vLLM's, then SGLang's)
-    ["compare", "--max-steps", "2"],
-    ["compare", "--rollout-engine", "sglang", "--max-steps", "2"],
-    ["simulate", "--trace", "traces/search_r1.parquet", "--max-steps", "1", "-o", "out/ship", "--force"],
+WORKLOAD = (  # (the core is compiled for each rules' state type: vLLM's, then SGLang's), with its environment
+    (["compare", "--max-steps", "2"], {}),
+    (["compare", "--rollout-engine", "sglang", "--max-steps", "2"], {}),
+    (["simulate", "--trace", "traces/search_r1.parquet", "--max-steps", "1", "-o", "out/ship", "--force"], {}),
+    # SimEngine under SGLang's rules (lockstep, replay), which calls the rules' functions from Python
+    (["compare", "--rollout-engine", "sglang", "--max-steps", "1", "--policies", "sync,async_partial"],
+     {"RLSIM_ENGINE": "simpy"}),
 )
 
 
@@ -85,9 +89,10 @@ def write() -> None:
     dest = jit.shipped_dir()
     with tempfile.TemporaryDirectory() as tmp:
         clone = fresh_clone(Path(tmp))
-        for args in WORKLOAD:
-            print(f"core: rlsim {' '.join(args)}", file=sys.stderr)
-            subprocess.run([sys.executable, "-m", "rlsim.cli", *args], cwd=clone, check=True,
+        for args, env in WORKLOAD:
+            said = " ".join([*(f"{k}={v}" for k, v in env.items()), "rlsim", *args])
+            print(f"core: {said}", file=sys.stderr)
+            subprocess.run([sys.executable, "-m", "rlsim.cli", *args], cwd=clone, check=True, env=os.environ | env,
                            stdout=subprocess.DEVNULL)  # fmt: skip
         built = clone / "rlsim" / "sim" / "compiled" / "__pycache__"
         if dest.exists():

@@ -9,7 +9,8 @@ scheduler, and `make_scheduler`), `rlsim.sim.scheduler.InstanceScheduler` and
 `AsyncInstanceScheduler` (vLLM 0.32's `Scheduler` and `AsyncScheduler`, ported, with `seq`,
 `running`, `jump_plan` and the block pool of `kv_blocks`), `rlsim.sim.sched_parity` (that
 port checked against vLLM's own `Scheduler`), `rlsim.sim.sglang_scheduler` (SGLang 0.5.23's
-rules, over `radix_cache` and `running_offsets`; `sglang_parity` checks them against SGLang's own
+rules, over `radix_cache` and `running_offsets`: the readable twin of the compiled rules both
+engines run, `SimEngine` through `sglang_rules`; `sglang_parity` checks them against SGLang's own
 `Scheduler`) and `rlsim.sim.compiled` (the engine and both engines' rules compiled, what
 `simulate` runs). Imports the core, `rlsim.trace` and `rlsim.spec`; never real mode, the planner or the CLI.
 """

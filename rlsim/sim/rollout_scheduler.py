@@ -8,7 +8,9 @@ KV blocks and prefix cache it holds, and how far a fixed decode batch may run be
 event (`jump_plan`, `advance`; `rlsim.sim.jump` prices the jump from the batch's sums). vLLM's
 rules sit behind it as vLLM separates them: `InstanceScheduler` is its `Scheduler` and
 `AsyncInstanceScheduler` its `AsyncScheduler` (`rlsim.sim.scheduler`); SGLang's are
-`SGLangScheduler` (`rlsim.sim.sglang_scheduler`, its radix cache in `rlsim.sim.radix_cache`);
+`SGLangRules` (`rlsim.sim.sglang_rules`): the compiled core's own source, so that both engines
+run one SGLang source (`SGLangScheduler`, `rlsim.sim.sglang_scheduler`, is its readable twin that
+tests hold it to);
 `make_scheduler` builds the one an engine configuration's rollout engine names
 (`EngineConfig.rollout_engine`, its entry in `rlsim.rollout_engines`). The
 compiled core (`rlsim.sim.compiled`) holds both engines' rules as arrays, asked through the same
@@ -22,7 +24,6 @@ from typing import TYPE_CHECKING, Protocol
 from rlsim.rollout_engines import resolve, rollout_engine
 from rlsim.sim.scheduler import vllm_scheduler
 from rlsim.sim.seq import Scheduled, Seq
-from rlsim.sim.sglang_scheduler import SGLangScheduler
 
 if TYPE_CHECKING:
     from rlsim.config import EngineConfig
@@ -137,16 +138,6 @@ def make_scheduler(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
     """The scheduler of one instance of this engine, holding `kv_tokens` KV tokens: the rules its
     rollout engine's entry names (`rlsim.rollout_engines`)."""
     return resolve(rollout_engine(engine.rollout_engine).scheduler)(engine, kv_tokens)
-
-
-def sglang_rules(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
-    """SGLang's scheduler of one instance."""
-    return SGLangScheduler(
-        kv_tokens, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
-        engine.enable_prefix_caching, schedule_policy=engine.schedule_policy or "fcfs",
-        parallel_sampling=bool(engine.parallel_sampling), settings=engine.sglang_settings(),
-        page_size=engine.page_size or 1,
-    )  # fmt: skip
 
 
 def vllm_rules(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:

@@ -29,7 +29,7 @@ from rlsim.config import SGLangSettings
 from rlsim.errors import RlsimError
 from rlsim.protocol import Request
 from rlsim.sim import sched_parity
-from rlsim.sim.seq import Scheduled, Seq
+from rlsim.sim.seq import Seq
 from rlsim.sim.sglang_scheduler import SGLangScheduler
 
 DRIVER = Path(__file__).with_name("sglang_parity_driver.py")
@@ -164,106 +164,12 @@ def _decoding(s: SGLangScheduler) -> list[int]:
     return sorted(_rid(q) for q in s.running.values() if q.decoding)
 
 
-class _Compiled:
-    """The compiled core's SGLang rules (`rlsim.sim.compiled.sglang`) behind the methods of
-    `SGLangScheduler` that `run_rlsim` calls: each request a `Seq` over its slot, whose flags are read
-    back from the slot table when asked."""
-
-    def __init__(self, cfg: SGLangParityConfig) -> None:
-        from rlsim.sim.compiled import sglang as sg
-        from rlsim.sim.sglang_scheduler import MAX_PREFILL_TOKENS
-
-        if cfg.parallel_sample:
-            raise RlsimError("the compiled core does not run parallel sampling (SimEngine does)")
-        d = SGLangSettings.parse(cfg.sglang_env, cfg.schedule_conservativeness)
-        self.sg = sg
-        self.s = sg.new_scheduler(cfg.kv_tokens, cfg.max_running_requests, cfg.chunked_prefill_size, True,
-                                  cfg.radix_cache, cfg.overlap, MAX_PREFILL_TOKENS, cfg.schedule_policy == "lpm",
-                                  d.init_ratio, d.min_ratio, d.ratio_decay, d.clip_max_new_tokens_estimation,
-                                  d.retract_decode_steps, cfg.page_size)  # fmt: skip
-        self.seqs: dict[int, Seq] = {}  # slot -> its request now
-        self.slot: dict[int, int] = {}  # request id -> slot
-
-    def _seq(self, k: int) -> Seq:
-        seq, t, sg = self.seqs[int(k)], self.s.t, self.sg
-        seq.reported, seq.decoding = bool(t[sg.C_REPORTED, k]), bool(t[sg.C_DECODING, k])
-        return seq
-
-    def _seqs(self, slots) -> list[Seq]:  # noqa: ANN001 - an array of slots
-        return [self._seq(k) for k in slots]
-
-    @property
-    def running(self) -> dict[int, Seq]:
-        return {seq.req.request_id: seq for seq in self._seqs(self.sg.running(self.s))}
-
-    @property
-    def waiting(self) -> bool:
-        return self.s.w_len > 0
-
-    @property
-    def new_token_ratio(self) -> float:
-        return self.s.new_token_ratio
-
-    def add_call(self, call: list[Seq]) -> None:
-        for seq in call:
-            req = seq.req
-            k = self.sg.new_slot(self.s, req.request_id, req.prompt_id, req.num_prompt_tokens, req.max_tokens,
-                                 req.prompt_len, seq.target, seq.generated, seq.transfer)  # fmt: skip
-            self.seqs[int(k)], self.slot[req.request_id] = seq, int(k)
-            self.sg.add(self.s, k)
-
-    def schedule(self) -> Scheduled:
-        s = self.s
-        self.sg.schedule(s)
-        if s.error:
-            raise RlsimError(f"a request of {s.error} KV tokens cannot decode in the pool")
-        n = s.out_num_chunks
-        return Scheduled(s.out_decode_tokens, s.out_prefill_tokens, s.out_num_decodes,
-                         list(zip(self._seqs(s.out_chunk[:n]), s.out_take[:n].tolist(), strict=True)),
-                         self._seqs(s.out_preempted[: s.out_num_preempted]))  # fmt: skip
-
-    def complete(self, out: Scheduled) -> list[Seq]:
-        self.sg.complete(self.s)
-        return self._seqs(self.s.due[: self.s.num_due])
-
-    def finish_due(self) -> list[Seq]:
-        self.sg.finish_due(self.s)
-        return self._seqs(self.s.due[: self.s.num_due])
-
-    def own_abort(self, seq: Seq) -> str | None:
-        return "prompt_too_long" if self.sg.own_abort(self.s, self.slot[seq.req.request_id]) else None
-
-    def remove_waiting(self, rids: set[int]) -> list[Seq]:
-        import numpy as np
-
-        gone = self.sg.remove_waiting(self.s, np.array(sorted(rids), np.int64))
-        for k in gone:
-            self.sg.release_slot(self.s, k)
-        return self._seqs(gone)
-
-    def abort(self, seq: Seq) -> int:
-        return self.sg.abort(self.s, self.slot[seq.req.request_id])
-
-    def free_all(self) -> list[Seq]:
-        return self._seqs(self.sg.free_all(self.s))
-
-    def jump_plan(self) -> int:
-        return self.sg.jump_plan(self.s)
-
-    def advance(self, k: int) -> None:
-        self.sg.advance(self.s, k)
-
-    def on_idle(self) -> None:
-        self.sg.on_idle(self.s)
-
-    def release_finishing(self) -> None:
-        self.sg.release_finishing(self.s)
-
-
 def run_rlsim(cfg: SGLangParityConfig, fast: bool = True, max_iters: int = 1_000_000, compiled: bool = False) -> dict:
     """rlsim's log of the workload: {"iterations": [...], "finish": {rid: iteration}}; `compiled`: the
-    compiled core's rules (`_Compiled`) instead of `SGLangScheduler`."""
-    s = _Compiled(cfg) if compiled else SGLangScheduler(
+    compiled core's rules (`rlsim.sim.sglang_rules.SGLangRules`) instead of `SGLangScheduler`."""
+    if compiled:  # (numba's, imported only where asked for)
+        from rlsim.sim.sglang_rules import SGLangRules
+    s = (SGLangRules if compiled else SGLangScheduler)(
         cfg.kv_tokens, cfg.max_running_requests, cfg.chunked_prefill_size, enable_radix_cache=cfg.radix_cache,
         overlap=cfg.overlap, schedule_policy=cfg.schedule_policy, parallel_sampling=cfg.parallel_sample,
         settings=SGLangSettings.parse(cfg.sglang_env, cfg.schedule_conservativeness), page_size=cfg.page_size,

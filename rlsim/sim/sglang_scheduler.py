@@ -94,6 +94,22 @@ IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
 MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens
 SGLANG_VERSION = "0.5.23"
 SCHEDULE_POLICIES = ("fcfs", "lpm")  # --schedule-policy (SGLang's default: fcfs)
+
+
+def check_settings(schedule_policy: str, page_size: int) -> None:
+    """Refuse a schedule policy or page size SGLang's rules here do not have (both implementations)."""
+    if schedule_policy not in SCHEDULE_POLICIES:
+        raise RlsimError(f"unknown SGLang schedule policy {schedule_policy!r}: use {' or '.join(SCHEDULE_POLICIES)}")
+    if page_size < 1:
+        raise RlsimError(f"SGLang's page size must be positive, got {page_size}")
+
+
+def pool_too_small(tokens: int, pool: int) -> RlsimError:
+    """The error for a request of `tokens` KV tokens that cannot decode even alone in a pool of `pool`."""
+    return RlsimError(
+        f"a request of {tokens} KV tokens cannot decode in a pool of {pool}: raise --gpu-memory-utilization or lower "
+        "--max-response-len"
+    )
 # A decoding request's heap key, `finish step << 32 | rid + 2**31`: ordered as (finish step, rid),
 # compared as one int (request ids, warm-ups' negative ones too, lie within +-2**31)
 _RID_BITS, _RID_OFFSET = 32, 2**31
@@ -125,10 +141,7 @@ class SGLangScheduler(QueueQueries):
         settings: SGLangSettings = DEFAULTS,
         page_size: int = 1,
     ) -> None:
-        if schedule_policy not in SCHEDULE_POLICIES:
-            raise RlsimError(
-                f"unknown SGLang schedule policy {schedule_policy!r}: use {' or '.join(SCHEDULE_POLICIES)}"
-            )
+        check_settings(schedule_policy, page_size)
         self.schedule_policy = schedule_policy
         self.settings = settings
         self._init_ratio, self._min_ratio, self._decay = settings.init_ratio, settings.min_ratio, settings.ratio_decay
@@ -137,8 +150,6 @@ class SGLangScheduler(QueueQueries):
         self._warmups: dict[int, list[Seq]] = {}  # a warm-up's request id (negative) -> the samples it holds back
         self._warmups_sent = 0
         self._refused: dict[int, tuple] = {}  # request id -> (why SGLang aborted it at arrival, its request as sent)
-        if page_size < 1:
-            raise RlsimError(f"SGLang's page size must be positive, got {page_size}")
         self.page = page_size  # --page-size: KV tokens a page (the pool is counted in tokens, by whole pages)
         num_tokens = num_tokens // page_size * page_size  # (SGLang's pool holds whole pages)
         self.num_tokens = num_tokens  # the KV pool's token slots
@@ -552,10 +563,7 @@ class SGLangScheduler(QueueQueries):
             out.preempted.append(seq)
             self.retractions += 1
         if not self.cache.evict_to_free(self._new_pages(keep)):
-            raise RlsimError(
-                f"a request of {self.computed(keep[0])} KV tokens cannot decode in a pool of {self.num_tokens}: "
-                "raise --gpu-memory-utilization or lower --max-response-len"
-            )
+            raise pool_too_small(self.computed(keep[0]), self.num_tokens)
         self.new_token_ratio = min(
             1.0,
             (sum(self._output_len(s) for s in keep) + self._retract_steps * len(keep))

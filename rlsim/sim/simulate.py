@@ -71,10 +71,10 @@ def check_setup(
 def compiled_covers(prof: Profile, lockstep: bool = False, lengths_sent: bool = False) -> bool:
     """Whether the compiled core runs this setup (else `SimEngine` does, with the same rules): an
     engine whose rules it holds (`RolloutEngine.compiled`), on independent instances (no data-parallel
-    attention), without SGLang's parallel sampling, its lockstep answers of aborts, or its reading of
-    the lengths a replay-mode real run sent (each with its registry flag)."""
+    attention), without SGLang's lockstep answers of aborts or its reading of the lengths a replay-mode
+    real run sent (each with its registry flag)."""
     rules = rollout_engine(prof.engine.rollout_engine)
-    return bool(rules.compiled) and prof.data_parallel_size == 1 and not prof.engine.parallel_sampling and not (
+    return bool(rules.compiled) and prof.data_parallel_size == 1 and not (
         lockstep and rules.outputs_after_next_launch) and not (lengths_sent and rules.reads_max_tokens)
 
 

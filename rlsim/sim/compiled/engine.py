@@ -74,7 +74,7 @@ URGENT, NORMAL = 0, 1
 O_FINISHED, O_ABORTED, O_PREEMPTED, O_TIMER = 0, 1, 2, 3
 IDLE = 2**62  # `step(finishes=IDLE)`: on until no request is left or a timer fired
 # arrival kinds (async scheduling)
-A_SUBMIT, A_ABORT = 0, 1
+A_SUBMIT, A_ABORT, A_CALL, A_CALL_END = 0, 1, 2, 3  # (a call's samples: A_CALL each, A_CALL_END the last)
 OWN_ABORT = 1  # an aborted outbox row's length column where the engine aborted it of its own accord
 _NONE = -1
 
@@ -362,10 +362,21 @@ def _take_arrivals(e: EngineState, i: int) -> None:
     e.in_head[i] = e.in_tail[i] = _NONE
     aborts = np.empty(8, np.int64)
     na = 0
+    call = np.empty(8, np.int64)
+    nc = 0
     r = head
     while r != _NONE:
-        if e.q_kind[r] == A_SUBMIT:
+        kind = e.q_kind[r]
+        if kind == A_SUBMIT:
             ru.enqueue(s, e.q_val[r])
+        elif kind == A_CALL or kind == A_CALL_END:
+            if nc == call.shape[0]:
+                call = grow(call)
+            call[nc] = e.q_val[r]
+            nc += 1
+            if kind == A_CALL_END:
+                ru.add_call(s, call[:nc])
+                nc = 0
         else:
             if na == aborts.shape[0]:
                 aborts = grow(aborts)
@@ -647,11 +658,15 @@ def _jump_end(e: EngineState, i: int, s: ru.State, done_k: int) -> None:
 @njit
 def submit(e: EngineState, rid: np.ndarray, prompt_id: np.ndarray, npt: np.ndarray, max_tokens: np.ndarray,
            prompt_len: np.ndarray, more_turns: np.ndarray, target: np.ndarray, kept: np.ndarray,
-           inst: np.ndarray, rate: np.ndarray, verify: np.ndarray, lookahead: np.ndarray,
+           inst: np.ndarray, rate: np.ndarray, verify: np.ndarray, lookahead: np.ndarray, call_end: np.ndarray,
            touched: np.ndarray) -> int:  # fmt: skip
     """Queue these requests (deferred by one schedule on a busy instance under async scheduling),
-    then wake the instances `touched`, in that order. Returns the index of a request larger than
-    an instance's KV, or -1."""
+    then wake the instances `touched`, in that order. A request whose `call_end` is 0 is a sample of
+    one call with the requests after it, up to one whose `call_end` is 1 (rules that group a call's
+    samples take them together: `add_call`). Returns the index of a request larger than an
+    instance's KV, or -1."""
+    slots = np.empty(rid.shape[0], np.int64)
+    start = 0
     for j in range(rid.shape[0]):
         if npt[j] + target[j] > e.cap:
             return j
@@ -659,12 +674,23 @@ def submit(e: EngineState, rid: np.ndarray, prompt_id: np.ndarray, npt: np.ndarr
         s = e.scheds[i]
         k = ru.new_slot(s, rid[j], prompt_id[j], npt[j], max_tokens[j], prompt_len[j], more_turns[j] != 0,
                         target[j], kept[j], rate[j], verify[j], lookahead[j])  # fmt: skip
-        if _defer(e, i):
-            _q_push(e, i, A_SUBMIT, k)
-        else:
-            ru.enqueue(s, k)
+        slots[j] = k
         e.where[rid[j]] = i
         e.slot_of[rid[j]] = k
+        if not call_end[j]:
+            continue
+        if j == start:
+            if _defer(e, i):
+                _q_push(e, i, A_SUBMIT, k)
+            else:
+                ru.enqueue(s, k)
+        elif _defer(e, i):
+            for m in range(start, j):
+                _q_push(e, i, A_CALL, slots[m])
+            _q_push(e, i, A_CALL_END, k)
+        else:
+            ru.add_call(s, slots[start : j + 1])
+        start = j + 1
     for i in touched:
         _poke(e, i)
     return -1

@@ -231,3 +231,11 @@ def grow(a: np.ndarray) -> np.ndarray:
     out = np.zeros((2 * a.shape[0],) + a.shape[1:], a.dtype)
     out[: a.shape[0]] = a
     return out
+
+
+@njit
+def grow_cols(t: np.ndarray) -> np.ndarray:
+    """A slot table `t` with twice the columns (slots), its columns copied and the new ones zero."""
+    out = np.zeros((t.shape[0], 2 * t.shape[1]), t.dtype)
+    out[:, : t.shape[1]] = t
+    return out

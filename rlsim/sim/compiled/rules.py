@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from rlsim.errors import RlsimError
 from rlsim.sim.compiled import scheduler as cs
 from rlsim.sim.compiled import sglang as sg
@@ -121,11 +123,28 @@ def _g_new_slot(s: sg.SGState, rid: int, prompt_id: int, npt: int, max_tokens: i
     return sg.new_slot(s, rid, prompt_id, npt, max_tokens, prompt_len, target, kept, kept > 0)
 
 
+@njit
+def _v_groups_calls(s: cs.SchedState) -> bool:
+    """vLLM's frontend fans a call's samples out into requests before its scheduler."""
+    return False
+
+
+@njit
+def _g_groups_calls(s: sg.SGState) -> bool:
+    return s.groups
+
+
+@njit
+def _v_add_call(s: cs.SchedState, slots: np.ndarray) -> None:
+    for k in slots:
+        cs.enqueue(s, k)
+
+
 # the seam's questions: each name, and how many arguments it takes after the state
 QUESTIONS = {
     "has_work": 0, "failed": 0, "holds_finished": 0, "jump_plan": 0, "schedule": 0, "complete": 0,
-    "finish_due": 0, "release_finishing": 0, "free_all": 0, "on_idle": 0, "advance": 1, "abort": 1,
-    "generated": 1, "enqueue": 1, "own_abort": 1, "release_slot": 1, "fields": 1, "remove_waiting": 1,
+    "finish_due": 0, "release_finishing": 0, "free_all": 0, "on_idle": 0, "groups_calls": 0, "advance": 1, "abort": 1,
+    "generated": 1, "enqueue": 1, "add_call": 1, "own_abort": 1, "release_slot": 1, "fields": 1, "remove_waiting": 1,
     "can_abort": 2, "new_slot": 11,
 }  # fmt: skip
 # each rules' answers, by the class of its state (the pure path, and Python callers) and by its numba type
@@ -175,6 +194,7 @@ add_rules(cs.SchedState, cs.SchedStateType, {
     "advance": cs.advance, "abort": cs.abort, "generated": cs.generated, "enqueue": _v_enqueue,
     "own_abort": _v_own_abort, "release_slot": cs.release_slot, "fields": _v_fields,
     "remove_waiting": cs.remove_waiting, "can_abort": _v_can_abort, "new_slot": _v_new_slot,
+    "groups_calls": _v_groups_calls, "add_call": _v_add_call,
 })  # fmt: skip
 add_rules(sg.SGState, sg.SGStateType, {
     "has_work": _g_has_work, "failed": _g_failed, "holds_finished": _g_holds_finished, "jump_plan": sg.jump_plan,
@@ -183,6 +203,7 @@ add_rules(sg.SGState, sg.SGStateType, {
     "advance": sg.advance, "abort": sg.abort, "generated": sg.generated, "enqueue": sg.add,
     "own_abort": sg.own_abort, "release_slot": sg.release_slot, "fields": _g_fields,
     "remove_waiting": sg.remove_waiting, "can_abort": _g_can_abort, "new_slot": _g_new_slot,
+    "groups_calls": _g_groups_calls, "add_call": sg.add_call,
 })  # fmt: skip
 
 
@@ -199,21 +220,18 @@ def vllm_states(engine, kv_tokens: int, n: int) -> tuple[list, int, int]:  # noq
 
 
 def sglang_states(engine, kv_tokens: int, n: int) -> tuple[list, int, int]:  # noqa: ANN001 - an EngineConfig
-    """SGLang's scheduler state for each of `n` instances (`rlsim.sim.rollout_scheduler.sglang_rules`,
+    """SGLang's scheduler state for each of `n` instances (`rlsim.sim.sglang_rules.sglang_rules`,
     its overlap scheduler on); a submit takes any request (SGLang aborts one its pool cannot hold,
     and goes on), and its errors name the pool's tokens (whole pages)."""
-    from rlsim.sim.sglang_scheduler import MAX_PREFILL_TOKENS, SCHEDULE_POLICIES
+    from rlsim.sim.sglang_scheduler import MAX_PREFILL_TOKENS, check_settings
 
-    policy = engine.schedule_policy or "fcfs"
-    if policy not in SCHEDULE_POLICIES:
-        raise RlsimError(f"unknown SGLang schedule policy {policy!r}: use {' or '.join(SCHEDULE_POLICIES)}")
-    page = engine.page_size or 1
-    if page < 1:
-        raise RlsimError(f"SGLang's page size must be positive, got {page}")
+    policy, page = engine.schedule_policy or "fcfs", engine.page_size or 1
+    check_settings(policy, page)
     d = engine.sglang_settings()
     args = (kv_tokens, engine.max_num_seqs, engine.max_num_batched_tokens, engine.enable_chunked_prefill,
             engine.enable_prefix_caching, True, MAX_PREFILL_TOKENS, policy == "lpm", d.init_ratio, d.min_ratio,
-            d.ratio_decay, d.clip_max_new_tokens_estimation, d.retract_decode_steps, page)  # fmt: skip
+            d.ratio_decay, d.clip_max_new_tokens_estimation, d.retract_decode_steps, page,
+            bool(engine.parallel_sampling))  # fmt: skip
     return _g_states(n, *args), 2**62, kv_tokens // page * page
 
 
@@ -240,9 +258,10 @@ else:
     @njit
     def _g_states(n: int, num_tokens: int, max_running: int, chunk: int, chunked: bool, caching: bool,
                   overlap: bool, max_prefill: int, lpm: bool, init_ratio: float, min_ratio: float, decay: float,
-                  clip: int, retract_steps: int, page: int) -> list:  # fmt: skip
+                  clip: int, retract_steps: int, page: int, parallel_sampling: bool) -> list:  # fmt: skip
         out = List()
         for _ in range(n):
             out.append(sg.new_scheduler(num_tokens, max_running, chunk, chunked, caching, overlap, max_prefill, lpm,
-                                        init_ratio, min_ratio, decay, clip, retract_steps, page))  # fmt: skip
+                                        init_ratio, min_ratio, decay, clip, retract_steps, page,
+                                        parallel_sampling))  # fmt: skip
         return out

@@ -20,7 +20,7 @@ import numpy as np
 
 from rlsim.sim.compiled import block_pool as bp
 from rlsim.sim.compiled import heap as hp
-from rlsim.sim.compiled.jit import PURE, Record, StructType, define, grow, njit
+from rlsim.sim.compiled.jit import PURE, Record, StructType, define, grow, grow_cols, njit
 
 _SLOT_INTS = (
     "rid", "prompt_id", "npt", "max_tokens", "prompt_len", "more_turns", "target", "generated", "computed",
@@ -92,13 +92,6 @@ def new_scheduler(
 
 # ---- the slot table ----------------------------------------------------------------------------
 @njit
-def _grow_cols(t: np.ndarray) -> np.ndarray:
-    out = np.zeros((t.shape[0], 2 * t.shape[1]), t.dtype)
-    out[:, : t.shape[1]] = t
-    return out
-
-
-@njit
 def add(s: SchedState, rid: int, prompt_id: int, npt: int, max_tokens: int, prompt_len: int, more_turns: bool,
         target: int, generated: int, transfer: bool, rate: float = 1.0, verify: float = 1.0,
         lookahead: int = 0) -> int:  # fmt: skip
@@ -129,7 +122,7 @@ def new_slot(s: SchedState, rid: int, prompt_id: int, npt: int, max_tokens: int,
     else:
         k = s.num_slots
         if k == s.t.shape[1]:
-            s.t, s.tf = _grow_cols(s.t), _grow_cols(s.tf)
+            s.t, s.tf = grow_cols(s.t), grow_cols(s.tf)
             h = np.full((2 * k, s.hashed.shape[1]), -1, np.int64)
             h[:k] = s.hashed
             s.hashed = h

@@ -19,9 +19,10 @@ SGLang), with each `Seq` a column (slot) of one table and every container an arr
   pass reports in `due`.
 
 The compiled engine drives it through the seam of `rlsim.sim.compiled.rules`, as it drives vLLM's.
-Parallel sampling (`add_call`'s warm-ups) is not ported: `simulate` runs it on SimEngine
-(`rlsim.sim.simulate.compiled_covers`). A slot is reused once its request has left for good and no
-list can name it any more (`release_slot`, `_recycle`).
+Parallel sampling (`add_call`) sends a warm-up of the prompt alone in a slot of its own (a negative
+request id) and holds the call's samples back in `hold` (each with its warm-up's id, in the order
+they came) until the warm-up's result is processed. A slot is reused once its request has left
+for good and no list can name it any more (`release_slot`, `_recycle`).
 
 `tests/test_compiled_sglang.py` runs this scheduler and `SGLangScheduler` on the same random
 workloads and holds every iteration's batch, retractions, finishes, radix tree and counters equal;
@@ -34,7 +35,7 @@ import numpy as np
 
 from rlsim.sim.compiled import heap as hp
 from rlsim.sim.compiled import radix as rx
-from rlsim.sim.compiled.jit import PURE, Record, StructType, define, grow, njit
+from rlsim.sim.compiled.jit import PURE, Record, StructType, define, grow, grow_cols, njit
 
 _SLOT_INTS = (
     "rid", "prompt_id", "npt", "max_tokens", "prompt_len", "target", "generated", "computed", "start_iter",
@@ -57,15 +58,17 @@ C_OFF_IN, C_OFF_A, C_OFF_B, C_OFF_DEC, C_OFF_JOINED = 26, 27, 28, 29, 30
 FIELDS = (
     # settings
     "num_tokens", "page", "max_running", "chunk_size", "max_prefill", "overlap", "lpm", "init_ratio", "min_ratio",
-    "decay", "clip", "retract_steps",
+    "decay", "clip", "retract_steps", "groups",
     # the pool and radix cache, the slot table, the queues
     "cache", "t", "num_slots", "spare", "num_spare", "limbo", "num_limbo", "w", "w_head", "w_len", "num_running",
     "chunked", "fin", "fin_rid", "num_fin", "pend", "num_pend", "stash", "heap", "heap_len", "num_aborting",
+    # parallel sampling: the samples held back (slot, its warm-up's request id), warm-ups not yet processed
+    "hold", "hold_warm", "num_hold", "num_warm", "warm_sent",
     # the scheduler's state
     "batch_is_full", "new_token_ratio", "iters", "dsteps", "num_decoding", "ctx", "rate_sum", "verify_sum", "num_spec",
     "refresh_calls", "takes_last_batch", "lp_none", "lp_stamp", "order_ctr",
     # counters
-    "prefix_hit_tokens", "turn_tokens", "turn_hit_tokens", "retractions",
+    "prefix_hit_tokens", "turn_tokens", "turn_hit_tokens", "retractions", "warmups_run",
     # the last iteration's batch, and the finishes a pass reports
     "out_chunk", "out_take", "out_num_chunks", "out_prefill_tokens", "out_decode_tokens", "out_num_decodes",
     "out_preempted", "out_num_preempted", "due", "num_due", "error",
@@ -95,7 +98,7 @@ define(SGState, SGStateType, FIELDS)
 def new_scheduler(num_tokens: int, max_running_requests: int, chunked_prefill_size: int,
                   enable_chunked_prefill: bool, enable_radix_cache: bool, overlap: bool, max_prefill_tokens: int,
                   lpm: bool, init_ratio: float, min_ratio: float, decay: float, clip: int, retract_steps: int,
-                  page_size: int) -> SGState:  # fmt: skip
+                  page_size: int, parallel_sampling: bool = False) -> SGState:  # fmt: skip
     """`SGLangScheduler(...)`'s state (a schedule policy of `lpm` or fcfs; the settings' values given)."""
     num_tokens = num_tokens // page_size * page_size  # (SGLang's pool holds whole pages)
     cap = 16
@@ -105,12 +108,13 @@ def new_scheduler(num_tokens: int, max_running_requests: int, chunked_prefill_si
     chunk = chunked_prefill_size if enable_chunked_prefill else _NONE
     return SGState(
         num_tokens, page_size, max_running_requests, chunk,
-        max_prefill_tokens, overlap, lpm, init_ratio, min_ratio, decay, clip, retract_steps,
+        max_prefill_tokens, overlap, lpm, init_ratio, min_ratio, decay, clip, retract_steps, parallel_sampling,
         rx.new_radix(num_tokens, enable_radix_cache), t, 1, z(cap, np.int64), 0, z(cap, np.int64), 0,
         z(cap, np.int64), 0, 0, 0, _NONE, z(cap, np.int64), z(cap, np.int64), 0,
         z(cap, np.int64), 0, _NONE, z((cap, 4), np.int64), 0, 0,
+        z(cap, np.int64), z(cap, np.int64), 0, 0, 0,
         False, init_ratio, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, False, False, 1, 0,
-        0, 0, 0, 0,
+        0, 0, 0, 0, 0,
         z(cap, np.int64), z(cap, np.int64), 0, 0, 0.0, 0, z(cap, np.int64), 0, z(cap, np.int64), 0, 0,
     )  # fmt: skip
 
@@ -127,9 +131,7 @@ def new_slot(s: SGState, rid: int, prompt_id: int, npt: int, max_tokens: int, pr
     else:
         k = s.num_slots
         if k == s.t.shape[1]:
-            t = np.zeros((s.t.shape[0], 2 * k), np.int64)
-            t[:, :k] = s.t
-            s.t = t
+            s.t = grow_cols(s.t)
         s.num_slots += 1
     t = s.t
     t[:, k] = 0
@@ -232,6 +234,55 @@ def _too_long(s: SGState, ntok: int) -> bool:
 @njit
 def add(s: SGState, k: int) -> None:
     """The request in slot k arrives (`_arrive`: clipped, or refused) and joins the back of the queue."""
+    _arrive(s, k)
+    _w_append(s, k)
+
+
+@njit
+def add_call(s: SGState, slots: np.ndarray) -> None:
+    """One request with `n = len(slots)` samples of one prompt (`SGLangScheduler.add_call`, sent where
+    `groups`): a warm-up of the prompt alone (`max_new_tokens` 0) is queued in a slot of its own and
+    the samples wait until its result is processed; one sample, or a prompt too long, is queued as is."""
+    t = s.t
+    k0 = slots[0]
+    if slots.shape[0] == 1 or _too_long(s, t[C_NPT, k0] + t[C_GENERATED, k0]):
+        for k in slots:
+            add(s, k)
+        return
+    for k in slots:
+        _arrive(s, k)
+    s.warm_sent += 1
+    rid = -s.warm_sent
+    w = new_slot(s, rid, t[C_PROMPT_ID, k0], t[C_NPT, k0], 0, 0, 1, 0, False)
+    _w_append(s, w)
+    s.num_warm += 1
+    for k in slots:
+        if s.num_hold == s.hold.shape[0]:
+            s.hold, s.hold_warm = grow(s.hold), grow(s.hold_warm)
+        s.hold[s.num_hold], s.hold_warm[s.num_hold] = k, rid
+        s.num_hold += 1
+
+
+@njit
+def _send_held(s: SGState, rid: int) -> None:
+    """A warm-up's result is processed: the samples it held back join the queue, in order."""
+    s.warmups_run += 1
+    s.num_warm -= 1
+    m = 0
+    for j in range(s.num_hold):
+        k = s.hold[j]
+        if s.hold_warm[j] == rid:
+            _w_append(s, k)
+        else:
+            s.hold[m], s.hold_warm[m] = k, s.hold_warm[j]
+            m += 1
+    s.num_hold = m
+
+
+@njit
+def _arrive(s: SGState, k: int) -> None:
+    """SGLang's checks as a request arrives (`SGLangScheduler._arrive`): its output clipped to what
+    the pool holds beside it, or a prompt too long refused."""
     t = s.t
     ntok = t[C_NPT, k] + t[C_GENERATED, k]
     if _too_long(s, ntok):
@@ -248,7 +299,6 @@ def add(s: SGState, k: int) -> None:
         if t[C_MAX_TOKENS, k] - t[C_GENERATED, k] > room:  # (finishes at "length" there)
             t[C_MAX_TOKENS, k] = t[C_GENERATED, k] + room
             t[C_TARGET, k] = min(t[C_TARGET, k], t[C_GENERATED, k] + room)
-    _w_append(s, k)
 
 
 @njit
@@ -266,18 +316,45 @@ def own_abort(s: SGState, k: int) -> bool:
 
 @njit
 def remove_waiting(s: SGState, rids: np.ndarray) -> np.ndarray:
-    """Take these requests out of the waiting queue; return their slots, in queue order."""
+    """Take these requests out of the waiting queue, and out of the samples warm-ups hold back;
+    return their slots, in queue order, then in the order they were held."""
     q = waiting(s)
-    gone = np.zeros(q.shape[0], np.bool_)
-    for j in range(q.shape[0]):
-        rid = s.t[C_RID, q[j]]
-        for r in rids:
-            if r == rid:
-                gone[j] = True
-                break
+    gone = _named(s, q, rids)
+    out = q[gone]
     if gone.any():
         _w_set(s, q[~gone])
-    return q[gone]
+    if s.num_hold:
+        held, warm = s.hold[: s.num_hold].copy(), s.hold_warm[: s.num_hold].copy()
+        took = _named(s, held, rids)
+        if took.any():
+            out = np.concatenate((out, held[took]))
+            keep = ~took
+            m = int(keep.sum())
+            s.hold[:m], s.hold_warm[:m] = held[keep], warm[keep]
+            s.num_hold = m
+    return out
+
+
+@njit
+def _named(s: SGState, slots: np.ndarray, rids: np.ndarray) -> np.ndarray:
+    """Which of these slots hold one of these request ids."""
+    hit = np.zeros(slots.shape[0], np.bool_)
+    for j in range(slots.shape[0]):
+        rid = s.t[C_RID, slots[j]]
+        for r in rids:
+            if r == rid:
+                hit[j] = True
+                break
+    return hit
+
+
+@njit
+def view(s: SGState, k: int) -> tuple:
+    """What a caller's record of the request in slot k mirrors: (generated and computed as of its last
+    fold, decoding, reported, target, refused, prompt id, max tokens)."""
+    t = s.t
+    return t[C_GENERATED, k], t[C_COMPUTED, k], t[C_DECODING, k] != 0, t[C_REPORTED, k] != 0, t[C_TARGET, k], \
+        t[C_REFUSED, k] != 0, t[C_PROMPT_ID, k], t[C_MAX_TOKENS, k]  # fmt: skip
 
 
 # ---- token counts ------------------------------------------------------------------------------------
@@ -418,7 +495,9 @@ def _prefill(s: SGState) -> None:
         return
     _calc_priority(s)
     ratio = s.new_token_ratio
-    lazy = s.chunked == _NONE  # (no warm-ups: the running batch's reservations are never negative)
+    # the running batch's reservations, summed when first needed: a head that does not fit even with
+    # none (they are never negative without warm-ups) is refused without the sum
+    lazy = s.chunked == _NONE and not s.num_warm
     clip, page = s.clip, s.page
     total = 0.0 if lazy else _offsets_total(s, ratio)
     current = 0.0
@@ -784,7 +863,8 @@ def finish_due(s: SGState) -> None:
         if t[C_ABORTING, k]:
             ended[ne] = k
         elif not t[C_REPORTED, k]:
-            _due(s, k)
+            if rid >= 0:  # (a warm-up's finish goes to the tokenizer manager, not the engine's caller)
+                _due(s, k)
             ended[ne] = k
         else:  # overlap: reported, then retracted while its last step was in flight, re-prefilled and ended again
             ended[ne] = k
@@ -884,6 +964,8 @@ def _release(s: SGState, k: int, insert: bool) -> int:
     rx.unlock(cache, node)
     s.batch_is_full = False
     t[C_COMPUTED, k] = 0
+    if insert and t[C_RID, k] < 0:  # a warm-up's result is processed: its samples are sent
+        _send_held(s, t[C_RID, k])
     return t[C_GENERATED, k]
 
 

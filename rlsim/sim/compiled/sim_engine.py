@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -31,9 +32,11 @@ from rlsim.protocol import (
 )
 from rlsim.rollout_engines import resolve, rollout_engine
 from rlsim.sim.compiled import engine as ce
+from rlsim.sim.compiled import rules as ru
 from rlsim.sim.compiled.jit import cached
 from rlsim.sim.engine import head_too_large, request_too_large
 from rlsim.sim.replay import Replay
+from rlsim.sim.sglang_scheduler import pool_too_small
 
 # the core's submit columns, in its order (the target, min(target_tokens, max_tokens), after the sixth)
 _SUBMIT = ("request_id", "prompt_id", "num_prompt_tokens", "max_tokens", "prompt_len", "more_turns", "kept_tokens",
@@ -50,16 +53,22 @@ _NO_PROMPTS = np.zeros(0, np.int64)  # `step` watching no prompt (never written)
 
 def entry_points() -> dict[str, object]:
     """The core's compiled functions that Python calls, by name: each `ce.<name>(` of this module that
-    is compiled, and the compiled functions that a plain-Python one of them calls (`new_engine`).
+    is compiled, and the compiled functions that a plain-Python one of them calls (`new_engine`); and
+    each `sg.<name>(` that SimEngine's SGLang rules call (`rlsim.sim.sglang_rules`), as `sg.<name>`.
     Each holds the machine code of everything it calls, so these are what the package ships."""
     import inspect
     import re
+
+    from rlsim.sim.compiled import sglang as sg
 
     found = {}
     for name in re.findall(r"\bce\.(\w+)\(", inspect.getsource(inspect.getmodule(entry_points))):
         fn = getattr(ce, name)
         inner = [] if hasattr(fn, "_cache") else re.findall(r"\b(_?\w+)\(", inspect.getsource(fn))
         found.update({n: getattr(ce, n) for n in [name, *inner] if hasattr(getattr(ce, n, None), "_cache")})
+    caller = Path(sg.__file__).resolve().parents[1] / "sglang_rules.py"  # (read, not imported: it imports this core)
+    for name in re.findall(r"\bsg\.(\w+)\(", caller.read_text()):
+        found[f"sg.{name}"] = getattr(sg, name)
     return dict(sorted(found.items()))
 
 
@@ -76,6 +85,19 @@ def _events(rows: np.ndarray, times: np.ndarray, new) -> list:  # noqa: ANN001 -
     else:
         cols.append(list(map(_ABORT_REASON.__getitem__, rows[:, 4].tolist())))
     return list(map(new, zip(*cols, strict=True)))
+
+
+def _call_ends(q: dict) -> np.ndarray:
+    """1 where a request ends its call, as `SimEngine.submit` groups them: a launch's consecutive
+    samples of one prompt on one instance, none of them a later turn or carrying KV."""
+    col = {f: np.asarray(q[f], np.int64) for f in ("request_id", "instance", "epoch", "prompt_id", "prompt_len",
+                                                   "kept_tokens")}  # fmt: skip
+    alone = (col["prompt_len"] != 0) | (col["kept_tokens"] != 0)
+    same = np.ones(len(alone) - 1, np.bool_)
+    for f in ("instance", "epoch", "prompt_id"):
+        same &= col[f][1:] == col[f][:-1]
+    joins = same & (col["request_id"][1:] == col["request_id"][:-1] + 1) & ~alone[1:] & ~alone[:-1]
+    return np.append(~joins, True).astype(np.int64)
 
 
 class _Counts:
@@ -121,6 +143,8 @@ class CompiledEngine:
         scheds, self._submit_cap, self._cap = resolve(rules.compiled)(engine, profile.kv_capacity_tokens, num_instances)
         draft_s = spec.draft_s if spec is not None else 0.0
         self.core = ce.new_engine(profile, num_instances, exact, lockstep, draft_s, scheds, self._submit_cap)
+        # whether the rules take a call's samples as one request (SGLang's parallel sampling: `add_call`)
+        self._groups = num_instances > 0 and bool(ru.groups_calls(scheds[0]))
         # first token times of the requests the last batches finished or aborted (the driver pops them)
         self.first_token: dict[int, float] = {}
         self._now = 0.0
@@ -166,8 +190,9 @@ class CompiledEngine:
                 rate[j], verify[j] = plan(r.epoch, r.prompt_id, r.sample_idx, int(target[j]), r.policy_version)
                 if rate[j] != 1.0:
                     lookahead[j] = self.spec.lookahead
+        call_end = _call_ends(q) if self._groups and n else np.ones(n, np.int64)
         touched = set(q["instance"])  # (woken in a set's order, as SimEngine does)
-        bad = ce.submit(self.core, *c, rate, verify, lookahead, np.array(list(touched), np.int64))
+        bad = ce.submit(self.core, *c, rate, verify, lookahead, call_end, np.array(list(touched), np.int64))
         if bad >= 0:
             r = requests[bad]
             raise request_too_large(r, min(r.target_tokens, r.max_tokens), self._cap)
@@ -201,10 +226,7 @@ class CompiledEngine:
         if got < 0:
             _, _, inst, error, tokens = ce.counters(self.core)
             if error == 2:  # (SGLang's rules: a request that cannot decode even alone in its pool)
-                raise RlsimError(
-                    f"a request of {tokens} KV tokens cannot decode in a pool of {self._cap}: raise "
-                    "--gpu-memory-utilization or lower --max-response-len"
-                )
+                raise pool_too_small(int(tokens), self._cap)
             raise head_too_large(int(inst), self._cap)
         out = EventBatch()
         if got == 0:
