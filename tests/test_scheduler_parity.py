@@ -18,6 +18,7 @@ import pytest
 
 from rlsim.package_data.markers import read_table
 from rlsim.sim.sched_parity import compare, grid, markdown_row, run_rlsim, vllm_available
+from tests.run_once import once
 
 REASON = vllm_available()
 if os.environ.get("RLSIM_REQUIRE_VLLM") == "1" and REASON:
@@ -30,14 +31,22 @@ CI_VERL = ("verl-tight", "verl-mid-abort+async")
 GRID = [c for c in grid() if not c.name.startswith("verl") or c.name in CI_VERL]
 
 
+@pytest.fixture(scope="session")
+def diff_of(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a function of a configuration's name
+    """A configuration's comparison, computed once per run (`tests.run_once`): each worker computes
+    the rows its tests name first, and the tests of the whole grid read them all."""
+    by = {c.name: c for c in GRID}
+    return lambda name: once(tmp_path_factory, f"vllm-parity-{name}", lambda: compare(by[name], fast=True))
+
+
 @pytest.fixture(scope="module")
-def diffs():
-    return {cfg.name: compare(cfg, fast=True) for cfg in GRID}
+def diffs(diff_of) -> dict:  # noqa: ANN001
+    return {cfg.name: diff_of(cfg.name) for cfg in GRID}
 
 
 @pytest.mark.parametrize("cfg", GRID, ids=[c.name for c in GRID])
-def test_iteration_logs_match_vllm(cfg, diffs) -> None:
-    d = diffs[cfg.name]
+def test_iteration_logs_match_vllm(cfg, diff_of) -> None:  # noqa: ANN001
+    d = diff_of(cfg.name)
     assert d.iterations[0] == d.iterations[1], d
     assert d.identical_share == 1.0 and d.first_difference is None, d
     assert d.preemptions[0] == d.preemptions[1], d
