@@ -74,7 +74,7 @@ REGISTRY: dict[str, RolloutEngine] = {
     e.name: e
     for e in (
         RolloutEngine(
-            "vllm", "vLLM", "0.32", "rlsim.sim.rollout_scheduler:vllm_rules",
+            "vllm", "vLLM", "0.32", "rlsim.sim.vllm_rules:vllm_rules",
             "rlsim.real.vllm_instance:VllmInstance", "rlsim.real.vllm_instance:ray_instance_class",
             "rlsim.real.vllm_engine:require_vllm", "rlsim.real.vllm_engine:require_vllm",
             own_settings=("block_size", "async_scheduling"), default=True, speculates=True,

@@ -226,11 +226,13 @@ def test_last_turn_frees_its_kv_as_a_finished_request() -> None:
     eng = SimEngine(_profile(), 1)
     eng.submit([Request(0, 0, 0, 0, 100, 1000, 50, 0, 0, more_turns=True)])
     _drain(eng)
-    pool = eng.instances[0].sched.pool
-    assert ("own", 0) in pool._cache
+    from rlsim.sim.compiled.block_pool import own_key
+
+    state = eng.instances[0].sched.s
+    assert own_key(0) in state.pool.head  # its own chain's full blocks, cached
     eng.submit([Request(0, 0, 0, 0, 180, 1000, 20, 0, 0, prompt_len=100)])
     _drain(eng)
-    assert ("own", 0) not in pool._cache
+    assert own_key(0) not in state.pool.head
 
 
 # ---- the driver: tool workers ---------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The seam between the simulated engine and an engine's scheduling rules
-(`rlsim.sim.rollout_scheduler`): `make_scheduler` gives vLLM's `Scheduler` or, where the engine
-schedules asynchronously, its `AsyncScheduler`, each with every member the engine asks of a
-scheduler, and `SimEngine` builds its instances through it. That both schedule as vLLM does is
-`tests/test_scheduler_parity.py`'s."""
+(`rlsim.sim.rollout_scheduler`): `make_scheduler` gives vLLM's rules on the compiled core's source
+(`VLLMRules`), as its `Scheduler` or, where the engine schedules asynchronously, its `AsyncScheduler`,
+with every member the engine asks of a scheduler, and `SimEngine` builds its instances through it.
+That both schedule as vLLM does is `tests/test_scheduler_parity.py`'s."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rlsim.config import EngineConfig
 from rlsim.profile import load_profile
 from rlsim.sim.engine import SimEngine
 from rlsim.sim.rollout_scheduler import RolloutScheduler, make_scheduler
-from rlsim.sim.scheduler import AsyncInstanceScheduler, InstanceScheduler
+from rlsim.sim.vllm_rules import VLLMRules
 from rlsim.step_costs import with_engine
 
 ENGINE = EngineConfig(max_num_seqs=8, max_num_batched_tokens=256, block_size=16, enable_chunked_prefill=False,
@@ -26,10 +26,11 @@ def test_make_scheduler_gives_vllms_scheduler_for_the_engine(async_scheduling: b
     from dataclasses import replace
 
     sched = make_scheduler(replace(ENGINE, async_scheduling=async_scheduling), 1600)
-    assert type(sched) is (AsyncInstanceScheduler if async_scheduling else InstanceScheduler)
-    assert sched.async_scheduling is async_scheduling
-    assert (sched.num_blocks, sched.block_size, sched.max_num_seqs, sched.max_num_batched_tokens) == (100, 16, 8, 256)
-    assert not sched.enable_chunked_prefill and not sched.enable_prefix_caching
+    assert type(sched) is VLLMRules
+    s = sched.s
+    assert bool(s.async_sched) is async_scheduling
+    assert (s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens) == (100, 16, 8, 256)
+    assert not s.chunked and not s.caching
     # every member the engine asks of a scheduler: methods and read-only properties, no data fields
     assert get_type_hints(RolloutScheduler) == {}
     members = {n for n, v in vars(RolloutScheduler).items() if not n.startswith("_") and (callable(v) or
@@ -46,8 +47,8 @@ def test_make_scheduler_gives_vllms_scheduler_for_the_engine(async_scheduling: b
 def test_the_engine_builds_its_instances_through_the_seam(async_scheduling: bool) -> None:
     profile = with_engine(load_profile("h100-qwen2.5-7b-tp1"), EngineConfig(async_scheduling=async_scheduling))
     engine = SimEngine(profile, num_instances=3)
-    kinds = {type(inst.sched) for inst in engine.instances}
-    assert kinds == {AsyncInstanceScheduler if async_scheduling else InstanceScheduler}
+    assert {type(inst.sched) for inst in engine.instances} == {VLLMRules}
+    assert {bool(inst.sched.s.async_sched) for inst in engine.instances} == {async_scheduling}
 
 
 def test_a_profile_records_the_engine_its_costs_were_measured_on(tmp_path) -> None:  # noqa: ANN001
@@ -81,3 +82,24 @@ def test_a_run_on_a_profile_measured_on_another_engine_says_so(small_trace_path,
     assert r.exit_code == 0 and "measured on" not in r.stderr
     r = CliRunner().invoke(app, ["profile", "show", "h200-llama-8b"])
     assert r.exit_code == 0 and "measured on SGLang" in r.output
+
+
+@pytest.mark.parametrize("rollout_engine", ["vllm", "sglang"])
+def test_the_rules_keep_one_request_per_slot(rollout_engine: str) -> None:
+    """`SimEngine` hands each engine's compiled rules (`VLLMRules`, `SGLangRules`) its requests one
+    `Seq` each, kept beside the rules' slot for it: once slots are reused, the map of request ids to
+    slots stays one entry per slot, in waves of requests over a whole run."""
+    from rlsim.protocol import Request
+
+    profile = with_engine(load_profile("h100-qwen2.5-7b-tp1"), EngineConfig(rollout_engine=rollout_engine,
+                                                                            max_num_seqs=8))  # fmt: skip
+    engine = SimEngine(profile, num_instances=1)
+    rid = 0
+    for _ in range(5):
+        engine.submit([Request(rid + j, rid + j, 0, 0, 50, 100, 20 + j, 0, 0) for j in range(16)])
+        rid += 16
+        while engine.step():
+            pass
+    rules = engine.instances[0].sched
+    slots = rules.s.t.shape[1]
+    assert rid > 2 * slots and len(rules._slot) <= slots and len(rules._seqs) <= slots, (len(rules._slot), slots)

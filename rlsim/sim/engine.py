@@ -2,8 +2,9 @@
 
 One SimPy process per rollout instance (one vLLM engine on TP GPUs). The scheduling rules live
 behind one seam (`rlsim.sim.rollout_scheduler.RolloutScheduler`, built by `make_scheduler` for the
-engine): vLLM's are `rlsim.sim.scheduler.InstanceScheduler`, a port of vLLM 0.32's `Scheduler`
-checked iteration by iteration against it (`rlsim.sim.sched_parity`): running requests first in running-list order,
+engine): vLLM's are `rlsim.sim.vllm_rules.VLLMRules`, the compiled core's port of vLLM 0.32's
+`Scheduler` (the same source `CompiledEngine` runs), checked iteration by iteration against it
+(`rlsim.sim.sched_parity`): running requests first in running-list order,
 then waiting ones under `max_num_seqs` and `max_num_batched_tokens` (chunked prefill, or not);
 KV in blocks of `block_size`; a waiting or preempted request admitted only if its whole sequence
 fits; preemption from the back of the running list when a request's next slots do not fit, and no

@@ -5,16 +5,15 @@ asks of one instance's scheduler, and which scheduler an engine configuration ge
 engine decides per iteration sits behind `RolloutScheduler`: which requests an iteration runs and
 how many tokens each (`schedule`), what the iteration finished (`complete`, `finish_due`), the
 KV blocks and prefix cache it holds, and how far a fixed decode batch may run before its next
-event (`jump_plan`, `advance`; `rlsim.sim.jump` prices the jump from the batch's sums). vLLM's
-rules sit behind it as vLLM separates them: `InstanceScheduler` is its `Scheduler` and
-`AsyncInstanceScheduler` its `AsyncScheduler` (`rlsim.sim.scheduler`); SGLang's are
-`SGLangRules` (`rlsim.sim.sglang_rules`): the compiled core's own source, so that both engines
-run one SGLang source (`SGLangScheduler`, `rlsim.sim.sglang_scheduler`, is its readable twin that
-tests hold it to);
+event (`jump_plan`, `advance`; `rlsim.sim.jump` prices the jump from the batch's sums). Each
+engine's rules have one source, the compiled core's (`rlsim.sim.compiled`), which `CompiledEngine`
+asks through its own questions (`rlsim.sim.compiled.rules`) and `SimEngine` through this seam:
+vLLM's are `VLLMRules` (`rlsim.sim.vllm_rules`; its `Scheduler`, or its `AsyncScheduler` where the
+engine schedules asynchronously), SGLang's `SGLangRules` (`rlsim.sim.sglang_rules`).
+`InstanceScheduler` (`rlsim.sim.scheduler`) and `SGLangScheduler` (`rlsim.sim.sglang_scheduler`)
+are their readable twins, which no run uses and tests hold the compiled rules to.
 `make_scheduler` builds the one an engine configuration's rollout engine names
-(`EngineConfig.rollout_engine`, its entry in `rlsim.rollout_engines`). The
-compiled core (`rlsim.sim.compiled`) holds both engines' rules as arrays, asked through the same
-questions (`rlsim.sim.compiled.rules`), each held equal to its Python original here by tests.
+(`EngineConfig.rollout_engine`, its entry in `rlsim.rollout_engines`).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from rlsim.rollout_engines import resolve, rollout_engine
-from rlsim.sim.scheduler import vllm_scheduler
 from rlsim.sim.seq import Scheduled, Seq
 
 if TYPE_CHECKING:
@@ -139,11 +137,3 @@ def make_scheduler(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
     rollout engine's entry names (`rlsim.rollout_engines`)."""
     return resolve(rollout_engine(engine.rollout_engine).scheduler)(engine, kv_tokens)
 
-
-def vllm_rules(engine: EngineConfig, kv_tokens: int) -> RolloutScheduler:
-    """vLLM's scheduler of one instance, or its async variant where the engine schedules
-    asynchronously (vLLM's default on GPU executors)."""
-    return vllm_scheduler(
-        kv_tokens // engine.block_size, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,
-        engine.enable_chunked_prefill, engine.enable_prefix_caching, async_scheduling=bool(engine.async_scheduling),
-    )  # fmt: skip

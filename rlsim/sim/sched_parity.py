@@ -1,5 +1,8 @@
 """Step parity: rlsim's scheduler against vLLM's own `Scheduler`, iteration by iteration.
 
+rlsim's side is `VLLMRules` (`rlsim.sim.vllm_rules`): the compiled core's vLLM rules, the one source
+both `CompiledEngine` and `SimEngine` run.
+
 vLLM's v1 scheduler (`vllm.v1.core.sched.scheduler.Scheduler`) runs on a CPU with no model: a
 directory holding a `config.json` is enough. Both schedulers get the same seeded workload (prompt
 lengths, output lengths, arrival iterations, GRPO groups sharing a prompt) and the same limits;
@@ -24,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from rlsim.protocol import Request
-from rlsim.sim.scheduler import vllm_scheduler
 from rlsim.sim.seq import Seq
+from rlsim.sim.vllm_rules import VLLMRules
 
 VLLM_VERSION = "0.32.0"  # the scheduler these rules were ported from
 EOS = 7  # the end-of-sequence token id of the parity workloads (never a prompt or regular output token)
@@ -104,7 +107,7 @@ class Log:
 
 # ---- rlsim side -------------------------------------------------------------------------------
 def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) -> Log:
-    sched = vllm_scheduler(
+    sched = VLLMRules(
         cfg.num_blocks, cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens,
         cfg.enable_chunked_prefill, cfg.enable_prefix_caching, async_scheduling=cfg.async_scheduling,
     )
@@ -112,16 +115,17 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
     log = Log([], [], {})
     i = 0
     wave = cfg.abort_at
-    while (i < len(work) or sched.running or sched.waiting) and sched.iters < max_iters:
+    while (i < len(work) or sched.has_work()) and sched.iters < max_iters:
         if wave is not None and sched.iters >= wave:  # the abort wave, before this iteration
             wave = None
             # under async scheduling a finish reported by the last iteration is not delivered yet
             # (vLLM applies that iteration's output after the next schedule): it is aborted too
             gone = {w.request_id for w in work if aborted(cfg, w.request_id)}
-            gone = {r for r in gone if r not in log.finish_iter or (r in sched.running and sched.running[r].reported)}
+            running = sched.running
+            gone = {r for r in gone if r not in log.finish_iter or (r in running and running[r].reported)}
             log.aborted += len(sched.remove_waiting(gone))
-            for rid in sorted(r for r in sched.running if r in gone):  # freed in request-id order
-                sched.abort(sched.running[rid])
+            for rid in sorted(r for r in running if r in gone):  # freed in request-id order
+                sched.abort(running[rid])
                 log.finish_iter.pop(rid, None)
                 log.aborted += 1
         while i < len(work) and work[i].arrive <= sched.iters:
@@ -136,7 +140,7 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
         if k and wave is not None:
             k = min(k, wave - sched.iters)
         if k > 0:
-            row = (sched.num_decoding, 0, len(sched.running), len(sched.waiting))
+            row = (sched.num_decoding, 0, sched.num_running, sched.num_waiting)
             log.rows.extend([row] * k)
             log.preempted.extend([0] * k)
             log.computed_tokens += k * sched.num_decoding
@@ -144,16 +148,16 @@ def run_rlsim(cfg: ParityConfig, fast: bool = True, max_iters: int = 1_000_000) 
             for seq in sched.finish_due():
                 log.finish_iter[seq.req.request_id] = sched.iters - 1
             continue
-        if not sched.running and not sched.waiting:  # idle until the next arrival
-            sched.iters = work[i].arrive if wave is None else min(work[i].arrive, wave)
+        if not sched.has_work():  # idle until the next arrival
+            sched.idle_until(work[i].arrive if wave is None else min(work[i].arrive, wave))
             continue
         out = sched.schedule()
         if not out.chunks and not out.num_decodes and not out.preempted:
-            if sched.finishing:  # async: only finished requests hold slots; nothing runs
+            if sched.holds_finished():  # async: only finished requests hold slots; nothing runs
                 sched.release_finishing()
                 continue
             raise RuntimeError(f"{cfg.name}: nothing schedulable at iteration {sched.iters}")
-        log.rows.append((int(out.decode_tokens), out.prefill_tokens, len(sched.running), len(sched.waiting)))
+        log.rows.append((int(out.decode_tokens), out.prefill_tokens, sched.num_running, sched.num_waiting))
         log.preempted.append(len(out.preempted))
         log.computed_tokens += int(out.decode_tokens) + out.prefill_tokens
         log.partial_chunks += sum(

@@ -31,11 +31,15 @@ schedule, in running order, and one preempted meanwhile is dropped, not requeued
 finishes it while it waits). Everything else, placeholders included, schedules as without it.
 `vllm_scheduler()` picks the class for the engine's `async_scheduling`.
 
-`rlsim.sim.sched_parity` runs this class and vLLM's `Scheduler` side by side on the same workload and
-compares the iteration logs. Between events a batch of decoding requests is fixed, so
-`jump_plan()` finds how many iterations can pass before the next finish or block shortage and
-`advance(k)` commits them at once (block needs counted from each request's position in its
-block, not iterated).
+No run schedules with these classes: both engines run the same rules from the compiled core's
+source (`rlsim.sim.compiled.scheduler`; `SimEngine` through `rlsim.sim.vllm_rules.VLLMRules`), which
+`rlsim.sim.sched_parity` holds to vLLM's own `Scheduler`. These classes are their readable twin, the
+rules as objects: `tests/test_compiled_scheduler.py` runs both on the same random workloads
+(speculation, transfers and turns included) and holds every iteration equal.
+
+Between events a batch of decoding requests is fixed, so `jump_plan()` finds how many iterations
+can pass before the next finish or block shortage and `advance(k)` commits them at once (block
+needs counted from each request's position in its block, not iterated).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ _ORDER = attrgetter("order")  # running-list position
 
 class InstanceScheduler(QueueQueries):
     """vLLM's `Scheduler`: its waiting queue, running list, budget, block pool and preemption for
-    one instance (a `rlsim.sim.rollout_scheduler.RolloutScheduler`)."""
+    one instance (the readable twin of `rlsim.sim.vllm_rules.VLLMRules`)."""
 
     async_scheduling = False
 

@@ -65,7 +65,7 @@ class SGLangRules:
                                   d.init_ratio, d.min_ratio, d.ratio_decay, d.clip_max_new_tokens_estimation,
                                   d.retract_decode_steps, page_size, parallel_sampling)  # fmt: skip
         self._seqs: dict[int, Seq] = {}  # slot -> the request in it now
-        self._slot: dict[int, int] = {}  # request id -> its slot (while the rules may name it)
+        self._slot: dict[int, int] = {}  # request id -> its slot (one entry per slot: a reused slot's last goes)
         self._sent: dict[int, Request] = {}  # a refused request as it was sent (its `Seq` holds the refused form)
 
     # ---- requests and slots ------------------------------------------------------------------
@@ -73,9 +73,16 @@ class SGLangRules:
         req = seq.req
         k = int(sg.new_slot(self.s, req.request_id, req.prompt_id, req.num_prompt_tokens, req.max_tokens,
                             req.prompt_len, seq.target, seq.generated, seq.transfer))  # fmt: skip
+        self._forget(k)
         self._seqs[k] = seq
         self._slot[req.request_id] = k
         return k
+
+    def _forget(self, k: int) -> None:
+        """Slot k is reused: its last request's entry goes (so the map holds one entry per slot)."""
+        old = self._seqs.get(k)
+        if old is not None and self._slot.get(old.req.request_id) == k:
+            del self._slot[old.req.request_id]
 
     def _seq(self, k: int) -> Seq:
         """The request in slot k, its counts as the rules hold them."""
@@ -214,6 +221,7 @@ class SGLangRules:
             k, req = int(sg.waiting(self.s)[-1]), seqs[0].req
             warm = Request(-int(self.s.warm_sent), req.prompt_id, -1, req.epoch, req.num_prompt_tokens, 0, 1,
                            req.instance, req.policy_version)  # fmt: skip
+            self._forget(k)
             self._seqs[k] = Seq(warm, 1)
             self._slot[warm.request_id] = k
         for k in slots:

@@ -210,7 +210,7 @@ add_rules(sg.SGState, sg.SGStateType, {
 # ---- an engine's instances' states ---------------------------------------------------------------------
 def vllm_states(engine, kv_tokens: int, n: int) -> tuple[list, int, int]:  # noqa: ANN001 - an EngineConfig
     """vLLM's scheduler state for each of `n` instances holding `kv_tokens` KV tokens
-    (`rlsim.sim.rollout_scheduler.vllm_rules`); with the largest request a submit takes and the
+    (`rlsim.sim.vllm_rules.vllm_rules`); with the largest request a submit takes and the
     capacity its errors name (whole blocks, both)."""
     num_blocks = kv_tokens // engine.block_size
     args = (num_blocks, engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens,

@@ -808,3 +808,40 @@ def advance(s: SchedState, k: int) -> None:
     bp.take(s.pool, decode_blocks(s, k))
     s.iters += k
     s.ctx += k * s.rate_sum
+
+
+# ---- what a Python caller reads (`rlsim.sim.vllm_rules`): one call, not one per field --------------
+@njit
+def sums(s: SchedState) -> tuple:
+    """(Decoding requests, KV context, their tokens and verified tokens a step, those speculating,
+    running requests, waiting ones, finished ones holding their place)."""
+    return (s.num_decoding, s.ctx, s.rate_sum, s.verify_sum, s.num_spec, s.num_running, s.w_len,
+            s.num_finishing)  # fmt: skip
+
+
+@njit
+def batch(s: SchedState) -> tuple:
+    """The last schedule's batch: (decode tokens, prefill tokens, decodes, whether KV blocked an
+    admission, its chunks' slots and tokens, the slots it preempted)."""
+    n, m = s.out_num_chunks, s.out_num_preempted
+    return (s.out_decode_tokens, s.out_prefill_tokens, s.out_num_decodes, s.out_blocked, s.out_chunk[:n].copy(),
+            s.out_take[:n].copy(), s.out_preempted[:m].copy())  # fmt: skip
+
+
+@njit
+def due_slots(s: SchedState) -> np.ndarray:
+    """The slots the last `complete` or `finish_due` finished, in running order."""
+    return s.due[: s.num_due].copy()
+
+
+@njit
+def counts(s: SchedState, slots: np.ndarray) -> np.ndarray:
+    """Each slot's (generated, computed, decoding, reported), as its `Seq` holds them: a row a slot."""
+    t = s.t
+    out = np.empty((slots.shape[0], 4), np.int64)
+    for i in range(slots.shape[0]):
+        k = slots[i]
+        out[i, 0], out[i, 1], out[i, 2], out[i, 3] = t[C_GENERATED, k], t[C_COMPUTED, k], t[C_DECODING, k], \
+            t[C_REPORTED, k]  # fmt: skip
+    return out
+

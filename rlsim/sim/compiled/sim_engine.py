@@ -59,6 +59,7 @@ def entry_points() -> dict[str, object]:
     import inspect
     import re
 
+    from rlsim.sim.compiled import scheduler as cs
     from rlsim.sim.compiled import sglang as sg
 
     found = {}
@@ -66,9 +67,10 @@ def entry_points() -> dict[str, object]:
         fn = getattr(ce, name)
         inner = [] if hasattr(fn, "_cache") else re.findall(r"\b(_?\w+)\(", inspect.getsource(fn))
         found.update({n: getattr(ce, n) for n in [name, *inner] if hasattr(getattr(ce, n, None), "_cache")})
-    caller = Path(sg.__file__).resolve().parents[1] / "sglang_rules.py"  # (read, not imported: it imports this core)
-    for name in re.findall(r"\bsg\.(\w+)\(", caller.read_text()):
-        found[f"sg.{name}"] = getattr(sg, name)
+    here = Path(sg.__file__).resolve().parents[1]  # (the callers are read, not imported: they import this core)
+    for module, alias, caller in ((sg, "sg", "sglang_rules.py"), (cs, "cs", "vllm_rules.py")):
+        for name in re.findall(rf"\b{alias}\.(\w+)\(", (here / caller).read_text()):
+            found[f"{alias}.{name}"] = getattr(module, name)
     return dict(sorted(found.items()))
 
 
