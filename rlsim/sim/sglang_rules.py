@@ -24,6 +24,7 @@ from rlsim.protocol import Request
 from rlsim.sim.compiled import sglang as sg
 from rlsim.sim.seq import Scheduled, Seq
 from rlsim.sim.sglang_scheduler import DEFAULTS, MAX_PREFILL_TOKENS, check_settings, pool_too_small
+from rlsim.sim.slot_seqs import SlotSeqs
 
 if TYPE_CHECKING:
     from rlsim.config import EngineConfig
@@ -41,8 +42,10 @@ def sglang_rules(engine: EngineConfig, kv_tokens: int) -> SGLangRules:
     )  # fmt: skip
 
 
-class SGLangRules:
+class SGLangRules(SlotSeqs):
     """One instance's SGLang scheduler (`SGLangScheduler`'s arguments), on the compiled core's state."""
+
+    rid_row = sg.C_RID
 
     def __init__(
         self,
@@ -60,12 +63,11 @@ class SGLangRules:
     ) -> None:
         check_settings(schedule_policy, page_size)
         d = settings
-        self.s = sg.new_scheduler(num_tokens, max_running_requests, chunked_prefill_size, enable_chunked_prefill,
-                                  enable_radix_cache, overlap, max_prefill_tokens, schedule_policy == "lpm",
-                                  d.init_ratio, d.min_ratio, d.ratio_decay, d.clip_max_new_tokens_estimation,
-                                  d.retract_decode_steps, page_size, parallel_sampling)  # fmt: skip
-        self._seqs: dict[int, Seq] = {}  # slot -> the request in it now
-        self._slot: dict[int, int] = {}  # request id -> its slot (one entry per slot: a reused slot's last goes)
+        super().__init__(sg.new_scheduler(
+            num_tokens, max_running_requests, chunked_prefill_size, enable_chunked_prefill, enable_radix_cache,
+            overlap, max_prefill_tokens, schedule_policy == "lpm", d.init_ratio, d.min_ratio, d.ratio_decay,
+            d.clip_max_new_tokens_estimation, d.retract_decode_steps, page_size, parallel_sampling,
+        ))  # fmt: skip
         self._sent: dict[int, Request] = {}  # a refused request as it was sent (its `Seq` holds the refused form)
 
     # ---- requests and slots ------------------------------------------------------------------
@@ -73,16 +75,8 @@ class SGLangRules:
         req = seq.req
         k = int(sg.new_slot(self.s, req.request_id, req.prompt_id, req.num_prompt_tokens, req.max_tokens,
                             req.prompt_len, seq.target, seq.generated, seq.transfer))  # fmt: skip
-        self._forget(k)
-        self._seqs[k] = seq
-        self._slot[req.request_id] = k
+        self._keep(k, seq)
         return k
-
-    def _forget(self, k: int) -> None:
-        """Slot k is reused: its last request's entry goes (so the map holds one entry per slot)."""
-        old = self._seqs.get(k)
-        if old is not None and self._slot.get(old.req.request_id) == k:
-            del self._slot[old.req.request_id]
 
     def _seq(self, k: int) -> Seq:
         """The request in slot k, its counts as the rules hold them."""
@@ -103,11 +97,6 @@ class SGLangRules:
 
     def _seqs_of(self, slots: np.ndarray) -> list[Seq]:
         return [self._seq(k) for k in slots]
-
-    def _live(self, rid: int) -> int | None:
-        """The slot of this request while the rules hold it (running or waiting), else None."""
-        k = self._slot.get(rid)
-        return k if k is not None and self.s.t[sg.C_RID, k] == rid else None
 
     # ---- RolloutScheduler --------------------------------------------------------------------
     @property
@@ -137,18 +126,6 @@ class SGLangRules:
     @property
     def num_speculating(self) -> int:
         return 0  # (speculative decoding is modelled under vLLM's rules only)
-
-    @property
-    def prefix_hit_tokens(self) -> int:
-        return int(self.s.prefix_hit_tokens)
-
-    @property
-    def turn_tokens(self) -> int:
-        return int(self.s.turn_tokens)
-
-    @property
-    def turn_hit_tokens(self) -> int:
-        return int(self.s.turn_hit_tokens)
 
     @property
     def max_running_requests(self) -> int:
@@ -221,9 +198,7 @@ class SGLangRules:
             k, req = int(sg.waiting(self.s)[-1]), seqs[0].req
             warm = Request(-int(self.s.warm_sent), req.prompt_id, -1, req.epoch, req.num_prompt_tokens, 0, 1,
                            req.instance, req.policy_version)  # fmt: skip
-            self._forget(k)
-            self._seqs[k] = Seq(warm, 1)
-            self._slot[warm.request_id] = k
+            self._keep(k, Seq(warm, 1))
         for k in slots:
             self._seq(k)
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from rlsim.sim.compiled import scheduler as cs
 from rlsim.sim.seq import Scheduled, Seq
+from rlsim.sim.slot_seqs import SlotSeqs
 
 if TYPE_CHECKING:
     from rlsim.config import EngineConfig
@@ -36,9 +37,11 @@ def vllm_rules(engine: EngineConfig, kv_tokens: int) -> VLLMRules:
     )  # fmt: skip
 
 
-class VLLMRules:
+class VLLMRules(SlotSeqs):
     """One instance's vLLM scheduler (its `Scheduler`, or `AsyncScheduler` with `async_scheduling`), on
     the compiled core's state: its waiting queue, running list, budget, block pool and preemption."""
+
+    rid_row = cs.C_RID
 
     def __init__(
         self,
@@ -50,12 +53,10 @@ class VLLMRules:
         enable_prefix_caching: bool = True,
         async_scheduling: bool = False,
     ) -> None:
-        self.s = cs.new_scheduler(int(num_blocks), int(block_size), int(max_num_seqs), int(max_num_batched_tokens),
-                                  bool(enable_chunked_prefill), bool(enable_prefix_caching),
-                                  bool(async_scheduling))  # fmt: skip
+        super().__init__(cs.new_scheduler(int(num_blocks), int(block_size), int(max_num_seqs),
+                                          int(max_num_batched_tokens), bool(enable_chunked_prefill),
+                                          bool(enable_prefix_caching), bool(async_scheduling)))  # fmt: skip
         self._capacity = int(num_blocks) * int(block_size)
-        self._seqs: dict[int, Seq] = {}  # slot -> the request in it now
-        self._slot: dict[int, int] = {}  # request id -> its slot (one entry per slot: a reused slot's last goes)
         self._sync()
 
     def _sync(self) -> None:
@@ -80,11 +81,6 @@ class VLLMRules:
 
     def _seq(self, k: int) -> Seq:
         return self._seqs_of(np.array([k], np.int64))[0]
-
-    def _live(self, rid: int) -> int | None:
-        """The slot of this request while the rules hold it (running or waiting), else None."""
-        k = self._slot.get(rid)
-        return k if k is not None and self.s.t[cs.C_RID, k] == rid else None
 
     # ---- RolloutScheduler --------------------------------------------------------------------
     @property
@@ -114,18 +110,6 @@ class VLLMRules:
     @property
     def num_speculating(self) -> int:
         return self._num_spec
-
-    @property
-    def prefix_hit_tokens(self) -> int:
-        return int(self.s.prefix_hit_tokens)
-
-    @property
-    def turn_tokens(self) -> int:
-        return int(self.s.turn_tokens)
-
-    @property
-    def turn_hit_tokens(self) -> int:
-        return int(self.s.turn_hit_tokens)
 
     @property
     def num_running(self) -> int:
@@ -190,11 +174,7 @@ class VLLMRules:
                        int(req.max_tokens), int(req.prompt_len), bool(req.more_turns), int(seq.target),
                        int(seq.generated), bool(seq.transfer), float(seq.rate), float(seq.verify),
                        int(seq.lookahead)))  # fmt: skip
-        old = self._seqs.get(k)
-        if old is not None and self._slot.get(old.req.request_id) == k:  # (the slot's last request)
-            del self._slot[old.req.request_id]
-        self._seqs[k] = seq
-        self._slot[req.request_id] = k
+        self._keep(k, seq)
         self._num_waiting += 1
 
     def remove_waiting(self, rids: set[int]) -> list[Seq]:
