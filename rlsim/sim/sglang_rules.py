@@ -45,7 +45,7 @@ def sglang_rules(engine: EngineConfig, kv_tokens: int) -> SGLangRules:
 class SGLangRules(SlotSeqs):
     """One instance's SGLang scheduler (`SGLangScheduler`'s arguments), on the compiled core's state."""
 
-    rid_row = sg.C_RID
+    rid_row, running_row = sg.C_RID, sg.C_RUNNING
 
     def __init__(
         self,
@@ -161,26 +161,18 @@ class SGLangRules(SlotSeqs):
         """The running batch by request id, in batch order."""
         return {seq.req.request_id: seq for seq in self._seqs_of(sg.running(self.s))}
 
+    def _waiting_slots(self) -> np.ndarray:
+        return sg.waiting(self.s)
+
     @property
     def waiting(self) -> list[Seq]:
-        return self._seqs_of(sg.waiting(self.s))
+        return self._seqs_of(self._waiting_slots())
 
     def has_work(self) -> bool:
         return bool(self.s.num_running or self.s.w_len)
 
     def holds_finished(self) -> bool:
         return bool(self.s.num_fin)
-
-    def running_seq(self, rid: int) -> Seq | None:
-        k = self._live(rid)
-        return self._seq(k) if k is not None and self.s.t[sg.C_RUNNING, k] else None
-
-    def find(self, rid: int) -> Seq | None:
-        seq = self.running_seq(rid)
-        if seq is not None:
-            return seq
-        k = self._live(rid)
-        return self._seq(k) if k is not None and k in set(sg.waiting(self.s).tolist()) else None
 
     def add(self, seq: Seq) -> None:
         if seq.rate != 1.0:

@@ -4,14 +4,19 @@ rules hold it in, and the counters a run reports are read off the state."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from rlsim.sim.seq import Seq
 
 
 class SlotSeqs:
     """The `Seq` in each slot, the slot of each request id, and the state's counters; `s` is the
-    rules' state (its slot table `t`, whose row `rid_row` holds each slot's request id)."""
+    rules' state (its slot table `t`, whose row `rid_row` holds each slot's request id and row
+    `running_row` whether the slot runs). A subclass reads a slot's request (`_seq`) and the
+    waiting queue's slots (`_waiting_slots`) off its state."""
 
     rid_row: int
+    running_row: int
 
     def __init__(self, state: object) -> None:
         self.s = state
@@ -31,6 +36,25 @@ class SlotSeqs:
         is reused), else None."""
         k = self._slot.get(rid)
         return k if k is not None and self.s.t[self.rid_row, k] == rid else None
+
+    def _seq(self, k: int) -> Seq:
+        raise NotImplementedError
+
+    def _waiting_slots(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def running_seq(self, rid: int) -> Seq | None:
+        """The running request of this id, else None."""
+        k = self._live(rid)
+        return self._seq(k) if k is not None and self.s.t[self.running_row, k] else None
+
+    def find(self, rid: int) -> Seq | None:
+        """The request of this id, running or waiting, else None."""
+        seq = self.running_seq(rid)
+        if seq is not None:
+            return seq
+        k = self._live(rid)
+        return self._seq(k) if k is not None and k in self._waiting_slots().tolist() else None
 
     @property
     def prefix_hit_tokens(self) -> int:

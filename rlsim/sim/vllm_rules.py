@@ -41,7 +41,7 @@ class VLLMRules(SlotSeqs):
     """One instance's vLLM scheduler (its `Scheduler`, or `AsyncScheduler` with `async_scheduling`), on
     the compiled core's state: its waiting queue, running list, budget, block pool and preemption."""
 
-    rid_row = cs.C_RID
+    rid_row, running_row = cs.C_RID, cs.C_RUNNING
 
     def __init__(
         self,
@@ -61,9 +61,9 @@ class VLLMRules(SlotSeqs):
 
     def _sync(self) -> None:
         """Read the sums and queue lengths the engine asks for, after a call that changed them."""
-        dec, ctx, rate, verify, spec, running, waiting, finishing = cs.sums(self.s)
+        dec, ctx, rate, verify, spec, running, _, finishing = cs.sums(self.s)
         self._num_decoding, self._num_spec, self._num_running = int(dec), int(spec), int(running)
-        self._num_waiting, self._num_finishing = int(waiting), int(finishing)
+        self._num_finishing = int(finishing)
         self._ctx, self._rate_sum, self._verify_sum = float(ctx), float(rate), float(verify)
 
     # ---- requests and slots ------------------------------------------------------------------
@@ -117,7 +117,7 @@ class VLLMRules(SlotSeqs):
 
     @property
     def num_waiting(self) -> int:
-        return self._num_waiting
+        return int(self.s.w_len)
 
     @property
     def iters(self) -> int:
@@ -147,21 +147,10 @@ class VLLMRules(SlotSeqs):
         return self._seqs_of(self._waiting_slots())
 
     def has_work(self) -> bool:
-        return bool(self._num_running or self._num_waiting)
+        return bool(self._num_running or self.s.w_len)
 
     def holds_finished(self) -> bool:
         return bool(self._num_finishing)
-
-    def running_seq(self, rid: int) -> Seq | None:
-        k = self._live(rid)
-        return self._seq(k) if k is not None and self.s.t[cs.C_RUNNING, k] else None
-
-    def find(self, rid: int) -> Seq | None:
-        seq = self.running_seq(rid)
-        if seq is not None:
-            return seq
-        k = self._live(rid)
-        return self._seq(k) if k is not None and k in self._waiting_slots().tolist() else None
 
     def add_call(self, seqs: list[Seq]) -> None:
         """A call's samples, queued one by one."""
@@ -175,16 +164,14 @@ class VLLMRules(SlotSeqs):
                        int(seq.generated), bool(seq.transfer), float(seq.rate), float(seq.verify),
                        int(seq.lookahead)))  # fmt: skip
         self._keep(k, seq)
-        self._num_waiting += 1
 
     def remove_waiting(self, rids: set[int]) -> list[Seq]:
-        if not self._num_waiting:
+        if not self.s.w_len:
             return []
         gone = cs.remove_waiting(self.s, np.array(sorted(rids), np.int64))
         out = self._seqs_of(gone)
         for k in gone.tolist():
             cs.release_slot(self.s, k)
-        self._num_waiting -= len(out)
         return out
 
     def schedule(self) -> Scheduled:
