@@ -125,8 +125,15 @@ def _trace(prompts_per_step: int, samples: int, cap: int, prompt_len: int, mean:
 def run_setup(row: pd.Series) -> RunSetup:
     """The row's run as its recipe states it (`read_nemo_rl` on the recipe at the row's commit),
     with the published table's layout where it states another (`TABLE_NOT_RECIPE`)."""
-    s = read_nemo_rl(RECIPES / str(row.commit) / str(row.recipe))
-    table = {k: v[0] for k, v in TABLE_NOT_RECIPE.get((str(row.release), Path(row.recipe).name), {}).items()}
+    return _run_setup(str(row.commit), str(row.recipe), str(row.release))
+
+
+@functools.cache
+def _run_setup(commit: str, recipe: str, release: str) -> RunSetup:
+    """(Read once per recipe: a recipe's chain of defaults takes most of a second to merge, and the
+    tables' scripts set each row up again for every calibration that predicts it.)"""
+    s = read_nemo_rl(RECIPES / commit / recipe)
+    table = {k: v[0] for k, v in TABLE_NOT_RECIPE.get((release, Path(recipe).name), {}).items()}
     trainer = replace(s.trainer, **{k: table[k] for k in ("tp", "pp", "ep") if k in table})
     if trainer.pp == 1 and trainer.framework.vpp > 1:  # the table's layout has no pipeline to interleave
         trainer = replace(trainer, framework=replace(trainer.framework, vpp=1))
