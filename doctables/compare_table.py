@@ -8,8 +8,10 @@ epochs; about two minutes on a 2-core machine), the table `compare_default`; and
 three policies with dynamic sampling over 8 steps (half a minute), `compare_dynamic_sampling`;
 and the asynchronous policies with their knobs on a disaggregated cluster (48 rollout GPUs, 16
 training), against sync on the same cluster (three minutes), `compare_async`.
-`--readme` also writes them into README.md. The simulation is deterministic, so
-`tests/test_readme_tables.py` re-runs it in CI and holds the README's tables equal to it.
+`--readme` also writes them into README.md. The simulation is deterministic, and a policy's row
+depends on no other policy's but sync's, so `tests/test_readme_tables.py` re-runs each table in
+CI on sync and a sample of its policies and holds their rows equal to the table's
+(`RLSIM_FULL_TABLES=1` re-runs the tables whole, as this script does).
 """
 
 from __future__ import annotations

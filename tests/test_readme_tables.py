@@ -1,14 +1,21 @@
 """The tables of the README and of docs/ are their scripts' output: CI re-runs the table scripts
 (`doctables/`, which compute from the code and committed data) that finish in a minute or two and
 holds each table between its markers equal to what the script prints now (`--markdown`), so a
-table cannot drift from the code that produces it. A script writes its own table with
-`--readme`, into whichever file holds its markers. The benchmarks (`benchmarks/`) measure: their
-timing tables are not deterministic and say the machine they ran on, and the parity tables' rows
-are checked in `tests/test_scheduler_parity.py` and `tests/test_sglang_parity.py` (the subset CI
-runs)."""
+table cannot drift from the code that produces it. Two scripts take minutes whole, so CI re-runs a
+sample of each (`SAMPLED`), and `RLSIM_FULL_TABLES=1` re-runs them whole too: the `rlsim compare`
+tables (eight minutes of processor time) on sync and a few of their policies, whose rows and band
+lines must be the table's own, row for row (a policy's row depends on no other policy but sync's);
+the transfer tables (four and a half minutes) at the stand-in's lengths alone, whose rows but their
+last column (the errors at lengths 25% shorter and longer) must be the table's, as must the figures
+`published_runs/transfer.json` ships, and NeMo RL's rows whole.
+A script writes its own table with `--readme`, into whichever file holds its markers. The
+benchmarks (`benchmarks/`) measure: their timing tables are not deterministic and say the machine
+they ran on, and the parity tables' rows are checked in `tests/test_scheduler_parity.py` and
+`tests/test_sglang_parity.py` (the subset CI runs)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +31,6 @@ DETERMINISTIC = {
     "profile_table": ["profile_table"],
     "derive_table": ["derived_profiles", "derive_checks"],
     "paper_checks": ["paper_checks"],
-    "compare_table": ["compare_default", "compare_dynamic_sampling", "compare_async"],
     "plan_table": ["plan_example", "plan_async"],
     "fit_workload": ["fit_coder_metrics", "fit_coder_speedups"],
     "recorded_runs": ["recorded_runs"],
@@ -33,11 +39,20 @@ DETERMINISTIC = {
     "release_spread": ["release_spread"],
     "verl_fully_async": ["verl_fully_async"],
     "verl_phases": ["verl_phases", "verl_weight_sync"],
-    "transfer": ["transfer", "transfer_ratios", "transfer_summary", "transfer_nemo_rl"],
     "multi_turn": ["search_r1_fit", "search_r1_sim", "tool_latency_sweep", "search_r1_compare", "search_r1_engines"],
     "policy_table": ["policy_knobs"],
     "formats_table": ["model_config_fields", "gpu_fields"],
 }
+# table script -> its tables, re-run in CI on a sample (whole with RLSIM_FULL_TABLES=1): the transfer tables at the
+# stand-in's lengths alone (a third of the calibrations) and the NeMo RL rows whole; each compare table on sync and
+# these policies (partial rollout, history-based speculation, fully_async's staleness bound; None: all of them)
+SAMPLED = {
+    "transfer": ["transfer", "transfer_ratios", "transfer_summary", "transfer_nemo_rl"],
+    "compare_table": {"compare_default": "sync,async_partial,histopipe+histospec",
+                      "compare_dynamic_sampling": None,  # (every policy: half a minute)
+                      "compare_async": "sync,fully_async(staleness_threshold=0.1)"},
+}  # fmt: skip
+FULL = os.environ.get("RLSIM_FULL_TABLES") == "1"
 # timing benchmarks (benchmarks/): they write their tables (`--readme`) with the machine and its load; not re-run
 TIMING = {
     "simulate_epoch": ["sync_baseline", "simulator_speed"],
@@ -72,15 +87,59 @@ def _markdown(script: str) -> dict[str, str]:
     return tables
 
 
-@pytest.mark.parametrize("script", list(DETERMINISTIC))
+@pytest.mark.parametrize("script", [*DETERMINISTIC, *(SAMPLED if FULL else ())])
 def test_readme_tables_are_their_scripts_output(script: str) -> None:
     tables = _markdown(script)
-    assert sorted(tables) == sorted(DETERMINISTIC[script])
+    assert sorted(tables) == sorted(DETERMINISTIC.get(script) or SAMPLED[script])
     for name, body in tables.items():
         for path in holders(name):
             assert read_table(name, path).strip() == body.strip(), (
                 f"{name} in {path.name}: re-run python -m tables.{script} --readme"
             )
+
+
+@pytest.mark.parametrize("table", list(SAMPLED["compare_table"]))
+def test_compare_tables_rows_are_rlsim_compares_on_a_sample_of_their_policies(table: str) -> None:
+    """The sampled `rlsim compare` of a table (`doctables/compare_table.py`'s arguments, its policies
+    cut to the sample): its header, each of its rows and its band lines are the table's, in the
+    table's order, and the sample's every policy has its row."""
+    from doctables.compare_table import TABLES
+    from policies.registry import split_policies
+
+    args, sample = list(TABLES[table]), SAMPLED["compare_table"][table]
+    if sample is not None:
+        if "--policies" in args:
+            args[args.index("--policies") + 1] = sample
+        else:
+            args += ["--policies", sample]
+    out = subprocess.run([sys.executable, "-m", "rlsim.cli", "compare", "--markdown", *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    ours, theirs = out.stdout.strip().splitlines(), read_table(table).strip().splitlines()
+    rows = [ln for ln in ours if ln.startswith("| ") and not ln.startswith("| policy |")]
+    assert len(rows) == len(split_policies(args[args.index("--policies") + 1]))
+    assert ours[0] == theirs[0]
+    at = [theirs.index(ln) if ln in theirs else -1 for ln in ours if ln]
+    assert -1 not in at, [ln for ln in ours if ln and ln not in theirs]
+    assert at == sorted(at), "the rows in another order than the table's"
+
+
+def test_transfer_tables_at_the_stand_ins_lengths() -> None:
+    """`doctables/transfer.py` at the stand-in's lengths: its tables but the columns and the summary
+    rows of other lengths, the shipped `transfer.json`, and the NeMo RL table whole."""
+    from doctables import transfer
+
+    data = transfer.build(scales=(1.0,))
+    assert transfer.transfer_json(data) == transfer.OUT.read_text(), "re-run python -m doctables.transfer --readme"
+    ours = transfer.tables(data) | {"transfer_nemo_rl": transfer.nemo_rl_table(transfer.nemo_rl())}
+    assert sorted(ours) == sorted(SAMPLED["transfer"])
+    for name, body in ours.items():
+        theirs = read_table(name).strip().splitlines()
+        if name in ("transfer", "transfer_ratios"):  # (without their last column)
+            theirs = [ln.rsplit("|", 2)[0] + "|" for ln in theirs]
+        elif name == "transfer_summary":  # (its first row, the stand-in's)
+            theirs = theirs[:3]
+        assert body.strip().splitlines() == theirs, f"{name}: re-run python -m doctables.transfer --readme"
 
 
 def test_every_readme_table_is_a_scripts_or_reference() -> None:
@@ -91,9 +150,11 @@ def test_every_readme_table_is_a_scripts_or_reference() -> None:
 
     texts = [path.read_text() for path in documents()]
     named = [name for text in texts for name in re.findall(r"<!-- table: (\S+) -->", text)]
-    claimed = [t for group in (DETERMINISTIC, TIMING, OTHER, SLOW) for tables in group.values() for t in tables]
+    groups = (DETERMINISTIC, SAMPLED, TIMING, OTHER, SLOW)
+    claimed = [t for group in groups for tables in group.values() for t in tables]
     assert sorted(set(named)) == sorted(claimed)
-    where = ((DETERMINISTIC, "doctables"), (SLOW, "doctables"), (TIMING, "benchmarks"), (OTHER, "benchmarks"))
+    where = ((DETERMINISTIC, "doctables"), (SAMPLED, "doctables"), (SLOW, "doctables"), (TIMING, "benchmarks"),
+             (OTHER, "benchmarks"))  # fmt: skip
     for group, folder in where:
         assert all((REPO / folder / f"{script}.py").is_file() for script in group), folder
     # a table is on one page of docs/, and the README may show it too
