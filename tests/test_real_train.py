@@ -48,6 +48,9 @@ POLICY_ARGS = {
                     "disaggregated", "--train-gpus", "1"),
 }  # fmt: skip
 EPOCHS = "48"  # 8 prompts, 4 a step: two steps an epoch
+# two seeds (three took 580 s of CI's serial pass, the three policies together); benchmarks/train_controls.py
+# runs three, 96 steps of sync each
+SEEDS = (0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -95,14 +98,14 @@ def test_reward_rises_against_a_run_that_never_updates(calibrated: dict, task: P
     steps = STEPS[policy]
     modes = ("grpo", "none", "shuffled") if policy == "sync" else ("grpo", "none")
     runs = []  # every seed's runs, independent of each other: side by side, a core each
-    for seed in (0, 1, 2):
+    for seed in SEEDS:
         for mode in modes:
             extra = {"grpo": ("--lr", LR), "none": (), "shuffled": ("--lr", LR, "--shuffle-rewards")}[mode]
             mode_arg = "none" if mode == "none" else "grpo"
             args = (*POLICY_ARGS[policy], "--steps", str(steps), "--seed", str(seed), "--train", mode_arg, *extra)
             runs.append(_train_args(tmp_path / f"{mode}-{seed}", calibrated["model"], task, *args))
     run_python_side_by_side(runs)
-    for seed in (0, 1, 2):
+    for seed in SEEDS:
         scores = {}
         for mode in modes:
             out = tmp_path / f"{mode}-{seed}"
@@ -129,7 +132,7 @@ def test_reward_rises_against_a_run_that_never_updates(calibrated: dict, task: P
             shuffled.append(scores["shuffled"][0] - scores["none"][0])
             print(f"  shuffled-reward control: reward {scores['shuffled'][0]:+.3f} (gain {shuffled[-1]:+.3f})")
     print(f"{policy}: reward gain per seed {[round(float(g), 3) for g in gains]} ({host_load()})")
-    # measured on this 2-core VM over seeds 0-2: gains 0.10-0.14 for async_partial at 12 steps, 0.26-0.31
+    # measured on a 2-core VM over seeds 0-2: gains 0.10-0.14 for async_partial at 12 steps, 0.26-0.31
     # for fully_async at 24 local updates, 0.7 for sync at 96 (half the smallest, 0.05, is the bar)
     assert all(g > 0.05 for g in gains), gains
     if shuffled:
