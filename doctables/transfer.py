@@ -190,34 +190,36 @@ def summary(preds: list[dict], ratios: list[dict]) -> dict:
     return out
 
 
-def _rows(records: list[dict], key: tuple[str, ...], row: Callable, lengths: Callable) -> list[str]:
+def _rows(records: list[dict], key: tuple[str, ...], row: Callable, lengths: Callable | None) -> list[str]:
     """Each record's row at the stand-in's lengths (`row`), and where the other lengths were built,
-    its cell at 25% shorter and longer (`lengths(shorter, longer)`)."""
+    its cell at 25% shorter and longer (`lengths(shorter, longer)`; a record missing there is an error)."""
     by = {(*(r[k] for k in key), r["scale"]): r for r in records}
     out = []
     for r in (r for r in records if r["scale"] == 1.0):
         at = tuple(r[k] for k in key)
-        out.append(row(r) + (lengths(by[(*at, 0.75)], by[(*at, 1.25)]) if (*at, 0.75) in by else ""))
+        out.append(row(r) + (lengths(by[(*at, 0.75)], by[(*at, 1.25)]) if lengths else ""))
     return out
 
 
 def tables(data: dict) -> dict[str, str]:
     """The tables; built at the stand-in's lengths alone, without their last column (the errors at
     lengths 25% shorter and longer) and with the summary's first row alone."""
-    last = (" at lengths -25% / +25% |", "---|") if len(data["summary"]) > 1 else ("", "")
+    whole = len(data["summary"]) > 1
+    last = (" at lengths -25% / +25% |", "---|") if whole else ("", "")
     steps = ["| family | calibrated on | predicted | published (s) | rlsim, stand-in (s) | error |" + last[0],
              "|---|---|---|---:|---:|---:|" + last[1]]  # fmt: skip
     steps += _rows(data["predictions"], ("calibrated_on", "run"),
                    lambda r: (f"| {r['family']} | {r['calibrated_on']} | {r['run']} | {r['published']:.0f} | "
                               f"{r['rlsim']:.0f} | {r['error_pct']:+.0f}% |"),
-                   lambda lo, hi: f" {lo['error_pct']:+.0f}% / {hi['error_pct']:+.0f}% |")  # fmt: skip
+                   (lambda lo, hi: f" {lo['error_pct']:+.0f}% / {hi['error_pct']:+.0f}% |") if whole
+                   else None)  # fmt: skip
     rat = ["| family | calibrated on | GPUs | published sync / fully_async | rlsim, stand-in | error |" + last[0],
            "|---|---|---:|---:|---:|---:|" + last[1]]  # fmt: skip
     rat += _rows(data["ratios"], ("calibrated_on", "gpus"),
                  lambda r: (f"| {r['family']} | {r['calibrated_on']} | {r['gpus']} | {r['published']:.2f}x | "
                             f"{r['rlsim']:.2f}x{' (wrong side of 1)' if r['wrong_side'] else ''} | "
                             f"{r['error_pct']:+.0f}% |"),
-                 lambda lo, hi: f" {lo['rlsim']:.2f}x / {hi['rlsim']:.2f}x |")  # fmt: skip
+                 (lambda lo, hi: f" {lo['rlsim']:.2f}x / {hi['rlsim']:.2f}x |") if whole else None)  # fmt: skip
     summ = ["| lengths | steps: median / worst abs error (target 10% / 20%) | ratios: median / worst (target: all "
             "within 10%) | ratios on the wrong side of 1 |", "|---|---|---|---:|"]  # fmt: skip
     for scale, s in data["summary"].items():
