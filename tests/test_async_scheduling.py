@@ -13,6 +13,7 @@ import pytest
 from rlsim.config import ClusterConfig, EngineConfig, RLConfig
 from rlsim.profile import load_profile, profile_from_dict
 from rlsim.protocol import Finished, Request
+from rlsim.sim.compiled.sim_engine import CompiledEngine
 from rlsim.sim.engine import SimEngine
 from rlsim.sim.simulate import simulate
 from rlsim.step_costs import with_engine
@@ -87,6 +88,35 @@ def test_a_submit_to_a_busy_instance_lands_one_schedule_later_with_async(async_:
     done = _finishes(eng)
     landed = 11 + async_  # the iteration whose schedule first sees request 1
     assert done[1] == pytest.approx((landed + 5) * STEP)
+
+
+def test_a_call_to_a_busy_instance_lands_one_schedule_later_on_both_engines() -> None:
+    """A call's samples taken as one request (SGLang's parallel sampling: `add_call`), submitted
+    while an iteration runs, wait one schedule longer where inputs land late, on SimEngine and on the
+    compiled core alike (its deferred call, `A_CALL`), every finish at the same time (inputs land late
+    under SGLang's overlap loop, as a GPU profile has it, and at once on a CPU-calibrated one). The call is
+    held as one (SimEngine's queue of late inputs holds it whole), and grouping it matters: sent as
+    three requests, the same samples finish at other times."""
+
+    def finishes(engine: type, late: bool, grouped: bool = True) -> dict[int, float]:
+        prof = with_engine(_profile(late), EngineConfig(rollout_engine="sglang", parallel_sampling=grouped))
+        assert prof.engine.async_scheduling is late  # (SGLang's overlap loop: a GPU profile's, not a CPU one's)
+        eng = engine(prof, 1)
+        eng.submit([_req(0, 100)])
+        eng.call_at(10.5 * STEP, "mid-iteration")
+        while not any(getattr(e, "tag", None) == "mid-iteration" for e in eng.step()):
+            pass
+        eng.submit([Request(rid, 1, 0, 0, 100, 10**6, length, 0, 0) for rid, length in ((1, 5), (2, 7), (3, 3))])
+        if engine is SimEngine and grouped:  # (the call, held whole until the schedule after next, or taken now)
+            assert [(kind, len(item)) for kind, item in eng.instances[0].incoming] == ([("call", 3)] if late else [])
+        return _finishes(eng)
+
+    for late in (False, True):
+        ref = finishes(SimEngine, late)
+        assert finishes(CompiledEngine, late) == ref
+    now, later = finishes(SimEngine, False), finishes(SimEngine, True)
+    assert all(later[rid] == pytest.approx(now[rid] + STEP) for rid in (1, 2, 3)), (now, later)
+    assert finishes(SimEngine, True, grouped=False) != later
 
 
 def test_async_changes_little_and_keeps_every_token() -> None:
