@@ -12,8 +12,9 @@ an engine's real-mode package.
   asynchronously (`rlsim.sim.scheduler`); HistoSpec drafts inside it; the compiled core runs it.
 - SGLang 0.5.23: its `Scheduler`'s rules on RL's loop (`rlsim.sim.sglang_scheduler`): its overlap
   loop, its radix cache flushed by a weight update, its chunk budget by GPU memory where unset,
-  and its own abort of a prompt its KV pool cannot hold; the compiled core runs it too, apart from
-  parallel sampling and lockstep (`rlsim.sim.simulate.compiled_covers`).
+  and its own abort of a prompt its KV pool cannot hold; the compiled core runs it too, parallel
+  sampling included, apart from lockstep and the replay of a real run that sent each request its
+  length (`rlsim.sim.simulate.compiled_covers`).
 """
 
 from __future__ import annotations
