@@ -31,12 +31,23 @@ SERIAL_FIXTURES = {"calibrated", "host_spread", "calibration_spread"}
 SERIAL_MODULES = {"test_real_multi_turn", "test_calibrate_ops", "test_trainer"}
 
 
+# The checks too long for CI (`@pytest.mark.long`: minutes each, of a real engine, a learning run or a
+# whole table script, whose mechanism a shorter test in CI also covers): deselected unless
+# RLSIM_LONG_CHECKS=1, as `.ci/long` runs them (after `.ci/run`, in its environment).
+LONG = os.environ.get("RLSIM_LONG_CHECKS") == "1"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = getattr(item, "module", None)
         name = module.__name__.rpartition(".")[2] if module is not None else ""
         if name in SERIAL_MODULES or SERIAL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.serial)
+    if not LONG:
+        long = [item for item in items if item.get_closest_marker("long")]
+        if long:
+            config.hook.pytest_deselected(items=long)
+            items[:] = [item for item in items if not item.get_closest_marker("long")]
 
 
 @pytest.fixture
