@@ -11,7 +11,7 @@ training), against sync on the same cluster (three minutes), `compare_async`.
 `--readme` also writes them into README.md. The simulation is deterministic, and a policy's row
 depends on no other policy's but sync's, so `tests/test_readme_tables.py` re-runs each table in
 CI on sync and a sample of its policies and holds their rows equal to the table's
-(`RLSIM_FULL_TABLES=1` re-runs the tables whole, as this script does).
+(`.ci/long`, the checks too long for CI, re-runs the tables whole, as this script does).
 """
 
 from __future__ import annotations

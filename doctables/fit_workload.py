@@ -11,7 +11,8 @@ For each real log under tests/data/ (the rLLM DeepCoder-14B log: 5 steps x 16 pr
 
 Usage: python -m doctables.fit_workload [DRAWS] [--markdown | --readme]   (default 40, as tests/test_fit.py;
 about 2 minutes on 2 cores). `--markdown` prints the coder log's two tables as docs/simulate.md shows them,
-`--readme` also writes them there (`tests/test_readme_tables.py` holds them equal in CI).
+`--readme` also writes them there (`tests/test_readme_tables.py` holds them equal, among the checks
+too long for CI, `.ci/long`).
 """
 
 from __future__ import annotations

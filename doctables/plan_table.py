@@ -7,7 +7,8 @@ H100 family at TP 4 and 8, 16-64 GPUs colocated or disaggregated, four policies;
 minutes on a 2-core machine) with `--json --no-cache`, and prints its answer table and its
 Pareto front (`rlsim.plan.report`, the rows the command prints) as the table of docs/planning.md
 `plan_example`; `--readme` also writes it into README.md. The search is deterministic (seeded),
-so `tests/test_readme_tables.py` re-runs it in CI and holds docs/planning.md's table equal to it.
+so `tests/test_readme_tables.py` re-runs it among the checks too long for CI (`.ci/long`) and holds
+docs/planning.md's table equal to it.
 
 Then docs/planning.md's asynchronous example (`plan_async`: one_step_off, fully_async and areal on
 disaggregated splits of 32 or 64 GPUs, four staleness bounds; about two and a half minutes), with

@@ -32,7 +32,7 @@ Targets (the calibration issue's): predicted steps, median at most 10% and worst
 every async-against-sync ratio within 10% of the published one, none on the wrong side of 1.
 
 CI (`tests/test_readme_tables.py`) re-runs it at the stand-in's lengths alone (`build(scales=(1.0,))`,
-a third of the calibrations) and the NeMo RL rows whole; `RLSIM_FULL_TABLES=1` re-runs it whole.
+a third of the calibrations) and the NeMo RL rows whole; `.ci/long` re-runs it whole.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""The tables of the README and of docs/ are their scripts' output: CI re-runs the table scripts
-(`doctables/`, which compute from the code and committed data) that finish in a minute or two and
-holds each table between its markers equal to what the script prints now (`--markdown`), so a
-table cannot drift from the code that produces it. Two scripts take minutes whole, so CI re-runs a
-sample of each (`SAMPLED`), and `RLSIM_FULL_TABLES=1` re-runs them whole too: the `rlsim compare`
-tables (eight minutes of processor time) on sync and a few of their policies, whose rows and band
-lines must be the table's own, row for row (a policy's row depends on no other policy but sync's);
-the transfer tables (four and a half minutes) at the stand-in's lengths alone, whose rows but their
-last column (the errors at lengths 25% shorter and longer) must be the table's, as must the figures
+"""The tables of the README and of docs/ are their scripts' output: the table scripts (`doctables/`,
+which compute from the code and committed data) are re-run and each table between its markers must
+equal what the script prints now (`--markdown`), so a table cannot drift from the code that
+produces it. CI re-runs those that finish in a minute or two. Those that take minutes are checks
+too long for CI (`@pytest.mark.long`, run by `.ci/long`): the scripts in `LONG` whole, and the two
+longest, `SAMPLED`, whole too, where CI re-runs a sample of each: the `rlsim compare` tables (eight
+minutes of processor time) on sync and a few of their policies, whose rows and band lines must be
+the table's own, row for row (a policy's row depends on no other policy but sync's); the transfer
+tables (four and a half minutes) at the stand-in's lengths alone, whose rows but their last column
+(the errors at lengths 25% shorter and longer) must be the table's, as must the figures
 `published_runs/transfer.json` ships, and NeMo RL's rows whole.
 A script writes its own table with `--readme`, into whichever file holds its markers. The
 benchmarks (`benchmarks/`) measure: their timing tables are not deterministic and say the machine
@@ -15,7 +16,6 @@ they ran on, and the parity tables' rows are checked in `tests/test_scheduler_pa
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +43,10 @@ DETERMINISTIC = {
     "policy_table": ["policy_knobs"],
     "formats_table": ["model_config_fields", "gpu_fields"],
 }
-# table script -> its tables, re-run in CI on a sample (whole with RLSIM_FULL_TABLES=1): the transfer tables at the
+# the scripts above that take minutes (a planner's search, a grid of simulations): re-run whole only among the checks
+# too long for CI (`@pytest.mark.long`, RLSIM_LONG_CHECKS=1)
+LONG = ("plan_table", "paper_checks", "fit_workload", "multi_turn")
+# table script -> its tables, re-run in CI on a sample (whole among the long checks): the transfer tables at the
 # stand-in's lengths alone (a third of the calibrations) and the NeMo RL rows whole; each compare table on sync and
 # these policies (partial rollout, history-based speculation, fully_async's staleness bound; None: all of them)
 SAMPLED = {
@@ -52,7 +55,6 @@ SAMPLED = {
                       "compare_dynamic_sampling": None,  # (every policy: half a minute)
                       "compare_async": "sync,fully_async(staleness_threshold=0.1)"},
 }  # fmt: skip
-FULL = os.environ.get("RLSIM_FULL_TABLES") == "1"
 # timing benchmarks (benchmarks/): they write their tables (`--readme`) with the machine and its load; not re-run
 TIMING = {
     "simulate_epoch": ["sync_baseline", "simulator_speed"],
@@ -87,7 +89,10 @@ def _markdown(script: str) -> dict[str, str]:
     return tables
 
 
-@pytest.mark.parametrize("script", [*DETERMINISTIC, *(SAMPLED if FULL else ())])
+@pytest.mark.parametrize("script", [
+    *(pytest.param(s, marks=pytest.mark.long) if s in LONG else s for s in DETERMINISTIC),
+    *(pytest.param(s, marks=pytest.mark.long) for s in SAMPLED),
+])  # fmt: skip
 def test_readme_tables_are_their_scripts_output(script: str) -> None:
     tables = _markdown(script)
     assert sorted(tables) == sorted(DETERMINISTIC.get(script) or SAMPLED[script])
