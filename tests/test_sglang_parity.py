@@ -1,5 +1,6 @@
 """rlsim's SGLang rules against SGLang's own `Scheduler`, iteration by iteration (the CI subset of
-`rlsim.sim.sglang_parity.GRID`; `benchmarks/sglang_parity.py` runs the whole grid).
+`rlsim.sim.sglang_parity.GRID`, and a few rows more among the checks too long for CI, `.ci/long`;
+`benchmarks/sglang_parity.py` runs the whole grid).
 
 SGLang runs in its own environment (`.ci/sglang-env`), named by `RLSIM_SGLANG_PYTHON`; without it
 the test skips, unless `RLSIM_REQUIRE_SGLANG=1` (`.ci/run`), where a skip fails. Each case asserts
@@ -14,14 +15,21 @@ import os
 import pytest
 
 from rlsim.config import SGLangSettings
-from rlsim.sim.sglang_parity import CI_GRID, GRID, WARMUP, abort_rids, counts, first_difference, run_rlsim, run_sglang
+from rlsim.sim import sglang_parity as sp
+from rlsim.sim.sglang_parity import GRID, WARMUP, abort_rids, counts, first_difference, run_rlsim, run_sglang
 
 REQUIRED = os.environ.get("RLSIM_REQUIRE_SGLANG") == "1"
 if not os.environ.get("RLSIM_SGLANG_PYTHON") and not REQUIRED:
     pytest.skip("SGLang's environment is not built (.ci/sglang-env; set RLSIM_SGLANG_PYTHON)", allow_module_level=True)
 
 
-@pytest.mark.parametrize(("name", "overlap"), CI_GRID, ids=[f"{n}-{'overlap' if o else 'normal'}" for n, o in CI_GRID])
+ROWS = [*sp.CI_GRID, *(pytest.param(*row, marks=pytest.mark.long) for row in sp.LONG_GRID)]
+
+
+IDS = [f"{n}-{'overlap' if o else 'normal'}" for n, o in (*sp.CI_GRID, *sp.LONG_GRID)]
+
+
+@pytest.mark.parametrize(("name", "overlap"), ROWS, ids=IDS)
 def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool) -> None:
     cfg = dataclasses.replace(GRID[name], overlap=overlap)
     ours = run_rlsim(cfg)
