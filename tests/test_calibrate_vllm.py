@@ -77,6 +77,7 @@ def test_heldout_error_within_the_gate_and_the_summed_time_within_half_of_it(cal
     assert max(abs(v) for v in totals.values()) < 0.15
 
 
+@pytest.mark.long  # (its host-spread check runs one real run twice, a minute and a half; it skips on a busy host)
 def test_simulated_replay_of_the_workload_within_10_percent(calibrated: dict, calibration_spread: float) -> None:
     """The simulator with the fitted profile predicts the measured workload time within 10%."""
     replay = calibrated["profile"]["fit_error"]["workload_replay"]
@@ -108,6 +109,7 @@ def test_records_of_another_model_are_refused(calibrated: dict, tmp_path: Path) 
     assert proc.returncode == 2 and "holds records of model" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.long  # (a vLLM engine started to learn its KV capacity: a minute for one refusal)
 def test_grid_larger_than_kv_capacity_is_refused(tiny: dict, tmp_path: Path) -> None:
     proc = _run("-m", "rlsim.cli", "calibrate", "decode", "--model", str(tiny["model"]), "--out",
                 str(tmp_path / "r"),

@@ -34,6 +34,7 @@ def _run(out: Path, model: Path, trace: Path, *extra: str) -> None:
                "--steps", str(STEPS), "--tool-latency-s", "0.2", *extra)  # fmt: skip
 
 
+@pytest.mark.long  # (three minutes of training; the multi-turn loop is simulated in CI, tests/test_multi_turn.py)
 def test_tool_use_is_learned_over_whole_trajectories_and_validated(calibrated: dict, tmp_path: Path) -> None:
     """Mean reward over the last quarter of the steps, trained against the control: the bar is 0.2
     above it. The trained model calls the tool in most of the late trajectories (two turns), the

@@ -147,6 +147,7 @@ def _check_schedule_part(out: Path, aborts: bool) -> dict:
     return res
 
 
+@pytest.mark.long  # (two minutes of Ray actors; two instances run without Ray in the policies' runs)
 def test_two_instances_through_ray_with_aborts(calibrated: dict, tmp_path: Path) -> None:
     """Two engines as Ray actors: both serve requests, each prompt's samples are dispatched one by
     one (least-loaded, so a group spans both engines), and RollPacker's aborts reach vLLM."""

@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -48,9 +47,6 @@ POLICY_ARGS = {
                     "disaggregated", "--train-gpus", "1"),
 }  # fmt: skip
 EPOCHS = "48"  # 8 prompts, 4 a step: two steps an epoch
-# two seeds (three took 580 s of CI's serial pass, the three policies together); benchmarks/train_controls.py
-# runs three, 96 steps of sync each
-SEEDS = (0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -85,61 +81,63 @@ def test_trainer_and_engine_agree_and_pushed_weights_match_a_fresh_engine(tiny: 
     assert res["metrics"]["actor/grad_norm"] > 0 and res["update_weights_s"] > 0
 
 
-@pytest.mark.parametrize("policy", ["sync", "async_partial", "fully_async"])
+# seed 0 of sync in CI (with its shuffled-reward control); its seed 1 and both seeds of the asynchronous
+# policies, five minutes more of the serial pass, among the checks too long for CI (`.ci/long`)
+LONG_CASES = (("sync", 1), ("async_partial", 0), ("async_partial", 1), ("fully_async", 0), ("fully_async", 1))
+CASES = [("sync", 0), *(pytest.param(p, seed, marks=pytest.mark.long) for p, seed in LONG_CASES)]
+
+
+@pytest.mark.parametrize(("policy", "seed"), CASES)
 def test_reward_rises_against_a_run_that_never_updates(calibrated: dict, task: Path, tmp_path: Path,
-                                                       policy: str) -> None:  # fmt: skip
-    """Mean reward over the last third of the steps, trained minus control, per seed: every seed
-    gains at least half the smallest gain measured here, and the gains are printed. Under `sync`,
-    a run whose rewards are permuted within each batch before the update (`--shuffle-rewards`)
-    must not gain (mean gain < 0.02), so the gain comes from the rewards, not from updating as such
-    (that the trained lengths then track each prompt's own target is `benchmarks/train_controls.py`'s
-    96-step check). The runs are independent and time nothing, so they run side by side, a core each."""
-    gains, shuffled = [], []
+                                                       policy: str, seed: int) -> None:  # fmt: skip
+    """Mean reward over the last third of the steps, trained minus control, in one seed: it gains
+    at least half the smallest gain measured here, and the gain is printed. Under `sync`, a run
+    whose rewards are permuted within each batch before the update (`--shuffle-rewards`) must not
+    gain (gain < 0.02), so the gain comes from the rewards, not from updating as such (that the
+    trained lengths then track each prompt's own target is `benchmarks/train_controls.py`'s 96-step
+    check). The runs are independent and time nothing, so they run side by side, a core each."""
     steps = STEPS[policy]
     modes = ("grpo", "none", "shuffled") if policy == "sync" else ("grpo", "none")
-    runs = []  # every seed's runs, independent of each other: side by side, a core each
-    for seed in SEEDS:
-        for mode in modes:
-            extra = {"grpo": ("--lr", LR), "none": (), "shuffled": ("--lr", LR, "--shuffle-rewards")}[mode]
-            mode_arg = "none" if mode == "none" else "grpo"
-            args = (*POLICY_ARGS[policy], "--steps", str(steps), "--seed", str(seed), "--train", mode_arg, *extra)
-            runs.append(_train_args(tmp_path / f"{mode}-{seed}", calibrated["model"], task, *args))
+    runs = []  # the seed's runs, independent of each other: side by side, a core each
+    for mode in modes:
+        extra = {"grpo": ("--lr", LR), "none": (), "shuffled": ("--lr", LR, "--shuffle-rewards")}[mode]
+        mode_arg = "none" if mode == "none" else "grpo"
+        args = (*POLICY_ARGS[policy], "--steps", str(steps), "--seed", str(seed), "--train", mode_arg, *extra)
+        runs.append(_train_args(tmp_path / mode, calibrated["model"], task, *args))
     run_python_side_by_side(runs)
-    for seed in SEEDS:
-        scores = {}
-        for mode in modes:
-            out = tmp_path / f"{mode}-{seed}"
-            rq = pd.read_parquet(out / "requests.parquet")
-            st = pd.read_parquet(out / "steps.parquet")
-            assert len(st) == steps
-            late = rq[rq["trained_step"] >= 2 * steps // 3]
-            assert late["reward"].notna().all()
-            scores[mode] = (late["reward"].mean(), late["num_output_tokens"].mean())
-            if mode == "grpo":
-                for col in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
-                            "timing_s/update_actor", "timing_s/update_weights", "training/rollout_probs_diff_max"):
-                    assert st[col].notna().all(), col
-                assert (out / "training.png").stat().st_size > 10_000
-                if policy in ("async_partial", "fully_async"):
-                    assert (rq["staleness"] > 0).any()  # samples carried across an update
-                    # every one of them trained with its behaviour log-probs
-                    trained = rq[rq["trained_step"] >= 0]
-                    assert st["training/off_policy_samples"].sum() == (trained["staleness"] > 0).sum()
-        gains.append(scores["grpo"][0] - scores["none"][0])
-        print(f"\n{policy} seed {seed}: mean reward of the last third {scores['grpo'][0]:+.3f} trained, "
-              f"{scores['none'][0]:+.3f} control; mean length {scores['grpo'][1]:.1f} vs {scores['none'][1]:.1f}")
-        if "shuffled" in scores:
-            shuffled.append(scores["shuffled"][0] - scores["none"][0])
-            print(f"  shuffled-reward control: reward {scores['shuffled'][0]:+.3f} (gain {shuffled[-1]:+.3f})")
-    print(f"{policy}: reward gain per seed {[round(float(g), 3) for g in gains]} ({host_load()})")
+    scores = {}
+    for mode in modes:
+        out = tmp_path / mode
+        rq = pd.read_parquet(out / "requests.parquet")
+        st = pd.read_parquet(out / "steps.parquet")
+        assert len(st) == steps
+        late = rq[rq["trained_step"] >= 2 * steps // 3]
+        assert late["reward"].notna().all()
+        scores[mode] = (late["reward"].mean(), late["num_output_tokens"].mean())
+        if mode == "grpo":
+            for col in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+                        "timing_s/update_actor", "timing_s/update_weights", "training/rollout_probs_diff_max"):
+                assert st[col].notna().all(), col
+            assert (out / "training.png").stat().st_size > 10_000
+            if policy in ("async_partial", "fully_async"):
+                assert (rq["staleness"] > 0).any()  # samples carried across an update
+                # every one of them trained with its behaviour log-probs
+                trained = rq[rq["trained_step"] >= 0]
+                assert st["training/off_policy_samples"].sum() == (trained["staleness"] > 0).sum()
+    gain = scores["grpo"][0] - scores["none"][0]
+    print(f"\n{policy} seed {seed}: mean reward of the last third {scores['grpo'][0]:+.3f} trained, "
+          f"{scores['none'][0]:+.3f} control (gain {gain:+.3f}); mean length {scores['grpo'][1]:.1f} vs "
+          f"{scores['none'][1]:.1f} ({host_load()})")
     # measured on a 2-core VM over seeds 0-2: gains 0.10-0.14 for async_partial at 12 steps, 0.26-0.31
     # for fully_async at 24 local updates, 0.7 for sync at 96 (half the smallest, 0.05, is the bar)
-    assert all(g > 0.05 for g in gains), gains
-    if shuffled:
-        print(f"sync: shuffled-control gain per seed {[round(float(g), 3) for g in shuffled]}")
-        assert float(np.mean(shuffled)) < 0.02, shuffled  # permuted rewards teach nothing
+    assert gain > 0.05, gain
+    if "shuffled" in scores:
+        shuffled = scores["shuffled"][0] - scores["none"][0]
+        print(f"  shuffled-reward control: reward {scores['shuffled'][0]:+.3f} (gain {shuffled:+.3f})")
+        assert shuffled < 0.02, shuffled  # permuted rewards teach nothing (seeds 0 and 1: -0.003, -0.014)
 
 
+@pytest.mark.long  # (two minutes; a killed rollout-only run resumes in CI, tests/test_real_run.py)
 def test_killed_training_run_resumes_from_its_actor_checkpoint(tiny: dict, task: Path, tmp_path: Path) -> None:
     """SIGKILL after some steps: the actor checkpoint of the last recorded step's weight version
     is there, and `--resume` loads it, pushes it into fresh engines and trains on to the end."""

@@ -38,20 +38,28 @@ def _validate(out: Path, *extra: str) -> dict:
     return json.loads(run_python("-m", "rlsim.cli", "validate", str(out), "--json", *extra).stdout)
 
 
-def test_a_real_sglang_run_is_validated_batch_for_batch(tmp_path: Path) -> None:
-    """A sync run, calibrated on its own engine: every real iteration has the batch SGLang's rules
-    give it in the simulation (prefill chunks, decode sizes, the overlap loop's skip of requests
-    finishing by length), in the real finish order. A RollPacker run then sends aborts, which reach
-    SGLang (its tokens as SGLang counted them) and finish in the same order as simulated."""
-    model, trace = tmp_path / "tiny-llama", tmp_path / "trace.parquet"
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A sync run of three steps under SGLang, calibrated on its own engine: the tiny model, the
+    trace and the run's folder."""
+    tmp = tmp_path_factory.mktemp("sglang")
+    model, trace = tmp / "tiny-llama", tmp / "trace.parquet"
     _sglang("-m", "calibrate.tiny_model", "--out", str(model))
     run_python("-m", "rlsim.cli", "trace", "synth", "-o", str(trace), "--num-prompts", "32", "--samples-per-prompt",
                "4", "--epochs", "2", "--length-scale", "0.05")  # fmt: skip
-    out = tmp_path / "sync"
+    out = tmp / "sync"
     proc = _sglang("-m", "rlsim.cli", "run", "--real", "--rollout-engine", "sglang", "--out", str(out), "--model",
                    str(model), "--trace", str(trace), "--train", "none", "--steps", "3",
                    "--calibrate", "small")  # fmt: skip
     assert all(f"step {k}: rollout" in proc.stdout for k in range(3)), proc.stdout
+    return model, trace, out
+
+
+def test_a_real_sglang_run_is_validated_batch_for_batch(sync_run: tuple[Path, Path, Path]) -> None:
+    """A sync run, calibrated on its own engine: every real iteration has the batch SGLang's rules
+    give it in the simulation (prefill chunks, decode sizes, the overlap loop's skip of requests
+    finishing by length), in the real finish order."""
+    _, _, out = sync_run
     facts = json.loads((out / "facts.json").read_text())["instances"][0]
     assert facts["rollout_engine"] == "sglang" and facts["sglang_version"] == "0.5.23" and facts["block_size"] == 1
     assert facts["overlap_schedule"]  # SGLang's default loop, which the simulation follows
@@ -69,6 +77,13 @@ def test_a_real_sglang_run_is_validated_batch_for_batch(tmp_path: Path) -> None:
     assert fo["matched_requests"] == fo["finished_real"] > 0 and fo["kendall_tau"] == 1.0, fo
     print(f"SGLang real run, sync: {it['same_batch']} of {it['real']} iterations with the simulated batch")
 
+
+@pytest.mark.long  # (a second real SGLang run and its validation: about two minutes more)
+def test_a_real_sglang_runs_aborts_reach_sglang_and_finish_as_simulated(sync_run: tuple[Path, Path, Path],
+                                                                         tmp_path: Path) -> None:  # fmt: skip
+    """A RollPacker run, on the sync run's calibration, sends aborts, which reach SGLang (its
+    tokens as SGLang counted them) and finish in the same order as simulated."""
+    model, trace, out = sync_run
     aborts = tmp_path / "rollpacker"
     _sglang("-m", "rlsim.cli", "run", "--real", "--rollout-engine", "sglang", "--out", str(aborts), "--model",
             str(model), "--trace", str(trace), "--train", "none", "--steps", "2", "--policy", "rollpacker",

@@ -138,6 +138,7 @@ def test_missing_grid_file(tmp_path: Path) -> None:
         load_grid(tmp_path / "none.yaml")
 
 
+@pytest.mark.long  # (a planner's search and whole-epoch simulations: a minute and a half)
 def test_plan_recommendation_agrees_with_direct_simulation() -> None:
     """On the bundled trace, the planner's answer for each policy (fewest GPU-hours with a 4-hour
     epoch, by successive halving from 2 to 6 steps) is within 15% of a whole-epoch simulation of
