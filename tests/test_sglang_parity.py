@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,6 +24,13 @@ if not os.environ.get("RLSIM_SGLANG_PYTHON") and not REQUIRED:
     pytest.skip("SGLang's environment is not built (.ci/sglang-env; set RLSIM_SGLANG_PYTHON)", allow_module_level=True)
 
 
+@pytest.fixture(scope="module")
+def driver() -> Iterator[sp.SGLangDriver]:
+    """SGLang's driver, serving this worker's rows: its imports once, each row's `Scheduler` forked."""
+    with sp.SGLangDriver() as d:
+        yield d
+
+
 ROWS = [*sp.CI_GRID, *(pytest.param(*row, marks=pytest.mark.long) for row in sp.LONG_GRID)]
 
 
@@ -30,12 +38,12 @@ IDS = [f"{n}-{'overlap' if o else 'normal'}" for n, o in (*sp.CI_GRID, *sp.LONG_
 
 
 @pytest.mark.parametrize(("name", "overlap"), ROWS, ids=IDS)
-def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool) -> None:
+def test_each_iteration_and_finish_equals_sglangs(name: str, overlap: bool, driver: sp.SGLangDriver) -> None:
     cfg = dataclasses.replace(GRID[name], overlap=overlap)
     ours = run_rlsim(cfg)
     assert first_difference(ours, run_rlsim(cfg, fast=False)) is None  # the jumps equal the steps
     assert first_difference(ours, run_rlsim(cfg, compiled=True)) is None  # the compiled rules, as `simulate` runs
-    theirs = run_sglang(cfg)
+    theirs = run_sglang(cfg, driver=driver)
     got = counts(theirs)
     assert got["finished"] > 0 and got["prefills"] > 1
     if name == "retractions":

@@ -10,7 +10,9 @@ tokens, with the new-token ratio its admission read) or the requests a decode ba
 with the requests retracted before it; the test is that both logs are equal and every request
 finishes on the same iteration. Between arrivals the engine idles as SGLang's loop does
 (`on_idle`); `drain` workloads send each wave once the last has drained, as an RL loop's steps
-come, and `sleep` ones put the engine to sleep between them, as veRL does.
+come, and `sleep` ones put the engine to sleep between them, as veRL does. `SGLangDriver` serves
+one workload after another from one driver process (sglang imported once, each `Scheduler` in a
+process forked for it: a row of CI's subset then takes 5-40 s instead of 30-70 s on 2 cores).
 
     RLSIM_SGLANG_PYTHON=/path/to/sglang-venv/bin/python python benchmarks/sglang_parity.py
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -262,8 +266,73 @@ def sglang_python() -> str:
     return py
 
 
-def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
-    """SGLang's log of the workload, from its own `Scheduler` (`sglang_parity_driver.py`)."""
+def _env(sglang_env: str = "") -> dict[str, str]:
+    """The driver's environment: this one's, offline, without this environment's packages, and with
+    a workload's SGLang settings (SGLang reads them from its environment)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for part in filter(None, sglang_env.split(",")):
+        key, _, value = part.partition("=")
+        env[key.strip()] = value.strip()
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+class SGLangDriver:
+    """The driver serving workloads one after another (`sglang_parity_driver.py --serve`): sglang
+    imported once, each workload's `Scheduler` in a process forked for it. A context manager; give
+    it to `run_sglang` to save a row its imports."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory()
+        self._err = Path(self._dir.name) / "driver.err"
+        with self._err.open("w") as err:
+            self._proc = subprocess.Popen([sglang_python(), str(DRIVER), "--serve"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=err, text=True, env=_env(),
+                                          cwd=self._dir.name, start_new_session=True)  # fmt: skip
+        self._jobs = 0
+
+    def run(self, name: str, payload: dict, cwd: str, timeout_s: float) -> dict:
+        """SGLang's log of one workload (`run_sglang`'s payload), run in `cwd`."""
+        self._jobs += 1
+        job = {k: str(Path(cwd) / f"job{self._jobs}.{k}") for k in ("workload", "log", "err")} | {"cwd": cwd}
+        Path(job["workload"]).write_text(json.dumps(payload))
+        self._proc.stdin.write(json.dumps(job) + "\n")
+        self._proc.stdin.flush()
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
+        line = self._proc.stdout.readline() if ready else ""
+        if not line:
+            why = f"the driver exited:\n{self._err.read_text()[-3000:]}" if ready else f"no answer in {timeout_s:.0f} s"
+            self.close(kill=True)
+            raise RlsimError(f"{name}: SGLang's scheduler failed: {why}")
+        if json.loads(line)["exit"] != 0:
+            raise RlsimError(f"{name}: SGLang's scheduler failed:\n{Path(job['err']).read_text()[-3000:]}")
+        return json.loads(Path(job["log"]).read_text())
+
+    def close(self, kill: bool = False) -> None:
+        """Let the driver end (at once with `kill`: it and a workload it forked, its session)."""
+        if self._proc.poll() is None:
+            if not kill:
+                self._proc.stdin.close()
+                try:
+                    self._proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    kill = True
+            if kill:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+        self._dir.cleanup()
+
+    def __enter__(self) -> SGLangDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600, driver: SGLangDriver | None = None) -> dict:
+    """SGLang's log of the workload, from its own `Scheduler` (`sglang_parity_driver.py`): through
+    `driver` where given, unless the workload sets SGLang settings in the environment, which only a
+    process started with them reads for sure (then in a process of its own, as without `driver`)."""
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "tiny"
         model.mkdir()
@@ -277,14 +346,11 @@ def run_sglang(cfg: SGLangParityConfig, timeout_s: float = 600) -> dict:
             "drain": cfg.drain, "sleep": cfg.sleep, "schedule_conservativeness": cfg.schedule_conservativeness,
             "page_size": cfg.page_size,
         }  # fmt: skip
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        for part in filter(None, cfg.sglang_env.split(",")):  # (SGLang reads them from its environment)
-            key, _, value = part.partition("=")
-            env[key.strip()] = value.strip()
-        env.pop("PYTHONPATH", None)  # (nothing of this environment's packages)
+        if driver is not None and not cfg.sglang_env:
+            return driver.run(cfg.name, payload, tmp, timeout_s)
         proc = subprocess.run(
             [sglang_python(), str(DRIVER)], input=json.dumps(payload), capture_output=True, text=True,
-            timeout=timeout_s, env=env, cwd=tmp,
+            timeout=timeout_s, env=_env(cfg.sglang_env), cwd=tmp,
         )  # fmt: skip
         if proc.returncode != 0:
             raise RlsimError(f"{cfg.name}: SGLang's scheduler failed:\n{proc.stderr[-3000:]}")
@@ -298,11 +364,9 @@ def sglang_chunk_sizes(mib: list[float], timeout_s: float = 300) -> dict[float, 
         model = Path(tmp) / "tiny"
         model.mkdir()
         (model / "config.json").write_text(json.dumps(TINY_MODEL))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        env.pop("PYTHONPATH", None)
         proc = subprocess.run(
             [sglang_python(), str(DRIVER)], input=json.dumps({"model_path": str(model), "chunk_sizes_mib": mib}),
-            capture_output=True, text=True, timeout=timeout_s, env=env, cwd=tmp,
+            capture_output=True, text=True, timeout=timeout_s, env=_env(), cwd=tmp,
         )  # fmt: skip
         if proc.returncode != 0:
             raise RlsimError(f"SGLang's server arguments failed to resolve:\n{proc.stderr[-3000:]}")

