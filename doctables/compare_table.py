@@ -9,9 +9,9 @@ three policies with dynamic sampling over 8 steps (half a minute), `compare_dyna
 and the asynchronous policies with their knobs on a disaggregated cluster (48 rollout GPUs, 16
 training), against sync on the same cluster (three minutes), `compare_async`.
 `--readme` also writes them into README.md. The simulation is deterministic, and a policy's row
-depends on no other policy's but sync's, so `tests/test_readme_tables.py` re-runs each table in
-CI on sync and a sample of its policies and holds their rows equal to the table's
-(`.ci/long`, the checks too long for CI, re-runs the tables whole, as this script does).
+depends on no other policy's but sync's, so `tests/test_readme_tables.py` re-runs each table on
+sync and a sample of its policies and holds their rows equal to the table's, and re-runs the
+tables whole, as this script does: both among the checks too long for CI (`.ci/long`).
 """
 
 from __future__ import annotations

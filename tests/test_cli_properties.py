@@ -9,7 +9,7 @@ drawn by the option's type: integers around the edges (0, negative, 2^31, 2^63, 
 valid ones; floats with NaN, infinities and negatives; text from the option's own vocabulary
 (policy names, placements) or arbitrary; switches on or off. A few options stay fixed: the
 workload (trace, steps, prompts per step), what is written (`--out`, `--plot`) and the worker
-processes. The default run draws 2,000 derandomized cases (about a minute on a 2-core machine);
+processes. The default run draws 1,000 derandomized cases (about a minute on a 2-core machine);
 `RLSIM_FUZZ_EXAMPLES=20000` draws fresh random ones."""
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from rlsim.trace.synth import SynthConfig, synthesize
 LONG = int(os.environ.get("RLSIM_FUZZ_EXAMPLES", "0"))
 
 
-def _settings(share: float) -> settings:
-    return settings(max_examples=LONG or int(2000 * share), deadline=timedelta(seconds=10), derandomize=not LONG,
+def _settings(share: float) -> settings:  # (1,000 examples in all: a minute and a half of CI's two cores)
+    return settings(max_examples=LONG or int(1000 * share), deadline=timedelta(seconds=10), derandomize=not LONG,
                     suppress_health_check=list(HealthCheck))  # fmt: skip
 
 

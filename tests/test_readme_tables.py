@@ -3,12 +3,12 @@ which compute from the code and committed data) are re-run and each table betwee
 equal what the script prints now (`--markdown`), so a table cannot drift from the code that
 produces it. CI re-runs those that finish in a minute or two. Those that take minutes are checks
 too long for CI (`@pytest.mark.long`, run by `.ci/long`): the scripts in `LONG` whole, and the two
-longest, `SAMPLED`, whole too, where CI re-runs a sample of each: the `rlsim compare` tables (eight
-minutes of processor time) on sync and a few of their policies, whose rows and band lines must be
-the table's own, row for row (a policy's row depends on no other policy but sync's); the transfer
-tables (four and a half minutes) at the stand-in's lengths alone, whose rows but their last column
-(the errors at lengths 25% shorter and longer) must be the table's, as must the figures
-`published_runs/transfer.json` ships, and NeMo RL's rows whole.
+longest, `SAMPLED`, whole too and on a sample: the `rlsim compare` tables (eight minutes of
+processor time) on sync and a few of their policies (two and a half minutes), whose rows and band
+lines must be the table's own, row for row (a policy's row depends on no other policy but sync's);
+CI re-runs the transfer tables (four and a half minutes) at the stand-in's lengths alone, whose
+rows but their last column (the errors at lengths 25% shorter and longer) must be the table's, as
+must the figures `published_runs/transfer.json` ships, and NeMo RL's rows whole.
 A script writes its own table with `--readme`, into whichever file holds its markers. The
 benchmarks (`benchmarks/`) measure: their timing tables are not deterministic and say the machine
 they ran on, and the parity tables' rows are checked in `tests/test_scheduler_parity.py` and
@@ -103,6 +103,7 @@ def test_readme_tables_are_their_scripts_output(script: str) -> None:
             )
 
 
+@pytest.mark.long  # (two and a half minutes; the golden comparison, tests/test_golden_compare.py, pins each policy)
 @pytest.mark.parametrize("table", list(SAMPLED["compare_table"]))
 def test_compare_tables_rows_are_rlsim_compares_on_a_sample_of_their_policies(table: str) -> None:
     """The sampled `rlsim compare` of a table (`doctables/compare_table.py`'s arguments, its policies
