@@ -24,7 +24,7 @@ STEP = 0.01  # seconds per iteration, whatever the batch
 
 def _profile(async_scheduling: bool = False, **engine):
     base = load_profile("h100-qwen2.5-7b-tp1")
-    base = dataclasses.replace(base, t_w_s=STEP, alpha_s=0, beta_s=0, gamma_s=0, prefill_s_per_token=0)
+    base = dataclasses.replace(base, t_w_s=STEP, alpha_s=0.0, beta_s=0.0, gamma_s=0.0, prefill_s_per_token=0.0)
     return with_engine(base, EngineConfig(async_scheduling=async_scheduling, **engine))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -118,6 +119,10 @@ class _Counts:
         return int(ce.turn_counts_of(self._engine.core, self._i)[1])
 
 
+# the profile's costs the core's state holds (`rlsim.sim.compiled.engine.new_engine`)
+_COSTS = ("t_w_s", "alpha_s", "beta_s", "gamma_s", "prefill_s_per_token", "prefill_request_s", "linear_t0_s")
+
+
 class CompiledEngine:
     """Simulated rollout instances behind the `Engine` protocol, compiled."""
 
@@ -131,6 +136,9 @@ class CompiledEngine:
     ) -> None:
         engine = profile.engine
         self.profile = profile
+        # the core is compiled for costs in floats: one given as an integer (a profile built in code with
+        # a 0) would type its state anew, and compile the whole core again for it (minutes)
+        profile = replace(profile, **{f: float(getattr(profile, f)) for f in _COSTS if getattr(profile, f) is not None})
         self.num_instances = num_instances
         self.exact, self.lockstep = exact, lockstep
         self.async_scheduling = engine.async_scheduling
