@@ -31,8 +31,9 @@ longer (`length_scale` 0.75 and 1.25), the same in calibration and prediction.
 Targets (the calibration issue's): predicted steps, median at most 10% and worst at most 20%;
 every async-against-sync ratio within 10% of the published one, none on the wrong side of 1.
 
-CI (`tests/test_readme_tables.py`) re-runs it at the stand-in's lengths alone (`build(scales=(1.0,))`,
-a third of the calibrations) and the NeMo RL rows whole; `.ci/long` re-runs it whole.
+`tests/test_readme_tables.py` re-runs it at the stand-in's lengths alone (`build(scales=(1.0,))`,
+a third of the calibrations) and the NeMo RL rows whole, and whole: both among the checks too long
+for CI (`.ci/long`).
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ def test_a_cache_off_pool_only_counts() -> None:
 
 
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")
-@pytest.mark.long  # (the same checks once more in pure Python; tests/test_compiled_engine.py's runs in CI)
+@pytest.mark.long  # (the same checks once more in pure Python)
 def test_the_pure_path_agrees() -> None:
     """The same checks with `RLSIM_PURE_PYTHON=1`: the source the compiler runs, run as Python."""
     assert "3 passed" in run_pure(__file__, "-k", "not pure_path")

@@ -146,6 +146,7 @@ def test_real_mode_never_loads_numba() -> None:
 
 
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")
+@pytest.mark.long  # (a minute and a half: nine runs in pure Python)
 def test_the_pure_path_agrees() -> None:
     tests = [f"{__file__}::test_every_policy_same_run[{p}]" for p in ("sync", "rollpacker", "sortedrl")]
     tests += [f"{__file__}::test_every_policy_same_run_under_sglang[{p}]" for p in ("sync", "async_partial")]

@@ -186,7 +186,7 @@ def test_compiled_radix_matches_python(page: int, enabled: bool) -> None:
 
 
 @pytest.mark.skipif(PURE, reason="already on the pure path")
-@pytest.mark.long  # (the same checks once more in pure Python; tests/test_compiled_engine.py's runs in CI)
+@pytest.mark.long  # (the same checks once more in pure Python)
 def test_compiled_radix_pure_path() -> None:
     """The same source run as plain Python passes the same check."""
     run_pure(f"{__file__}::test_compiled_radix_matches_python")

@@ -213,7 +213,7 @@ def test_same_iterations(config: int) -> None:
 
 
 @pytest.mark.skipif(PURE, reason="already on the pure-Python path")
-@pytest.mark.long  # (the same checks once more in pure Python; tests/test_compiled_engine.py's runs in CI)
+@pytest.mark.long  # (the same checks once more in pure Python)
 def test_the_pure_path_agrees() -> None:
     assert f"{len(CONFIGS)} passed" in run_pure(f"{__file__}::test_same_iterations")
 

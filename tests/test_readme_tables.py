@@ -6,7 +6,7 @@ too long for CI (`@pytest.mark.long`, run by `.ci/long`): the scripts in `LONG` 
 longest, `SAMPLED`, whole too and on a sample: the `rlsim compare` tables (eight minutes of
 processor time) on sync and a few of their policies (two and a half minutes), whose rows and band
 lines must be the table's own, row for row (a policy's row depends on no other policy but sync's);
-CI re-runs the transfer tables (four and a half minutes) at the stand-in's lengths alone, whose
+the transfer tables (four and a half minutes) at the stand-in's lengths alone, whose
 rows but their last column (the errors at lengths 25% shorter and longer) must be the table's, as
 must the figures `published_runs/transfer.json` ships, and NeMo RL's rows whole.
 A script writes its own table with `--readme`, into whichever file holds its markers. The
@@ -130,6 +130,7 @@ def test_compare_tables_rows_are_rlsim_compares_on_a_sample_of_their_policies(ta
     assert at == sorted(at), "the rows in another order than the table's"
 
 
+@pytest.mark.long  # (two minutes and a half of NeMo RL recipes and calibrated replays)
 def test_transfer_tables_at_the_stand_ins_lengths() -> None:
     """`doctables/transfer.py` at the stand-in's lengths: its tables but the columns and the summary
     rows of other lengths, the shipped `transfer.json`, and the NeMo RL table whole."""
