@@ -31,8 +31,7 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 # the other veRL-scale rows are the benchmark's
 LONG_VERL = ("verl-tight", "verl-mid-abort+async")
 GRID = [c for c in grid() if not c.name.startswith("verl") or c.name in LONG_VERL]
-LONG = os.environ.get("RLSIM_LONG_CHECKS") == "1"  # (as tests/conftest.py reads it)
-CHECKED = [c for c in GRID if LONG or c.name not in LONG_VERL]  # the rows this run computes
+SMALL = [c for c in GRID if c.name not in LONG_VERL]
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +44,7 @@ def diff_of(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a funct
 
 @pytest.fixture(scope="module")
 def diffs(diff_of) -> dict:  # noqa: ANN001
-    return {cfg.name: diff_of(cfg.name) for cfg in CHECKED}
+    return {cfg.name: diff_of(cfg.name) for cfg in SMALL}
 
 
 @pytest.mark.parametrize("cfg", [pytest.param(c, marks=pytest.mark.long) if c.name in LONG_VERL else c for c in GRID],
@@ -68,9 +67,8 @@ def test_one_iteration_at_a_time_gives_the_same_log(cfg) -> None:
 
 def test_grid_exercises_what_it_claims(diffs) -> None:
     """Preemptions, partial prefill chunks and admissions blocked by KV all occur, with prefix
-    caching both off and on, and with chunked prefill off; the abort waves abort; the veRL-scale
-    rows (among the long checks) run 1,024 sequences in groups of 16 with outputs up to 20,480
-    tokens and preempt."""
+    caching both off and on, and with chunked prefill off, and the abort waves abort, on the small
+    configurations alone (the veRL-scale rows' claims: `test_verl_rows_exercise_what_they_claim`)."""
     by = {c.name: c for c in GRID}
     for caching in (False, True):
         sel = [d for n, d in diffs.items() if by[n].enable_prefix_caching is caching]
@@ -82,11 +80,6 @@ def test_grid_exercises_what_it_claims(diffs) -> None:
     assert {by[n].block_size for n in diffs} == {1, 16}
     aborting = [n for n in diffs if by[n].abort_at is not None]
     assert len(aborting) >= 3 and all(diffs[n].aborted[1] > 0 for n in aborting)
-    for name in LONG_VERL if LONG else ():
-        c, d = by[name], diffs[name]
-        assert (c.max_num_seqs, c.max_num_batched_tokens, c.samples_per_prompt) == (1024, 8192, 16)
-        assert c.num_prompts * c.samples_per_prompt == 1024 and c.output_tokens[1] == 20_480
-        assert c.enable_prefix_caching and d.preemptions[1] > 0
 
 
 def test_async_configurations_exercise_async_scheduling(diffs) -> None:
@@ -106,5 +99,18 @@ def test_async_configurations_exercise_async_scheduling(diffs) -> None:
 def test_readme_table_rows_are_the_benchmarks(diffs) -> None:
     """Docs/accuracy.md's parity table (written by the benchmark) holds these rows as computed now."""
     table = read_table("scheduler_parity")
-    for cfg in CHECKED:
+    for cfg in SMALL:
         assert markdown_row(cfg, diffs[cfg.name]) in table, cfg.name
+
+
+@pytest.mark.long  # (with the two veRL-scale rows, whose comparisons it reads)
+def test_verl_rows_exercise_what_they_claim_and_are_the_benchmarks(diff_of) -> None:  # noqa: ANN001
+    """The veRL-scale rows run 1,024 sequences in groups of 16 with outputs up to 20,480 tokens
+    and preempt, and docs/accuracy.md's table holds their rows as computed now."""
+    by, table = {c.name: c for c in GRID}, read_table("scheduler_parity")
+    for name in LONG_VERL:
+        c, d = by[name], diff_of(name)
+        assert (c.max_num_seqs, c.max_num_batched_tokens, c.samples_per_prompt) == (1024, 8192, 16)
+        assert c.num_prompts * c.samples_per_prompt == 1024 and c.output_tokens[1] == 20_480
+        assert c.enable_prefix_caching and d.preemptions[1] > 0
+        assert markdown_row(c, d) in table, name
